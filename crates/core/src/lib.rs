@@ -1,0 +1,14 @@
+//! metrale-core: the types every metrale crate shares.
+//!
+//! Nothing here touches a device. [`scope`] defines how state that owns device
+//! memory is released (explicitly, in order, reporting failures), [`ids`] the
+//! newtype ids, [`dtype`] the element types, [`error`] the shared error enum.
+
+pub mod dtype;
+pub mod error;
+pub mod ids;
+pub mod scope;
+
+pub use dtype::DType;
+pub use error::CoreError;
+pub use ids::{BlockId, LayerIdx, SeqId, SlotId};

@@ -1,0 +1,408 @@
+//! CPU implementations of the dense-transformer ops.
+
+use rayon::prelude::*;
+
+use super::CpuBackend;
+use super::kernels::{Weights, dot_f32, gemm_xwt};
+use crate::error::{GpuError, Result};
+use crate::gpu::DeviceSlice;
+use crate::ops::dense::{AttnParams, AttnSeq, DenseOps, KvLayer, MatmulDims, RopeParams};
+
+/// Rows of W widened per GEMM panel when weights are not f32.
+const WIDEN_PANEL_ROWS: usize = 256;
+/// Up to this many rows of x, matmul runs as matrix-vector products.
+const GEMV_MAX_ROWS: usize = 4;
+
+fn shape_err(op: &'static str, detail: String) -> GpuError {
+    GpuError::Shape { op, detail }
+}
+
+fn need(op: &'static str, s: DeviceSlice, n: usize, what: &str) -> Result<()> {
+    if s.len() < n {
+        return Err(shape_err(op, format!("{what} has {} elements, needs {n}", s.len())));
+    }
+    Ok(())
+}
+
+#[inline]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+#[inline]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+impl CpuBackend {
+    fn gemv(&self, x: &[f32], w: Weights<'_>, out: &mut [f32], d: MatmulDims) {
+        let MatmulDims { m, n, k } = d;
+        // Compute transposed ([n, m]) so each thread owns a contiguous block of
+        // output rows of W, then transpose back: W is read once for all m rows.
+        let mut t = vec![0f32; n * m];
+        let block = 64usize;
+        t.par_chunks_mut(block * m).enumerate().for_each(|(b, chunk)| {
+            for (jj, row) in chunk.chunks_mut(m).enumerate() {
+                let j = b * block + jj;
+                for (i, o) in row.iter_mut().enumerate() {
+                    *o = w.dot(j * k, &x[i * k..(i + 1) * k]);
+                }
+            }
+        });
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = t[j * m + i];
+            }
+        }
+    }
+
+    fn gemm_widened(&self, x: &[f32], w: Weights<'_>, out: &mut [f32], d: MatmulDims) {
+        let MatmulDims { m, n, k } = d;
+        let threads = self.threads();
+        if let Weights::F32(wf) = w {
+            gemm_xwt(x, wf, out, m, n, k, n, threads);
+            return;
+        }
+        let mut panel = vec![0f32; WIDEN_PANEL_ROWS.min(n) * k];
+        let mut j0 = 0;
+        while j0 < n {
+            let rows = WIDEN_PANEL_ROWS.min(n - j0);
+            panel[..rows * k].par_chunks_mut(k).enumerate().for_each(|(r, dst)| w.widen_into((j0 + r) * k, dst));
+            gemm_xwt(x, &panel[..rows * k], &mut out[j0..], m, rows, k, n, threads);
+            j0 += rows;
+        }
+    }
+}
+
+impl DenseOps for CpuBackend {
+    fn embedding(&self, table: DeviceSlice, ids: &[u32], hidden: usize, out: DeviceSlice) -> Result<()> {
+        const OP: &str = "embedding";
+        need(OP, out, ids.len() * hidden, "out")?;
+        let vocab = table.len() / hidden.max(1);
+        let w = Weights::from_bytes(OP, table.dtype(), self.read(OP, table, table.dtype())?)?;
+        let o = self.write_f32(OP, out, &[table])?;
+        for (i, &id) in ids.iter().enumerate() {
+            if id as usize >= vocab {
+                return Err(shape_err(OP, format!("token id {id} is outside the vocabulary of {vocab}")));
+            }
+            w.widen_into(id as usize * hidden, &mut o[i * hidden..(i + 1) * hidden]);
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, x: DeviceSlice, w: DeviceSlice, bias: Option<DeviceSlice>, out: DeviceSlice, d: MatmulDims) -> Result<()> {
+        const OP: &str = "matmul";
+        let MatmulDims { m, n, k } = d;
+        need(OP, x, m * k, "x")?;
+        need(OP, w, n * k, "w")?;
+        need(OP, out, m * n, "out")?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let xs = &self.read_f32(OP, x)?[..m * k];
+        let ws = Weights::from_bytes(OP, w.dtype(), self.read(OP, w, w.dtype())?)?;
+        let mut inputs = vec![x, w];
+        let b = match bias {
+            Some(b) => {
+                need(OP, b, n, "bias")?;
+                inputs.push(b);
+                Some(&self.read_f32(OP, b)?[..n])
+            }
+            None => None,
+        };
+        let o = &mut self.write_f32(OP, out, &inputs)?[..m * n];
+        self.install(|| {
+            if m <= GEMV_MAX_ROWS || k == 0 {
+                self.gemv(xs, ws, o, d)
+            } else {
+                self.gemm_widened(xs, ws, o, d)
+            }
+        });
+        if let Some(b) = b {
+            for row in o.chunks_mut(n) {
+                row.iter_mut().zip(b).for_each(|(o, b)| *o += b);
+            }
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: DeviceSlice, w: DeviceSlice, out: DeviceSlice, rows: usize, dim: usize, eps: f32, weight_offset: f32) -> Result<()> {
+        const OP: &str = "rms_norm";
+        need(OP, x, rows * dim, "x")?;
+        need(OP, w, dim, "weight")?;
+        need(OP, out, rows * dim, "out")?;
+        let xs = self.read_f32(OP, x)?;
+        let ws = Weights::from_bytes(OP, w.dtype(), self.read(OP, w, w.dtype())?)?;
+        let mut wf = vec![0f32; dim];
+        ws.widen_into(0, &mut wf);
+        wf.iter_mut().for_each(|v| *v += weight_offset);
+        let o = self.write_f32(OP, out, &[x, w])?;
+        self.install(|| {
+            o[..rows * dim].par_chunks_mut(dim).zip(xs[..rows * dim].par_chunks(dim)).for_each(|(o, x)| {
+                let ms = dot_f32(x, x) / dim as f32;
+                let r = 1.0 / (ms + eps).sqrt();
+                for ((o, x), w) in o.iter_mut().zip(x).zip(&wf) {
+                    *o = x * r * w;
+                }
+            })
+        });
+        Ok(())
+    }
+
+    fn rope(&self, x: DeviceSlice, positions: &[u32], p: &RopeParams<'_>) -> Result<()> {
+        const OP: &str = "rope";
+        let width = p.n_heads * p.head_dim;
+        need(OP, x, positions.len() * width, "x")?;
+        let half = p.rotary_dim / 2;
+        if p.rotary_dim > p.head_dim || p.rotary_dim % 2 != 0 || p.inv_freq.len() < half {
+            return Err(shape_err(OP, format!("rotary_dim {} with head_dim {} and {} frequencies", p.rotary_dim, p.head_dim, p.inv_freq.len())));
+        }
+        let xs = self.write_f32(OP, x, &[])?;
+        let (inv_freq, scaling, head_dim) = (&p.inv_freq[..half], p.attention_scaling, p.head_dim);
+        self.install(|| {
+            xs[..positions.len() * width].par_chunks_mut(width).zip(positions.par_iter()).for_each(|(row, &pos)| {
+                let mut cs = [(0f32, 0f32); 256];
+                let cs = &mut cs[..half.min(256)];
+                for (c, f) in cs.iter_mut().zip(inv_freq) {
+                    let a = pos as f32 * f;
+                    *c = (a.cos() * scaling, a.sin() * scaling);
+                }
+                for head in row.chunks_mut(head_dim) {
+                    for (i, &(c, s)) in cs.iter().enumerate() {
+                        let (x1, x2) = (head[i], head[i + half]);
+                        head[i] = x1 * c - x2 * s;
+                        head[i + half] = x2 * c + x1 * s;
+                    }
+                }
+            })
+        });
+        Ok(())
+    }
+
+    fn kv_store(&self, k: DeviceSlice, v: DeviceSlice, cache: &KvLayer, slots: &[u32], kv_width: usize) -> Result<()> {
+        const OP: &str = "kv_store";
+        need(OP, k, slots.len() * kv_width, "k")?;
+        need(OP, v, slots.len() * kv_width, "v")?;
+        let capacity = cache.k.len() / kv_width.max(1);
+        let (ks, vs) = (self.read_f32(OP, k)?, self.read_f32(OP, v)?);
+        let kc = self.write_f32(OP, cache.k, &[k, v])?;
+        for (i, &slot) in slots.iter().enumerate() {
+            let s = slot as usize;
+            if s >= capacity {
+                return Err(shape_err(OP, format!("slot {s} beyond cache capacity {capacity}")));
+            }
+            kc[s * kv_width..(s + 1) * kv_width].copy_from_slice(&ks[i * kv_width..(i + 1) * kv_width]);
+        }
+        let vc = self.write_f32(OP, cache.v, &[k, v])?;
+        for (i, &slot) in slots.iter().enumerate() {
+            let s = slot as usize;
+            vc[s * kv_width..(s + 1) * kv_width].copy_from_slice(&vs[i * kv_width..(i + 1) * kv_width]);
+        }
+        Ok(())
+    }
+
+    fn paged_attention(&self, q: DeviceSlice, cache: &KvLayer, out: DeviceSlice, seqs: &[AttnSeq<'_>], p: &AttnParams) -> Result<()> {
+        const OP: &str = "paged_attention";
+        let (hd, width) = (p.head_dim, p.n_heads * p.head_dim);
+        let kv_width = p.n_kv_heads * hd;
+        if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 {
+            return Err(shape_err(OP, format!("{} heads over {} kv heads", p.n_heads, p.n_kv_heads)));
+        }
+        let rows = seqs.iter().map(|s| s.q_start + s.q_len).max().unwrap_or(0);
+        need(OP, q, rows * width, "q")?;
+        need(OP, out, rows * width, "out")?;
+        // Which sequence and position each query row belongs to.
+        let mut row_of: Vec<Option<(usize, usize)>> = vec![None; rows];
+        for (si, s) in seqs.iter().enumerate() {
+            if s.q_len > s.kv_len || s.block_table.len() * cache.block_size < s.kv_len {
+                return Err(shape_err(OP, format!("sequence {si}: {} queries, {} cached tokens, {} blocks", s.q_len, s.kv_len, s.block_table.len())));
+            }
+            for i in 0..s.q_len {
+                row_of[s.q_start + i] = Some((si, s.kv_len - s.q_len + i));
+            }
+        }
+        let (qs, kc, vc) = (self.read_f32(OP, q)?, self.read_f32(OP, cache.k)?, self.read_f32(OP, cache.v)?);
+        let o = self.write_f32(OP, out, &[q, cache.k, cache.v])?;
+        let group = p.n_heads / p.n_kv_heads;
+        let bs = cache.block_size;
+        self.install(|| {
+            o[..rows * width].par_chunks_mut(width).zip(row_of.par_iter()).enumerate().for_each(|(r, (orow, who))| {
+                let Some((si, pos)) = *who else { return };
+                let seq = &seqs[si];
+                let n_keys = pos + 1;
+                let mut scores = vec![0f32; n_keys];
+                for h in 0..p.n_heads {
+                    let kvh = h / group;
+                    let qh = &qs[r * width + h * hd..r * width + (h + 1) * hd];
+                    let slot = |t: usize| (seq.block_table[t / bs].index() * bs + t % bs) * kv_width + kvh * hd;
+                    let mut max = f32::NEG_INFINITY;
+                    for (t, s) in scores.iter_mut().enumerate() {
+                        let base = slot(t);
+                        *s = dot_f32(qh, &kc[base..base + hd]) * p.scale;
+                        max = max.max(*s);
+                    }
+                    let mut sum = 0f32;
+                    scores.iter_mut().for_each(|s| {
+                        *s = (*s - max).exp();
+                        sum += *s;
+                    });
+                    let oh = &mut orow[h * hd..(h + 1) * hd];
+                    oh.fill(0.0);
+                    for (t, s) in scores.iter().enumerate() {
+                        let base = slot(t);
+                        let wgt = s / sum;
+                        oh.iter_mut().zip(&vc[base..base + hd]).for_each(|(o, v)| *o += wgt * v);
+                    }
+                }
+            })
+        });
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate: DeviceSlice, up: DeviceSlice, out: DeviceSlice, n: usize) -> Result<()> {
+        const OP: &str = "silu_mul";
+        for (s, what) in [(gate, "gate"), (up, "up"), (out, "out")] {
+            need(OP, s, n, what)?;
+        }
+        let (g, u) = (self.read_f32(OP, gate)?, self.read_f32(OP, up)?);
+        let o = self.write_f32(OP, out, &[gate, up])?;
+        o[..n].iter_mut().zip(&g[..n]).zip(&u[..n]).for_each(|((o, g), u)| *o = silu(*g) * u);
+        Ok(())
+    }
+
+    fn relu2(&self, x: DeviceSlice, out: DeviceSlice, n: usize) -> Result<()> {
+        const OP: &str = "relu2";
+        need(OP, x, n, "x")?;
+        need(OP, out, n, "out")?;
+        let xs = self.read_f32(OP, x)?;
+        let o = self.write_f32(OP, out, &[x])?;
+        o[..n].iter_mut().zip(&xs[..n]).for_each(|(o, x)| {
+            let r = x.max(0.0);
+            *o = r * r
+        });
+        Ok(())
+    }
+
+    fn sigmoid_mul(&self, x: DeviceSlice, gate: DeviceSlice, out: DeviceSlice, n: usize) -> Result<()> {
+        const OP: &str = "sigmoid_mul";
+        for (s, what) in [(x, "x"), (gate, "gate"), (out, "out")] {
+            need(OP, s, n, what)?;
+        }
+        let (xs, g) = (self.read_f32(OP, x)?, self.read_f32(OP, gate)?);
+        let o = self.write_f32(OP, out, &[x, gate])?;
+        o[..n].iter_mut().zip(&xs[..n]).zip(&g[..n]).for_each(|((o, x), g)| *o = x * sigmoid(*g));
+        Ok(())
+    }
+
+    fn add_scaled(&self, acc: DeviceSlice, x: DeviceSlice, factor: f32, n: usize) -> Result<()> {
+        const OP: &str = "add_scaled";
+        need(OP, acc, n, "acc")?;
+        need(OP, x, n, "x")?;
+        let xs = self.read_f32(OP, x)?;
+        let a = self.write_f32(OP, acc, &[x])?;
+        if factor == 1.0 {
+            a[..n].iter_mut().zip(&xs[..n]).for_each(|(a, x)| *a += x);
+        } else {
+            a[..n].iter_mut().zip(&xs[..n]).for_each(|(a, x)| *a += factor * x);
+        }
+        Ok(())
+    }
+
+    fn scale(&self, x: DeviceSlice, factor: f32, n: usize) -> Result<()> {
+        const OP: &str = "scale";
+        need(OP, x, n, "x")?;
+        self.write_f32(OP, x, &[])?[..n].iter_mut().for_each(|v| *v *= factor);
+        Ok(())
+    }
+
+    fn copy_cols(&self, src: DeviceSlice, src_width: usize, col_start: usize, cols: usize, dst: DeviceSlice, rows: usize) -> Result<()> {
+        const OP: &str = "copy_cols";
+        if col_start + cols > src_width {
+            return Err(shape_err(OP, format!("columns {col_start}..{} of {src_width}", col_start + cols)));
+        }
+        need(OP, src, rows * src_width, "src")?;
+        need(OP, dst, rows * cols, "dst")?;
+        let s = self.read_f32(OP, src)?;
+        let d = self.write_f32(OP, dst, &[src])?;
+        for r in 0..rows {
+            d[r * cols..(r + 1) * cols].copy_from_slice(&s[r * src_width + col_start..r * src_width + col_start + cols]);
+        }
+        Ok(())
+    }
+
+    fn scatter_cols(&self, src: DeviceSlice, cols: usize, dst: DeviceSlice, dst_width: usize, col_start: usize, rows: usize) -> Result<()> {
+        const OP: &str = "scatter_cols";
+        if col_start + cols > dst_width {
+            return Err(shape_err(OP, format!("columns {col_start}..{} of {dst_width}", col_start + cols)));
+        }
+        need(OP, src, rows * cols, "src")?;
+        need(OP, dst, rows * dst_width, "dst")?;
+        let s = self.read_f32(OP, src)?;
+        let d = self.write_f32(OP, dst, &[src])?;
+        for r in 0..rows {
+            d[r * dst_width + col_start..r * dst_width + col_start + cols].copy_from_slice(&s[r * cols..(r + 1) * cols]);
+        }
+        Ok(())
+    }
+
+    fn gather_rows(&self, src: DeviceSlice, rows: &[u32], width: usize, out: DeviceSlice) -> Result<()> {
+        const OP: &str = "gather_rows";
+        need(OP, out, rows.len() * width, "out")?;
+        let s = self.read_f32(OP, src)?;
+        let o = self.write_f32(OP, out, &[src])?;
+        for (i, &r) in rows.iter().enumerate() {
+            let r = r as usize;
+            if (r + 1) * width > s.len() {
+                return Err(shape_err(OP, format!("row {r} beyond source of {} rows", s.len() / width.max(1))));
+            }
+            o[i * width..(i + 1) * width].copy_from_slice(&s[r * width..(r + 1) * width]);
+        }
+        Ok(())
+    }
+
+    fn scatter_add_rows(&self, src: DeviceSlice, rows: &[u32], weights: &[f32], width: usize, dst: DeviceSlice) -> Result<()> {
+        const OP: &str = "scatter_add_rows";
+        if weights.len() != rows.len() {
+            return Err(shape_err(OP, format!("{} rows but {} weights", rows.len(), weights.len())));
+        }
+        need(OP, src, rows.len() * width, "src")?;
+        let s = self.read_f32(OP, src)?;
+        let d = self.write_f32(OP, dst, &[src])?;
+        for (i, (&r, &wgt)) in rows.iter().zip(weights).enumerate() {
+            let r = r as usize;
+            if (r + 1) * width > d.len() {
+                return Err(shape_err(OP, format!("row {r} beyond destination of {} rows", d.len() / width.max(1))));
+            }
+            d[r * width..(r + 1) * width].iter_mut().zip(&s[i * width..(i + 1) * width]).for_each(|(d, s)| *d += wgt * s);
+        }
+        Ok(())
+    }
+
+    fn softmax_topk(&self, logits: DeviceSlice, rows: usize, n: usize, k: usize, renormalize: bool) -> Result<Vec<(u32, f32)>> {
+        const OP: &str = "softmax_topk";
+        if k == 0 || k > n {
+            return Err(shape_err(OP, format!("top-{k} of {n}")));
+        }
+        need(OP, logits, rows * n, "logits")?;
+        let l = self.read_f32(OP, logits)?;
+        let mut out = Vec::with_capacity(rows * k);
+        let mut probs = vec![0f32; n];
+        let mut order: Vec<u32> = Vec::with_capacity(n);
+        for row in l[..rows * n].chunks(n) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for (p, x) in probs.iter_mut().zip(row) {
+                *p = (x - max).exp();
+                sum += *p;
+            }
+            probs.iter_mut().for_each(|p| *p /= sum);
+            order.clear();
+            order.extend(0..n as u32);
+            order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
+            let top = &order[..k];
+            let denom = if renormalize { top.iter().map(|&e| probs[e as usize]).sum::<f32>() } else { 1.0 };
+            out.extend(top.iter().map(|&e| (e, probs[e as usize] / denom)));
+        }
+        Ok(out)
+    }
+}

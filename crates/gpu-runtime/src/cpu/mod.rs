@@ -1,0 +1,216 @@
+//! The CPU backend: host memory behind the ledger, and the reference
+//! implementation of every op.
+//!
+//! Memory is 64-byte aligned and zeroed. Ops reach it through [`CpuBackend::read`]
+//! and [`CpuBackend::write`], the one place host pointers are made from device
+//! addresses; they check that the range lies inside a live allocation first.
+
+mod dense;
+mod kernels;
+mod recurrent;
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+
+use metrale_core::DType;
+
+use crate::error::{GpuError, Result};
+use crate::gpu::{DevicePtr, DeviceSlice, GpuBackend};
+use crate::ledger::Ledger;
+
+const ALIGN: usize = 64;
+
+/// Host memory and multithreaded kernels.
+pub struct CpuBackend {
+    ledger: Ledger,
+    /// Refuse allocations beyond this many live bytes (None: no limit).
+    memory_limit: Option<usize>,
+    pool: rayon::ThreadPool,
+}
+
+impl CpuBackend {
+    /// A backend using every core.
+    pub fn new() -> Self {
+        Self::with_threads(0)
+    }
+
+    /// A backend with `threads` worker threads (0: one per core).
+    pub fn with_threads(threads: usize) -> Self {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("metrale-cpu-{i}"))
+            .build()
+            .expect("building a rayon pool only fails if threads cannot be spawned");
+        Self { ledger: Ledger::new(), memory_limit: None, pool }
+    }
+
+    /// Makes allocations fail once `limit` bytes are live (for out-of-memory tests
+    /// and for honouring a user's memory budget).
+    pub fn with_memory_limit(mut self, limit: usize) -> Self {
+        self.memory_limit = Some(limit);
+        self
+    }
+
+    /// Number of worker threads ops use.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Runs `f` on this backend's thread pool.
+    pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    fn check_range(&self, op: &'static str, ptr: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        match self.ledger.containing(ptr, bytes) {
+            Some(_) => Ok(()),
+            None => Err(GpuError::UnknownPointer { ptr }),
+        }
+        .map_err(|e| match e {
+            GpuError::UnknownPointer { ptr } => GpuError::Shape {
+                op,
+                detail: format!("{bytes} bytes at {ptr:#x} are not inside one live allocation"),
+            },
+            e => e,
+        })
+    }
+
+    /// The f32 elements of `s`, read-only.
+    pub(crate) fn read<'a>(&'a self, op: &'static str, s: DeviceSlice, dtype: DType) -> Result<&'a [u8]> {
+        if s.dtype() != dtype {
+            return Err(GpuError::UnsupportedDType { op, dtype: s.dtype() });
+        }
+        self.check_range(op, s.ptr().raw(), s.bytes())?;
+        // SAFETY: the range lies inside a live allocation of this backend
+        // (checked against the ledger above), which is host memory from
+        // `alloc_zeroed` and stays valid until freed. Ops take outputs through
+        // `write`, which checks they do not overlap the inputs they are given.
+        Ok(unsafe { std::slice::from_raw_parts(s.ptr().raw() as *const u8, s.bytes()) })
+    }
+
+    /// Mutable bytes of `s`.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) fn write<'a>(&'a self, op: &'static str, s: DeviceSlice, inputs: &[DeviceSlice]) -> Result<&'a mut [u8]> {
+        self.check_range(op, s.ptr().raw(), s.bytes())?;
+        let (start, end) = (s.ptr().raw(), s.ptr().raw() + s.bytes() as u64);
+        for i in inputs {
+            let (a, b) = (i.ptr().raw(), i.ptr().raw() + i.bytes() as u64);
+            if a < end && start < b {
+                return Err(GpuError::Aliasing { op });
+            }
+        }
+        // SAFETY: as in `read`; in addition the output range was checked to
+        // be disjoint from every input the op reads.
+        Ok(unsafe { std::slice::from_raw_parts_mut(s.ptr().raw() as *mut u8, s.bytes()) })
+    }
+
+    pub(crate) fn read_f32<'a>(&'a self, op: &'static str, s: DeviceSlice) -> Result<&'a [f32]> {
+        let b = self.read(op, s, DType::F32)?;
+        Ok(bytemuck_f32(b))
+    }
+
+    pub(crate) fn write_f32<'a>(&'a self, op: &'static str, s: DeviceSlice, inputs: &[DeviceSlice]) -> Result<&'a mut [f32]> {
+        if s.dtype() != DType::F32 {
+            return Err(GpuError::UnsupportedDType { op, dtype: s.dtype() });
+        }
+        let b = self.write(op, s, inputs)?;
+        // SAFETY: allocations are 64-byte aligned and every f32 slice starts at
+        // a multiple of 4 bytes from its base; any bit pattern is a valid f32.
+        Ok(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<f32>(), b.len() / 4) })
+    }
+
+    fn layout(bytes: usize) -> Result<Layout> {
+        Layout::from_size_align(bytes, ALIGN).map_err(|_| GpuError::OutOfMemory {
+            bytes,
+            owner: "layout".into(),
+            live: 0,
+        })
+    }
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn bytemuck_f32(b: &[u8]) -> &[f32] {
+    debug_assert_eq!(b.as_ptr() as usize % 4, 0);
+    // SAFETY: see `write_f32`: aligned, length in whole f32s, any bits valid.
+    unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<f32>(), b.len() / 4) }
+}
+
+impl GpuBackend for CpuBackend {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    fn alloc_raw(&self, bytes: usize) -> Result<DevicePtr> {
+        let live = self.ledger.live_bytes();
+        if let Some(limit) = self.memory_limit
+            && live + bytes > limit
+        {
+            return Err(GpuError::OutOfMemory { bytes, owner: String::new(), live });
+        }
+        let layout = Self::layout(bytes)?;
+        // SAFETY: `layout` has non-zero size (callers allocate at least 1 byte).
+        let p = unsafe { alloc_zeroed(layout) };
+        DevicePtr::from_raw(p as u64).ok_or(GpuError::OutOfMemory { bytes, owner: String::new(), live })
+    }
+
+    fn free_raw(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        let layout = Self::layout(bytes)?;
+        // SAFETY: `ptr` came from `alloc_raw` with this same size (the ledger
+        // records it) and the ledger entry was removed first, so it is freed once.
+        unsafe { dealloc(ptr.raw() as *mut u8, layout) };
+        Ok(())
+    }
+
+    fn copy_h2d(&self, src: &[u8], dst: DevicePtr, offset: usize) -> Result<()> {
+        let dst = DeviceSlice::new(dst, DType::U8, offset + src.len()).slice(offset, src.len())?;
+        self.write("copy_h2d", dst, &[])?.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn copy_d2h(&self, src: DevicePtr, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let src = DeviceSlice::new(src, DType::U8, offset + dst.len()).slice(offset, dst.len())?;
+        dst.copy_from_slice(self.read("copy_d2h", src, DType::U8)?);
+        Ok(())
+    }
+
+    fn copy_d2d(&self, src: DevicePtr, src_offset: usize, dst: DevicePtr, dst_offset: usize, bytes: usize) -> Result<()> {
+        let src = DeviceSlice::new(src, DType::U8, src_offset + bytes).slice(src_offset, bytes)?;
+        let dst = DeviceSlice::new(dst, DType::U8, dst_offset + bytes).slice(dst_offset, bytes)?;
+        let out = self.write("copy_d2d", dst, &[src])?;
+        out.copy_from_slice(self.read("copy_d2d", src, DType::U8)?);
+        Ok(())
+    }
+
+    fn memset_zero(&self, dst: DevicePtr, offset: usize, bytes: usize) -> Result<()> {
+        let dst = DeviceSlice::new(dst, DType::U8, offset + bytes).slice(offset, bytes)?;
+        self.write("memset_zero", dst, &[])?.fill(0);
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for CpuBackend {
+    fn drop(&mut self) {
+        let n = self.sweep_unreleased();
+        if n > 0 {
+            tracing::warn!("CPU backend dropped with {n} live allocation(s); freed them");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

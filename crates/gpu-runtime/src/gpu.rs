@@ -1,0 +1,236 @@
+//! The backend trait: device memory on the shared ledger, plus typed compute ops.
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::panic::Location;
+
+use metrale_core::DType;
+
+use crate::error::{GpuError, Result};
+use crate::ledger::{Ledger, LedgerReport};
+use crate::ops::{DenseOps, RecurrentOps};
+
+/// An opaque device address. Model code passes these around but never
+/// dereferences them; only the backend that allocated one gives it meaning.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DevicePtr(NonZeroU64);
+
+impl DevicePtr {
+    /// For backends: wraps a raw address. Zero is not an address.
+    pub fn from_raw(raw: u64) -> Option<Self> {
+        NonZeroU64::new(raw).map(Self)
+    }
+
+    /// For backends: the raw address.
+    pub fn raw(self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl fmt::Debug for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DevicePtr({:#x})", self.0)
+    }
+}
+
+/// A typed run of elements in device memory: what ops take as operands.
+///
+/// `len` counts elements, not bytes. Shapes are passed to each op explicitly.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct DeviceSlice {
+    ptr: DevicePtr,
+    dtype: DType,
+    len: usize,
+}
+
+impl DeviceSlice {
+    pub fn new(ptr: DevicePtr, dtype: DType, len: usize) -> Self {
+        Self { ptr, dtype, len }
+    }
+
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.len * self.dtype.size_of()
+    }
+
+    /// The sub-slice of `len` elements starting at element `start`.
+    pub fn slice(&self, start: usize, len: usize) -> Result<DeviceSlice> {
+        let end = start.checked_add(len).filter(|&e| e <= self.len).ok_or_else(|| {
+            GpuError::Shape {
+                op: "slice",
+                detail: format!("{start}+{len} exceeds {} elements", self.len),
+            }
+        })?;
+        let _ = end;
+        let offset = (start * self.dtype.size_of()) as u64;
+        let ptr = DevicePtr::from_raw(self.ptr.raw() + offset).expect("non-zero base plus offset");
+        Ok(DeviceSlice { ptr, dtype: self.dtype, len })
+    }
+
+    /// Rows `start..start+count` of a row-major matrix with `width` columns.
+    pub fn rows(&self, start: usize, count: usize, width: usize) -> Result<DeviceSlice> {
+        self.slice(start * width, count * width)
+    }
+
+    /// The same memory seen as elements of another type of the same size.
+    pub fn checked_len(&self, op: &'static str, expected: usize) -> Result<()> {
+        if self.len < expected {
+            return Err(GpuError::Shape {
+                op,
+                detail: format!("operand has {} elements, needs {expected}", self.len),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Where an allocation was made, recorded on the ledger.
+pub type CallSite = &'static Location<'static>;
+
+/// A device: memory on the shared allocation ledger, and the compute ops.
+///
+/// Object safe; held as `Box<dyn GpuBackend>` / `&dyn GpuBackend`. Backends
+/// implement the `*_raw` memory primitives; the ledger bookkeeping around them
+/// is provided here once, for every backend.
+pub trait GpuBackend: DenseOps + RecurrentOps + Send + Sync {
+    /// "cpu", "cuda:0", ...
+    fn name(&self) -> &str;
+
+    /// The ledger of this backend's live allocations.
+    fn ledger(&self) -> &Ledger;
+
+    /// Allocates `bytes` of zeroed device memory, without ledger bookkeeping.
+    fn alloc_raw(&self, bytes: usize) -> Result<DevicePtr>;
+
+    /// Frees memory from `alloc_raw`, without ledger bookkeeping.
+    fn free_raw(&self, ptr: DevicePtr, bytes: usize) -> Result<()>;
+
+    /// Copies host bytes to `dst + offset` (bytes).
+    fn copy_h2d(&self, src: &[u8], dst: DevicePtr, offset: usize) -> Result<()>;
+
+    /// Copies `dst.len()` bytes from `src + offset` to the host.
+    fn copy_d2h(&self, src: DevicePtr, offset: usize, dst: &mut [u8]) -> Result<()>;
+
+    /// Copies `bytes` between device addresses (ranges must not overlap).
+    fn copy_d2d(&self, src: DevicePtr, src_offset: usize, dst: DevicePtr, dst_offset: usize, bytes: usize) -> Result<()>;
+
+    /// Sets `bytes` at `dst + offset` to zero.
+    fn memset_zero(&self, dst: DevicePtr, offset: usize, bytes: usize) -> Result<()>;
+
+    /// Waits for all queued work to finish.
+    fn synchronize(&self) -> Result<()>;
+
+    /// Allocates and records the allocation with its owner and call site.
+    fn alloc_at(&self, bytes: usize, owner: &str, site: CallSite) -> Result<DevicePtr> {
+        let ptr = self.alloc_raw(bytes.max(1))?;
+        self.ledger().insert(ptr, bytes.max(1), owner, site);
+        Ok(ptr)
+    }
+
+    /// Frees a ledgered allocation. The pointer leaves the ledger *before* the
+    /// free is attempted, whatever the free returns, so it is never freed twice.
+    fn free(&self, ptr: DevicePtr) -> Result<()> {
+        let entry = self.ledger().remove(ptr).ok_or(GpuError::UnknownPointer { ptr: ptr.raw() })?;
+        self.free_raw(ptr, entry.bytes)
+    }
+
+    /// Frees everything still on the ledger; returns how many allocations it freed.
+    fn sweep_unreleased(&self) -> usize {
+        let leftovers = self.ledger().drain();
+        let count = leftovers.len();
+        for (ptr, entry) in leftovers {
+            tracing::debug!(owner = %entry.owner, bytes = entry.bytes, site = %entry.site, "sweeping unreleased allocation");
+            if let Err(e) = self.free_raw(ptr, entry.bytes) {
+                tracing::warn!(owner = %entry.owner, "sweep could not free {ptr:?}: {e}");
+            }
+        }
+        count
+    }
+
+    /// Bytes currently allocated through the ledger.
+    fn live_bytes(&self) -> usize {
+        self.ledger().live_bytes()
+    }
+
+    /// Live allocations grouped by owner.
+    fn ledger_report(&self) -> LedgerReport {
+        self.ledger().report()
+    }
+}
+
+impl dyn GpuBackend + '_ {
+    /// Allocates `bytes` for `owner`, recording the caller's location.
+    #[track_caller]
+    pub fn alloc(&self, bytes: usize, owner: &str) -> Result<DevicePtr> {
+        self.alloc_at(bytes, owner, Location::caller())
+    }
+
+    /// Allocates a zeroed slice of `len` elements of `dtype` for `owner`.
+    #[track_caller]
+    pub fn alloc_slice(&self, dtype: DType, len: usize, owner: &str) -> Result<DeviceSlice> {
+        let ptr = self.alloc_at(len * dtype.size_of(), owner, Location::caller())?;
+        Ok(DeviceSlice::new(ptr, dtype, len))
+    }
+
+    /// Uploads f32 values into `dst` starting at element 0.
+    pub fn upload_f32(&self, src: &[f32], dst: DeviceSlice) -> Result<()> {
+        check_f32(dst, src.len(), "upload_f32")?;
+        self.copy_h2d(as_bytes(src), dst.ptr(), 0)
+    }
+
+    /// Downloads the f32 elements of `src`.
+    pub fn download_f32(&self, src: DeviceSlice) -> Result<Vec<f32>> {
+        check_f32(src, src.len(), "download_f32")?;
+        let mut out = vec![0f32; src.len()];
+        // SAFETY: f32 has no invalid bit patterns and the byte view covers
+        // exactly `out`'s initialised storage.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4) };
+        self.copy_d2h(src.ptr(), 0, bytes)?;
+        Ok(out)
+    }
+
+    /// Copies all of `src` into `dst` (same dtype; `dst` at least as long).
+    pub fn copy_slice(&self, src: DeviceSlice, dst: DeviceSlice) -> Result<()> {
+        if src.dtype() != dst.dtype() || dst.len() < src.len() {
+            return Err(GpuError::Shape {
+                op: "copy_slice",
+                detail: format!("{} x {} into {} x {}", src.len(), src.dtype(), dst.len(), dst.dtype()),
+            });
+        }
+        self.copy_d2d(src.ptr(), 0, dst.ptr(), 0, src.bytes())
+    }
+
+    /// Zeroes all of `dst`.
+    pub fn zero(&self, dst: DeviceSlice) -> Result<()> {
+        self.memset_zero(dst.ptr(), 0, dst.bytes())
+    }
+}
+
+fn check_f32(s: DeviceSlice, n: usize, op: &'static str) -> Result<()> {
+    if s.dtype() != DType::F32 {
+        return Err(GpuError::UnsupportedDType { op, dtype: s.dtype() });
+    }
+    s.checked_len(op, n)
+}
+
+/// The bytes of an f32 slice.
+pub fn as_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: any initialised f32 storage is valid as bytes; the length is
+    // the same storage measured in bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}

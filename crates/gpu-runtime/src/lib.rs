@@ -1,0 +1,21 @@
+//! metrale-gpu-runtime: device memory with an allocation ledger, and the typed
+//! compute operations the engine runs, behind one object-safe trait.
+//!
+//! - [`gpu::GpuBackend`]: memory (allocate, free, copies, memset) on top of the
+//!   shared [`ledger::Ledger`], plus the op families in [`ops`].
+//! - [`cpu::CpuBackend`]: host memory, 64-byte aligned; the reference
+//!   implementation of every op, and the default backend.
+//! - [`fault::FaultInjecting`]: wraps a backend and makes the Nth allocation,
+//!   free or copy fail, for tests of failure paths.
+//! - [`arena::BufferArena`]: activation scratch, allocated once.
+
+pub mod arena;
+pub mod cpu;
+pub mod error;
+pub mod fault;
+pub mod gpu;
+pub mod ledger;
+pub mod ops;
+
+pub use error::GpuError;
+pub use gpu::{DevicePtr, DeviceSlice, GpuBackend};

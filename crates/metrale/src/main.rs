@@ -1,0 +1,26 @@
+//! The `metrale` command line.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+mod cli;
+
+#[derive(Parser)]
+#[command(name = "metrale", version, about = "LLM inference for hybrid transformer / state-space models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Describe a model directory: type, layer plan, sizes, what fits in memory.
+    Inspect(cli::inspect::Args),
+}
+
+fn main() -> Result<()> {
+    cli::init_tracing();
+    match Cli::parse().command {
+        Command::Inspect(args) => cli::inspect::run(args),
+    }
+}

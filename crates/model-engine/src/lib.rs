@@ -1,0 +1,4 @@
+//! metrale-model-engine: configs and layer plans, the forward pass, the KV
+//! cache and SSM state pool, and `TransformerModel` with its ordered teardown.
+
+pub mod config;
