@@ -2,3 +2,6 @@
 //! cache and SSM state pool, and `TransformerModel` with its ordered teardown.
 
 pub mod config;
+pub mod error;
+
+pub use error::EngineError;

@@ -128,6 +128,9 @@ pub struct MambaConfig {
     pub proj_bias: bool,
     /// Epsilon of the gated RMSNorm.
     pub norm_eps: f32,
+    /// The gated RMSNorm normalises `d_inner / norm_groups` channels at a
+    /// time (n_groups for mamba2 / nemotron_h; 1 where the whole row is one group).
+    pub norm_groups: usize,
 }
 
 impl MambaConfig {
