@@ -1,6 +1,563 @@
 //! CPU implementations of the recurrent-mixer ops.
+//!
+//! Sequences are independent: each op splits its output rows and the state
+//! slices per sequence (checked disjoint), then works on sequences and heads in
+//! parallel on the backend's pool. The SSD scan and the delta rule run their
+//! chunked (matrix) form for prefill and the per-token recurrence for decode;
+//! [`CpuBackend::ssd_scan_recurrent`] and [`CpuBackend::gated_delta_rule_recurrent`]
+//! force the recurrence for every length (for tests and benchmarks).
+
+mod delta;
+mod math;
+mod ssd;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_scan;
+
+use rayon::prelude::*;
 
 use super::CpuBackend;
-use crate::ops::recurrent::RecurrentOps;
+use super::kernels::Weights;
+use crate::error::{GpuError, Result};
+use crate::gpu::DeviceSlice;
+use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
+use math::silu;
 
-impl RecurrentOps for CpuBackend {}
+fn shape_err(op: &'static str, detail: String) -> GpuError {
+    GpuError::Shape { op, detail }
+}
+
+fn need(op: &'static str, s: DeviceSlice, n: usize, what: &str) -> Result<()> {
+    if s.len() < n {
+        return Err(shape_err(
+            op,
+            format!("{what} has {} elements, needs {n}", s.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// One past the last row any sequence uses.
+fn rows_of(seqs: &[RecurrentSeq]) -> usize {
+    seqs.iter().map(|s| s.row_start + s.len).max().unwrap_or(0)
+}
+
+/// One sequence's share of a call: its output rows and its state.
+pub(super) struct SeqIo<'a> {
+    pub row_start: usize,
+    pub len: usize,
+    /// `len` rows of the op's output.
+    pub out: &'a mut [f32],
+    pub state: &'a mut [f32],
+}
+
+/// Whether the scans take their chunked form for multi-token sequences.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    Auto,
+    Recurrent,
+}
+
+impl CpuBackend {
+    /// Splits `out` (rows of `width`) and the sequences' states (`state_len`
+    /// f32 each) into disjoint mutable pieces, one per sequence, after checking
+    /// that sequences share no rows and states do not overlap each other, the
+    /// inputs or the output.
+    fn seq_ios<'a>(
+        &'a self,
+        op: &'static str,
+        seqs: &[RecurrentSeq],
+        out: DeviceSlice,
+        width: usize,
+        state_len: usize,
+        inputs: &[DeviceSlice],
+    ) -> Result<Vec<SeqIo<'a>>> {
+        let rows = rows_of(seqs);
+        need(op, out, rows * width, "output")?;
+        let mut order: Vec<usize> = (0..seqs.len()).collect();
+        order.sort_by_key(|&i| seqs[i].row_start);
+        let busy: Vec<usize> = order.iter().copied().filter(|&i| seqs[i].len > 0).collect();
+        for w in busy.windows(2) {
+            let (a, b) = (&seqs[w[0]], &seqs[w[1]]);
+            if a.row_start + a.len > b.row_start {
+                return Err(shape_err(
+                    op,
+                    format!(
+                        "sequences {} and {} share rows at row {}",
+                        w[0], w[1], b.row_start
+                    ),
+                ));
+            }
+        }
+        let mut states = Vec::with_capacity(seqs.len());
+        for (i, s) in seqs.iter().enumerate() {
+            if s.state.len() < state_len {
+                return Err(shape_err(
+                    op,
+                    format!(
+                        "sequence {i}: state has {} elements, needs {state_len}",
+                        s.state.len()
+                    ),
+                ));
+            }
+            states.push(s.state.slice(0, state_len)?);
+        }
+        let mut by_addr: Vec<&DeviceSlice> = states.iter().filter(|s| s.bytes() > 0).collect();
+        by_addr.sort_by_key(|s| s.ptr().raw());
+        for w in by_addr.windows(2) {
+            if w[0].ptr().raw() + w[0].bytes() as u64 > w[1].ptr().raw() {
+                return Err(GpuError::Aliasing { op });
+            }
+        }
+        let out_used = out.slice(0, rows * width)?;
+        let mut guard: Vec<DeviceSlice> = inputs.to_vec();
+        guard.extend(states.iter().filter(|s| s.bytes() > 0));
+        let mut rest = self.write_f32(op, out_used, &guard)?;
+        let mut ios = Vec::with_capacity(seqs.len());
+        let mut at = 0;
+        guard.truncate(inputs.len());
+        guard.push(out_used);
+        for &i in &order {
+            let s = &seqs[i];
+            let skip = if s.len == 0 {
+                0
+            } else {
+                (s.row_start - at) * width
+            };
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip);
+            let (mine, tail) = tail.split_at_mut(s.len * width);
+            rest = tail;
+            if s.len > 0 {
+                at = s.row_start + s.len;
+            }
+            let state = self.write_f32(op, states[i], &guard)?;
+            ios.push(SeqIo {
+                row_start: s.row_start,
+                len: s.len,
+                out: mine,
+                state,
+            });
+        }
+        Ok(ios)
+    }
+
+    /// A small parameter vector (`[n]`, f32/bf16/f16) widened to f32.
+    fn param_vec(
+        &self,
+        op: &'static str,
+        s: DeviceSlice,
+        n: usize,
+        what: &str,
+    ) -> Result<Vec<f32>> {
+        need(op, s, n, what)?;
+        let w = Weights::from_bytes(op, s.dtype(), self.read(op, s, s.dtype())?)?;
+        let mut v = vec![0f32; n];
+        w.widen_into(0, &mut v);
+        Ok(v)
+    }
+
+    /// [`RecurrentOps::ssd_scan`] with the per-token recurrence for every
+    /// sequence length (no chunked form). Same arguments and results.
+    #[allow(clippy::too_many_arguments)]
+    pub fn ssd_scan_recurrent(
+        &self,
+        x: DeviceSlice,
+        dt_raw: DeviceSlice,
+        b: DeviceSlice,
+        c: DeviceSlice,
+        a_log: DeviceSlice,
+        d: DeviceSlice,
+        dt_bias: DeviceSlice,
+        y: DeviceSlice,
+        seqs: &[RecurrentSeq],
+        p: &SsdParams,
+    ) -> Result<()> {
+        self.ssd_impl(
+            x,
+            dt_raw,
+            b,
+            c,
+            a_log,
+            d,
+            dt_bias,
+            y,
+            seqs,
+            p,
+            Mode::Recurrent,
+        )
+    }
+
+    /// [`RecurrentOps::gated_delta_rule`] with the per-token recurrence for
+    /// every sequence length (no chunked form). Same arguments and results.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta_rule_recurrent(
+        &self,
+        q: DeviceSlice,
+        k: DeviceSlice,
+        v: DeviceSlice,
+        a: DeviceSlice,
+        b: DeviceSlice,
+        a_log: DeviceSlice,
+        dt_bias: DeviceSlice,
+        out: DeviceSlice,
+        seqs: &[RecurrentSeq],
+        p: &DeltaParams,
+    ) -> Result<()> {
+        self.delta_impl(q, k, v, a, b, a_log, dt_bias, out, seqs, p, Mode::Recurrent)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ssd_impl(
+        &self,
+        x: DeviceSlice,
+        dt_raw: DeviceSlice,
+        b: DeviceSlice,
+        c: DeviceSlice,
+        a_log: DeviceSlice,
+        d: DeviceSlice,
+        dt_bias: DeviceSlice,
+        y: DeviceSlice,
+        seqs: &[RecurrentSeq],
+        p: &SsdParams,
+        mode: Mode,
+    ) -> Result<()> {
+        const OP: &str = "ssd_scan";
+        let SsdParams {
+            n_heads,
+            head_dim,
+            d_state,
+            n_groups,
+            chunk_size,
+            dt_min,
+            dt_max,
+        } = *p;
+        if n_heads == 0
+            || head_dim == 0
+            || d_state == 0
+            || n_groups == 0
+            || n_heads % n_groups != 0
+            || chunk_size == 0
+        {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "{n_heads} heads of {head_dim} over {n_groups} groups, d_state {d_state}, chunk {chunk_size}"
+                ),
+            ));
+        }
+        if dt_min.is_nan() || dt_max.is_nan() || dt_min > dt_max {
+            return Err(shape_err(OP, format!("dt range [{dt_min}, {dt_max}]")));
+        }
+        let rows = rows_of(seqs);
+        let width = n_heads * head_dim;
+        let bc = n_groups * d_state;
+        for (s, n, what) in [
+            (x, width, "x"),
+            (dt_raw, n_heads, "dt"),
+            (b, bc, "B"),
+            (c, bc, "C"),
+        ] {
+            need(OP, s, rows * n, what)?;
+        }
+        let neg_a: Vec<f32> = self
+            .param_vec(OP, a_log, n_heads, "A_log")?
+            .iter()
+            .map(|v| -v.exp())
+            .collect();
+        let dv = self.param_vec(OP, d, n_heads, "D")?;
+        let bias = self.param_vec(OP, dt_bias, n_heads, "dt_bias")?;
+        let ctx = ssd::Ctx {
+            x: &self.read_f32(OP, x)?[..rows * width],
+            dt_raw: &self.read_f32(OP, dt_raw)?[..rows * n_heads],
+            b: &self.read_f32(OP, b)?[..rows * bc],
+            c: &self.read_f32(OP, c)?[..rows * bc],
+            neg_a,
+            d: dv,
+            dt_bias: bias,
+            p: *p,
+        };
+        let ios = self.seq_ios(
+            OP,
+            seqs,
+            y,
+            width,
+            n_heads * head_dim * d_state,
+            &[x, dt_raw, b, c, a_log, d, dt_bias],
+        )?;
+        self.install(|| {
+            ios.into_par_iter()
+                .for_each(|io| ssd::scan_seq(&ctx, io, mode))
+        });
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn delta_impl(
+        &self,
+        q: DeviceSlice,
+        k: DeviceSlice,
+        v: DeviceSlice,
+        a: DeviceSlice,
+        b: DeviceSlice,
+        a_log: DeviceSlice,
+        dt_bias: DeviceSlice,
+        out: DeviceSlice,
+        seqs: &[RecurrentSeq],
+        p: &DeltaParams,
+        mode: Mode,
+    ) -> Result<()> {
+        const OP: &str = "gated_delta_rule";
+        let DeltaParams {
+            n_k_heads,
+            n_v_heads,
+            k_head_dim,
+            v_head_dim,
+            chunk_size,
+        } = *p;
+        if n_k_heads == 0
+            || k_head_dim == 0
+            || v_head_dim == 0
+            || n_v_heads % n_k_heads != 0
+            || chunk_size == 0
+        {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "{n_v_heads} v heads of {v_head_dim} over {n_k_heads} k heads of {k_head_dim}, chunk {chunk_size}"
+                ),
+            ));
+        }
+        let rows = rows_of(seqs);
+        let (kw, vw) = (n_k_heads * k_head_dim, n_v_heads * v_head_dim);
+        for (s, n, what) in [
+            (q, kw, "q"),
+            (k, kw, "k"),
+            (v, vw, "v"),
+            (a, n_v_heads, "a"),
+            (b, n_v_heads, "b"),
+        ] {
+            need(OP, s, rows * n, what)?;
+        }
+        let neg_a: Vec<f32> = self
+            .param_vec(OP, a_log, n_v_heads, "A_log")?
+            .iter()
+            .map(|v| -v.exp())
+            .collect();
+        let bias = self.param_vec(OP, dt_bias, n_v_heads, "dt_bias")?;
+        let ctx = delta::Ctx {
+            q: &self.read_f32(OP, q)?[..rows * kw],
+            k: &self.read_f32(OP, k)?[..rows * kw],
+            v: &self.read_f32(OP, v)?[..rows * vw],
+            a: &self.read_f32(OP, a)?[..rows * n_v_heads],
+            b: &self.read_f32(OP, b)?[..rows * n_v_heads],
+            neg_a,
+            dt_bias: bias,
+            p: *p,
+        };
+        let ios = self.seq_ios(
+            OP,
+            seqs,
+            out,
+            vw,
+            n_v_heads * k_head_dim * v_head_dim,
+            &[q, k, v, a, b, a_log, dt_bias],
+        )?;
+        self.install(|| {
+            ios.into_par_iter()
+                .for_each(|io| delta::delta_seq(&ctx, io, mode))
+        });
+        Ok(())
+    }
+}
+
+impl RecurrentOps for CpuBackend {
+    fn causal_conv1d(
+        &self,
+        x: DeviceSlice,
+        weight: DeviceSlice,
+        bias: Option<DeviceSlice>,
+        out: DeviceSlice,
+        seqs: &[RecurrentSeq],
+        channels: usize,
+        kernel: usize,
+        silu_out: bool,
+    ) -> Result<()> {
+        const OP: &str = "causal_conv1d";
+        if channels == 0 || kernel == 0 {
+            return Err(shape_err(
+                OP,
+                format!("{channels} channels, kernel {kernel}"),
+            ));
+        }
+        let rows = rows_of(seqs);
+        need(OP, x, rows * channels, "x")?;
+        let w = self.param_vec(OP, weight, channels * kernel, "weight")?;
+        // Transposed to [kernel, channels] so each tap is a contiguous row.
+        let mut wt = vec![0f32; kernel * channels];
+        for (ch, taps) in w.chunks(kernel).enumerate() {
+            for (j, &t) in taps.iter().enumerate() {
+                wt[j * channels + ch] = t;
+            }
+        }
+        let mut inputs = vec![x, weight];
+        let bias = match bias {
+            Some(bs) => {
+                inputs.push(bs);
+                self.param_vec(OP, bs, channels, "bias")?
+            }
+            None => vec![0f32; channels],
+        };
+        let xs = &self.read_f32(OP, x)?[..rows * channels];
+        let km1 = kernel - 1;
+        let ios = self.seq_ios(OP, seqs, out, channels, channels * km1, &inputs)?;
+        let (wt, bias) = (&wt, &bias);
+        self.install(|| {
+            ios.into_par_iter().for_each(|io| {
+                let xseq = &xs[io.row_start * channels..(io.row_start + io.len) * channels];
+                let state = &*io.state;
+                io.out
+                    .par_chunks_mut(channels)
+                    .enumerate()
+                    .for_each(|(t, o)| {
+                        o.copy_from_slice(bias);
+                        for (j, wj) in wt.chunks(channels).enumerate() {
+                            // Input t + j - km1 of the sequence; negative: from the state.
+                            if t + j >= km1 {
+                                let i = t + j - km1;
+                                o.iter_mut()
+                                    .zip(wj)
+                                    .zip(&xseq[i * channels..(i + 1) * channels])
+                                    .for_each(|((o, w), x)| *o += w * x);
+                            } else {
+                                let col = t + j;
+                                for (ch, (o, w)) in o.iter_mut().zip(wj).enumerate() {
+                                    *o += w * state[ch * km1 + col];
+                                }
+                            }
+                        }
+                        if silu_out {
+                            o.iter_mut().for_each(|v| *v = silu(*v));
+                        }
+                    });
+                // The new state: the last km1 inputs, from the state where the sequence is shorter.
+                let len = io.len;
+                if km1 == 0 || len == 0 {
+                    return;
+                }
+                io.state
+                    .par_chunks_mut(km1)
+                    .enumerate()
+                    .for_each(|(ch, st)| {
+                        if len < km1 {
+                            st.copy_within(len.., 0);
+                        }
+                        let from = km1.saturating_sub(len);
+                        for (i, s) in st.iter_mut().enumerate().skip(from) {
+                            *s = xseq[(len + i - km1) * channels + ch];
+                        }
+                    });
+            })
+        });
+        Ok(())
+    }
+
+    fn ssd_scan(
+        &self,
+        x: DeviceSlice,
+        dt_raw: DeviceSlice,
+        b: DeviceSlice,
+        c: DeviceSlice,
+        a_log: DeviceSlice,
+        d: DeviceSlice,
+        dt_bias: DeviceSlice,
+        y: DeviceSlice,
+        seqs: &[RecurrentSeq],
+        p: &SsdParams,
+    ) -> Result<()> {
+        self.ssd_impl(x, dt_raw, b, c, a_log, d, dt_bias, y, seqs, p, Mode::Auto)
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: DeviceSlice,
+        gate: DeviceSlice,
+        weight: DeviceSlice,
+        out: DeviceSlice,
+        rows: usize,
+        dim: usize,
+        group_size: usize,
+        eps: f32,
+        order: GateOrder,
+    ) -> Result<()> {
+        const OP: &str = "gated_rms_norm";
+        if dim == 0 || group_size == 0 || dim % group_size != 0 {
+            return Err(shape_err(
+                OP,
+                format!("groups of {group_size} do not divide rows of {dim}"),
+            ));
+        }
+        need(OP, x, rows * dim, "x")?;
+        need(OP, gate, rows * dim, "gate")?;
+        need(OP, out, rows * dim, "out")?;
+        let w = self.param_vec(OP, weight, dim, "weight")?;
+        let (xs, gs) = (
+            &self.read_f32(OP, x)?[..rows * dim],
+            &self.read_f32(OP, gate)?[..rows * dim],
+        );
+        let o = &mut self.write_f32(OP, out, &[x, gate, weight])?[..rows * dim];
+        self.install(|| {
+            o.par_chunks_mut(dim)
+                .zip(xs.par_chunks(dim))
+                .zip(gs.par_chunks(dim))
+                .for_each(|((o, x), g)| {
+                    for (((o, x), g), w) in o
+                        .chunks_mut(group_size)
+                        .zip(x.chunks(group_size))
+                        .zip(g.chunks(group_size))
+                        .zip(w.chunks(group_size))
+                    {
+                        match order {
+                            GateOrder::BeforeNorm => {
+                                o.iter_mut()
+                                    .zip(x)
+                                    .zip(g)
+                                    .for_each(|((o, x), g)| *o = x * silu(*g));
+                                let r = 1.0
+                                    / (super::kernels::dot_f32(o, o) / group_size as f32 + eps)
+                                        .sqrt();
+                                o.iter_mut().zip(w).for_each(|(o, w)| *o *= r * w);
+                            }
+                            GateOrder::AfterNorm => {
+                                let r = 1.0
+                                    / (super::kernels::dot_f32(x, x) / group_size as f32 + eps)
+                                        .sqrt();
+                                o.iter_mut()
+                                    .zip(x)
+                                    .zip(g)
+                                    .zip(w)
+                                    .for_each(|(((o, x), g), w)| *o = x * r * w * silu(*g));
+                            }
+                        }
+                    }
+                })
+        });
+        Ok(())
+    }
+
+    fn gated_delta_rule(
+        &self,
+        q: DeviceSlice,
+        k: DeviceSlice,
+        v: DeviceSlice,
+        a: DeviceSlice,
+        b: DeviceSlice,
+        a_log: DeviceSlice,
+        dt_bias: DeviceSlice,
+        out: DeviceSlice,
+        seqs: &[RecurrentSeq],
+        p: &DeltaParams,
+    ) -> Result<()> {
+        self.delta_impl(q, k, v, a, b, a_log, dt_bias, out, seqs, p, Mode::Auto)
+    }
+}

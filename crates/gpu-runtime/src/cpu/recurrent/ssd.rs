@@ -1,0 +1,300 @@
+//! The Mamba-2 SSD scan: the chunked (matrix) form for prefill and the
+//! per-token recurrence for decode.
+//!
+//! Chunked form, per head, for a chunk of `q` tokens with `a_t = dt_t·A` and
+//! `cum_t = Σ_{s≤t} a_s` (accumulated in f64, so that differences of large
+//! sums stay exact enough):
+//!
+//! - `y_t = exp(cum_t)·C_t·S + Σ_{s≤t} (C_t·B_s)·exp(cum_t − cum_s)·dt_s·x_s + D·x_t`
+//! - `S ← exp(cum_last)·S + Σ_s exp(cum_last − cum_s)·dt_s·x_s ⊗ B_s`
+//!
+//! `C·Bᵀ` is computed once per group and chunk (heads of a group share it);
+//! only its lower block-triangle is formed, in row blocks of [`BLOCK`].
+
+use rayon::prelude::*;
+
+use super::math::{View, exp_fast, matmul, softplus};
+use super::{Mode, SeqIo};
+use crate::cpu::kernels::dot_f32;
+use crate::ops::recurrent::SsdParams;
+
+/// Rows per block of the lower-triangular products inside a chunk.
+const BLOCK: usize = 64;
+
+/// The operands of one call, read-only, with the per-head parameters widened.
+pub(super) struct Ctx<'a> {
+    pub x: &'a [f32],
+    pub dt_raw: &'a [f32],
+    pub b: &'a [f32],
+    pub c: &'a [f32],
+    /// `A = -exp(A_log)`.
+    pub neg_a: Vec<f32>,
+    pub d: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    pub p: SsdParams,
+}
+
+impl Ctx<'_> {
+    fn dt(&self, row: usize, h: usize) -> f32 {
+        softplus(self.dt_raw[row * self.p.n_heads + h] + self.dt_bias[h])
+            .clamp(self.p.dt_min, self.p.dt_max)
+    }
+
+    fn width(&self) -> usize {
+        self.p.n_heads * self.p.head_dim
+    }
+
+    fn bc_width(&self) -> usize {
+        self.p.n_groups * self.p.d_state
+    }
+
+    fn group(&self, h: usize) -> usize {
+        h / (self.p.n_heads / self.p.n_groups)
+    }
+}
+
+/// Scans one sequence, writing its rows of `y` and updating its state.
+pub(super) fn scan_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode) {
+    let SsdParams {
+        n_heads: nh,
+        head_dim: hp,
+        d_state: n,
+        ..
+    } = ctx.p;
+    let (len, row0) = (io.len, io.row_start);
+    if len == 0 {
+        return;
+    }
+    // Head-major output [nh, len, hp], so each head writes a contiguous piece.
+    let mut ys = vec![0f32; nh * len * hp];
+    if len == 1 || mode == Mode::Recurrent {
+        io.state
+            .par_chunks_mut(hp * n)
+            .zip(ys.par_chunks_mut(len * hp))
+            .enumerate()
+            .for_each(|(h, (s, yh))| recurrent_head(ctx, row0, len, h, s, yh));
+    } else {
+        chunked(ctx, row0, len, io.state, &mut ys);
+    }
+    let ys = &ys;
+    io.out
+        .par_chunks_mut(nh * hp)
+        .enumerate()
+        .for_each(|(t, row)| {
+            for (h, dst) in row.chunks_mut(hp).enumerate() {
+                dst.copy_from_slice(&ys[(h * len + t) * hp..(h * len + t + 1) * hp]);
+            }
+        });
+}
+
+/// The per-token recurrence of head `h` over rows `row0..row0 + len`.
+fn recurrent_head(ctx: &Ctx<'_>, row0: usize, len: usize, h: usize, s: &mut [f32], yh: &mut [f32]) {
+    let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
+    let (width, bc, g) = (ctx.width(), ctx.bc_width(), ctx.group(h));
+    for t in 0..len {
+        let row = row0 + t;
+        let dt = ctx.dt(row, h);
+        let da = (dt * ctx.neg_a[h]).exp();
+        let x = &ctx.x[row * width + h * hp..][..hp];
+        let b = &ctx.b[row * bc + g * n..][..n];
+        let c = &ctx.c[row * bc + g * n..][..n];
+        for ((sp, &xp), y) in s.chunks_mut(n).zip(x).zip(&mut yh[t * hp..(t + 1) * hp]) {
+            let xdt = xp * dt;
+            sp.iter_mut()
+                .zip(b)
+                .for_each(|(s, b)| *s = *s * da + xdt * b);
+            *y = dot_f32(sp, c) + ctx.d[h] * xp;
+        }
+    }
+}
+
+/// Per-task buffers of the chunked form, sized for chunks of `cap` tokens.
+struct Scratch {
+    cum: Vec<f64>,
+    /// `[cap, cap]`: the masked, decayed `C·Bᵀ` of one head.
+    m: Vec<f32>,
+    /// `[cap, d_state]`: B rows weighted for the state update.
+    bw: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(cap: usize, n: usize) -> Self {
+        Self {
+            cum: vec![0.0; cap],
+            m: vec![0.0; cap * cap],
+            bw: vec![0.0; cap * n],
+        }
+    }
+}
+
+fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [f32]) {
+    let SsdParams {
+        n_heads: nh,
+        head_dim: hp,
+        d_state: n,
+        n_groups: ng,
+        chunk_size,
+        ..
+    } = ctx.p;
+    let bc = ctx.bc_width();
+    let cap = chunk_size.min(len);
+    let mut dts = vec![0f32; nh * len];
+    dts.par_chunks_mut(len).enumerate().for_each(|(h, d)| {
+        d.iter_mut()
+            .enumerate()
+            .for_each(|(t, v)| *v = ctx.dt(row0 + t, h))
+    });
+    let mut gram = vec![0f32; ng * cap * cap];
+    for c0 in (0..len).step_by(cap) {
+        let q = cap.min(len - c0);
+        let r0 = row0 + c0;
+        // G = C·Bᵀ per group: row block [i0, i1) needs columns 0..i1 only.
+        gram.par_chunks_mut(cap * cap)
+            .enumerate()
+            .for_each(|(g, gm)| {
+                gm.par_chunks_mut(BLOCK * cap)
+                    .enumerate()
+                    .for_each(|(blk, rows)| {
+                        let i0 = blk * BLOCK;
+                        if i0 >= q {
+                            return;
+                        }
+                        let i1 = (i0 + BLOCK).min(q);
+                        let cv = View::rows(&ctx.c[(r0 + i0) * bc + g * n..], bc);
+                        let bt = View::t(&ctx.b[r0 * bc + g * n..], bc);
+                        matmul(i1 - i0, i1, n, rows, cap, None, cv, bt, 1.0, 1);
+                    })
+            });
+        let (gram, dts) = (&gram, &dts);
+        state
+            .par_chunks_mut(hp * n)
+            .zip(ys.par_chunks_mut(len * hp))
+            .enumerate()
+            .for_each_init(
+                || Scratch::new(cap, n),
+                |scr, (h, (s, yh))| {
+                    let g = ctx.group(h);
+                    let gm = &gram[g * cap * cap..(g + 1) * cap * cap];
+                    let dt = &dts[h * len + c0..h * len + c0 + q];
+                    head_chunk(
+                        ctx,
+                        scr,
+                        gm,
+                        cap,
+                        h,
+                        r0,
+                        dt,
+                        s,
+                        &mut yh[c0 * hp..(c0 + q) * hp],
+                    );
+                },
+            );
+    }
+}
+
+/// One chunk of head `h` (rows `r0..r0 + dt.len()`): writes `yh` (`[q, hp]`)
+/// and advances `s` (`[hp, n]`). `gm` is the group's `C·Bᵀ`, rows `ld` apart.
+#[allow(clippy::too_many_arguments)]
+fn head_chunk(
+    ctx: &Ctx<'_>,
+    scr: &mut Scratch,
+    gm: &[f32],
+    ld: usize,
+    h: usize,
+    r0: usize,
+    dt: &[f32],
+    s: &mut [f32],
+    yh: &mut [f32],
+) {
+    let (hp, n, q) = (ctx.p.head_dim, ctx.p.d_state, dt.len());
+    let (width, bc, g) = (ctx.width(), ctx.bc_width(), ctx.group(h));
+    let a = ctx.neg_a[h];
+    let mut acc = 0f64;
+    for (cu, &d) in scr.cum.iter_mut().zip(dt) {
+        acc += (d * a) as f64;
+        *cu = acc;
+    }
+    let cum = &scr.cum[..q];
+    let xv = &ctx.x[r0 * width + h * hp..];
+    let cv = &ctx.c[r0 * bc + g * n..];
+    let bv = &ctx.b[r0 * bc + g * n..];
+
+    // From the state entering the chunk: y_t = exp(cum_t)·C_t·S (S is [hp, n]).
+    matmul(
+        q,
+        hp,
+        n,
+        yh,
+        hp,
+        None,
+        View::rows(cv, bc),
+        View::t(s, n),
+        1.0,
+        1,
+    );
+    for (yr, &ct) in yh.chunks_mut(hp).zip(cum) {
+        let e = ct.exp() as f32;
+        yr.iter_mut().for_each(|v| *v *= e);
+    }
+
+    // Within the chunk: M[t, s] = G[t, s]·exp(cum_t − cum_s)·dt_s for s ≤ t,
+    // zero to the end of t's row block; then y += M·x block by block.
+    let m = &mut scr.m;
+    for t in 0..q {
+        let end = ((t / BLOCK + 1) * BLOCK).min(q);
+        let (low, high) = m[t * ld..t * ld + end].split_at_mut(t + 1);
+        let ct = cum[t];
+        low.iter_mut()
+            .zip(cum)
+            .for_each(|(v, &cs)| *v = exp_fast((ct - cs) as f32));
+        low.iter_mut()
+            .zip(&gm[t * ld..])
+            .zip(dt)
+            .for_each(|((v, gv), d)| *v *= gv * d);
+        high.fill(0.0);
+    }
+    for i0 in (0..q).step_by(BLOCK) {
+        let i1 = (i0 + BLOCK).min(q);
+        matmul(
+            i1 - i0,
+            hp,
+            i1,
+            &mut yh[i0 * hp..],
+            hp,
+            Some(1.0),
+            View::rows(&m[i0 * ld..], ld),
+            View::rows(xv, width),
+            1.0,
+            1,
+        );
+    }
+
+    // Skip connection.
+    let dh = ctx.d[h];
+    for (t, yr) in yh.chunks_mut(hp).enumerate() {
+        yr.iter_mut()
+            .zip(&xv[t * width..t * width + hp])
+            .for_each(|(y, x)| *y += dh * x);
+    }
+
+    // State: S = exp(cum_last)·S + xᵀ·(B_s·exp(cum_last − cum_s)·dt_s).
+    let last = cum[q - 1];
+    for (i, bw) in scr.bw.chunks_mut(n).take(q).enumerate() {
+        let w = ((last - cum[i]) as f32).exp() * dt[i];
+        bw.iter_mut()
+            .zip(&bv[i * bc..i * bc + n])
+            .for_each(|(o, b)| *o = b * w);
+    }
+    matmul(
+        hp,
+        n,
+        q,
+        s,
+        n,
+        Some(last.exp() as f32),
+        View::t(xv, width),
+        View::rows(&scr.bw, n),
+        1.0,
+        1,
+    );
+}

@@ -1,0 +1,370 @@
+//! Tests of the SSD scan and the gated delta rule: against per-token f64
+//! references, chunked against recurrent, and one call against several.
+
+use super::tests::{Env, Rng, assert_close, seqs_of};
+use crate::gpu::DeviceSlice;
+use crate::ops::recurrent::{DeltaParams, RecurrentOps, SsdParams};
+
+fn softplus64(x: f64) -> f64 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// Inputs of one SSD test case, host side.
+struct SsdCase {
+    p: SsdParams,
+    spans: Vec<(usize, usize)>,
+    x: Vec<f32>,
+    dt: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+    a_log: Vec<f32>,
+    d: Vec<f32>,
+    dt_bias: Vec<f32>,
+    states: Vec<Vec<f32>>,
+}
+
+impl SsdCase {
+    fn new(p: SsdParams, spans: &[(usize, usize)], seed: u64, a_log_max: f32) -> Self {
+        let mut r = Rng::new(seed);
+        let rows = spans.iter().map(|s| s.0 + s.1).max().unwrap_or(0);
+        let (w, bc, sl) = (
+            p.n_heads * p.head_dim,
+            p.n_groups * p.d_state,
+            p.n_heads * p.head_dim * p.d_state,
+        );
+        Self {
+            p,
+            spans: spans.to_vec(),
+            x: r.vec(rows * w, -2.0, 2.0),
+            dt: r.vec(rows * p.n_heads, -4.0, 2.0),
+            b: r.vec(rows * bc, -1.0, 1.0),
+            c: r.vec(rows * bc, -1.0, 1.0),
+            a_log: r.vec(p.n_heads, -1.0, a_log_max),
+            d: r.vec(p.n_heads, -1.0, 1.0),
+            dt_bias: r.vec(p.n_heads, -1.0, 1.0),
+            states: spans.iter().map(|_| r.vec(sl, -1.0, 1.0)).collect(),
+        }
+    }
+
+    /// Per-token f64 recurrence: (y of all rows, final states).
+    fn reference(&self) -> (Vec<f64>, Vec<Vec<f64>>) {
+        let SsdParams {
+            n_heads: nh,
+            head_dim: hp,
+            d_state: n,
+            n_groups: ng,
+            dt_min,
+            dt_max,
+            ..
+        } = self.p;
+        let (w, bc) = (nh * hp, ng * n);
+        let mut y = vec![0f64; self.x.len()];
+        let mut finals = Vec::new();
+        for (&(r0, len), st) in self.spans.iter().zip(&self.states) {
+            let mut s: Vec<f64> = st.iter().map(|&v| v as f64).collect();
+            for row in r0..r0 + len {
+                for h in 0..nh {
+                    let g = h / (nh / ng);
+                    let dt = softplus64(self.dt[row * nh + h] as f64 + self.dt_bias[h] as f64)
+                        .clamp(dt_min as f64, dt_max as f64);
+                    let da = (-(self.a_log[h] as f64).exp() * dt).exp();
+                    for p in 0..hp {
+                        let xv = self.x[row * w + h * hp + p] as f64;
+                        let mut acc = 0.0;
+                        for k in 0..n {
+                            let sv = &mut s[(h * hp + p) * n + k];
+                            *sv = *sv * da + dt * xv * self.b[row * bc + g * n + k] as f64;
+                            acc += *sv * self.c[row * bc + g * n + k] as f64;
+                        }
+                        y[row * w + h * hp + p] = acc + self.d[h] as f64 * xv;
+                    }
+                }
+            }
+            finals.push(s);
+        }
+        (y, finals)
+    }
+
+    /// Runs the scan in `pieces` calls per sequence (rows split at the given
+    /// offsets); `recurrent` forces the per-token form.
+    fn run(&self, env: &mut Env, splits: &[usize], recurrent: bool) -> (Vec<f32>, Vec<Vec<f32>>) {
+        let [x, dt, b, c, a_log, d, dt_bias] = [
+            &self.x,
+            &self.dt,
+            &self.b,
+            &self.c,
+            &self.a_log,
+            &self.d,
+            &self.dt_bias,
+        ]
+        .map(|v| env.up(v));
+        let y = env.up(&vec![0.0; self.x.len()]);
+        let states: Vec<DeviceSlice> = self.states.iter().map(|s| env.up(s)).collect();
+        let mut bounds = vec![0];
+        bounds.extend_from_slice(splits);
+        bounds.push(usize::MAX);
+        for win in bounds.windows(2) {
+            let spans: Vec<(usize, usize)> = self
+                .spans
+                .iter()
+                .map(|&(r0, len)| (r0 + win[0].min(len), win[1].min(len) - win[0].min(len)))
+                .collect();
+            let seqs = seqs_of(&spans, &states);
+            let r = if recurrent {
+                env.cpu
+                    .ssd_scan_recurrent(x, dt, b, c, a_log, d, dt_bias, y, &seqs, &self.p)
+            } else {
+                env.cpu
+                    .ssd_scan(x, dt, b, c, a_log, d, dt_bias, y, &seqs, &self.p)
+            };
+            r.expect("ssd_scan");
+        }
+        (env.down(y), states.iter().map(|s| env.down(*s)).collect())
+    }
+}
+
+fn ssd_params(
+    n_heads: usize,
+    head_dim: usize,
+    d_state: usize,
+    n_groups: usize,
+    chunk_size: usize,
+) -> SsdParams {
+    SsdParams {
+        n_heads,
+        head_dim,
+        d_state,
+        n_groups,
+        chunk_size,
+        dt_min: 0.0,
+        dt_max: f32::INFINITY,
+    }
+}
+
+fn check_ssd(case: &SsdCase, tol: f64) {
+    let (want_y, want_s) = case.reference();
+    for (splits, recurrent) in [
+        (&[][..], false),
+        (&[][..], true),
+        (&[5][..], false),
+        (&[1, 2, 9][..], false),
+    ] {
+        let mut env = Env::new();
+        let (y, states) = case.run(&mut env, splits, recurrent);
+        let what = format!("ssd (splits {splits:?}, recurrent {recurrent})");
+        assert_close(&y, &want_y, tol, &what);
+        for (got, want) in states.iter().zip(&want_s) {
+            assert_close(got, want, tol, &format!("{what} state"));
+        }
+        env.finish();
+    }
+}
+
+#[test]
+fn ssd_scan_matches_reference() {
+    let spans = [(0, 1), (1, 5), (6, 8), (14, 19), (33, 33), (66, 0)];
+    check_ssd(
+        &SsdCase::new(ssd_params(4, 8, 16, 2, 8), &spans, 1, 1.0),
+        1e-4,
+    );
+    // Clamped dt, one group, chunk longer than every sequence.
+    let mut p = ssd_params(3, 4, 8, 1, 64);
+    (p.dt_min, p.dt_max) = (0.05, 0.3);
+    check_ssd(&SsdCase::new(p, &spans, 2, 1.0), 1e-4);
+    // Strong decay (A down to -20, cumulative sums in the hundreds) and chunk 1.
+    check_ssd(
+        &SsdCase::new(ssd_params(2, 4, 8, 2, 16), &spans, 3, 3.0),
+        1e-4,
+    );
+    check_ssd(
+        &SsdCase::new(ssd_params(2, 4, 8, 1, 1), &spans[..4], 4, 1.0),
+        1e-4,
+    );
+}
+
+#[test]
+fn ssd_scan_long_chunks_cross_row_blocks() {
+    // Chunks of 150 tokens span three row blocks of the chunked kernel.
+    let case = SsdCase::new(ssd_params(2, 4, 16, 1, 150), &[(0, 333), (333, 70)], 5, 0.5);
+    check_ssd(&case, 2e-4);
+}
+
+/// Inputs of one delta-rule test case, host side.
+struct DeltaCase {
+    p: DeltaParams,
+    spans: Vec<(usize, usize)>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+    states: Vec<Vec<f32>>,
+}
+
+impl DeltaCase {
+    fn new(p: DeltaParams, spans: &[(usize, usize)], seed: u64) -> Self {
+        let mut r = Rng::new(seed);
+        let rows = spans.iter().map(|s| s.0 + s.1).max().unwrap_or(0);
+        let (kw, vw) = (p.n_k_heads * p.k_head_dim, p.n_v_heads * p.v_head_dim);
+        Self {
+            p,
+            spans: spans.to_vec(),
+            q: r.vec(rows * kw, -1.0, 1.0),
+            k: r.vec(rows * kw, -1.0, 1.0),
+            v: r.vec(rows * vw, -2.0, 2.0),
+            a: r.vec(rows * p.n_v_heads, -3.0, 2.0),
+            b: r.vec(rows * p.n_v_heads, -3.0, 3.0),
+            a_log: r.vec(p.n_v_heads, -1.0, 1.5),
+            dt_bias: r.vec(p.n_v_heads, -1.0, 1.0),
+            states: spans
+                .iter()
+                .map(|_| r.vec(p.n_v_heads * p.k_head_dim * p.v_head_dim, -0.5, 0.5))
+                .collect(),
+        }
+    }
+
+    /// HF's `torch_recurrent_gated_delta_rule` in f64: (out, final states).
+    fn reference(&self) -> (Vec<f64>, Vec<Vec<f64>>) {
+        let DeltaParams {
+            n_k_heads: nk,
+            n_v_heads: nv,
+            k_head_dim: dk,
+            v_head_dim: dv,
+            ..
+        } = self.p;
+        let mut out = vec![0f64; self.v.len()];
+        let mut finals = Vec::new();
+        let l2 = |x: &[f32]| {
+            let r = 1.0 / (x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() + 1e-6).sqrt();
+            x.iter().map(|&v| v as f64 * r).collect::<Vec<f64>>()
+        };
+        for (&(r0, len), st) in self.spans.iter().zip(&self.states) {
+            let mut s: Vec<f64> = st.iter().map(|&v| v as f64).collect();
+            for row in r0..r0 + len {
+                for h in 0..nv {
+                    let kh = h / (nv / nk);
+                    let off = row * nk * dk + kh * dk;
+                    let q: Vec<f64> = l2(&self.q[off..off + dk])
+                        .iter()
+                        .map(|v| v / (dk as f64).sqrt())
+                        .collect();
+                    let k = l2(&self.k[off..off + dk]);
+                    let i = row * nv + h;
+                    let g = -(self.a_log[h] as f64).exp()
+                        * softplus64(self.a[i] as f64 + self.dt_bias[h] as f64);
+                    let beta = 1.0 / (1.0 + (-(self.b[i] as f64)).exp());
+                    let sh = &mut s[h * dk * dv..(h + 1) * dk * dv];
+                    sh.iter_mut().for_each(|v| *v *= g.exp());
+                    for j in 0..dv {
+                        let kv: f64 = (0..dk).map(|kk| sh[kk * dv + j] * k[kk]).sum();
+                        let delta = (self.v[row * nv * dv + h * dv + j] as f64 - kv) * beta;
+                        (0..dk).for_each(|kk| sh[kk * dv + j] += k[kk] * delta);
+                        out[row * nv * dv + h * dv + j] =
+                            (0..dk).map(|kk| sh[kk * dv + j] * q[kk]).sum();
+                    }
+                }
+            }
+            finals.push(s);
+        }
+        (out, finals)
+    }
+
+    fn run(&self, env: &mut Env, splits: &[usize], recurrent: bool) -> (Vec<f32>, Vec<Vec<f32>>) {
+        let [q, k, v, a, b, a_log, dt_bias] = [
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.a,
+            &self.b,
+            &self.a_log,
+            &self.dt_bias,
+        ]
+        .map(|x| env.up(x));
+        let out = env.up(&vec![0.0; self.v.len()]);
+        let states: Vec<DeviceSlice> = self.states.iter().map(|s| env.up(s)).collect();
+        let mut bounds = vec![0];
+        bounds.extend_from_slice(splits);
+        bounds.push(usize::MAX);
+        for win in bounds.windows(2) {
+            let spans: Vec<(usize, usize)> = self
+                .spans
+                .iter()
+                .map(|&(r0, len)| (r0 + win[0].min(len), win[1].min(len) - win[0].min(len)))
+                .collect();
+            let seqs = seqs_of(&spans, &states);
+            let r = if recurrent {
+                env.cpu
+                    .gated_delta_rule_recurrent(q, k, v, a, b, a_log, dt_bias, out, &seqs, &self.p)
+            } else {
+                env.cpu
+                    .gated_delta_rule(q, k, v, a, b, a_log, dt_bias, out, &seqs, &self.p)
+            };
+            r.expect("gated_delta_rule");
+        }
+        (env.down(out), states.iter().map(|s| env.down(*s)).collect())
+    }
+}
+
+fn check_delta(case: &DeltaCase, tol: f64) {
+    let (want_o, want_s) = case.reference();
+    for (splits, recurrent) in [
+        (&[][..], false),
+        (&[][..], true),
+        (&[5][..], false),
+        (&[1, 2, 9][..], false),
+    ] {
+        let mut env = Env::new();
+        let (o, states) = case.run(&mut env, splits, recurrent);
+        let what = format!("delta (splits {splits:?}, recurrent {recurrent})");
+        assert_close(&o, &want_o, tol, &what);
+        for (got, want) in states.iter().zip(&want_s) {
+            assert_close(got, want, tol, &format!("{what} state"));
+        }
+        env.finish();
+    }
+}
+
+#[test]
+fn gated_delta_rule_matches_reference() {
+    let spans = [(0, 1), (1, 3), (4, 8), (12, 21), (33, 0)];
+    let p = DeltaParams {
+        n_k_heads: 2,
+        n_v_heads: 4,
+        k_head_dim: 16,
+        v_head_dim: 8,
+        chunk_size: 8,
+    };
+    check_delta(&DeltaCase::new(p, &spans, 11), 1e-4);
+    check_delta(
+        &DeltaCase::new(
+            DeltaParams {
+                n_k_heads: 3,
+                n_v_heads: 3,
+                k_head_dim: 8,
+                v_head_dim: 12,
+                chunk_size: 64,
+            },
+            &spans,
+            12,
+        ),
+        1e-4,
+    );
+    check_delta(
+        &DeltaCase::new(DeltaParams { chunk_size: 1, ..p }, &spans, 13),
+        1e-4,
+    );
+}
+
+#[test]
+fn gated_delta_rule_long_sequence() {
+    let p = DeltaParams {
+        n_k_heads: 1,
+        n_v_heads: 2,
+        k_head_dim: 32,
+        v_head_dim: 16,
+        chunk_size: 64,
+    };
+    check_delta(&DeltaCase::new(p, &[(0, 150), (150, 64)], 14), 2e-4);
+}
