@@ -76,12 +76,12 @@ impl BufferArena {
     }
 }
 
-impl ModelResource<dyn GpuBackend> for BufferArena {
+impl<'g> ModelResource<dyn GpuBackend + 'g> for BufferArena {
     fn label(&self) -> &str {
         "buffer arena"
     }
 
-    fn release(&mut self, gpu: &dyn GpuBackend) -> anyhow::Result<()> {
+    fn release(&mut self, gpu: &(dyn GpuBackend + 'g)) -> anyhow::Result<()> {
         self.regions.clear();
         match self.base.take() {
             Some(b) => Ok(gpu.free(b.ptr())?),

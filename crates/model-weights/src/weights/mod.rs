@@ -93,13 +93,13 @@ impl WeightStore {
     }
 }
 
-impl ModelResource<dyn GpuBackend> for WeightStore {
+impl<'g> ModelResource<dyn GpuBackend + 'g> for WeightStore {
     fn label(&self) -> &str {
         "weight store"
     }
 
     /// Frees every tensor, attempting all; returns the first failure.
-    fn release(&mut self, gpu: &dyn GpuBackend) -> anyhow::Result<()> {
+    fn release(&mut self, gpu: &(dyn GpuBackend + 'g)) -> anyhow::Result<()> {
         let mut first: Option<anyhow::Error> = None;
         for (name, t) in std::mem::take(&mut self.tensors) {
             if let Err(e) = gpu.free(t.slice.ptr())

@@ -1,0 +1,203 @@
+//! The paged KV cache: fixed-size blocks shared by all attention layers,
+//! handed to sequences through block tables, with refcounts and a free list.
+
+use metrale_core::scope::ModelResource;
+use metrale_core::{BlockId, DType};
+use metrale_gpu_runtime::gpu::GpuBackend;
+use metrale_gpu_runtime::ops::KvLayer;
+
+use crate::error::{EngineError, Result};
+
+/// Default tokens per block.
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+/// K and V storage for every attention layer, in blocks of `block_size` tokens.
+/// Block `b` holds the same token range in every layer.
+pub struct KvCache {
+    block_size: usize,
+    num_blocks: usize,
+    kv_width: usize,
+    layers: Vec<KvLayer>,
+    refcounts: Vec<u32>,
+    free: Vec<BlockId>,
+}
+
+impl KvCache {
+    /// Allocates `num_blocks` blocks for `n_layers` attention layers of
+    /// `kv_width` (= kv heads * head dim) f32 per token. On failure nothing
+    /// stays allocated.
+    #[track_caller]
+    pub fn allocate(gpu: &dyn GpuBackend, n_layers: usize, kv_width: usize, block_size: usize, num_blocks: usize) -> Result<Self> {
+        if block_size == 0 {
+            return Err(EngineError::Request("KV block size must be positive".into()));
+        }
+        let mut cache = Self {
+            block_size,
+            num_blocks,
+            kv_width,
+            layers: Vec::with_capacity(n_layers),
+            refcounts: vec![0; num_blocks],
+            free: (0..num_blocks as u32).rev().map(BlockId).collect(),
+        };
+        let elements = num_blocks * block_size * kv_width;
+        for layer in 0..n_layers {
+            let pair = gpu.alloc_slice(DType::F32, elements, "kv cache").and_then(|k| {
+                gpu.alloc_slice(DType::F32, elements, "kv cache").map(|v| (k, v)).inspect_err(|_| {
+                    let _ = gpu.free(k.ptr());
+                })
+            });
+            match pair {
+                Ok((k, v)) => cache.layers.push(KvLayer { k, v, block_size }),
+                Err(source) => {
+                    let _ = cache.release(gpu);
+                    return Err(EngineError::Device { context: format!("allocating KV cache layer {layer}"), source });
+                }
+            }
+        }
+        Ok(cache)
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    pub fn free_blocks(&self) -> usize {
+        self.free.len()
+    }
+
+    pub fn used_blocks(&self) -> usize {
+        self.num_blocks - self.free.len()
+    }
+
+    pub fn kv_width(&self) -> usize {
+        self.kv_width
+    }
+
+    /// The cache of the `i`-th attention layer (counting attention layers only).
+    pub fn layer(&self, i: usize) -> Result<&KvLayer> {
+        self.layers.get(i).ok_or_else(|| EngineError::Request(format!("no KV cache for attention layer {i}")))
+    }
+
+    /// Takes a block off the free list with refcount 1.
+    pub fn alloc_block(&mut self) -> Result<BlockId> {
+        let b = self.free.pop().ok_or_else(|| EngineError::Exhausted {
+            resource: "KV cache blocks",
+            detail: format!("all {} blocks of {} tokens are in use", self.num_blocks, self.block_size),
+        })?;
+        self.refcounts[b.index()] = 1;
+        Ok(b)
+    }
+
+    /// Shares a block (prefix reuse): one more owner.
+    pub fn retain(&mut self, b: BlockId) {
+        self.refcounts[b.index()] += 1;
+    }
+
+    /// Drops one owner; the block returns to the free list at zero.
+    pub fn release_block(&mut self, b: BlockId) {
+        let rc = &mut self.refcounts[b.index()];
+        debug_assert!(*rc > 0, "{b} released more often than allocated");
+        *rc = rc.saturating_sub(1);
+        if *rc == 0 {
+            self.free.push(b);
+        }
+    }
+
+    pub fn refcount(&self, b: BlockId) -> u32 {
+        self.refcounts[b.index()]
+    }
+
+    /// Bytes one token occupies across all layers.
+    pub fn bytes_per_token(&self) -> usize {
+        2 * self.kv_width * 4 * self.layers.len()
+    }
+}
+
+impl<'g> ModelResource<dyn GpuBackend + 'g> for KvCache {
+    fn label(&self) -> &str {
+        "kv cache"
+    }
+
+    fn release(&mut self, gpu: &(dyn GpuBackend + 'g)) -> anyhow::Result<()> {
+        let mut first: Option<anyhow::Error> = None;
+        for layer in self.layers.drain(..) {
+            for s in [layer.k, layer.v] {
+                if let Err(e) = gpu.free(s.ptr())
+                    && first.is_none()
+                {
+                    first = Some(e.into());
+                }
+            }
+        }
+        self.free.clear();
+        self.refcounts.iter_mut().for_each(|r| *r = 0);
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// A sequence's block table and how many tokens it has cached.
+#[derive(Default, Debug)]
+pub struct SeqBlocks {
+    blocks: Vec<BlockId>,
+    len: usize,
+}
+
+impl SeqBlocks {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn blocks(&self) -> &[BlockId] {
+        &self.blocks
+    }
+
+    /// Tokens cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Makes room for `new_len` tokens, allocating blocks as needed. On
+    /// failure the blocks taken by this call are returned.
+    pub fn reserve(&mut self, cache: &mut KvCache, new_len: usize) -> Result<()> {
+        let needed = new_len.div_ceil(cache.block_size());
+        let before = self.blocks.len();
+        while self.blocks.len() < needed {
+            match cache.alloc_block() {
+                Ok(b) => self.blocks.push(b),
+                Err(e) => {
+                    for b in self.blocks.drain(before..) {
+                        cache.release_block(b);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that tokens up to `new_len` are now cached.
+    pub fn set_len(&mut self, new_len: usize) {
+        self.len = new_len;
+    }
+
+    /// Cache slot (block * block_size + offset) of token position `pos`.
+    pub fn slot(&self, pos: usize, block_size: usize) -> Option<u32> {
+        self.blocks.get(pos / block_size).map(|b| (b.index() * block_size + pos % block_size) as u32)
+    }
+
+    /// Returns every block to the cache.
+    pub fn free(&mut self, cache: &mut KvCache) {
+        for b in self.blocks.drain(..) {
+            cache.release_block(b);
+        }
+        self.len = 0;
+    }
+}

@@ -1,0 +1,195 @@
+//! `TransformerModel`: the backend and every resource a loaded model owns.
+
+mod teardown;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use metrale_core::scope::ModelResource;
+use metrale_gpu_runtime::arena::{ArenaPlan, BufferArena};
+use metrale_gpu_runtime::gpu::GpuBackend;
+use metrale_model_weights::weights::WeightStore;
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::cache::kv::DEFAULT_BLOCK_SIZE;
+use crate::cache::{KvCache, SsmSnapshots, SsmStatePool, StateShape};
+use crate::config::{MixerKind, ModelConfig};
+use crate::error::{EngineError, Result};
+use crate::model::derived::DerivedWeights;
+
+/// How much per-sequence memory to set aside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelOptions {
+    /// Tokens per KV block.
+    pub kv_block_size: usize,
+    /// KV blocks in the cache (shared by all sequences).
+    pub kv_blocks: usize,
+    /// Concurrent sequences (SSM state slots).
+    pub max_seqs: usize,
+    /// Most tokens one forward step processes (sizes the activation arena).
+    pub max_batch_tokens: usize,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        Self { kv_block_size: DEFAULT_BLOCK_SIZE, kv_blocks: 256, max_seqs: 16, max_batch_tokens: 512 }
+    }
+}
+
+/// A model and everything it owns on its backend. Teardown order and error
+/// behaviour: see `teardown.rs`.
+pub struct TransformerModel {
+    pub(crate) gpu: Arc<dyn GpuBackend>,
+    pub(crate) config: ModelConfig,
+    pub(crate) options: ModelOptions,
+    pub(crate) derived: DerivedWeights,
+    pub(crate) ssm_snapshots: SsmSnapshots,
+    pub(crate) ssm_pool: Arc<SsmStatePool>,
+    pub(crate) kv_cache: Mutex<KvCache>,
+    pub(crate) buffers: BufferArena,
+    pub(crate) weight_store: Option<WeightStore>,
+    released: bool,
+}
+
+impl TransformerModel {
+    /// Builds the model's pools (KV cache, SSM state pool, activation arena)
+    /// on `gpu`. Weights come later (`adopt_weight_store`). On failure every
+    /// allocation made here is freed.
+    pub fn new(gpu: Arc<dyn GpuBackend>, config: ModelConfig, options: ModelOptions) -> Result<Self> {
+        let g: &dyn GpuBackend = gpu.as_ref();
+        let shapes = recurrent_state_shapes(&config);
+        let mut pool = SsmStatePool::allocate(g, &shapes, options.max_seqs)?;
+        let kv_width = config.attention.as_ref().map_or(0, |a| a.kv_width());
+        let n_attn = config.attention_layers().count();
+        let mut kv = match KvCache::allocate(g, n_attn, kv_width, options.kv_block_size, options.kv_blocks) {
+            Ok(kv) => kv,
+            Err(e) => {
+                let _ = pool.release(g);
+                return Err(e);
+            }
+        };
+        let buffers = match BufferArena::allocate(g, arena_plan(&config, options.max_batch_tokens)) {
+            Ok(b) => b,
+            Err(source) => {
+                let _ = kv.release(g);
+                let _ = pool.release(g);
+                return Err(EngineError::Device { context: "allocating the activation arena".into(), source });
+            }
+        };
+        Ok(Self {
+            gpu,
+            config,
+            options,
+            derived: DerivedWeights::new(),
+            ssm_snapshots: SsmSnapshots::new(),
+            ssm_pool: Arc::new(pool),
+            kv_cache: Mutex::new(kv),
+            buffers,
+            weight_store: None,
+            released: false,
+        })
+    }
+
+    pub fn gpu(&self) -> &dyn GpuBackend {
+        self.gpu.as_ref()
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn options(&self) -> &ModelOptions {
+        &self.options
+    }
+
+    pub fn ssm_pool(&self) -> &Arc<SsmStatePool> {
+        &self.ssm_pool
+    }
+
+    pub fn kv_cache(&self) -> MutexGuard<'_, KvCache> {
+        self.kv_cache.lock()
+    }
+
+    pub fn snapshots(&mut self) -> &mut SsmSnapshots {
+        &mut self.ssm_snapshots
+    }
+
+    pub fn weight_store(&self) -> Option<&WeightStore> {
+        self.weight_store.as_ref()
+    }
+
+    /// Releases everything this model owns, in the specified order, and
+    /// reports the first failure. See `teardown.rs`.
+    pub fn shutdown(mut self) -> anyhow::Result<()> {
+        self.released = true;
+        self.release_pools()
+    }
+}
+
+impl Drop for TransformerModel {
+    /// A safety net for models dropped without `shutdown`: the same ordered
+    /// release, with failures logged since `Drop` cannot return them.
+    fn drop(&mut self) {
+        if !self.released {
+            self.released = true;
+            if let Err(e) = self.release_pools() {
+                tracing::error!("model dropped without shutdown; teardown failed: {e:#}");
+            }
+        }
+    }
+}
+
+/// Per recurrent layer (in layer order), the state it keeps per sequence.
+pub fn recurrent_state_shapes(config: &ModelConfig) -> Vec<StateShape> {
+    config
+        .layers
+        .iter()
+        .filter_map(|l| match l.mixer {
+            MixerKind::Mamba2 => config.mamba.as_ref().map(|m| StateShape {
+                conv: m.conv_dim() * (m.conv_kernel - 1),
+                ssm: m.n_heads * m.head_dim * m.d_state,
+            }),
+            MixerKind::GatedDeltaNet => config.deltanet.as_ref().map(|d| StateShape {
+                conv: d.conv_dim() * (d.conv_kernel - 1),
+                ssm: d.n_v_heads * d.k_head_dim * d.v_head_dim,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Activation scratch for `tokens` rows: every intermediate a layer needs.
+pub fn arena_plan(config: &ModelConfig, tokens: usize) -> ArenaPlan {
+    let t = tokens.max(1);
+    let h = config.hidden_size;
+    let mut widest = h;
+    if let Some(a) = &config.attention {
+        widest = widest.max(2 * a.q_width()).max(a.kv_width());
+    }
+    if let Some(m) = &config.mamba {
+        widest = widest.max(m.in_proj_dim());
+    }
+    if let Some(d) = &config.deltanet {
+        widest = widest.max(2 * d.conv_dim() + d.value_dim());
+    }
+    let mut inter = 0;
+    if let Some(m) = &config.mlp {
+        inter = inter.max(m.intermediate_size);
+    }
+    if let Some(m) = &config.moe {
+        inter = inter.max(m.expert_intermediate).max(m.shared_intermediate.unwrap_or(0)).max(m.n_experts);
+    }
+    ArenaPlan::new()
+        .region("residual", t * h)
+        .region("normed", t * h)
+        .region("mixed", t * h)
+        .region("proj", t * widest)
+        .region("a", t * widest)
+        .region("b", t * widest)
+        .region("c", t * widest)
+        .region("ffn_in", t * 2 * inter.max(1))
+        .region("ffn_mid", t * 2 * inter.max(1))
+        .region("ffn_out", t * h)
+        .region("expert_in", t * h)
+}
