@@ -229,7 +229,8 @@ impl DenseOps for CpuBackend {
             o[..rows * width].par_chunks_mut(width).zip(row_of.par_iter()).enumerate().for_each(|(r, (orow, who))| {
                 let Some((si, pos)) = *who else { return };
                 let seq = &seqs[si];
-                let n_keys = pos + 1;
+                let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let n_keys = pos + 1 - first;
                 let mut scores = vec![0f32; n_keys];
                 for h in 0..p.n_heads {
                     let kvh = h / group;
@@ -237,7 +238,7 @@ impl DenseOps for CpuBackend {
                     let slot = |t: usize| (seq.block_table[t / bs].index() * bs + t % bs) * kv_width + kvh * hd;
                     let mut max = f32::NEG_INFINITY;
                     for (t, s) in scores.iter_mut().enumerate() {
-                        let base = slot(t);
+                        let base = slot(first + t);
                         *s = dot_f32(qh, &kc[base..base + hd]) * p.scale;
                         max = max.max(*s);
                     }
@@ -249,7 +250,7 @@ impl DenseOps for CpuBackend {
                     let oh = &mut orow[h * hd..(h + 1) * hd];
                     oh.fill(0.0);
                     for (t, s) in scores.iter().enumerate() {
-                        let base = slot(t);
+                        let base = slot(first + t);
                         let wgt = s / sum;
                         oh.iter_mut().zip(&vc[base..base + hd]).for_each(|(o, v)| *o += wgt * v);
                     }

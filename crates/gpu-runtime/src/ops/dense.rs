@@ -59,6 +59,8 @@ pub struct AttnParams {
     pub head_dim: usize,
     /// Multiplies q·k (usually `head_dim^-0.5`).
     pub scale: f32,
+    /// Each query sees only the last this-many positions (itself included).
+    pub sliding_window: Option<usize>,
 }
 
 /// Dense-transformer operations.

@@ -13,4 +13,4 @@ pub mod dense;
 pub mod recurrent;
 
 pub use dense::{AttnParams, AttnSeq, DenseOps, KvLayer, MatmulDims, RopeParams};
-pub use recurrent::RecurrentOps;
+pub use recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
