@@ -20,6 +20,12 @@ pub enum EngineError {
     Request(String),
     #[error("out of {resource}: {detail}")]
     Exhausted { resource: &'static str, detail: String },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    #[error("sampling: {0}")]
+    Sampling(String),
 }
 
 impl EngineError {

@@ -5,3 +5,6 @@ pub mod config;
 pub mod error;
 
 pub use error::EngineError;
+pub mod chat;
+pub mod sampling;
+pub mod tokenizer;
