@@ -153,17 +153,20 @@ impl ChatTemplate {
     /// Renders `messages`; with `add_generation_prompt` the template appends
     /// the start of an assistant turn.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        self.render_with(Value::from(Serde(messages)), add_generation_prompt, &[])
+        self.render_with(messages, add_generation_prompt, &[])
     }
 
     /// Renders messages given as any serializable value (for messages with
-    /// more fields than role and content, e.g. `tool_calls`), with extra
-    /// template variables (e.g. `tools`, `documents`, `enable_thinking`).
-    pub fn render_with(
+    /// more fields than role and content, e.g. `tool_calls` or content
+    /// parts), with extra template variables (e.g. `tools`, `documents`,
+    /// `enable_thinking`). Extra variables override special tokens of the
+    /// same name; `messages` and `add_generation_prompt` always come from
+    /// the arguments.
+    pub fn render_with<M: Serialize + ?Sized>(
         &self,
-        messages: Value,
+        messages: &M,
         add_generation_prompt: bool,
-        extra: &[(&str, Value)],
+        extra: &[(&str, serde_json::Value)],
     ) -> Result<String> {
         let template = self
             .env
@@ -174,8 +177,12 @@ impl ChatTemplate {
             .iter()
             .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
             .collect();
-        ctx.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
-        ctx.push(("messages".into(), messages));
+        ctx.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), Value::from(Serde(v)))),
+        );
+        ctx.push(("messages".into(), Value::from(Serde(messages))));
         ctx.push((
             "add_generation_prompt".into(),
             Value::from(add_generation_prompt),

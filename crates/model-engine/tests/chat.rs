@@ -208,3 +208,82 @@ fn strftime_formats_utc_dates() {
         .expect("a year");
     assert!(year >= 2025);
 }
+
+#[test]
+fn qwen_style_template_with_tools_namespace_and_thinking() {
+    let source = r##"
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools><|im_end|>\n" }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- set ns = namespace(last_user=-1) %}
+{%- for message in messages %}
+    {%- if message.role == 'user' %}
+        {%- set ns.last_user = loop.index0 %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.role == 'system' and loop.first %}
+        {%- continue %}
+    {%- endif %}
+    {%- set content = message.content %}
+    {%- if message.role == 'assistant' and '</think>' in content %}
+        {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+    {%- endif %}
+    {{- '<|im_start|>' + message.role + '\n' + content | trim + '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+{{- 'last user: ' ~ ns.last_user }}
+"##;
+    let template = ChatTemplate::new(source, Vec::new()).expect("compiles");
+    let messages = vec![
+        ChatMessage::new("system", "S"),
+        ChatMessage::new("user", "U1"),
+        ChatMessage::new("assistant", "<think>r</think>\n\nA1 "),
+        ChatMessage::new("user", "U2"),
+    ];
+    let tools: serde_json::Value = serde_json::from_str(
+        r#"[{"function": {"name": "f", "parameters": {}}, "type": "function"}]"#,
+    )
+    .expect("json");
+    let out = template
+        .render_with(
+            &messages,
+            true,
+            &[
+                ("tools", tools),
+                ("enable_thinking", serde_json::Value::Bool(false)),
+            ],
+        )
+        .expect("render");
+    assert_eq!(
+        out,
+        "<|im_start|>system\nS\n\n# Tools\n<tools>\n\
+         {\"function\": {\"name\": \"f\", \"parameters\": {}}, \"type\": \"function\"}\n\
+         </tools><|im_end|>\n\
+         <|im_start|>user\nU1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n\
+         <|im_start|>user\nU2<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nlast user: 3"
+    );
+    // Without tools or the thinking switch.
+    let out = template.render_with(&messages, false, &[]).expect("render");
+    assert_eq!(
+        out,
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU1<|im_end|>\n\
+         <|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nU2<|im_end|>\nlast user: 3"
+    );
+}
