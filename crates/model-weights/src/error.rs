@@ -9,9 +9,78 @@ use metrale_gpu_runtime::GpuError;
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("tensor {name:?} is not in the weight store")]
     NotLoaded { name: String },
     #[error("device error while handling tensor {name:?}: {source}")]
     Device { name: String, source: GpuError },
+
+    /// The directory holds neither `model.safetensors` nor `model.safetensors.index.json`.
+    #[error("{dir}: no weights found (expected model.safetensors or model.safetensors.index.json)")]
+    NoWeights { dir: PathBuf },
+    /// The file ends before the data its header describes (or before the header itself).
+    #[error("{path}: file is truncated: {detail}")]
+    Truncated { path: PathBuf, detail: String },
+    /// The 8-byte header length points beyond the end of the file (or beyond any sane size).
+    #[error(
+        "{path}: header length {header_len} bytes exceeds the {available} bytes available after the length field"
+    )]
+    HeaderTooLarge {
+        path: PathBuf,
+        header_len: u64,
+        available: u64,
+    },
+    /// The JSON header does not parse, or an entry in it is malformed.
+    #[error("{path}: invalid safetensors header: {detail}")]
+    InvalidHeader { path: PathBuf, detail: String },
+    /// A tensor's `data_offsets` are reversed, disagree with its shape, or point beyond the file.
+    #[error("{path}: tensor {tensor:?}: data offsets out of range: {detail}")]
+    OffsetsOutOfRange {
+        path: PathBuf,
+        tensor: String,
+        detail: String,
+    },
+    /// Two tensors' byte ranges overlap.
+    #[error("{path}: tensors {first:?} and {second:?} overlap in the data section")]
+    Overlap {
+        path: PathBuf,
+        first: String,
+        second: String,
+    },
+    /// A tensor the model needs is stored in a dtype the loader cannot convert.
+    #[error(
+        "{path}: tensor {tensor:?} has dtype {dtype}, which is not supported (f32, bf16 or f16 expected)"
+    )]
+    UnsupportedDType {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+    },
+    /// A tensor the model needs is in no weight file.
+    #[error("{path}: tensor {tensor:?} is missing")]
+    MissingTensor { path: PathBuf, tensor: String },
+    /// A tensor's shape differs from what the architecture expects.
+    #[error("{path}: tensor {tensor:?} has shape {found:?}, expected {expected:?}")]
+    WrongShape {
+        path: PathBuf,
+        tensor: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    /// `model.safetensors.index.json` does not parse or is inconsistent with its shards.
+    #[error("{path}: invalid shard index: {detail}")]
+    InvalidIndex { path: PathBuf, detail: String },
+    /// A shard named by the index does not exist.
+    #[error("{index}: shard {shard:?} does not exist")]
+    MissingShard { index: PathBuf, shard: String },
+    /// The same tensor name is stored in two files.
+    #[error("tensor {tensor:?} is stored twice: in {first} and in {second}")]
+    DuplicateTensor {
+        tensor: String,
+        first: PathBuf,
+        second: PathBuf,
+    },
 }

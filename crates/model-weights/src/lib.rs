@@ -2,9 +2,14 @@
 //!
 //! [`weights::WeightStore`] maps Hugging Face tensor names to device tensors
 //! and owns their memory; it is the only crate that reads weight files.
+//! [`loader::load_safetensors`] fills one from a checkpoint directory
+//! (single file or sharded), checking every tensor against what the caller
+//! expects.
 
 pub mod error;
+pub mod loader;
 pub mod weights;
 
 pub use error::WeightsError;
+pub use loader::{ExpectedTensor, LoadProgress, WeightDType, load_safetensors, scan_safetensors};
 pub use weights::{DeviceTensor, WeightStore};

@@ -102,6 +102,9 @@ pub struct AttentionConfig {
     /// Biases on q/k/v (qwen2) and on o.
     pub qkv_bias: bool,
     pub o_bias: bool,
+    /// Each query attends only to the last this-many positions, itself
+    /// included (Mistral's `sliding_window`); None: the whole prefix.
+    pub sliding_window: Option<usize>,
 }
 
 impl AttentionConfig {

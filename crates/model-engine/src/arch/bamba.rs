@@ -1,0 +1,191 @@
+//! Bamba (`bamba`): IBM / Princeton / CMU / UIUC, "Bamba: an inference-efficient
+//! hybrid Mamba2 model", model card ibm-ai-platform/Bamba-9B.
+//!
+//! Llama-style decoder layers whose mixer is Mamba-2, except at
+//! `attn_layer_indices`, where it is grouped-query attention with RoPE over
+//! half of each head (`partial_rotary_factor` 0.5: transformers hard-codes it
+//! and configs usually do not say). Every layer has a SwiGLU MLP after
+//! `pre_ff_layernorm`. All norms, the Mamba gated norm included, use
+//! `rms_norm_eps`; the gated norm normalises the whole `d_inner` row as one
+//! group (`BambaRMSNormGated`, no group size). No attention or MLP biases.
+
+use super::{
+    Common, attention_heads, attention_names, check_mamba, mamba_names, require_act, split_mlp,
+    time_step_limit,
+};
+use crate::config::json::Obj;
+use crate::config::rope::{RopeDefaults, parse_rope};
+use crate::config::{
+    Activation, AttentionConfig, FfnKind, FfnNames, LayerNames, LayerPlan, MambaConfig, MixerKind,
+    MixerNames, MlpConfig, ModelConfig, ModelNames, ModelType,
+};
+use crate::error::Result;
+
+/// config.json of `bamba`, as read.
+struct RawBamba {
+    common: Common,
+    num_layers: usize,
+    attn_layer_indices: Vec<usize>,
+    intermediate_size: usize,
+    rms_norm_eps: f32,
+    max_position_embeddings: usize,
+    mamba: MambaConfig,
+}
+
+/// The Mamba-2 settings Bamba and Granite 4.0-H share (`mamba_*` keys).
+pub(super) fn read_mamba_keys(o: &Obj<'_>, hidden: usize, norm_eps: f32) -> Result<MambaConfig> {
+    let n_heads = o.size_or(&["mamba_n_heads"], 128)?;
+    let expand = o.size_or(&["mamba_expand"], 2)?;
+    let inner = expand * hidden;
+    let head_dim = match o.get(&["mamba_d_head"]) {
+        None => None,
+        Some((_, v)) if v.as_str() == Some("auto") => None,
+        Some(_) => Some(o.size(&["mamba_d_head"])?),
+    };
+    let head_dim = match head_dim {
+        Some(d) => d,
+        None if inner % n_heads == 0 => inner / n_heads,
+        None => {
+            return Err(o.err(format!(
+                "mamba_n_heads ({n_heads}) must divide mamba_expand * hidden_size ({inner})"
+            )));
+        }
+    };
+    if head_dim * n_heads != inner {
+        return Err(o.err(format!(
+            "mamba_n_heads * mamba_d_head ({}) must equal mamba_expand * hidden_size ({inner})",
+            head_dim * n_heads
+        )));
+    }
+    let mamba = MambaConfig {
+        n_heads,
+        head_dim,
+        d_state: o.size_or(&["mamba_d_state"], 256)?,
+        n_groups: o.size_or(&["mamba_n_groups"], 1)?,
+        conv_kernel: o.size_or(&["mamba_d_conv"], 4)?,
+        chunk_size: o.size_or(&["mamba_chunk_size"], 256)?,
+        time_step_limit: time_step_limit(o)?,
+        conv_bias: o.bool_or(&["mamba_conv_bias"], true)?,
+        proj_bias: o.bool_or(&["mamba_proj_bias"], false)?,
+        norm_eps,
+        norm_groups: 1,
+    };
+    check_mamba(o, &mamba)?;
+    Ok(mamba)
+}
+
+impl RawBamba {
+    fn read(o: &Obj<'_>) -> Result<Self> {
+        let common = Common::read(o)?;
+        require_act(o, &["hidden_act"], &["silu"], "silu")?;
+        let rms_norm_eps = o.pos_f32_or(&["rms_norm_eps"], 1e-5)?;
+        let num_layers = o.size(&["num_hidden_layers"])?;
+        let attn_layer_indices = o
+            .opt_usize_list(&["attn_layer_indices"])?
+            .unwrap_or_default();
+        if let Some(bad) = attn_layer_indices.iter().find(|&&i| i >= num_layers) {
+            return Err(o.err(format!(
+                "key `attn_layer_indices` names layer {bad}, but the model has {num_layers} layers"
+            )));
+        }
+        let mamba = read_mamba_keys(o, common.hidden_size, rms_norm_eps)?;
+        Ok(Self {
+            num_layers,
+            attn_layer_indices,
+            intermediate_size: o.size(&["intermediate_size"])?,
+            rms_norm_eps,
+            max_position_embeddings: o.size_or(&["max_position_embeddings"], 262_144)?,
+            mamba,
+            common,
+        })
+    }
+}
+
+pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
+    let raw = RawBamba::read(o)?;
+    let attention = if raw.attn_layer_indices.is_empty() {
+        None
+    } else {
+        Some(read_attention(o, raw.common.hidden_size)?)
+    };
+    let mut config = raw.common.base(
+        ModelType::Bamba,
+        raw.rms_norm_eps,
+        raw.max_position_embeddings,
+        model_names(raw.common.tie_word_embeddings),
+    );
+    config.layers = (0..raw.num_layers)
+        .map(|i| {
+            let mixer = if attention.is_some() && raw.attn_layer_indices.contains(&i) {
+                MixerKind::Attention
+            } else {
+                MixerKind::Mamba2
+            };
+            LayerPlan {
+                mixer,
+                ffn: FfnKind::Mlp,
+                names: layer_names(i, mixer, attention.as_ref(), &raw.mamba),
+            }
+        })
+        .collect();
+    config.attention = attention;
+    if config.recurrent_layers().next().is_some() {
+        config.mamba = Some(raw.mamba);
+    }
+    config.mlp = Some(MlpConfig {
+        intermediate_size: raw.intermediate_size,
+        activation: Activation::SwiGlu,
+    });
+    Ok(config)
+}
+
+fn read_attention(o: &Obj<'_>, hidden: usize) -> Result<AttentionConfig> {
+    let (n_heads, n_kv_heads, head_dim) = attention_heads(o, hidden, None)?;
+    let defaults = RopeDefaults {
+        partial_rotary_factor: 0.5,
+        ..RopeDefaults::default()
+    };
+    Ok(AttentionConfig {
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        rope: Some(parse_rope(o, head_dim, defaults)?),
+        scale: (head_dim as f32).powf(-0.5),
+        qk_norm: false,
+        output_gate: false,
+        qkv_bias: false,
+        o_bias: false,
+        sliding_window: None,
+    })
+}
+
+/// The family's tensor-name table: the mixer (`self_attn` or `mamba`)
+/// after `input_layernorm`, then `pre_ff_layernorm` and the `feed_forward`
+/// SwiGLU MLP.
+fn layer_names(
+    i: usize,
+    mixer: MixerKind,
+    a: Option<&AttentionConfig>,
+    m: &MambaConfig,
+) -> LayerNames {
+    let p = format!("model.layers.{i}");
+    LayerNames {
+        input_norm: format!("{p}.input_layernorm.weight"),
+        ffn_norm: Some(format!("{p}.pre_ff_layernorm.weight")),
+        mixer: match (mixer, a) {
+            (MixerKind::Attention, Some(a)) => {
+                MixerNames::Attention(attention_names(&format!("{p}.self_attn"), a))
+            }
+            _ => MixerNames::Mamba2(mamba_names(&format!("{p}.mamba"), m)),
+        },
+        ffn: FfnNames::Mlp(split_mlp(&format!("{p}.feed_forward"))),
+    }
+}
+
+fn model_names(tied: bool) -> ModelNames {
+    ModelNames {
+        embed: "model.embed_tokens.weight".into(),
+        final_norm: "model.final_layernorm.weight".into(),
+        lm_head: (!tied).then(|| "lm_head.weight".into()),
+    }
+}

@@ -1,0 +1,141 @@
+//! Dense decoder-only transformers: `llama`, `qwen2`, `qwen3`, `mistral`.
+//!
+//! Llama (Touvron et al., 2023, arXiv:2302.13971; Llama 3: arXiv:2407.21783):
+//! pre-RMSNorm, grouped-query attention with RoPE, SwiGLU MLP. The others
+//! differ only in details, all read from config.json:
+//! - Qwen2 (arXiv:2407.10671): biases on q/k/v (not o).
+//! - Qwen3 (arXiv:2505.09388): RMSNorm over each head of q and k before RoPE;
+//!   `head_dim` independent of `hidden_size` (default 128).
+//! - Mistral (arXiv:2310.06825): sliding-window attention (`sliding_window`,
+//!   4096 when the key is absent, none when it is `null`).
+//!
+//! Layer norms compute `x * rsqrt(mean(x^2) + rms_norm_eps) * w`.
+
+use super::{Common, attention_heads, attention_names, refuse_mlp_bias, require_act, split_mlp};
+use crate::config::json::Obj;
+use crate::config::rope::{RopeDefaults, parse_rope};
+use crate::config::{
+    Activation, AttentionConfig, FfnKind, FfnNames, LayerNames, LayerPlan, MixerKind, MixerNames,
+    MlpConfig, ModelConfig, ModelNames, ModelType,
+};
+use crate::error::Result;
+
+/// config.json of the llama family, as read (either spelling).
+struct RawLlama {
+    common: Common,
+    num_layers: usize,
+    intermediate_size: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    rms_norm_eps: f32,
+    max_position_embeddings: usize,
+    attention_bias: bool,
+    sliding_window: Option<usize>,
+}
+
+impl RawLlama {
+    fn read(t: ModelType, o: &Obj<'_>) -> Result<Self> {
+        let common = Common::read(o)?;
+        let default_head_dim = (t == ModelType::Qwen3).then_some(128);
+        let (n_heads, n_kv_heads, head_dim) =
+            attention_heads(o, common.hidden_size, default_head_dim)?;
+        require_act(o, &["hidden_act"], &["silu"], "silu")?;
+        refuse_mlp_bias(o)?;
+        let max_pos_default = match t {
+            ModelType::Llama => 2048,
+            ModelType::Mistral => 4096 * 32,
+            _ => 32768,
+        };
+        let sliding_window = match t {
+            ModelType::Mistral => match o.raw("sliding_window") {
+                None => Some(4096),
+                Some(v) if v.is_null() => None,
+                Some(_) => Some(o.size(&["sliding_window"])?),
+            },
+            // Qwen windows apply only from `max_window_layers` on, and only
+            // with `use_sliding_window`; refuse rather than silently ignore.
+            ModelType::Qwen2 | ModelType::Qwen3 if o.bool_or(&["use_sliding_window"], false)? => {
+                return Err(o.err("key `use_sliding_window` = true is not supported (layer-dependent sliding windows)"));
+            }
+            _ => None,
+        };
+        if let Some((k, types)) = o.opt_str_list(&["layer_types"])?
+            && let Some((i, bad)) = types
+                .iter()
+                .enumerate()
+                .find(|(_, t)| **t != "full_attention")
+        {
+            return Err(o.err(format!(
+                "key `{k}`[{i}] = {bad:?}: only full_attention layers are supported"
+            )));
+        }
+        Ok(Self {
+            num_layers: o.size(&["num_hidden_layers"])?,
+            intermediate_size: o.size(&["intermediate_size"])?,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            rms_norm_eps: o.pos_f32_or(&["rms_norm_eps"], 1e-6)?,
+            max_position_embeddings: o.size_or(&["max_position_embeddings"], max_pos_default)?,
+            attention_bias: o.bool_or(&["attention_bias"], false)?,
+            sliding_window,
+            common,
+        })
+    }
+}
+
+pub(super) fn build(t: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
+    let raw = RawLlama::read(t, o)?;
+    let rope = parse_rope(o, raw.head_dim, RopeDefaults::default())?;
+    let attention = AttentionConfig {
+        n_heads: raw.n_heads,
+        n_kv_heads: raw.n_kv_heads,
+        head_dim: raw.head_dim,
+        rope: Some(rope),
+        scale: (raw.head_dim as f32).powf(-0.5),
+        qk_norm: t == ModelType::Qwen3,
+        output_gate: false,
+        qkv_bias: t == ModelType::Qwen2 || raw.attention_bias,
+        o_bias: raw.attention_bias,
+        sliding_window: raw.sliding_window,
+    };
+    let mut config = raw.common.base(
+        t,
+        raw.rms_norm_eps,
+        raw.max_position_embeddings,
+        model_names(raw.common.tie_word_embeddings),
+    );
+    config.layers = (0..raw.num_layers)
+        .map(|i| LayerPlan {
+            mixer: MixerKind::Attention,
+            ffn: FfnKind::Mlp,
+            names: layer_names(i, &attention),
+        })
+        .collect();
+    config.attention = Some(attention);
+    config.mlp = Some(MlpConfig {
+        intermediate_size: raw.intermediate_size,
+        activation: Activation::SwiGlu,
+    });
+    Ok(config)
+}
+
+/// The family's tensor-name table: every layer is attention + SwiGLU MLP.
+fn layer_names(i: usize, a: &AttentionConfig) -> LayerNames {
+    let p = format!("model.layers.{i}");
+    LayerNames {
+        input_norm: format!("{p}.input_layernorm.weight"),
+        ffn_norm: Some(format!("{p}.post_attention_layernorm.weight")),
+        mixer: MixerNames::Attention(attention_names(&format!("{p}.self_attn"), a)),
+        ffn: FfnNames::Mlp(split_mlp(&format!("{p}.mlp"))),
+    }
+}
+
+fn model_names(tied: bool) -> ModelNames {
+    ModelNames {
+        embed: "model.embed_tokens.weight".into(),
+        final_norm: "model.norm.weight".into(),
+        lm_head: (!tied).then(|| "lm_head.weight".into()),
+    }
+}

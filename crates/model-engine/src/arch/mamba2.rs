@@ -1,0 +1,118 @@
+//! Pure Mamba-2 (`mamba2`): Dao & Gu, "Transformers are SSMs: Generalized
+//! Models and Efficient Algorithms Through Structured State Space Duality",
+//! arXiv:2405.21060; checkpoints such as mistralai/Mamba-Codestral-7B-v0.1.
+//!
+//! Every layer is `x + mixer(rmsnorm(x))` with no feed-forward. The mixer's
+//! gated RMSNorm normalises each of the `n_groups` groups of `d_inner /
+//! n_groups` channels separately (transformers 5 `MambaRMSNormGated` with
+//! `group_size = intermediate_size // n_groups`; checked against the golden
+//! fixture, which has `n_groups = 2`), with `layer_norm_epsilon`, the same
+//! epsilon as the layer and final norms.
+
+use super::{Common, check_mamba, mamba_names, require_act, time_step_limit};
+use crate::config::json::Obj;
+use crate::config::{
+    FfnKind, FfnNames, LayerNames, LayerPlan, MambaConfig, MixerKind, MixerNames, ModelConfig,
+    ModelNames, ModelType,
+};
+use crate::error::Result;
+
+/// Pure Mamba-2 has no position limit; this bounds what the engine assumes.
+pub const MAX_POSITIONS: usize = 1 << 20;
+
+/// config.json of `mamba2`, as read.
+struct RawMamba2 {
+    common: Common,
+    num_layers: usize,
+    num_heads: usize,
+    head_dim: usize,
+    state_size: usize,
+    expand: usize,
+    n_groups: usize,
+    conv_kernel: usize,
+    chunk_size: usize,
+    use_bias: bool,
+    use_conv_bias: bool,
+    layer_norm_epsilon: f32,
+    time_step_limit: (f32, f32),
+}
+
+impl RawMamba2 {
+    fn read(o: &Obj<'_>) -> Result<Self> {
+        require_act(o, &["hidden_act"], &["silu"], "silu")?;
+        Ok(Self {
+            common: Common::read(o)?,
+            num_layers: o.size(&["num_hidden_layers", "n_layer"])?,
+            num_heads: o.size(&["num_heads"])?,
+            head_dim: o.size(&["head_dim"])?,
+            state_size: o.size(&["state_size", "d_state"])?,
+            expand: o.size_or(&["expand"], 2)?,
+            n_groups: o.size_or(&["n_groups", "ngroups"], 8)?,
+            conv_kernel: o.size_or(&["conv_kernel", "d_conv"], 4)?,
+            chunk_size: o.size_or(&["chunk_size"], 256)?,
+            use_bias: o.bool_or(&["use_bias"], false)?,
+            use_conv_bias: o.bool_or(&["use_conv_bias"], true)?,
+            layer_norm_epsilon: o.pos_f32_or(&["layer_norm_epsilon"], 1e-5)?,
+            time_step_limit: time_step_limit(o)?,
+        })
+    }
+}
+
+pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
+    let raw = RawMamba2::read(o)?;
+    let mamba = MambaConfig {
+        n_heads: raw.num_heads,
+        head_dim: raw.head_dim,
+        d_state: raw.state_size,
+        n_groups: raw.n_groups,
+        conv_kernel: raw.conv_kernel,
+        chunk_size: raw.chunk_size,
+        time_step_limit: raw.time_step_limit,
+        conv_bias: raw.use_conv_bias,
+        proj_bias: raw.use_bias,
+        norm_eps: raw.layer_norm_epsilon,
+        norm_groups: raw.n_groups,
+    };
+    if mamba.d_inner() != raw.expand * raw.common.hidden_size {
+        return Err(o.err(format!(
+            "num_heads * head_dim ({}) must equal expand * hidden_size ({})",
+            mamba.d_inner(),
+            raw.expand * raw.common.hidden_size
+        )));
+    }
+    check_mamba(o, &mamba)?;
+    let mut config = raw.common.base(
+        ModelType::Mamba2,
+        raw.layer_norm_epsilon,
+        MAX_POSITIONS,
+        model_names(raw.common.tie_word_embeddings),
+    );
+    config.layers = (0..raw.num_layers)
+        .map(|i| LayerPlan {
+            mixer: MixerKind::Mamba2,
+            ffn: FfnKind::None,
+            names: layer_names(i, &mamba),
+        })
+        .collect();
+    config.mamba = Some(mamba);
+    Ok(config)
+}
+
+/// The family's tensor-name table: every layer is one Mamba-2 mixer.
+fn layer_names(i: usize, m: &MambaConfig) -> LayerNames {
+    let p = format!("backbone.layers.{i}");
+    LayerNames {
+        input_norm: format!("{p}.norm.weight"),
+        ffn_norm: None,
+        mixer: MixerNames::Mamba2(mamba_names(&format!("{p}.mixer"), m)),
+        ffn: FfnNames::None,
+    }
+}
+
+fn model_names(tied: bool) -> ModelNames {
+    ModelNames {
+        embed: "backbone.embeddings.weight".into(),
+        final_norm: "backbone.norm_f.weight".into(),
+        lm_head: (!tied).then(|| "lm_head.weight".into()),
+    }
+}

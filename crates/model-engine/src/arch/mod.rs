@@ -1,0 +1,279 @@
+//! The architecture families: config.json to a validated [`ModelConfig`]
+//! with its layer plan and tensor names, one file per family.
+//!
+//! | file | model_type |
+//! |---|---|
+//! | `llama.rs` | `llama`, `qwen2`, `qwen3`, `mistral` |
+//! | `mamba2.rs` | `mamba2` |
+//! | `bamba.rs` | `bamba` |
+//! | `nemotron_h.rs` | `nemotron_h` |
+//! | `granite_hybrid.rs` | `granitemoehybrid` |
+//! | `qwen3_next.rs` | `qwen3_next` |
+//!
+//! Each file holds the family's raw config (both spellings accepted), its
+//! validation into a [`ModelConfig`] with derived sizes, and one table (a
+//! function) from plan entries to Hugging Face tensor names. The helpers
+//! here are the pieces the tables share.
+
+mod bamba;
+mod granite_hybrid;
+mod llama;
+mod mamba2;
+mod nemotron_h;
+mod qwen3_next;
+
+use metrale_core::DType;
+
+use crate::config::json::Obj;
+use crate::config::{
+    AttentionConfig, AttentionNames, MambaConfig, MambaNames, MlpNames, ModelConfig, ModelNames,
+    ModelType,
+};
+use crate::error::Result;
+
+/// Builds the config of `model_type` from the parsed config.json.
+pub(crate) fn build(model_type: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
+    let config = match model_type {
+        ModelType::Llama | ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Mistral => {
+            llama::build(model_type, o)?
+        }
+        ModelType::Mamba2 => mamba2::build(o)?,
+        ModelType::Bamba => bamba::build(o)?,
+        ModelType::NemotronH => nemotron_h::build(o)?,
+        ModelType::GraniteMoeHybrid => granite_hybrid::build(o)?,
+        ModelType::Qwen3Next => qwen3_next::build(o)?,
+    };
+    if config.layers.is_empty() {
+        return Err(o.err("the model has no layers"));
+    }
+    Ok(config)
+}
+
+/// What every family reads the same way.
+pub(crate) struct Common {
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    pub tie_word_embeddings: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    pub declared_dtype: Option<DType>,
+}
+
+impl Common {
+    pub fn read(o: &Obj<'_>) -> Result<Self> {
+        Ok(Self {
+            hidden_size: o.size(&["hidden_size", "d_model"])?,
+            vocab_size: o.size(&["vocab_size"])?,
+            tie_word_embeddings: o.bool_or(&["tie_word_embeddings"], false)?,
+            bos_token_id: o.token_ids("bos_token_id")?.first().copied(),
+            eos_token_ids: o.token_ids("eos_token_id")?,
+            declared_dtype: o.declared_dtype()?,
+        })
+    }
+
+    /// A config with this family-independent part filled in and neutral
+    /// defaults elsewhere; the family sets the rest.
+    pub fn base(
+        &self,
+        model_type: ModelType,
+        norm_eps: f32,
+        max_position_embeddings: usize,
+        names: ModelNames,
+    ) -> ModelConfig {
+        ModelConfig {
+            model_type,
+            hidden_size: self.hidden_size,
+            vocab_size: self.vocab_size,
+            norm_eps,
+            norm_weight_offset: 0.0,
+            tie_word_embeddings: self.tie_word_embeddings,
+            embedding_multiplier: 1.0,
+            residual_multiplier: 1.0,
+            logits_divisor: 1.0,
+            max_position_embeddings,
+            declared_dtype: self.declared_dtype,
+            bos_token_id: self.bos_token_id,
+            eos_token_ids: self.eos_token_ids.clone(),
+            attention: None,
+            mamba: None,
+            deltanet: None,
+            mlp: None,
+            moe: None,
+            names,
+            layers: Vec::new(),
+        }
+    }
+}
+
+/// Head counts and size: `(n_heads, n_kv_heads, head_dim)`. `head_dim`
+/// comes from the config, else `default_head_dim`, else `hidden / n_heads`.
+pub(crate) fn attention_heads(
+    o: &Obj<'_>,
+    hidden: usize,
+    default_head_dim: Option<usize>,
+) -> Result<(usize, usize, usize)> {
+    let n_heads = o.size(&["num_attention_heads"])?;
+    let n_kv = o.size_or(&["num_key_value_heads"], n_heads)?;
+    if n_heads % n_kv != 0 {
+        return Err(o.err(format!(
+            "num_attention_heads ({n_heads}) is not a multiple of num_key_value_heads ({n_kv})"
+        )));
+    }
+    let head_dim = match o.opt_usize(&["head_dim", "attention_head_dim"])? {
+        Some(0) => return Err(o.err("key `head_dim` must be positive")),
+        Some(d) => d,
+        None => match default_head_dim {
+            Some(d) => d,
+            None if hidden % n_heads == 0 => hidden / n_heads,
+            None => return Err(o.err(format!("hidden_size ({hidden}) is not a multiple of num_attention_heads ({n_heads}) and head_dim is not given"))),
+        },
+    };
+    Ok((n_heads, n_kv, head_dim))
+}
+
+/// Refuses a `hidden_act` other than the one the family's layers implement.
+pub(crate) fn require_act(
+    o: &Obj<'_>,
+    keys: &[&str],
+    expected: &[&str],
+    default: &str,
+) -> Result<()> {
+    let act = o.opt_str(keys)?.unwrap_or(default);
+    if expected.contains(&act) {
+        Ok(())
+    } else {
+        Err(o.err(format!(
+            "key `{}` = {act:?} is not supported here (supported: {})",
+            keys[0],
+            expected.join(", ")
+        )))
+    }
+}
+
+/// Refuses `mlp_bias: true`: no supported checkpoint has MLP biases.
+pub(crate) fn refuse_mlp_bias(o: &Obj<'_>) -> Result<()> {
+    if o.bool_or(&["mlp_bias"], false)? {
+        return Err(
+            o.err("key `mlp_bias` = true is not supported (MLP projections without bias only)")
+        );
+    }
+    Ok(())
+}
+
+/// `time_step_limit` (alias `mamba_dt_limit`): two numbers, the upper may be infinite.
+pub(crate) fn time_step_limit(o: &Obj<'_>) -> Result<(f32, f32)> {
+    let Some((k, list)) = o.opt_list(&["time_step_limit", "mamba_dt_limit"])? else {
+        return Ok((0.0, f32::INFINITY));
+    };
+    let values: Vec<f64> = list
+        .iter()
+        .filter_map(crate::config::json::as_f64)
+        .collect();
+    match values.as_slice() {
+        [lo, hi]
+            if values.len() == list.len()
+                && !lo.is_nan()
+                && !hi.is_nan()
+                && lo <= hi
+                && *lo >= 0.0 =>
+        {
+            Ok((*lo as f32, *hi as f32))
+        }
+        _ => Err(o.err(format!(
+            "key `{k}`: expected two numbers [min, max] with 0 <= min <= max"
+        ))),
+    }
+}
+
+/// `{prefix}.{q,k,v,o}_proj.weight` with the biases and q/k norms `a` asks for.
+pub(crate) fn attention_names(prefix: &str, a: &AttentionConfig) -> AttentionNames {
+    let w = |n: &str| format!("{prefix}.{n}.weight");
+    let b = |n: &str, on: bool| on.then(|| format!("{prefix}.{n}.bias"));
+    AttentionNames {
+        q: w("q_proj"),
+        k: w("k_proj"),
+        v: w("v_proj"),
+        o: w("o_proj"),
+        q_bias: b("q_proj", a.qkv_bias),
+        k_bias: b("k_proj", a.qkv_bias),
+        v_bias: b("v_proj", a.qkv_bias),
+        o_bias: b("o_proj", a.o_bias),
+        q_norm: a.qk_norm.then(|| w("q_norm")),
+        k_norm: a.qk_norm.then(|| w("k_norm")),
+    }
+}
+
+/// `{prefix}.{gate,up,down}_proj.weight`.
+pub(crate) fn split_mlp(prefix: &str) -> MlpNames {
+    MlpNames::Split {
+        gate: format!("{prefix}.gate_proj.weight"),
+        up: format!("{prefix}.up_proj.weight"),
+        down: format!("{prefix}.down_proj.weight"),
+    }
+}
+
+/// The Mamba-2 mixer under `prefix`, as every family stores it.
+pub(crate) fn mamba_names(prefix: &str, m: &MambaConfig) -> MambaNames {
+    MambaNames {
+        in_proj: format!("{prefix}.in_proj.weight"),
+        in_proj_bias: m.proj_bias.then(|| format!("{prefix}.in_proj.bias")),
+        conv_weight: format!("{prefix}.conv1d.weight"),
+        conv_bias: m.conv_bias.then(|| format!("{prefix}.conv1d.bias")),
+        dt_bias: format!("{prefix}.dt_bias"),
+        a_log: format!("{prefix}.A_log"),
+        d: format!("{prefix}.D"),
+        norm: format!("{prefix}.norm.weight"),
+        out_proj: format!("{prefix}.out_proj.weight"),
+        out_proj_bias: m.proj_bias.then(|| format!("{prefix}.out_proj.bias")),
+    }
+}
+
+/// Checks the Mamba-2 head layout against the groups.
+pub(crate) fn check_mamba(o: &Obj<'_>, m: &MambaConfig) -> Result<()> {
+    if m.n_heads % m.n_groups != 0 {
+        return Err(o.err(format!(
+            "the Mamba heads ({}) are not a multiple of the groups ({})",
+            m.n_heads, m.n_groups
+        )));
+    }
+    if m.d_inner() % m.norm_groups != 0 {
+        return Err(o.err(format!(
+            "the Mamba inner size ({}) is not a multiple of the norm groups ({})",
+            m.d_inner(),
+            m.norm_groups
+        )));
+    }
+    if m.conv_kernel < 2 {
+        return Err(o.err(format!(
+            "the Mamba conv kernel ({}) must be at least 2",
+            m.conv_kernel
+        )));
+    }
+    Ok(())
+}
+
+/// The index of a layer list entry that is not one of `known`, as an error.
+pub(crate) fn unknown_layer_type(
+    o: &Obj<'_>,
+    key: &str,
+    index: usize,
+    found: &str,
+    known: &[&str],
+) -> crate::error::EngineError {
+    o.err(format!(
+        "key `{key}`[{index}] = {found:?} is not a known layer type (known: {})",
+        known.join(", ")
+    ))
+}
+
+/// `layers.len()` must match `num_hidden_layers` when both are given.
+pub(crate) fn check_layer_count(o: &Obj<'_>, key: &str, len: usize) -> Result<()> {
+    if let Some(n) = o.opt_usize(&["num_hidden_layers"])?
+        && n != len
+    {
+        return Err(o.err(format!(
+            "key `{key}` lists {len} layers, but num_hidden_layers is {n}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,236 @@
+//! Nemotron-H (`nemotron_h`): NVIDIA, "Nemotron-H: A Family of Accurate and
+//! Efficient Hybrid Mamba-Transformer Models", arXiv:2504.03624; model cards
+//! nvidia/Nemotron-H-8B-Base-8K, nvidia/NVIDIA-Nemotron-Nano-9B-v2.
+//!
+//! Each layer is a single residual block `x + mixer(rmsnorm(x))` whose mixer
+//! is one of: Mamba-2 (`M`), attention (`*`), a squared-ReLU MLP (`-`:
+//! `down(relu(up(x))^2)`, no gate), or a mixture of experts (`E`, not
+//! supported yet). The layer list is `layers_block_type` (transformers 5:
+//! `linear_attention` / `full_attention` / `mlp` / `moe`; older: `mamba` /
+//! `attention`), or the string `hybrid_override_pattern` such as `"M-M*-"`.
+//!
+//! Attention has no positional encoding (no RoPE). The Mamba gated RMSNorm
+//! normalises each of the `n_groups` groups separately (`group_size =
+//! d_inner / n_groups`) with `layer_norm_epsilon`, the epsilon of every norm
+//! here. In an MLP-only layer the block's norm is `input_norm` and
+//! `ffn_norm` is None: the MLP is the layer's only sub-block.
+
+use super::{
+    Common, attention_heads, attention_names, check_mamba, mamba_names, refuse_mlp_bias,
+    require_act,
+};
+use crate::config::json::Obj;
+use crate::config::{
+    Activation, AttentionConfig, FfnKind, FfnNames, LayerNames, LayerPlan, MambaConfig, MixerKind,
+    MixerNames, MlpConfig, MlpNames, ModelConfig, ModelNames, ModelType,
+};
+use crate::error::Result;
+
+/// A block of the hybrid pattern.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Block {
+    Mamba,
+    Attention,
+    Mlp,
+}
+
+/// config.json of `nemotron_h`, as read (both spellings).
+struct RawNemotronH {
+    common: Common,
+    blocks: Vec<Block>,
+    layer_norm_epsilon: f32,
+    max_position_embeddings: usize,
+}
+
+const KNOWN: [&str; 6] = [
+    "mamba",
+    "linear_attention",
+    "attention",
+    "full_attention",
+    "mlp",
+    "moe",
+];
+
+fn blocks(o: &Obj<'_>) -> Result<Vec<Block>> {
+    let moe =
+        || o.err("mixture-of-experts layers (`moe` / `E`) of nemotron_h are not supported yet");
+    if let Some((key, types)) = o.opt_str_list(&["layers_block_type", "layer_types"])? {
+        return types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match *t {
+                "mamba" | "linear_attention" => Ok(Block::Mamba),
+                "attention" | "full_attention" => Ok(Block::Attention),
+                "mlp" => Ok(Block::Mlp),
+                "moe" => Err(moe()),
+                other => Err(super::unknown_layer_type(o, key, i, other, &KNOWN)),
+            })
+            .collect();
+    }
+    let Some(pattern) = o.opt_str(&["hybrid_override_pattern"])? else {
+        return Err(o.err("key `layers_block_type` / `hybrid_override_pattern` is missing"));
+    };
+    pattern
+        .chars()
+        .enumerate()
+        .map(|(i, c)| match c {
+            'M' => Ok(Block::Mamba),
+            '*' => Ok(Block::Attention),
+            '-' => Ok(Block::Mlp),
+            'E' => Err(moe()),
+            other => Err(o.err(format!(
+                "key `hybrid_override_pattern`[{i}] = {other:?} is not one of M * - E"
+            ))),
+        })
+        .collect()
+}
+
+impl RawNemotronH {
+    fn read(o: &Obj<'_>) -> Result<Self> {
+        let blocks = blocks(o)?;
+        // transformers 5 derives the layer count from the block list and only
+        // warns about a stale `num_hidden_layers`; so do we.
+        if let Some(n) = o.opt_usize(&["num_hidden_layers"])?
+            && n != blocks.len()
+        {
+            tracing::warn!(
+                "{}: num_hidden_layers is {n} but the block list has {} layers; using the list",
+                o.path.display(),
+                blocks.len()
+            );
+        }
+        Ok(Self {
+            common: Common::read(o)?,
+            blocks,
+            layer_norm_epsilon: o.pos_f32_or(&["layer_norm_epsilon", "rms_norm_eps"], 1e-5)?,
+            max_position_embeddings: o.size_or(&["max_position_embeddings"], 4096)?,
+        })
+    }
+}
+
+pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
+    let raw = RawNemotronH::read(o)?;
+    let has = |b: Block| raw.blocks.contains(&b);
+    let attention = if has(Block::Attention) {
+        let (n_heads, n_kv_heads, head_dim) =
+            attention_heads(o, raw.common.hidden_size, Some(128))?;
+        let bias = o.bool_or(&["attention_bias"], false)?;
+        Some(AttentionConfig {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            rope: None,
+            scale: (head_dim as f32).powf(-0.5),
+            qk_norm: false,
+            output_gate: false,
+            qkv_bias: bias,
+            o_bias: bias,
+            sliding_window: None,
+        })
+    } else {
+        None
+    };
+    let mamba = if has(Block::Mamba) {
+        require_act(o, &["mamba_hidden_act"], &["silu"], "silu")?;
+        let n_groups = o.size_or(&["n_groups", "mamba_n_groups"], 8)?;
+        let m = MambaConfig {
+            n_heads: o.size_or(&["mamba_num_heads"], 128)?,
+            head_dim: o.size_or(&["mamba_head_dim"], 64)?,
+            d_state: o.size_or(&["ssm_state_size"], 128)?,
+            n_groups,
+            conv_kernel: o.size_or(&["conv_kernel", "mamba_d_conv"], 4)?,
+            chunk_size: o.size_or(&["chunk_size", "mamba_chunk_size"], 128)?,
+            // The HF mixer (Zamba2's torch_forward) clamps dt from below at
+            // `time_step_min` and ignores `time_step_limit`.
+            time_step_limit: (o.f32_or(&["time_step_min"], 0.001)?, f32::INFINITY),
+            conv_bias: o.bool_or(&["use_conv_bias", "mamba_conv_bias"], true)?,
+            proj_bias: o.bool_or(&["use_bias"], false)?,
+            norm_eps: raw.layer_norm_epsilon,
+            norm_groups: n_groups,
+        };
+        check_mamba(o, &m)?;
+        Some(m)
+    } else {
+        None
+    };
+    let mlp = if has(Block::Mlp) {
+        require_act(o, &["mlp_hidden_act"], &["relu2"], "relu2")?;
+        refuse_mlp_bias(o)?;
+        Some(MlpConfig {
+            intermediate_size: o.size(&["intermediate_size"])?,
+            activation: Activation::Relu2,
+        })
+    } else {
+        None
+    };
+
+    let names = model_names(raw.common.tie_word_embeddings);
+    let mut config = raw.common.base(
+        ModelType::NemotronH,
+        raw.layer_norm_epsilon,
+        raw.max_position_embeddings,
+        names,
+    );
+    config.layers = raw
+        .blocks
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            let (mixer, ffn) = match b {
+                Block::Mamba => (MixerKind::Mamba2, FfnKind::None),
+                Block::Attention => (MixerKind::Attention, FfnKind::None),
+                Block::Mlp => (MixerKind::None, FfnKind::Mlp),
+            };
+            LayerPlan {
+                mixer,
+                ffn,
+                names: layer_names(i, b, attention.as_ref(), mamba.as_ref()),
+            }
+        })
+        .collect();
+    config.attention = attention;
+    config.mamba = mamba;
+    config.mlp = mlp;
+    Ok(config)
+}
+
+/// The family's tensor-name table: one `norm` and one `mixer` per layer.
+fn layer_names(
+    i: usize,
+    block: Block,
+    a: Option<&AttentionConfig>,
+    m: Option<&MambaConfig>,
+) -> LayerNames {
+    let p = format!("backbone.layers.{i}");
+    let (mixer, ffn) = match (block, a, m) {
+        (Block::Attention, Some(a), _) => (
+            MixerNames::Attention(attention_names(&format!("{p}.mixer"), a)),
+            FfnNames::None,
+        ),
+        (Block::Mamba, _, Some(m)) => (
+            MixerNames::Mamba2(mamba_names(&format!("{p}.mixer"), m)),
+            FfnNames::None,
+        ),
+        _ => (
+            MixerNames::None,
+            FfnNames::Mlp(MlpNames::Plain {
+                up: format!("{p}.mixer.up_proj.weight"),
+                down: format!("{p}.mixer.down_proj.weight"),
+            }),
+        ),
+    };
+    LayerNames {
+        input_norm: format!("{p}.norm.weight"),
+        ffn_norm: None,
+        mixer,
+        ffn,
+    }
+}
+
+fn model_names(tied: bool) -> ModelNames {
+    ModelNames {
+        embed: "backbone.embeddings.weight".into(),
+        final_norm: "backbone.norm_f.weight".into(),
+        lm_head: (!tied).then(|| "lm_head.weight".into()),
+    }
+}

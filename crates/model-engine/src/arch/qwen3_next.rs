@@ -1,0 +1,280 @@
+//! Qwen3-Next (`qwen3_next`): Qwen team, "Qwen3-Next: Towards Ultimate
+//! Training & Inference Efficiency" (model card Qwen/Qwen3-Next-80B-A3B),
+//! with Gated DeltaNet from Yang, Kautz & Hatamizadeh, "Gated Delta Networks:
+//! Improving Mamba2 with Delta Rule", arXiv:2412.06464.
+//!
+//! Layers: Gated DeltaNet (`linear_attention`) or gated full attention
+//! (`full_attention`; by default every `full_attention_interval`-th = 4th
+//! layer), each followed by a sparse MoE with a sigmoid-gated shared expert,
+//! or by a dense SwiGLU MLP for layers in `mlp_only_layers` or off the
+//! `decoder_sparse_step` grid.
+//!
+//! Details the forward pass needs:
+//! - Layer, final and q/k norms are zero-centred: `x * rsqrt(mean(x^2) +
+//!   eps) * (1 + w)` (`norm_weight_offset` 1.0). The DeltaNet output norm is
+//!   NOT: it is `rmsnorm(x) * w * silu(z)` per value head (`head_v_dim`
+//!   channels), plain `w`, epsilon `rms_norm_eps`.
+//! - Attention: `q_proj` is `[n_heads * 2 * head_dim, H]`, per head the query
+//!   then the gate; the output is `attn * sigmoid(gate)` before `o_proj`.
+//!   RoPE rotates `partial_rotary_factor` (default 0.25) of each head.
+//! - DeltaNet `in_proj_qkvz` rows are grouped per key head: for each of the
+//!   `n_k_heads`, `[q (dk), k (dk), v (nv/nk * dv), z (nv/nk * dv)]`; and
+//!   `in_proj_ba` per key head `[b (nv/nk), a (nv/nk)]`. The causal conv
+//!   (no bias, SiLU) runs over `[q all heads, k all heads, v all heads]`.
+//! - The router softmaxes over all experts, keeps the top k, and
+//!   renormalises them when `norm_topk_prob`.
+
+use super::{
+    Common, attention_heads, attention_names, check_layer_count, require_act, split_mlp,
+    unknown_layer_type,
+};
+use crate::config::json::Obj;
+use crate::config::rope::{RopeDefaults, parse_rope};
+use crate::config::{
+    Activation, AttentionConfig, DeltaNetConfig, DeltaNetNames, ExpertNames, FfnKind, FfnNames,
+    LayerNames, LayerPlan, MixerKind, MixerNames, MlpConfig, ModelConfig, ModelNames, ModelType,
+    MoeConfig, MoeNames,
+};
+use crate::error::Result;
+
+/// config.json of `qwen3_next`, as read.
+struct RawQwen3Next {
+    common: Common,
+    mixers: Vec<MixerKind>,
+    rms_norm_eps: f32,
+    max_position_embeddings: usize,
+    intermediate_size: usize,
+    num_experts: usize,
+    num_experts_per_tok: usize,
+    moe_intermediate_size: usize,
+    shared_expert_intermediate_size: usize,
+    norm_topk_prob: bool,
+    decoder_sparse_step: usize,
+    mlp_only_layers: Vec<usize>,
+}
+
+impl RawQwen3Next {
+    fn read(o: &Obj<'_>) -> Result<Self> {
+        let common = Common::read(o)?;
+        require_act(o, &["hidden_act"], &["silu"], "silu")?;
+        let num_layers = o.size(&["num_hidden_layers"])?;
+        let mixers = match o.opt_str_list(&["layer_types"])? {
+            None => {
+                let interval = o.size_or(&["full_attention_interval"], 4)?;
+                (0..num_layers)
+                    .map(|i| {
+                        if (i + 1) % interval == 0 {
+                            MixerKind::Attention
+                        } else {
+                            MixerKind::GatedDeltaNet
+                        }
+                    })
+                    .collect()
+            }
+            Some((key, types)) => {
+                check_layer_count(o, key, types.len())?;
+                types
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| match *t {
+                        "linear_attention" => Ok(MixerKind::GatedDeltaNet),
+                        "full_attention" | "attention" => Ok(MixerKind::Attention),
+                        other => Err(unknown_layer_type(
+                            o,
+                            key,
+                            i,
+                            other,
+                            &["linear_attention", "full_attention"],
+                        )),
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            }
+        };
+        let num_experts = o.usize_or(&["num_experts"], 512)?;
+        Ok(Self {
+            mixers,
+            rms_norm_eps: o.pos_f32_or(&["rms_norm_eps"], 1e-6)?,
+            max_position_embeddings: o.size_or(&["max_position_embeddings"], 32768)?,
+            intermediate_size: o.size_or(&["intermediate_size"], 5632)?,
+            num_experts,
+            num_experts_per_tok: o.size_or(&["num_experts_per_tok"], 10)?,
+            moe_intermediate_size: o.size_or(&["moe_intermediate_size"], 512)?,
+            shared_expert_intermediate_size: o
+                .usize_or(&["shared_expert_intermediate_size"], 512)?,
+            norm_topk_prob: o.bool_or(&["norm_topk_prob"], true)?,
+            decoder_sparse_step: o.size_or(&["decoder_sparse_step"], 1)?,
+            mlp_only_layers: o.opt_usize_list(&["mlp_only_layers"])?.unwrap_or_default(),
+            common,
+        })
+    }
+
+    /// Whether layer `i` has the sparse MoE (else the dense MLP).
+    fn is_moe(&self, i: usize) -> bool {
+        !self.mlp_only_layers.contains(&i)
+            && self.num_experts > 0
+            && (i + 1) % self.decoder_sparse_step == 0
+    }
+}
+
+pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
+    let raw = RawQwen3Next::read(o)?;
+    let attention = if raw.mixers.contains(&MixerKind::Attention) {
+        let (n_heads, n_kv_heads, head_dim) =
+            attention_heads(o, raw.common.hidden_size, Some(256))?;
+        let bias = o.bool_or(&["attention_bias"], false)?;
+        let defaults = RopeDefaults {
+            partial_rotary_factor: 0.25,
+            ..RopeDefaults::default()
+        };
+        Some(AttentionConfig {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            rope: Some(parse_rope(o, head_dim, defaults)?),
+            scale: (head_dim as f32).powf(-0.5),
+            qk_norm: true,
+            output_gate: true,
+            qkv_bias: bias,
+            o_bias: bias,
+            sliding_window: None,
+        })
+    } else {
+        None
+    };
+    let deltanet = if raw.mixers.contains(&MixerKind::GatedDeltaNet) {
+        let d = DeltaNetConfig {
+            n_k_heads: o.size_or(&["linear_num_key_heads"], 16)?,
+            n_v_heads: o.size_or(&["linear_num_value_heads"], 32)?,
+            k_head_dim: o.size_or(&["linear_key_head_dim"], 128)?,
+            v_head_dim: o.size_or(&["linear_value_head_dim"], 128)?,
+            conv_kernel: o.size_or(&["linear_conv_kernel_dim"], 4)?,
+            norm_eps: raw.rms_norm_eps,
+        };
+        if d.n_v_heads % d.n_k_heads != 0 {
+            return Err(o.err(format!(
+                "linear_num_value_heads ({}) is not a multiple of linear_num_key_heads ({})",
+                d.n_v_heads, d.n_k_heads
+            )));
+        }
+        if d.conv_kernel < 2 {
+            return Err(o.err("key `linear_conv_kernel_dim` must be at least 2"));
+        }
+        Some(d)
+    } else {
+        None
+    };
+    let ffns: Vec<FfnKind> = (0..raw.mixers.len())
+        .map(|i| {
+            if raw.is_moe(i) {
+                FfnKind::Moe
+            } else {
+                FfnKind::Mlp
+            }
+        })
+        .collect();
+    if ffns.contains(&FfnKind::Moe) && raw.num_experts_per_tok > raw.num_experts {
+        return Err(o.err(format!(
+            "num_experts_per_tok ({}) exceeds num_experts ({})",
+            raw.num_experts_per_tok, raw.num_experts
+        )));
+    }
+
+    let names = model_names(raw.common.tie_word_embeddings);
+    let mut config = raw.common.base(
+        ModelType::Qwen3Next,
+        raw.rms_norm_eps,
+        raw.max_position_embeddings,
+        names,
+    );
+    config.norm_weight_offset = 1.0;
+    config.layers = raw
+        .mixers
+        .iter()
+        .zip(&ffns)
+        .enumerate()
+        .map(|(i, (&mixer, &ffn))| LayerPlan {
+            mixer,
+            ffn,
+            names: layer_names(i, mixer, ffn, attention.as_ref(), &raw),
+        })
+        .collect();
+    config.attention = attention;
+    config.deltanet = deltanet;
+    if ffns.contains(&FfnKind::Moe) {
+        let shared = (raw.shared_expert_intermediate_size > 0)
+            .then_some(raw.shared_expert_intermediate_size);
+        config.moe = Some(MoeConfig {
+            n_experts: raw.num_experts,
+            top_k: raw.num_experts_per_tok,
+            expert_intermediate: raw.moe_intermediate_size,
+            norm_topk_prob: raw.norm_topk_prob,
+            shared_intermediate: shared,
+            shared_expert_gate: shared.is_some(),
+        });
+    }
+    if ffns.contains(&FfnKind::Mlp) {
+        config.mlp = Some(MlpConfig {
+            intermediate_size: raw.intermediate_size,
+            activation: Activation::SwiGlu,
+        });
+    }
+    Ok(config)
+}
+
+/// The family's tensor-name table.
+fn layer_names(
+    i: usize,
+    mixer: MixerKind,
+    ffn: FfnKind,
+    a: Option<&AttentionConfig>,
+    raw: &RawQwen3Next,
+) -> LayerNames {
+    let p = format!("model.layers.{i}");
+    let mixer = match (mixer, a) {
+        (MixerKind::Attention, Some(a)) => {
+            MixerNames::Attention(attention_names(&format!("{p}.self_attn"), a))
+        }
+        _ => {
+            let l = format!("{p}.linear_attn");
+            MixerNames::GatedDeltaNet(DeltaNetNames {
+                in_proj_qkvz: format!("{l}.in_proj_qkvz.weight"),
+                in_proj_ba: format!("{l}.in_proj_ba.weight"),
+                conv_weight: format!("{l}.conv1d.weight"),
+                dt_bias: format!("{l}.dt_bias"),
+                a_log: format!("{l}.A_log"),
+                norm: format!("{l}.norm.weight"),
+                out_proj: format!("{l}.out_proj.weight"),
+            })
+        }
+    };
+    let ffn = match ffn {
+        FfnKind::Moe => {
+            let shared = raw.shared_expert_intermediate_size > 0;
+            FfnNames::Moe(MoeNames {
+                router: format!("{p}.mlp.gate.weight"),
+                experts: ExpertNames::Separate(
+                    (0..raw.num_experts)
+                        .map(|e| split_mlp(&format!("{p}.mlp.experts.{e}")))
+                        .collect(),
+                ),
+                shared: shared.then(|| split_mlp(&format!("{p}.mlp.shared_expert"))),
+                shared_gate: shared.then(|| format!("{p}.mlp.shared_expert_gate.weight")),
+            })
+        }
+        _ => FfnNames::Mlp(split_mlp(&format!("{p}.mlp"))),
+    };
+    LayerNames {
+        input_norm: format!("{p}.input_layernorm.weight"),
+        ffn_norm: Some(format!("{p}.post_attention_layernorm.weight")),
+        mixer,
+        ffn,
+    }
+}
+
+fn model_names(tied: bool) -> ModelNames {
+    ModelNames {
+        embed: "model.embed_tokens.weight".into(),
+        final_norm: "model.norm.weight".into(),
+        lm_head: (!tied).then(|| "lm_head.weight".into()),
+    }
+}

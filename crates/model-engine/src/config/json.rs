@@ -1,0 +1,397 @@
+//! Reading config.json as real checkpoints write it.
+//!
+//! Python's `json` writes non-finite floats as bare `Infinity`, `-Infinity`
+//! and `NaN`, which strict JSON parsers reject; transformers 5 writes them
+//! as `{"__float__": "Infinity"}`. [`parse_json`] accepts both. [`Obj`]
+//! reads typed values by key, accepting alternative spellings and treating
+//! `null` like a missing key, with errors that name the file and the key.
+
+use std::borrow::Cow;
+use std::path::Path;
+
+use metrale_core::DType;
+use serde_json::{Map, Value};
+
+use crate::error::{EngineError, Result};
+
+/// Parses `text` (the contents of `path`) into a JSON object.
+pub fn parse_json(text: &str, path: &Path) -> Result<Map<String, Value>> {
+    let text = wrap_nonfinite(text);
+    let value: Value = serde_json::from_str(&text).map_err(|e| EngineError::Config {
+        path: path.to_path_buf(),
+        detail: format!("invalid JSON: {e}"),
+    })?;
+    match value {
+        Value::Object(map) => Ok(map),
+        other => Err(EngineError::Config {
+            path: path.to_path_buf(),
+            detail: format!("expected a JSON object, found {}", kind(&other)),
+        }),
+    }
+}
+
+/// Rewrites bare `Infinity`, `-Infinity` and `NaN` outside strings as
+/// `{"__float__": "..."}` objects.
+pub fn wrap_nonfinite(text: &str) -> Cow<'_, str> {
+    const TOKENS: [&str; 4] = ["-Infinity", "+Infinity", "Infinity", "NaN"];
+    let bytes = text.as_bytes();
+    let mut out: Option<String> = None;
+    let mut copied = 0;
+    let mut i = 0;
+    let mut in_string = false;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if in_string {
+            match b {
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        if b == b'"' {
+            in_string = true;
+            i += 1;
+            continue;
+        }
+        if let Some(token) = TOKENS.iter().find(|t| bytes[i..].starts_with(t.as_bytes())) {
+            let o = out.get_or_insert_with(|| String::with_capacity(text.len() + 32));
+            o.push_str(&text[copied..i]);
+            o.push_str(&format!(
+                "{{\"__float__\": \"{}\"}}",
+                token.trim_start_matches('+')
+            ));
+            i += token.len();
+            copied = i;
+            continue;
+        }
+        i += 1;
+    }
+    match out {
+        Some(mut o) => {
+            o.push_str(&text[copied..]);
+            Cow::Owned(o)
+        }
+        None => Cow::Borrowed(text),
+    }
+}
+
+/// A number as config files write it: a JSON number, `{"__float__": "..."}`,
+/// or a string such as `"Infinity"` or `"1e-5"`.
+pub fn as_f64(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => parse_float_str(s),
+        Value::Object(m) if m.len() == 1 => match m.get("__float__") {
+            Some(Value::String(s)) => parse_float_str(s),
+            Some(Value::Number(n)) => n.as_f64(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn parse_float_str(s: &str) -> Option<f64> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "infinity" | "inf" | "+infinity" | "+inf" => Some(f64::INFINITY),
+        "-infinity" | "-inf" => Some(f64::NEG_INFINITY),
+        "nan" => Some(f64::NAN),
+        other => other.parse().ok(),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Short text of a value for error messages.
+fn show(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 60 {
+        format!("{}...", s.chars().take(57).collect::<String>())
+    } else {
+        s
+    }
+}
+
+/// A JSON object being read, with the file it came from and its key path
+/// (for nested objects such as `rope_parameters`).
+#[derive(Clone, Copy)]
+pub struct Obj<'a> {
+    pub map: &'a Map<String, Value>,
+    pub path: &'a Path,
+    prefix: &'a str,
+}
+
+impl<'a> Obj<'a> {
+    pub fn new(map: &'a Map<String, Value>, path: &'a Path) -> Self {
+        Self {
+            map,
+            path,
+            prefix: "",
+        }
+    }
+
+    /// A config error about this file.
+    pub fn err(&self, detail: impl Into<String>) -> EngineError {
+        EngineError::Config {
+            path: self.path.to_path_buf(),
+            detail: detail.into(),
+        }
+    }
+
+    fn key_err(&self, key: &str, v: &Value, expected: &str) -> EngineError {
+        self.err(format!(
+            "key `{}{key}`: expected {expected}, found {}",
+            self.prefix,
+            show(v)
+        ))
+    }
+
+    /// Whether `key` is present at all (even as `null`).
+    pub fn has(&self, key: &str) -> bool {
+        self.map.contains_key(key)
+    }
+
+    /// The raw value of `key`, `null` included.
+    pub fn raw(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key)
+    }
+
+    /// The first of `keys` that is present and not `null`.
+    pub fn get(&self, keys: &[&'a str]) -> Option<(&'a str, &'a Value)> {
+        keys.iter()
+            .find_map(|&k| self.map.get(k).filter(|v| !v.is_null()).map(|v| (k, v)))
+    }
+
+    fn missing(&self, keys: &[&str]) -> EngineError {
+        let names: Vec<String> = keys
+            .iter()
+            .map(|k| format!("`{}{k}`", self.prefix))
+            .collect();
+        self.err(format!("key {} is missing", names.join(" / ")))
+    }
+
+    pub fn opt_usize(&self, keys: &[&'a str]) -> Result<Option<usize>> {
+        let Some((k, v)) = self.get(keys) else {
+            return Ok(None);
+        };
+        let n = match v {
+            Value::Number(n) => n.as_u64().or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 1e18)
+                    .map(|f| f as u64)
+            }),
+            _ => None,
+        };
+        n.and_then(|n| usize::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| self.key_err(k, v, "a non-negative integer"))
+    }
+
+    pub fn usize_or(&self, keys: &[&'a str], default: usize) -> Result<usize> {
+        Ok(self.opt_usize(keys)?.unwrap_or(default))
+    }
+
+    /// A required positive integer.
+    pub fn size(&self, keys: &[&'a str]) -> Result<usize> {
+        let n = self.opt_usize(keys)?.ok_or_else(|| self.missing(keys))?;
+        self.positive(keys[0], n)
+    }
+
+    /// A positive integer with a default.
+    pub fn size_or(&self, keys: &[&'a str], default: usize) -> Result<usize> {
+        let n = self.usize_or(keys, default)?;
+        self.positive(self.get(keys).map_or(keys[0], |(k, _)| k), n)
+    }
+
+    fn positive(&self, key: &str, n: usize) -> Result<usize> {
+        if n == 0 {
+            return Err(self.err(format!("key `{}{key}` must be positive", self.prefix)));
+        }
+        Ok(n)
+    }
+
+    pub fn opt_f64(&self, keys: &[&'a str]) -> Result<Option<f64>> {
+        let Some((k, v)) = self.get(keys) else {
+            return Ok(None);
+        };
+        as_f64(v)
+            .map(Some)
+            .ok_or_else(|| self.key_err(k, v, "a number"))
+    }
+
+    /// A finite number with a default.
+    pub fn f32_or(&self, keys: &[&'a str], default: f32) -> Result<f32> {
+        let Some(x) = self.opt_f64(keys)? else {
+            return Ok(default);
+        };
+        if !x.is_finite() {
+            let k = self.get(keys).map_or(keys[0], |(k, _)| k);
+            return Err(self.err(format!(
+                "key `{}{k}` must be finite, found {x}",
+                self.prefix
+            )));
+        }
+        Ok(x as f32)
+    }
+
+    /// A positive finite number (an epsilon, a theta) with a default.
+    pub fn pos_f32_or(&self, keys: &[&'a str], default: f32) -> Result<f32> {
+        let x = self.f32_or(keys, default)?;
+        if x <= 0.0 {
+            let k = self.get(keys).map_or(keys[0], |(k, _)| k);
+            return Err(self.err(format!(
+                "key `{}{k}` must be positive, found {x}",
+                self.prefix
+            )));
+        }
+        Ok(x)
+    }
+
+    pub fn bool_or(&self, keys: &[&'a str], default: bool) -> Result<bool> {
+        match self.get(keys) {
+            None => Ok(default),
+            Some((_, Value::Bool(b))) => Ok(*b),
+            Some((k, v)) => Err(self.key_err(k, v, "true or false")),
+        }
+    }
+
+    pub fn opt_str(&self, keys: &[&'a str]) -> Result<Option<&'a str>> {
+        match self.get(keys) {
+            None => Ok(None),
+            Some((_, Value::String(s))) => Ok(Some(s.as_str())),
+            Some((k, v)) => Err(self.key_err(k, v, "a string")),
+        }
+    }
+
+    pub fn opt_obj(&self, key: &'a str) -> Result<Option<Obj<'a>>> {
+        match self.get(&[key]) {
+            None => Ok(None),
+            Some((_, Value::Object(m))) => Ok(Some(Obj {
+                map: m,
+                path: self.path,
+                prefix: key_prefix(key),
+            })),
+            Some((k, v)) => Err(self.key_err(k, v, "an object")),
+        }
+    }
+
+    pub fn opt_list(&self, keys: &[&'a str]) -> Result<Option<(&'a str, &'a Vec<Value>)>> {
+        match self.get(keys) {
+            None => Ok(None),
+            Some((k, Value::Array(a))) => Ok(Some((k, a))),
+            Some((k, v)) => Err(self.key_err(k, v, "a list")),
+        }
+    }
+
+    /// A list of non-negative integers (layer indices).
+    pub fn opt_usize_list(&self, keys: &[&'a str]) -> Result<Option<Vec<usize>>> {
+        let Some((k, list)) = self.opt_list(keys)? else {
+            return Ok(None);
+        };
+        list.iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| self.key_err(k, v, "a list of non-negative integers"))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
+    /// A list of strings (layer types), with the key it came from.
+    pub fn opt_str_list(&self, keys: &[&'a str]) -> Result<Option<(&'a str, Vec<&'a str>)>> {
+        let Some((k, list)) = self.opt_list(keys)? else {
+            return Ok(None);
+        };
+        let items = list
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| self.key_err(k, v, "a list of strings"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some((k, items)))
+    }
+
+    /// Token ids: an integer, a list of integers, or null.
+    pub fn token_ids(&self, key: &'a str) -> Result<Vec<u32>> {
+        let id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+        match self.get(&[key]) {
+            None => Ok(Vec::new()),
+            Some((_, Value::Array(list))) => list
+                .iter()
+                .map(|v| id(v).ok_or_else(|| self.key_err(key, v, "token ids (integers)")))
+                .collect(),
+            Some((_, v)) => id(v)
+                .map(|i| vec![i])
+                .ok_or_else(|| self.key_err(key, v, "a token id or a list of token ids")),
+        }
+    }
+
+    /// The declared weight dtype (`dtype`, or the older `torch_dtype`).
+    /// Unknown names are reported in the log and ignored: the weight files
+    /// say what they hold.
+    pub fn declared_dtype(&self) -> Result<Option<DType>> {
+        let Some(name) = self.opt_str(&["dtype", "torch_dtype"])? else {
+            return Ok(None);
+        };
+        let name = name.trim_start_matches("torch.");
+        match name.parse::<DType>() {
+            Ok(d) => Ok(Some(d)),
+            Err(_) => {
+                tracing::warn!(
+                    "{}: dtype {name:?} is not one metrale knows; the weight files decide",
+                    self.path.display()
+                );
+                Ok(None)
+            }
+        }
+    }
+}
+
+fn key_prefix(key: &str) -> &'static str {
+    match key {
+        "rope_parameters" => "rope_parameters.",
+        "rope_scaling" => "rope_scaling.",
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_nonfinite_outside_strings_only() {
+        let text =
+            r#"{"a": [0.0, Infinity], "b": -Infinity, "c": NaN, "s": "Infinity NaN \" Infinity"}"#;
+        let map = parse_json(text, Path::new("config.json")).unwrap();
+        assert_eq!(as_f64(&map["a"][1]), Some(f64::INFINITY));
+        assert_eq!(as_f64(&map["b"]), Some(f64::NEG_INFINITY));
+        assert!(as_f64(&map["c"]).unwrap().is_nan());
+        assert_eq!(map["s"], Value::String("Infinity NaN \" Infinity".into()));
+    }
+
+    #[test]
+    fn wrapped_float() {
+        let map = parse_json(
+            r#"{"x": {"__float__": "Infinity"}, "y": 1e-5}"#,
+            Path::new("c"),
+        )
+        .unwrap();
+        let o = Obj::new(&map, Path::new("c"));
+        assert_eq!(o.opt_f64(&["x"]).unwrap(), Some(f64::INFINITY));
+        assert!(o.f32_or(&["x"], 1.0).is_err());
+        assert_eq!(o.f32_or(&["y"], 1.0).unwrap(), 1e-5);
+    }
+}

@@ -1,0 +1,187 @@
+//! Loading a Hugging Face safetensors checkpoint into a [`WeightStore`].
+//!
+//! The loader knows nothing about architectures: the caller says which
+//! tensors it expects and with which shapes ([`ExpectedTensor`]). Every
+//! expected tensor is checked (present, shape, a float dtype) before anything
+//! is allocated; stored tensors nobody expects are reported as warnings.
+//! Then each tensor is converted to the dtype the [`WeightDType`] policy asks
+//! for and uploaded, one owned allocation per tensor, all on the backend's
+//! ledger. If anything fails, everything allocated so far is freed.
+
+mod checkpoint;
+mod convert;
+mod header;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use metrale_gpu_runtime::gpu::GpuBackend;
+
+pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE};
+pub use convert::{WeightDType, convert};
+pub use header::{
+    MAX_HEADER_BYTES, SafetensorsFile, StoredDType, TensorEntry, parse as parse_safetensors,
+};
+
+use crate::error::WeightsError;
+use crate::weights::WeightStore;
+
+/// A tensor the caller expects, with its shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpectedTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+}
+
+/// A tensor as the checkpoint stores it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredTensor {
+    pub name: String,
+    /// The safetensors dtype name (`F32`, `BF16`, ...).
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub bytes: usize,
+    pub file: PathBuf,
+}
+
+/// What the loader reports while it works.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LoadProgress {
+    /// Checks passed; `tensors` tensors of `bytes` stored bytes will be uploaded.
+    Start { tensors: usize, bytes: u64 },
+    /// Tensor `index` (0-based) of `tensors` is on the device.
+    Tensor {
+        name: String,
+        index: usize,
+        tensors: usize,
+        bytes_done: u64,
+        bytes_total: u64,
+    },
+    /// Something the user should know that does not stop the load
+    /// (a tensor in the checkpoint that the model does not use).
+    Warning(String),
+    /// Every tensor is on the device.
+    Done { tensors: usize, bytes: u64 },
+}
+
+/// Every tensor stored in `dir`'s checkpoint (headers only; nothing is loaded).
+pub fn scan_safetensors(dir: &Path) -> Result<Vec<StoredTensor>, WeightsError> {
+    let checkpoint = Checkpoint::open(dir)?;
+    let mut out: Vec<StoredTensor> = checkpoint
+        .entries()
+        .map(|(file, t)| StoredTensor {
+            name: t.name.clone(),
+            dtype: t.dtype.name().to_string(),
+            shape: t.shape.clone(),
+            bytes: t.end - t.start,
+            file: file.path.clone(),
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Loads the `expected` tensors of the checkpoint in `dir` onto `gpu`.
+///
+/// `dir` holds `model.safetensors.index.json` and its shards, or a single
+/// `model.safetensors`. Errors name the file and the tensor; on any error
+/// nothing stays allocated.
+pub fn load_safetensors(
+    dir: &Path,
+    expected: &[ExpectedTensor],
+    gpu: &dyn GpuBackend,
+    policy: WeightDType,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<WeightStore, WeightsError> {
+    let checkpoint = Checkpoint::open(dir)?;
+
+    // Check everything before allocating anything.
+    let mut seen = HashSet::new();
+    let mut plan = Vec::with_capacity(expected.len());
+    for e in expected {
+        if !seen.insert(e.name.as_str()) {
+            continue;
+        }
+        let Some((file, entry)) = checkpoint.find(&e.name) else {
+            return Err(WeightsError::MissingTensor {
+                path: checkpoint.source.clone(),
+                tensor: e.name.clone(),
+            });
+        };
+        let Some(dtype) = entry.dtype.weight_dtype() else {
+            return Err(WeightsError::UnsupportedDType {
+                path: file.path.clone(),
+                tensor: e.name.clone(),
+                dtype: entry.dtype.name().to_string(),
+            });
+        };
+        if entry.shape != e.shape {
+            return Err(WeightsError::WrongShape {
+                path: file.path.clone(),
+                tensor: e.name.clone(),
+                expected: e.shape.clone(),
+                found: entry.shape.clone(),
+            });
+        }
+        plan.push((file, entry, dtype));
+    }
+    let mut extra: Vec<(&Path, &str)> = checkpoint
+        .entries()
+        .filter(|(_, t)| !seen.contains(t.name.as_str()))
+        .map(|(f, t)| (f.path.as_path(), t.name.as_str()))
+        .collect();
+    extra.sort();
+    for (file, name) in extra {
+        let message = format!(
+            "{}: tensor {name:?} is not used by this model and is not loaded",
+            file.display()
+        );
+        tracing::warn!("{message}");
+        progress(LoadProgress::Warning(message));
+    }
+
+    let total_bytes: u64 = plan.iter().map(|(_, t, _)| (t.end - t.start) as u64).sum();
+    progress(LoadProgress::Start {
+        tensors: plan.len(),
+        bytes: total_bytes,
+    });
+    let mut store = WeightStore::new();
+    let mut done = 0u64;
+    for (index, &(file, entry, stored)) in plan.iter().enumerate() {
+        let bytes = convert(file.bytes(entry), stored, policy.target(stored));
+        if let Err(e) = store.upload(
+            gpu,
+            &entry.name,
+            policy.target(stored),
+            entry.shape.clone(),
+            &bytes,
+        ) {
+            discard(store, gpu);
+            return Err(e);
+        }
+        done += (entry.end - entry.start) as u64;
+        progress(LoadProgress::Tensor {
+            name: entry.name.clone(),
+            index,
+            tensors: plan.len(),
+            bytes_done: done,
+            bytes_total: total_bytes,
+        });
+    }
+    progress(LoadProgress::Done {
+        tensors: plan.len(),
+        bytes: total_bytes,
+    });
+    Ok(store)
+}
+
+/// Frees every tensor of a partly built store (attempting all).
+fn discard(store: WeightStore, gpu: &dyn GpuBackend) {
+    for name in store.names() {
+        if let Ok(t) = store.get(name)
+            && let Err(e) = gpu.free(t.slice.ptr())
+        {
+            tracing::warn!("freeing {name} after a failed load: {e}");
+        }
+    }
+}
