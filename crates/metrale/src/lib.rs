@@ -1,1 +1,97 @@
+//! metrale: LLM inference for hybrid transformer / state-space models.
+//!
+//! The facade: load a Hugging Face model directory onto a backend, run it,
+//! tear it down. The crates behind it can be used one by one:
+//! [`metrale_core`], [`metrale_gpu_runtime`], [`metrale_model_weights`],
+//! [`metrale_model_engine`].
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+
+pub use metrale_core as core;
+pub use metrale_gpu_runtime as gpu_runtime;
+pub use metrale_model_engine as engine;
+pub use metrale_model_weights as weights;
+
+use metrale_gpu_runtime::cpu::CpuBackend;
+use metrale_gpu_runtime::gpu::GpuBackend;
+use metrale_model_engine::model::{Logits, ModelOptions, Step, TransformerModel};
+use metrale_model_weights::loader::{LoadProgress, WeightDType};
+
+/// How to load a model.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// CPU worker threads (0: one per core).
+    pub threads: usize,
+    /// How weights are held in memory.
+    pub dtype: WeightDType,
+    /// KV cache, SSM slots and step size.
+    pub model: ModelOptions,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { threads: 0, dtype: WeightDType::AsStored, model: ModelOptions::default() }
+    }
+}
+
+/// A loaded model on its backend.
+pub struct Model {
+    dir: PathBuf,
+    gpu: Arc<dyn GpuBackend>,
+    model: TransformerModel,
+}
+
+impl Model {
+    /// Loads `dir` on the CPU backend.
+    pub fn load(dir: &Path, options: &LoadOptions, progress: &mut dyn FnMut(LoadProgress)) -> Result<Self> {
+        let gpu: Arc<dyn GpuBackend> = Arc::new(CpuBackend::with_threads(options.threads));
+        Self::load_on(dir, gpu, options, progress)
+    }
+
+    /// Loads `dir` on a given backend.
+    pub fn load_on(dir: &Path, gpu: Arc<dyn GpuBackend>, options: &LoadOptions, progress: &mut dyn FnMut(LoadProgress)) -> Result<Self> {
+        let model = TransformerModel::load(dir, gpu.clone(), options.model, options.dtype, progress).with_context(|| format!("loading {}", dir.display()))?;
+        Ok(Self { dir: dir.to_path_buf(), gpu, model })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn engine(&self) -> &TransformerModel {
+        &self.model
+    }
+
+    pub fn backend(&self) -> &Arc<dyn GpuBackend> {
+        &self.gpu
+    }
+
+    /// Logits `[ids.len(), vocab]` for every position of `ids`, computed by
+    /// prefilling the first `decode_from` ids in one pass (all of them when
+    /// `None`) and feeding the rest one token at a time through the decode path.
+    pub fn logits(&self, ids: &[u32], decode_from: Option<usize>) -> Result<Vec<f32>> {
+        let prefill = decode_from.unwrap_or(ids.len()).min(ids.len());
+        let chunk = self.model.options().max_batch_tokens;
+        let mut seq = self.model.new_sequence()?;
+        let result = (|| {
+            let mut out = Vec::with_capacity(ids.len() * self.model.config().vocab_size);
+            for piece in ids[..prefill].chunks(chunk) {
+                out.extend(self.model.forward(&mut [Step { seq: &mut seq, tokens: piece, logits: Logits::All }])?.remove(0));
+            }
+            for id in &ids[prefill..] {
+                out.extend(self.model.forward(&mut [Step { seq: &mut seq, tokens: std::slice::from_ref(id), logits: Logits::All }])?.remove(0));
+            }
+            Ok(out)
+        })();
+        self.model.free_sequence(seq);
+        result
+    }
+
+    /// Tears the model down, reporting any failure.
+    pub fn shutdown(self) -> Result<()> {
+        self.model.shutdown()
+    }
+}

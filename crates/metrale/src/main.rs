@@ -16,11 +16,14 @@ struct Cli {
 enum Command {
     /// Describe a model directory: type, layer plan, sizes, what fits in memory.
     Inspect(cli::inspect::Args),
+    /// Run a model over token ids and write its logits (the parity interface).
+    Logits(cli::logits::Args),
 }
 
 fn main() -> Result<()> {
     cli::init_tracing();
     match Cli::parse().command {
         Command::Inspect(args) => cli::inspect::run(args),
+        Command::Logits(args) => cli::logits::run(args),
     }
 }

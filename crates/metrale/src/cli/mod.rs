@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod inspect;
+pub mod logits;
 
 /// Logs to stderr, filtered by `RUST_LOG` (default: warnings).
 pub fn init_tracing() {

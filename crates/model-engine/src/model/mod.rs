@@ -2,6 +2,11 @@
 //! it resolves from the plan, and the forward pass.
 
 pub mod derived;
+pub mod forward;
+mod load;
+pub mod rope;
 pub mod types;
+pub(crate) mod weights;
 
+pub use forward::{Logits, Sequence, Step};
 pub use types::{ModelOptions, TransformerModel};

@@ -17,6 +17,7 @@ use crate::cache::{KvCache, SsmSnapshots, SsmStatePool, StateShape};
 use crate::config::{MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::model::derived::DerivedWeights;
+use crate::model::weights::{ModelWeights, resolve};
 
 /// How much per-sequence memory to set aside.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +50,10 @@ pub struct TransformerModel {
     pub(crate) kv_cache: Mutex<KvCache>,
     pub(crate) buffers: BufferArena,
     pub(crate) weight_store: Option<WeightStore>,
+    /// Device handles of the weights the plan uses (into the store and `derived`).
+    pub(crate) weights: Option<ModelWeights>,
+    /// Forward steps share the arena: one at a time.
+    pub(crate) forward_lock: Mutex<()>,
     released: bool,
 }
 
@@ -87,6 +92,8 @@ impl TransformerModel {
             kv_cache: Mutex::new(kv),
             buffers,
             weight_store: None,
+            weights: None,
+            forward_lock: Mutex::new(()),
             released: false,
         })
     }
@@ -113,6 +120,17 @@ impl TransformerModel {
 
     pub fn snapshots(&mut self) -> &mut SsmSnapshots {
         &mut self.ssm_snapshots
+    }
+
+    /// Adopts `store` and resolves the plan's weights from it (making the
+    /// derived copies the kernels need). On failure the store is still
+    /// adopted, so teardown frees it.
+    pub fn attach_weights(&mut self, store: WeightStore) -> Result<()> {
+        self.adopt_weight_store(store);
+        let store = self.weight_store.as_ref().ok_or_else(|| EngineError::Request("no weight store".into()))?;
+        let weights = resolve(&self.config, store, &mut self.derived, self.gpu.as_ref())?;
+        self.weights = Some(weights);
+        Ok(())
     }
 
     pub fn weight_store(&self) -> Option<&WeightStore> {
@@ -159,11 +177,14 @@ pub fn recurrent_state_shapes(config: &ModelConfig) -> Vec<StateShape> {
         .collect()
 }
 
-/// Activation scratch for `tokens` rows: every intermediate a layer needs.
-pub fn arena_plan(config: &ModelConfig, tokens: usize) -> ArenaPlan {
-    let t = tokens.max(1);
-    let h = config.hidden_size;
-    let mut widest = h;
+/// Rows of logits computed per LM-head pass.
+pub const LOGIT_ROWS: usize = 64;
+/// Generic scratch regions each mixer maps its intermediates onto.
+pub const SCRATCH_REGIONS: [&str; 10] = ["r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9"];
+
+/// Widest per-token intermediate of any mixer or router.
+pub fn widest_intermediate(config: &ModelConfig) -> usize {
+    let mut widest = config.hidden_size;
     if let Some(a) = &config.attention {
         widest = widest.max(2 * a.q_width()).max(a.kv_width());
     }
@@ -171,25 +192,35 @@ pub fn arena_plan(config: &ModelConfig, tokens: usize) -> ArenaPlan {
         widest = widest.max(m.in_proj_dim());
     }
     if let Some(d) = &config.deltanet {
-        widest = widest.max(2 * d.conv_dim() + d.value_dim());
-    }
-    let mut inter = 0;
-    if let Some(m) = &config.mlp {
-        inter = inter.max(m.intermediate_size);
+        widest = widest.max(2 * d.key_dim() + 2 * d.value_dim()).max(2 * d.n_v_heads);
     }
     if let Some(m) = &config.moe {
-        inter = inter.max(m.expert_intermediate).max(m.shared_intermediate.unwrap_or(0)).max(m.n_experts);
+        widest = widest.max(m.n_experts);
     }
-    ArenaPlan::new()
-        .region("residual", t * h)
-        .region("normed", t * h)
-        .region("mixed", t * h)
-        .region("proj", t * widest)
-        .region("a", t * widest)
-        .region("b", t * widest)
-        .region("c", t * widest)
-        .region("ffn_in", t * 2 * inter.max(1))
-        .region("ffn_mid", t * 2 * inter.max(1))
+    widest
+}
+
+/// Widest MLP intermediate (dense, expert or shared).
+pub fn widest_ffn(config: &ModelConfig) -> usize {
+    let mut inter = config.mlp.as_ref().map_or(0, |m| m.intermediate_size);
+    if let Some(m) = &config.moe {
+        inter = inter.max(m.expert_intermediate).max(m.shared_intermediate.unwrap_or(0));
+    }
+    inter.max(1)
+}
+
+/// Activation scratch for steps of up to `tokens` rows.
+pub fn arena_plan(config: &ModelConfig, tokens: usize) -> ArenaPlan {
+    let t = tokens.max(1);
+    let h = config.hidden_size;
+    let (widest, inter) = (widest_intermediate(config), widest_ffn(config));
+    let mut plan = ArenaPlan::new().region("residual", t * h).region("normed", t * h).region("mixed", t * h);
+    for r in SCRATCH_REGIONS {
+        plan = plan.region(r, t * widest);
+    }
+    plan.region("ffn_a", t * 2 * inter)
+        .region("ffn_b", t * 2 * inter)
         .region("ffn_out", t * h)
         .region("expert_in", t * h)
+        .region("logits", t.min(LOGIT_ROWS) * config.vocab_size)
 }

@@ -1,0 +1,51 @@
+//! `metrale logits`: the parity interface. Runs a model over token ids and
+//! writes F32 logits `[N, vocab]` as the tensor `logits` of a safetensors file.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use metrale::{LoadOptions, Model};
+use safetensors::tensor::{Dtype, TensorView};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The model directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Comma-separated token ids.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub ids: Vec<u32>,
+    /// Prefill the first P ids in one pass, then feed the rest one at a time.
+    #[arg(long, value_name = "P")]
+    pub decode_from: Option<usize>,
+    /// Where to write the logits.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Worker threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if let Some(p) = args.decode_from
+        && p > args.ids.len()
+    {
+        bail!("--decode-from {p} is beyond the {} ids given", args.ids.len());
+    }
+    let mut options = LoadOptions { threads: args.threads, ..LoadOptions::default() };
+    options.model.max_batch_tokens = args.ids.len().clamp(1, 4096);
+    options.model.kv_blocks = args.ids.len().div_ceil(options.model.kv_block_size) + 1;
+    options.model.max_seqs = 1;
+    let model = Model::load(&args.model, &options, &mut |_| {})?;
+    let vocab = model.engine().config().vocab_size;
+    let logits = model.logits(&args.ids, args.decode_from);
+    let shutdown = model.shutdown();
+    let logits = logits?;
+    shutdown?;
+    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let view = TensorView::new(Dtype::F32, vec![args.ids.len(), vocab], &bytes)?;
+    let tensors: HashMap<String, TensorView<'_>> = HashMap::from([("logits".to_string(), view)]);
+    safetensors::serialize_to_file(&tensors, None, &args.out).with_context(|| format!("writing {}", args.out.display()))?;
+    Ok(())
+}

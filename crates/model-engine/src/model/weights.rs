@@ -1,0 +1,322 @@
+//! The weights a forward pass uses, resolved once from the plan's tensor
+//! names into device handles (into the weight store or derived weights).
+
+use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
+use metrale_model_weights::weights::WeightStore;
+
+use super::derived::DerivedWeights;
+use super::rope::inv_freq;
+use crate::config::*;
+use crate::error::{EngineError, Result};
+
+/// `y = x · wᵀ + b` with `w` `[n, k]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Linear {
+    pub w: DeviceSlice,
+    pub b: Option<DeviceSlice>,
+    pub n: usize,
+    pub k: usize,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct AttnWeights {
+    /// With an output gate: rows permuted to `[q of all heads; gate of all heads]`.
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub q_norm: Option<DeviceSlice>,
+    pub k_norm: Option<DeviceSlice>,
+    /// Index among attention layers (the KV cache layer).
+    pub cache_layer: usize,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct MambaWeights {
+    pub in_proj: Linear,
+    pub conv_w: DeviceSlice,
+    pub conv_b: Option<DeviceSlice>,
+    pub dt_bias: DeviceSlice,
+    pub a_log: DeviceSlice,
+    pub d: DeviceSlice,
+    pub norm: DeviceSlice,
+    pub out_proj: Linear,
+    /// Index among recurrent layers (the SSM pool layer).
+    pub state_layer: usize,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct DeltaWeights {
+    /// Rows permuted to `[q; k; v; z]`, each over all heads.
+    pub qkvz: Linear,
+    /// Rows permuted to `[b; a]`.
+    pub ba: Linear,
+    pub conv_w: DeviceSlice,
+    pub dt_bias: DeviceSlice,
+    pub a_log: DeviceSlice,
+    pub norm: DeviceSlice,
+    pub out_proj: Linear,
+    pub state_layer: usize,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum MlpWeights {
+    Split { gate: Linear, up: Linear, down: Linear },
+    Fused { gate_up: Linear, down: Linear },
+    Plain { up: Linear, down: Linear },
+}
+
+impl MlpWeights {
+    pub fn intermediate(&self) -> usize {
+        match self {
+            MlpWeights::Split { up, .. } | MlpWeights::Plain { up, .. } => up.n,
+            MlpWeights::Fused { gate_up, .. } => gate_up.n / 2,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct MoeWeights {
+    pub router: Linear,
+    pub experts: Vec<MlpWeights>,
+    pub shared: Option<MlpWeights>,
+    pub shared_gate: Option<Linear>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum MixerWeights {
+    Attention(AttnWeights),
+    Mamba(MambaWeights),
+    Delta(DeltaWeights),
+    None,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum FfnWeights {
+    Mlp(MlpWeights),
+    Moe(MoeWeights),
+    None,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct LayerWeights {
+    pub input_norm: DeviceSlice,
+    pub ffn_norm: Option<DeviceSlice>,
+    pub mixer: MixerWeights,
+    pub ffn: FfnWeights,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct ModelWeights {
+    pub embed: DeviceSlice,
+    pub final_norm: DeviceSlice,
+    pub lm_head: Linear,
+    pub layers: Vec<LayerWeights>,
+    /// RoPE inverse frequencies and attention factor, when attention uses RoPE.
+    pub rope: Option<(Vec<f32>, f32)>,
+}
+
+/// Looks tensors up by name and checks their shapes.
+struct Resolver<'a> {
+    store: &'a WeightStore,
+}
+
+impl Resolver<'_> {
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<DeviceSlice> {
+        let t = self.store.get(name)?;
+        if t.shape != shape {
+            return Err(EngineError::Request(format!("tensor {name} has shape {:?}, the plan expects {shape:?}", t.shape)));
+        }
+        Ok(t.slice)
+    }
+
+    /// A 1-d tensor of `n` elements (also accepts HF's `[n, 1, k]` conv weights through `any_shape`).
+    fn vector(&self, name: &str, n: usize) -> Result<DeviceSlice> {
+        self.tensor(name, &[n])
+    }
+
+    fn any_shape(&self, name: &str, elements: usize) -> Result<DeviceSlice> {
+        let t = self.store.get(name)?;
+        if t.elements() != elements {
+            return Err(EngineError::Request(format!("tensor {name} has {} elements, the plan expects {elements}", t.elements())));
+        }
+        Ok(t.slice)
+    }
+
+    fn linear(&self, name: &str, bias: Option<&String>, n: usize, k: usize) -> Result<Linear> {
+        let w = self.tensor(name, &[n, k])?;
+        let b = bias.map(|b| self.vector(b, n)).transpose()?;
+        Ok(Linear { w, b, n, k })
+    }
+
+    fn mlp(&self, names: &MlpNames, hidden: usize, inter: usize) -> Result<MlpWeights> {
+        Ok(match names {
+            MlpNames::Split { gate, up, down } => MlpWeights::Split {
+                gate: self.linear(gate, None, inter, hidden)?,
+                up: self.linear(up, None, inter, hidden)?,
+                down: self.linear(down, None, hidden, inter)?,
+            },
+            MlpNames::Fused { gate_up, down } => MlpWeights::Fused {
+                gate_up: self.linear(gate_up, None, 2 * inter, hidden)?,
+                down: self.linear(down, None, hidden, inter)?,
+            },
+            MlpNames::Plain { up, down } => MlpWeights::Plain { up: self.linear(up, None, inter, hidden)?, down: self.linear(down, None, hidden, inter)? },
+        })
+    }
+}
+
+fn missing(what: &str) -> EngineError {
+    EngineError::Request(format!("the plan has {what} layers but the config has no {what} section"))
+}
+
+/// Resolves every weight the plan needs; makes derived (permuted) copies
+/// where the kernels want another layout.
+pub(crate) fn resolve(config: &ModelConfig, store: &WeightStore, derived: &mut DerivedWeights, gpu: &dyn GpuBackend) -> Result<ModelWeights> {
+    let r = Resolver { store };
+    let h = config.hidden_size;
+    let embed = r.tensor(&config.names.embed, &[config.vocab_size, h])?;
+    let lm_head = match &config.names.lm_head {
+        Some(name) => r.linear(name, None, config.vocab_size, h)?,
+        None => Linear { w: embed, b: None, n: config.vocab_size, k: h },
+    };
+    let (mut attn_i, mut state_i) = (0, 0);
+    let mut layers = Vec::with_capacity(config.layers.len());
+    for (i, plan) in config.layers.iter().enumerate() {
+        let mixer = match (&plan.names.mixer, plan.mixer) {
+            (MixerNames::Attention(n), MixerKind::Attention) => {
+                let a = config.attention.as_ref().ok_or_else(|| missing("attention"))?;
+                attn_i += 1;
+                MixerWeights::Attention(attention(&r, derived, gpu, a, n, h, attn_i - 1)?)
+            }
+            (MixerNames::Mamba2(n), MixerKind::Mamba2) => {
+                let m = config.mamba.as_ref().ok_or_else(|| missing("mamba"))?;
+                state_i += 1;
+                MixerWeights::Mamba(mamba(&r, m, n, h, state_i - 1)?)
+            }
+            (MixerNames::GatedDeltaNet(n), MixerKind::GatedDeltaNet) => {
+                let d = config.deltanet.as_ref().ok_or_else(|| missing("gated DeltaNet"))?;
+                state_i += 1;
+                MixerWeights::Delta(deltanet(&r, derived, gpu, d, n, h, state_i - 1, i)?)
+            }
+            (MixerNames::None, MixerKind::None) => MixerWeights::None,
+            _ => return Err(EngineError::Request(format!("layer {i}: mixer names do not match the planned {:?}", plan.mixer))),
+        };
+        let ffn = match (&plan.names.ffn, plan.ffn) {
+            (FfnNames::Mlp(n), FfnKind::Mlp) => {
+                let m = config.mlp.as_ref().ok_or_else(|| missing("MLP"))?;
+                FfnWeights::Mlp(r.mlp(n, h, m.intermediate_size)?)
+            }
+            (FfnNames::Moe(n), FfnKind::Moe) => FfnWeights::Moe(moe(&r, config.moe.as_ref().ok_or_else(|| missing("MoE"))?, n, h)?),
+            (FfnNames::None, FfnKind::None) => FfnWeights::None,
+            _ => return Err(EngineError::Request(format!("layer {i}: feed-forward names do not match the planned {:?}", plan.ffn))),
+        };
+        layers.push(LayerWeights {
+            input_norm: r.vector(&plan.names.input_norm, h)?,
+            ffn_norm: plan.names.ffn_norm.as_ref().map(|n| r.vector(n, h)).transpose()?,
+            mixer,
+            ffn,
+        });
+    }
+    let rope = config.attention.as_ref().and_then(|a| a.rope.as_ref()).map(inv_freq);
+    Ok(ModelWeights { embed, final_norm: r.vector(&config.names.final_norm, h)?, lm_head, layers, rope })
+}
+
+fn attention(r: &Resolver<'_>, derived: &mut DerivedWeights, gpu: &dyn GpuBackend, a: &AttentionConfig, n: &AttentionNames, h: usize, cache_layer: usize) -> Result<AttnWeights> {
+    let (qw, kvw, hd) = (a.q_width(), a.kv_width(), a.head_dim);
+    let q = if a.output_gate {
+        // HF lays q_proj out per head as [query(hd), gate(hd)]; gather all
+        // queries first and all gates after, so the output splits in two.
+        let raw = r.linear(&n.q, n.q_bias.as_ref(), 2 * qw, h)?;
+        let order: Vec<usize> = (0..2)
+            .flat_map(|half| (0..a.n_heads).flat_map(move |head| (0..hd).map(move |c| head * 2 * hd + half * hd + c)))
+            .collect();
+        let w = derived.permute_rows(gpu, &format!("{}#query_then_gate", n.q), raw.w, h, &order)?;
+        if raw.b.is_some() {
+            return Err(EngineError::Request(format!("{}: a q bias with an output gate is not supported", n.q)));
+        }
+        Linear { w, ..raw }
+    } else {
+        r.linear(&n.q, n.q_bias.as_ref(), qw, h)?
+    };
+    Ok(AttnWeights {
+        q,
+        k: r.linear(&n.k, n.k_bias.as_ref(), kvw, h)?,
+        v: r.linear(&n.v, n.v_bias.as_ref(), kvw, h)?,
+        o: r.linear(&n.o, n.o_bias.as_ref(), h, qw)?,
+        q_norm: n.q_norm.as_ref().map(|x| r.vector(x, hd)).transpose()?,
+        k_norm: n.k_norm.as_ref().map(|x| r.vector(x, hd)).transpose()?,
+        cache_layer,
+    })
+}
+
+fn mamba(r: &Resolver<'_>, m: &MambaConfig, n: &MambaNames, h: usize, state_layer: usize) -> Result<MambaWeights> {
+    Ok(MambaWeights {
+        in_proj: r.linear(&n.in_proj, n.in_proj_bias.as_ref(), m.in_proj_dim(), h)?,
+        conv_w: r.any_shape(&n.conv_weight, m.conv_dim() * m.conv_kernel)?,
+        conv_b: n.conv_bias.as_ref().map(|b| r.vector(b, m.conv_dim())).transpose()?,
+        dt_bias: r.vector(&n.dt_bias, m.n_heads)?,
+        a_log: r.vector(&n.a_log, m.n_heads)?,
+        d: r.vector(&n.d, m.n_heads)?,
+        norm: r.vector(&n.norm, m.d_inner())?,
+        out_proj: r.linear(&n.out_proj, n.out_proj_bias.as_ref(), h, m.d_inner())?,
+        state_layer,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn deltanet(r: &Resolver<'_>, derived: &mut DerivedWeights, gpu: &dyn GpuBackend, d: &DeltaNetConfig, n: &DeltaNetNames, h: usize, state_layer: usize, layer: usize) -> Result<DeltaWeights> {
+    let (nk, dk, dv) = (d.n_k_heads, d.k_head_dim, d.v_head_dim);
+    let ratio = d.n_v_heads / nk.max(1);
+    // HF groups in_proj_qkvz per key head as [q(dk), k(dk), v(ratio*dv), z(ratio*dv)].
+    let group = 2 * dk + 2 * ratio * dv;
+    let parts = [(0, dk), (dk, dk), (2 * dk, ratio * dv), (2 * dk + ratio * dv, ratio * dv)];
+    let order: Vec<usize> = parts.iter().flat_map(|&(off, len)| (0..nk).flat_map(move |g| (0..len).map(move |c| g * group + off + c))).collect();
+    let raw = r.linear(&n.in_proj_qkvz, None, nk * group, h)?;
+    let qkvz = Linear { w: derived.permute_rows(gpu, &format!("layer{layer}.qkvz"), raw.w, h, &order)?, ..raw };
+    // in_proj_ba per key head: [b(ratio), a(ratio)].
+    let ba_order: Vec<usize> = (0..2).flat_map(|half| (0..nk).flat_map(move |g| (0..ratio).map(move |c| g * 2 * ratio + half * ratio + c))).collect();
+    let raw_ba = r.linear(&n.in_proj_ba, None, 2 * d.n_v_heads, h)?;
+    let ba = Linear { w: derived.permute_rows(gpu, &format!("layer{layer}.ba"), raw_ba.w, h, &ba_order)?, ..raw_ba };
+    Ok(DeltaWeights {
+        qkvz,
+        ba,
+        conv_w: r.any_shape(&n.conv_weight, d.conv_dim() * d.conv_kernel)?,
+        dt_bias: r.vector(&n.dt_bias, d.n_v_heads)?,
+        a_log: r.vector(&n.a_log, d.n_v_heads)?,
+        norm: r.vector(&n.norm, dv)?,
+        out_proj: r.linear(&n.out_proj, None, h, d.value_dim())?,
+        state_layer,
+    })
+}
+
+fn moe(r: &Resolver<'_>, m: &MoeConfig, n: &MoeNames, h: usize) -> Result<MoeWeights> {
+    let inter = m.expert_intermediate;
+    let experts = match &n.experts {
+        ExpertNames::Separate(list) => list.iter().map(|e| r.mlp(e, h, inter)).collect::<Result<Vec<_>>>()?,
+        ExpertNames::Fused { gate_up, down } => {
+            let gu = r.tensor(gate_up, &[m.n_experts, 2 * inter, h])?;
+            let dn = r.tensor(down, &[m.n_experts, h, inter])?;
+            (0..m.n_experts)
+                .map(|e| {
+                    let slice = |t: DeviceSlice, len: usize| t.slice(e * len, len).map_err(EngineError::device(format!("expert {e}")));
+                    Ok(MlpWeights::Fused {
+                        gate_up: Linear { w: slice(gu, 2 * inter * h)?, b: None, n: 2 * inter, k: h },
+                        down: Linear { w: slice(dn, h * inter)?, b: None, n: h, k: inter },
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+    };
+    if experts.len() != m.n_experts {
+        return Err(EngineError::Request(format!("{} experts named, the config has {}", experts.len(), m.n_experts)));
+    }
+    Ok(MoeWeights {
+        router: r.linear(&n.router, None, m.n_experts, h)?,
+        experts,
+        shared: match (&n.shared, m.shared_intermediate) {
+            (Some(s), Some(si)) => Some(r.mlp(s, h, si)?),
+            _ => None,
+        },
+        shared_gate: n.shared_gate.as_ref().map(|g| r.linear(g, None, 1, h)).transpose()?,
+    })
+}

@@ -1,0 +1,92 @@
+//! Helpers for the workspace integration tests: the golden fixtures and a
+//! model loaded on the CPU backend.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use metrale_gpu_runtime::cpu::CpuBackend;
+use metrale_gpu_runtime::gpu::GpuBackend;
+use metrale_model_engine::model::{Logits, ModelOptions, Sequence, Step, TransformerModel};
+use metrale_model_weights::loader::WeightDType;
+use safetensors::SafeTensors;
+
+/// The fixture model folders with golden logits.
+pub const MODELS: [&str; 7] = ["llama", "qwen3", "mamba2", "bamba", "nemotron_h", "granitemoehybrid", "qwen3_next"];
+
+/// Largest |logits - golden| the fixtures' README allows on the CPU.
+pub const TOLERANCE: f32 = 1e-4;
+
+pub fn fixture_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+}
+
+/// One golden prompt: its ids, the greedy continuation and the logits of
+/// one uncached forward over `tokens`.
+pub struct GoldenCase {
+    pub prompt: Vec<u32>,
+    pub tokens: Vec<u32>,
+    /// `[tokens.len(), vocab]`.
+    pub logits: Vec<f32>,
+    pub vocab: usize,
+}
+
+pub fn golden(name: &str) -> Result<Vec<GoldenCase>> {
+    let path = fixture_dir(name).join("golden.safetensors");
+    let bytes = std::fs::read(&path).with_context(|| path.display().to_string())?;
+    let st = SafeTensors::deserialize(&bytes)?;
+    let ids = |key: String| -> Result<Vec<u32>> {
+        let t = st.tensor(&key)?;
+        Ok(t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as u32).collect())
+    };
+    let mut cases = Vec::new();
+    for i in 0.. {
+        if st.tensor(&format!("prompt_{i}")).is_err() {
+            break;
+        }
+        let t = st.tensor(&format!("logits_{i}"))?;
+        let vocab = t.shape()[1];
+        let logits = t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or([0; 4]))).collect();
+        cases.push(GoldenCase { prompt: ids(format!("prompt_{i}"))?, tokens: ids(format!("tokens_{i}"))?, logits, vocab });
+    }
+    Ok(cases)
+}
+
+pub fn options() -> ModelOptions {
+    ModelOptions { kv_block_size: 16, kv_blocks: 128, max_seqs: 8, max_batch_tokens: 256 }
+}
+
+/// Loads a fixture on a fresh CPU backend (weights held as stored).
+pub fn load(name: &str) -> Result<(Arc<CpuBackend>, TransformerModel)> {
+    let cpu = Arc::new(CpuBackend::with_threads(2));
+    let gpu: Arc<dyn GpuBackend> = cpu.clone();
+    let model = TransformerModel::load(&fixture_dir(name), gpu, options(), WeightDType::AsStored, &mut |_| {})?;
+    Ok((cpu, model))
+}
+
+/// Feeds `tokens` to `seq` in pieces of `chunk` tokens; returns all logits.
+pub fn run_chunked(model: &TransformerModel, seq: &mut Sequence, tokens: &[u32], chunk: usize) -> Result<Vec<f32>> {
+    let mut out = Vec::new();
+    for piece in tokens.chunks(chunk.max(1)) {
+        let mut steps = [Step { seq: &mut *seq, tokens: piece, logits: Logits::All }];
+        out.extend(model.forward(&mut steps)?.remove(0));
+    }
+    Ok(out)
+}
+
+/// Max |a - b|.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Index of the largest value (lowest index on ties).
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
