@@ -79,7 +79,7 @@ impl RawBamba {
         let common = Common::read(o)?;
         require_act(o, &["hidden_act"], &["silu"], "silu")?;
         let rms_norm_eps = o.pos_f32_or(&["rms_norm_eps"], 1e-5)?;
-        let num_layers = o.size(&["num_hidden_layers"])?;
+        let num_layers = super::num_layers(o, &["num_hidden_layers"])?;
         let attn_layer_indices = o
             .opt_usize_list(&["attn_layer_indices"])?
             .unwrap_or_default();

@@ -57,7 +57,7 @@ impl RawGranite {
     fn read(o: &Obj<'_>) -> Result<Self> {
         let common = Common::read(o)?;
         require_act(o, &["hidden_act"], &["silu"], "silu")?;
-        let num_layers = o.size(&["num_hidden_layers"])?;
+        let num_layers = super::num_layers(o, &["num_hidden_layers"])?;
         let mixers = match o.opt_str_list(&["layer_types", "layers_block_type"])? {
             None => vec![MixerKind::Mamba2; num_layers],
             Some((key, types)) => {

@@ -71,7 +71,7 @@ impl RawLlama {
             )));
         }
         Ok(Self {
-            num_layers: o.size(&["num_hidden_layers"])?,
+            num_layers: super::num_layers(o, &["num_hidden_layers"])?,
             intermediate_size: o.size(&["intermediate_size"])?,
             n_heads,
             n_kv_heads,

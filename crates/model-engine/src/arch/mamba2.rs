@@ -42,7 +42,7 @@ impl RawMamba2 {
         require_act(o, &["hidden_act"], &["silu"], "silu")?;
         Ok(Self {
             common: Common::read(o)?,
-            num_layers: o.size(&["num_hidden_layers", "n_layer"])?,
+            num_layers: super::num_layers(o, &["num_hidden_layers", "n_layer"])?,
             num_heads: o.size(&["num_heads"])?,
             head_dim: o.size(&["head_dim"])?,
             state_size: o.size(&["state_size", "d_state"])?,

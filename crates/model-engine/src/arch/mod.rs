@@ -46,7 +46,37 @@ pub(crate) fn build(model_type: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
     if config.layers.is_empty() {
         return Err(o.err("the model has no layers"));
     }
+    check_totals(o, &config)?;
     Ok(config)
+}
+
+/// Refuses configs whose totals are implausible (beyond 2^48 parameters,
+/// state elements or cache elements per token), so that no size derived
+/// from the config can overflow.
+fn check_totals(o: &Obj<'_>, c: &ModelConfig) -> Result<()> {
+    const LIMIT: u128 = 1 << 48;
+    let params: u128 = c
+        .expected_tensors()
+        .iter()
+        .map(|t| t.shape.iter().fold(1u128, |acc, &d| acc.saturating_mul(d as u128)))
+        .fold(0u128, u128::saturating_add);
+    let layers = c.layers.len() as u128;
+    let mamba = c.mamba.as_ref().map_or(0u128, |m| {
+        let (h, p, n, k) = (m.n_heads as u128, m.head_dim as u128, m.d_state as u128, m.conv_kernel as u128);
+        (h * p + 2 * m.n_groups as u128 * n) * k + h * p * n
+    });
+    let delta = c.deltanet.as_ref().map_or(0u128, |d| {
+        let (kh, vh, dk, dv, k) =
+            (d.n_k_heads as u128, d.n_v_heads as u128, d.k_head_dim as u128, d.v_head_dim as u128, d.conv_kernel as u128);
+        (2 * kh * dk + vh * dv) * k + vh * dk * dv
+    });
+    let kv = c.attention.as_ref().map_or(0u128, |a| 2 * (a.n_heads.max(a.n_kv_heads) as u128) * a.head_dim as u128);
+    for (what, n) in [("parameters", params), ("recurrent state elements", (mamba + delta) * layers), ("KV elements per token", kv * layers)] {
+        if n > LIMIT {
+            return Err(o.err(format!("the config describes {n} {what}, more than any real model (the sizes are implausible)")));
+        }
+    }
+    Ok(())
 }
 
 /// What every family reads the same way.
@@ -264,6 +294,18 @@ pub(crate) fn unknown_layer_type(
         "key `{key}`[{index}] = {found:?} is not a known layer type (known: {})",
         known.join(", ")
     ))
+}
+
+/// The most layers a config may have.
+pub(crate) const MAX_LAYERS: usize = 4096;
+
+/// `num_hidden_layers`, bounded by [`MAX_LAYERS`].
+pub(crate) fn num_layers(o: &Obj<'_>, keys: &[&str]) -> Result<usize> {
+    let n = o.size(keys)?;
+    if n > MAX_LAYERS {
+        return Err(o.err(format!("key `{}` = {n}: more than {MAX_LAYERS} layers is not supported", keys[0])));
+    }
+    Ok(n)
 }
 
 /// `layers.len()` must match `num_hidden_layers` when both are given.

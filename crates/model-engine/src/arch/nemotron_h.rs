@@ -88,6 +88,13 @@ fn blocks(o: &Obj<'_>) -> Result<Vec<Block>> {
 impl RawNemotronH {
     fn read(o: &Obj<'_>) -> Result<Self> {
         let blocks = blocks(o)?;
+        if blocks.len() > super::MAX_LAYERS {
+            return Err(o.err(format!(
+                "{} layers: more than {} is not supported",
+                blocks.len(),
+                super::MAX_LAYERS
+            )));
+        }
         // transformers 5 derives the layer count from the block list and only
         // warns about a stale `num_hidden_layers`; so do we.
         if let Some(n) = o.opt_usize(&["num_hidden_layers"])?

@@ -57,7 +57,7 @@ impl RawQwen3Next {
     fn read(o: &Obj<'_>) -> Result<Self> {
         let common = Common::read(o)?;
         require_act(o, &["hidden_act"], &["silu"], "silu")?;
-        let num_layers = o.size(&["num_hidden_layers"])?;
+        let num_layers = super::num_layers(o, &["num_hidden_layers"])?;
         let mixers = match o.opt_str_list(&["layer_types"])? {
             None => {
                 let interval = o.size_or(&["full_attention_interval"], 4)?;
@@ -172,6 +172,13 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
             }
         })
         .collect();
+    let moe_layers = ffns.iter().filter(|f| **f == FfnKind::Moe).count();
+    if moe_layers * raw.num_experts > 1 << 20 {
+        return Err(o.err(format!(
+            "{moe_layers} MoE layers of {} experts each: too many expert tensors",
+            raw.num_experts
+        )));
+    }
     if ffns.contains(&FfnKind::Moe) && raw.num_experts_per_tok > raw.num_experts {
         return Err(o.err(format!(
             "num_experts_per_tok ({}) exceeds num_experts ({})",

@@ -14,6 +14,11 @@ use serde_json::{Map, Value};
 
 use crate::error::{EngineError, Result};
 
+/// The largest integer a config may give for a size or count: larger
+/// values are refused as implausible, which keeps every derived size far
+/// from overflowing.
+pub const MAX_INT: usize = 1 << 26;
+
 /// Parses `text` (the contents of `path`) into a JSON object.
 pub fn parse_json(text: &str, path: &Path) -> Result<Map<String, Value>> {
     let text = wrap_nonfinite(text);
@@ -192,9 +197,16 @@ impl<'a> Obj<'a> {
             }),
             _ => None,
         };
-        n.and_then(|n| usize::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| self.key_err(k, v, "a non-negative integer"))
+        let n = n
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| self.key_err(k, v, "a non-negative integer"))?;
+        if n > MAX_INT {
+            return Err(self.err(format!(
+                "key `{}{k}` = {n} is implausibly large (more than {MAX_INT})",
+                self.prefix
+            )));
+        }
+        Ok(Some(n))
     }
 
     pub fn usize_or(&self, keys: &[&'a str], default: usize) -> Result<usize> {
@@ -302,6 +314,7 @@ impl<'a> Obj<'a> {
             .map(|v| {
                 v.as_u64()
                     .and_then(|n| usize::try_from(n).ok())
+                    .filter(|&n| n <= MAX_INT)
                     .ok_or_else(|| self.key_err(k, v, "a list of non-negative integers"))
             })
             .collect::<Result<Vec<_>>>()

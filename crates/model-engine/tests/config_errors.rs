@@ -1,0 +1,320 @@
+//! Broken configs give clear errors naming the file and the key; mutated
+//! configs never panic, and whatever loads is released completely.
+
+use std::path::{Path, PathBuf};
+
+use metrale_core::scope::ModelResource;
+use metrale_gpu_runtime::GpuBackend;
+use metrale_gpu_runtime::cpu::CpuBackend;
+use metrale_model_engine::EngineError;
+use metrale_model_engine::config::{load_config, parse_config};
+use metrale_model_engine::loader::load_weights;
+use metrale_model_weights::WeightsError;
+use metrale_model_weights::loader::WeightDType;
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
+
+const FIXTURES: [&str; 7] = [
+    "llama",
+    "qwen3",
+    "mamba2",
+    "bamba",
+    "nemotron_h",
+    "granitemoehybrid",
+    "qwen3_next",
+];
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(name)
+}
+
+fn config_map(name: &str) -> Map<String, Value> {
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap())
+        .unwrap()
+}
+
+/// Parses an edited fixture config, expecting an error that names each of `words`.
+fn config_err(
+    name: &str,
+    edit: impl FnOnce(&mut Map<String, Value>),
+    words: &[&str],
+) -> EngineError {
+    let mut map = config_map(name);
+    edit(&mut map);
+    let err = parse_config(
+        &Value::Object(map).to_string(),
+        Path::new("/models/x/config.json"),
+    )
+    .expect_err("should fail");
+    let message = err.to_string();
+    assert!(message.contains("/models/x/config.json"), "{message}");
+    for w in words {
+        assert!(message.contains(w), "{message:?} should name {w:?}");
+    }
+    err
+}
+
+#[test]
+fn missing_config_json() {
+    let dir = std::env::temp_dir().join(format!("metrale-noconfig-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let err = load_config(&dir).unwrap_err();
+    assert!(matches!(err, EngineError::Config { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("config.json") && err.to_string().contains("not found"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn malformed_config_json() {
+    let err =
+        parse_config("{\"model_type\": \"llama\", ", Path::new("/m/config.json")).unwrap_err();
+    assert!(matches!(err, EngineError::Config { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("/m/config.json") && err.to_string().contains("invalid JSON"),
+        "{err}"
+    );
+    let err = parse_config("[1, 2]", Path::new("/m/config.json")).unwrap_err();
+    assert!(err.to_string().contains("JSON object"), "{err}");
+}
+
+#[test]
+fn unknown_or_missing_model_type() {
+    let err = config_err(
+        "llama",
+        |m| drop(m.insert("model_type".into(), json!("gpt2"))),
+        &["gpt2", "llama", "qwen3_next", "granitemoehybrid"],
+    );
+    assert!(
+        matches!(err, EngineError::UnknownModelType { .. }),
+        "{err:?}"
+    );
+    config_err(
+        "llama",
+        |m| drop(m.remove("model_type")),
+        &["model_type", "missing"],
+    );
+}
+
+#[test]
+fn missing_and_mistyped_keys() {
+    config_err(
+        "llama",
+        |m| drop(m.remove("hidden_size")),
+        &["hidden_size", "missing"],
+    );
+    config_err(
+        "llama",
+        |m| drop(m.insert("num_attention_heads".into(), json!("four"))),
+        &["num_attention_heads", "\"four\""],
+    );
+    config_err(
+        "llama",
+        |m| drop(m.insert("num_key_value_heads".into(), json!(3))),
+        &["num_key_value_heads"],
+    );
+    config_err(
+        "llama",
+        |m| drop(m.insert("rms_norm_eps".into(), json!(-1.0))),
+        &["rms_norm_eps", "positive"],
+    );
+    config_err(
+        "llama",
+        |m| drop(m.insert("hidden_act".into(), json!("gelu"))),
+        &["hidden_act", "gelu"],
+    );
+    config_err(
+        "llama",
+        |m| drop(m.insert("num_hidden_layers".into(), json!(1u64 << 40))),
+        &["num_hidden_layers", "implausibly large"],
+    );
+    config_err(
+        "llama",
+        |m| {
+            drop(m.insert(
+                "rope_parameters".into(),
+                json!({"rope_type": "dynamic", "factor": 2.0}),
+            ))
+        },
+        &["dynamic"],
+    );
+    config_err(
+        "mamba2",
+        |m| drop(m.insert("time_step_limit".into(), json!([1.0]))),
+        &["time_step_limit"],
+    );
+    config_err(
+        "mamba2",
+        |m| drop(m.insert("head_dim".into(), json!(8))),
+        &["expand * hidden_size"],
+    );
+    config_err(
+        "nemotron_h",
+        |m| drop(m.insert("layers_block_type".into(), json!(["mamba", "conv"]))),
+        &["layers_block_type", "[1]", "conv"],
+    );
+    config_err(
+        "nemotron_h",
+        |m| drop(m.insert("layers_block_type".into(), json!(["moe"]))),
+        &["moe", "not supported"],
+    );
+    config_err(
+        "granitemoehybrid",
+        |m| drop(m.insert("layer_types".into(), json!(["mamba"]))),
+        &["layer_types", "num_hidden_layers"],
+    );
+    config_err(
+        "bamba",
+        |m| drop(m.insert("attn_layer_indices".into(), json!([7]))),
+        &["attn_layer_indices", "7"],
+    );
+    config_err(
+        "qwen3_next",
+        |m| drop(m.insert("linear_num_value_heads".into(), json!(3))),
+        &["linear_num_value_heads"],
+    );
+}
+
+#[test]
+fn a_config_that_disagrees_with_the_weights() {
+    let mut map = config_map("llama");
+    map.insert("intermediate_size".into(), json!(96));
+    let config = parse_config(
+        &Value::Object(map).to_string(),
+        &fixture("llama").join("config.json"),
+    )
+    .unwrap();
+    let gpu = CpuBackend::new();
+    let Err(err) = load_weights(
+        &fixture("llama"),
+        &config,
+        &gpu,
+        WeightDType::AsStored,
+        &mut |_| {},
+    ) else {
+        panic!("shape mismatch")
+    };
+    assert!(
+        matches!(err, EngineError::Weights(WeightsError::WrongShape { .. })),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("model.safetensors") && err.to_string().contains("mlp"),
+        "{err}"
+    );
+    assert_eq!(gpu.live_bytes(), 0);
+
+    // Untied config on a checkpoint without lm_head.
+    let mut map = config_map("qwen3");
+    map.insert("tie_word_embeddings".into(), json!(false));
+    let config = parse_config(&Value::Object(map).to_string(), Path::new("config.json")).unwrap();
+    let Err(err) = load_weights(
+        &fixture("qwen3"),
+        &config,
+        &gpu,
+        WeightDType::AsStored,
+        &mut |_| {},
+    ) else {
+        panic!("no lm_head")
+    };
+    assert!(
+        matches!(
+            err,
+            EngineError::Weights(WeightsError::MissingTensor { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("lm_head.weight"), "{err}");
+    assert_eq!(gpu.live_bytes(), 0);
+}
+
+/// One way to damage a config.
+#[derive(Clone, Debug)]
+enum Edit {
+    Remove(usize),
+    Replace(usize, Value),
+    /// Replace a character of the text (JSON-level damage).
+    Char(usize, char),
+    Truncate(usize),
+}
+
+fn value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        (0u64..300).prop_map(|n| json!(n)),
+        any::<u64>().prop_map(|n| json!(n)),
+        any::<i64>().prop_map(|n| json!(n)),
+        (-4.0f64..4.0).prop_map(|f| json!(f)),
+        Just(json!("Infinity")),
+        Just(json!({"__float__": "NaN"})),
+        Just(json!([
+            "mamba",
+            "attention",
+            "mlp",
+            "linear_attention",
+            "full_attention"
+        ])),
+        Just(json!([0, 1, 2])),
+        Just(json!({"rope_type": "yarn", "factor": 0.0})),
+        "[a-z_]{0,12}".prop_map(Value::String),
+    ]
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    prop_oneof![
+        2 => any::<usize>().prop_map(Edit::Remove),
+        4 => (any::<usize>(), value()).prop_map(|(k, v)| Edit::Replace(k, v)),
+        1 => (any::<usize>(), prop::sample::select(vec!['{', '}', '"', ',', '1', 'x', ' ', ':', ']'])).prop_map(|(p, c)| Edit::Char(p, c)),
+        1 => any::<usize>().prop_map(Edit::Truncate),
+    ]
+}
+
+fn damaged(name: &str, edits: &[Edit]) -> String {
+    let mut map = config_map(name);
+    for e in edits {
+        let keys: Vec<String> = map.keys().cloned().collect();
+        match e {
+            Edit::Remove(k) => drop(map.remove(&keys[k % keys.len()])),
+            Edit::Replace(k, v) => drop(map.insert(keys[k % keys.len()].clone(), v.clone())),
+            _ => {}
+        }
+    }
+    let mut text: Vec<char> = Value::Object(map).to_string().chars().collect();
+    for e in edits {
+        match e {
+            Edit::Char(p, c) if !text.is_empty() => {
+                let i = p % text.len();
+                text[i] = *c;
+            }
+            Edit::Truncate(p) => text.truncate(p % (text.len() + 1)),
+            _ => {}
+        }
+    }
+    text.into_iter().collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn mutated_configs_error_or_load(which in 0usize..FIXTURES.len(), edits in prop::collection::vec(edit(), 1..4)) {
+        let name = FIXTURES[which];
+        let text = damaged(name, &edits);
+        let path = fixture(name).join("config.json");
+        match parse_config(&text, &path) {
+            Err(e) => prop_assert!(e.to_string().contains("config.json")),
+            Ok(config) => {
+                let _ = (config.plan_line(), config.kv_bytes_per_token(), config.recurrent_bytes_per_sequence(), config.parameter_count());
+                let gpu = CpuBackend::new();
+                match load_weights(&fixture(name), &config, &gpu, WeightDType::AsStored, &mut |_| {}) {
+                    Ok(mut store) => store.release(&gpu).unwrap(),
+                    Err(e) => prop_assert!(!e.to_string().is_empty()),
+                }
+                prop_assert_eq!(gpu.live_bytes(), 0);
+            }
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! The spellings real configs use: older keys, bare non-finite numbers,
+//! left-out defaults, and the per-family options the fixtures do not cover.
+
+use std::path::{Path, PathBuf};
+
+use metrale_core::DType;
+use metrale_model_engine::config::{
+    Activation, ExpertNames, FfnKind, FfnNames, MixerKind, MlpNames, ModelConfig, RopeScaling,
+    load_config, parse_config,
+};
+use serde_json::{Map, Value, json};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(name)
+}
+
+/// A fixture's config.json with `edit` applied, as text. The string
+/// `"__INF__"` becomes a bare `Infinity` and `"__NAN__"` a bare `NaN`.
+fn variant_text(name: &str, edit: impl FnOnce(&mut Map<String, Value>)) -> String {
+    let text = std::fs::read_to_string(fixture(name).join("config.json")).unwrap();
+    let mut map: Map<String, Value> = serde_json::from_str(&text).unwrap();
+    edit(&mut map);
+    serde_json::to_string_pretty(&Value::Object(map))
+        .unwrap()
+        .replace("\"__INF__\"", "Infinity")
+        .replace("\"__NAN__\"", "NaN")
+}
+
+fn variant(name: &str, edit: impl FnOnce(&mut Map<String, Value>)) -> ModelConfig {
+    let text = variant_text(name, edit);
+    parse_config(&text, Path::new("variant/config.json")).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+#[test]
+fn older_llama_spelling_with_llama3_scaling() {
+    let c = variant("llama", |m| {
+        m.remove("rope_parameters");
+        m.remove("dtype");
+        m.insert("torch_dtype".into(), json!("bfloat16"));
+        m.insert("rope_theta".into(), json!(500000.0));
+        m.insert(
+            "rope_scaling".into(),
+            json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+        );
+        m.insert("eos_token_id".into(), json!([2, 9]));
+        m.insert("bos_token_id".into(), json!(1));
+    });
+    let rope = c.attention.as_ref().unwrap().rope.clone().unwrap();
+    assert_eq!(rope.theta, 500000.0);
+    assert_eq!(
+        rope.scaling,
+        RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 8192
+        }
+    );
+    assert_eq!(c.declared_dtype, Some(DType::BF16));
+    assert_eq!(
+        (c.bos_token_id, c.eos_token_ids.clone()),
+        (Some(1), vec![2, 9])
+    );
+}
+
+#[test]
+fn linear_and_yarn_scaling() {
+    let c = variant("llama", |m| {
+        m.insert(
+            "rope_parameters".into(),
+            json!({"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
+        );
+    });
+    assert_eq!(
+        c.attention.unwrap().rope.unwrap().scaling,
+        RopeScaling::Linear { factor: 2.0 }
+    );
+    let c = variant("qwen3", |m| {
+        m.remove("rope_parameters");
+        m.insert(
+            "rope_scaling".into(),
+            json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+        );
+    });
+    match c.attention.unwrap().rope.unwrap().scaling {
+        RopeScaling::Yarn {
+            factor,
+            original_max_position,
+            beta_fast,
+            beta_slow,
+            ..
+        } => {
+            assert_eq!(
+                (factor, original_max_position, beta_fast, beta_slow),
+                (4.0, 32768, 32.0, 1.0)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn qwen2_and_mistral() {
+    let q2 = variant("llama", |m| {
+        m.insert("model_type".into(), json!("qwen2"));
+        m.insert("use_sliding_window".into(), json!(false));
+        m.insert("sliding_window".into(), json!(4096));
+    });
+    let a = q2.attention.as_ref().unwrap();
+    assert!(a.qkv_bias && !a.o_bias && a.sliding_window.is_none());
+    let names = q2.expected_tensors();
+    assert!(
+        names
+            .iter()
+            .any(|t| t.name == "model.layers.0.self_attn.q_proj.bias" && t.shape == vec![64])
+    );
+    assert!(!names.iter().any(|t| t.name.ends_with("o_proj.bias")));
+
+    let mistral = variant("llama", |m| {
+        m.insert("model_type".into(), json!("mistral"));
+    });
+    assert_eq!(
+        mistral.attention.as_ref().unwrap().sliding_window,
+        Some(4096)
+    );
+    let mistral = variant("llama", |m| {
+        m.insert("model_type".into(), json!("mistral"));
+        m.insert("sliding_window".into(), Value::Null);
+    });
+    assert_eq!(mistral.attention.as_ref().unwrap().sliding_window, None);
+}
+
+#[test]
+fn nemotron_h_hybrid_override_pattern() {
+    let c = variant("nemotron_h", |m| {
+        m.remove("layers_block_type");
+        m.remove("head_dim");
+        m.remove("dtype");
+        m.insert("hybrid_override_pattern".into(), json!("M-M*-"));
+        m.insert("num_hidden_layers".into(), json!(5));
+        m.insert("attention_head_dim".into(), json!(16));
+        m.insert("torch_dtype".into(), json!("bfloat16"));
+        m.insert("time_step_limit".into(), json!([0.0, "__INF__"]));
+    });
+    assert_eq!(c.plan_line(), "M - M * -");
+    assert_eq!(c.attention.as_ref().unwrap().head_dim, 16);
+    // Nemotron-H's HF mixer clamps dt at time_step_min from below only.
+    assert_eq!(
+        c.mamba.as_ref().unwrap().time_step_limit,
+        (0.001, f32::INFINITY)
+    );
+    assert_eq!(c.declared_dtype, Some(DType::BF16));
+    assert_eq!(
+        (c.layers[1].mixer, c.layers[1].ffn),
+        (MixerKind::None, FfnKind::Mlp)
+    );
+
+    // The older list spelling.
+    let c = variant("nemotron_h", |m| {
+        m.insert(
+            "layers_block_type".into(),
+            json!(["mamba", "attention", "mamba", "mlp"]),
+        );
+    });
+    assert_eq!(c.plan_line(), "M * M -");
+}
+
+#[test]
+fn granite_older_spelling_nope_and_bare_infinity() {
+    let c = variant("granitemoehybrid", |m| {
+        m.insert("layer_types".into(), json!(["mamba", "attention", "mamba"]));
+        m.insert("position_embedding_type".into(), json!("nope"));
+        m.insert("time_step_limit".into(), json!([0.0, "__INF__"]));
+        m.insert("initializer_range".into(), json!("__NAN__"));
+    });
+    assert_eq!(c.plan_line(), "M * M");
+    assert!(c.attention.as_ref().unwrap().rope.is_none());
+    assert_eq!(c.mamba.as_ref().unwrap().time_step_limit.1, f32::INFINITY);
+}
+
+#[test]
+fn granite_dense_without_experts() {
+    let c = variant("granitemoehybrid", |m| {
+        m.insert("num_local_experts".into(), json!(0));
+    });
+    assert!(c.moe.is_none());
+    assert_eq!(c.mlp.as_ref().unwrap().intermediate_size, 96);
+    assert_eq!(c.mlp.as_ref().unwrap().activation, Activation::SwiGlu);
+    assert!(c.layers.iter().all(|l| l.ffn == FfnKind::Mlp));
+    match &c.layers[0].names.ffn {
+        FfnNames::Mlp(MlpNames::Fused { gate_up, .. }) => {
+            assert_eq!(gate_up, "model.layers.0.shared_mlp.input_linear.weight")
+        }
+        other => panic!("{other:?}"),
+    }
+    let shapes = c.expected_tensors();
+    assert!(shapes.iter().any(
+        |t| t.name == "model.layers.0.shared_mlp.input_linear.weight" && t.shape == vec![192, 64]
+    ));
+    assert!(!shapes.iter().any(|t| t.name.contains("block_sparse_moe")));
+}
+
+#[test]
+fn granite_moe_layout() {
+    let c = load_config(&fixture("granitemoehybrid")).unwrap();
+    match &c.layers[2].names.ffn {
+        FfnNames::Moe(m) => {
+            assert!(matches!(m.experts, ExpertNames::Fused { .. }));
+            assert!(matches!(m.shared, Some(MlpNames::Fused { .. })));
+            assert_eq!(
+                m.router,
+                "model.layers.2.block_sparse_moe.router.layer.weight"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bamba_default_partial_rotary() {
+    // Older Bamba configs state neither rope_parameters nor the factor.
+    let c = variant("bamba", |m| {
+        m.remove("rope_parameters");
+        m.insert("rope_theta".into(), json!(10000.0));
+        m.remove("time_step_limit");
+    });
+    let rope = c.attention.as_ref().unwrap().rope.clone().unwrap();
+    assert_eq!(rope.rotary_dim, 8, "half of head_dim 16");
+    assert_eq!(
+        c.mamba.as_ref().unwrap().time_step_limit,
+        (0.0, f32::INFINITY)
+    );
+}
+
+#[test]
+fn qwen3_next_older_spelling_and_defaults() {
+    let c = variant("qwen3_next", |m| {
+        m.remove("layer_types");
+        m.remove("rope_parameters");
+        m.insert("rope_theta".into(), json!(10000000));
+        m.insert("full_attention_interval".into(), json!(4));
+        m.insert("decoder_sparse_step".into(), json!(2));
+        m.insert("mlp_only_layers".into(), json!([3]));
+    });
+    assert_eq!(c.plan_line(), "G G G *");
+    let rope = c.attention.as_ref().unwrap().rope.clone().unwrap();
+    assert_eq!(
+        (rope.theta, rope.rotary_dim),
+        (1e7, 4),
+        "partial_rotary_factor defaults to 0.25"
+    );
+    let ffns: Vec<FfnKind> = c.layers.iter().map(|l| l.ffn).collect();
+    assert_eq!(
+        ffns,
+        vec![FfnKind::Mlp, FfnKind::Moe, FfnKind::Mlp, FfnKind::Mlp]
+    );
+    assert_eq!(c.mlp.as_ref().unwrap().intermediate_size, 128);
+}
+
+#[test]
+fn generation_config_eos_ids_are_merged() {
+    let dir = std::env::temp_dir().join(format!("metrale-quirks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        fixture("llama").join("config.json"),
+        dir.join("config.json"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"eos_token_id": [2, 7], "bos_token_id": 1}"#,
+    )
+    .unwrap();
+    let c = load_config(&dir).unwrap();
+    assert_eq!(c.eos_token_ids, vec![2, 7]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn mamba2_bare_nonfinite_numbers() {
+    let c = variant("mamba2", |m| {
+        m.insert("time_step_limit".into(), json!([0.0, "__INF__"]));
+        m.insert("time_step_floor".into(), json!("__NAN__"));
+    });
+    assert_eq!(
+        c.mamba.as_ref().unwrap().time_step_limit,
+        (0.0, f32::INFINITY)
+    );
+    let c = variant("mamba2", |m| {
+        m.insert("time_step_limit".into(), json!([0.001, 0.1]));
+    });
+    assert_eq!(c.mamba.as_ref().unwrap().time_step_limit, (0.001, 0.1));
+}
