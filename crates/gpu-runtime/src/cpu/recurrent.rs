@@ -236,7 +236,7 @@ impl CpuBackend {
             || head_dim == 0
             || d_state == 0
             || n_groups == 0
-            || n_heads % n_groups != 0
+            || !n_heads.is_multiple_of(n_groups)
             || chunk_size == 0
         {
             return Err(shape_err(
@@ -318,7 +318,7 @@ impl CpuBackend {
         if n_k_heads == 0
             || k_head_dim == 0
             || v_head_dim == 0
-            || n_v_heads % n_k_heads != 0
+            || !n_v_heads.is_multiple_of(n_k_heads)
             || chunk_size == 0
         {
             return Err(shape_err(
@@ -491,7 +491,7 @@ impl RecurrentOps for CpuBackend {
         order: GateOrder,
     ) -> Result<()> {
         const OP: &str = "gated_rms_norm";
-        if dim == 0 || group_size == 0 || dim % group_size != 0 {
+        if dim == 0 || group_size == 0 || !dim.is_multiple_of(group_size) {
             return Err(shape_err(
                 OP,
                 format!("groups of {group_size} do not divide rows of {dim}"),

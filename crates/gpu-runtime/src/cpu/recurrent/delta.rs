@@ -7,18 +7,22 @@
 //! for `j < i` and `T = (I + A')⁻¹` (forward substitution):
 //!
 //! - `U = T·(v·beta)`, `W = T·(k·beta·exp(gc))`, `v_new = U − W·S`
-//! - `o = (q·exp(gc))·S + [(q_i·k_j) exp(gc_i − gc_j)]_{j≤i}·v_new`
-//! - `S ← exp(gc_last)·S + (k·exp(gc_last − gc))ᵀ·v_new`
+//! - `o = exp(gc)·(q·S) + [(q_i·k_j) exp(gc_i − gc_j)]_{j≤i}·v_new`
+//! - `S ← exp(gc_last)·S + kᵀ·(exp(gc_last − gc)·v_new)`
 
 use rayon::prelude::*;
 
-use super::math::{View, axpy, exp_fast, matmul, sigmoid, softplus};
+use super::math::{Buf, SPAN, View, axpy, decay_lower, dot, matmul, sigmoid, simd_fn, softplus};
 use super::{Mode, SeqIo};
-use crate::cpu::kernels::dot_f32;
 use crate::ops::recurrent::DeltaParams;
 
 /// HF `l2norm` epsilon.
 const L2_EPS: f32 = 1e-6;
+
+/// Most tokens per chunk of the chunked form (`chunk_size` may lower it):
+/// the work per token grows with the chunk, so this is as short as keeps
+/// the matrix products efficient. The result does not depend on it.
+const MAX_CHUNK: usize = 16;
 
 /// The operands of one call, read-only, with the per-head parameters widened.
 pub(super) struct Ctx<'a> {
@@ -34,24 +38,9 @@ pub(super) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    /// Writes v head `h`'s normalised, scaled query and normalised key at
-    /// `row` into `qn`, `kn`; returns `(g, beta)`.
-    fn token(&self, row: usize, h: usize, qn: &mut [f32], kn: &mut [f32]) -> (f32, f32) {
-        let DeltaParams {
-            n_k_heads,
-            n_v_heads,
-            k_head_dim: dk,
-            ..
-        } = self.p;
-        let kh = h / (n_v_heads / n_k_heads);
-        let off = row * n_k_heads * dk + kh * dk;
-        l2norm_into(
-            &self.q[off..off + dk],
-            &mut qn[..dk],
-            1.0 / (dk as f32).sqrt(),
-        );
-        l2norm_into(&self.k[off..off + dk], &mut kn[..dk], 1.0);
-        let i = row * n_v_heads + h;
+    /// `(g, beta)` of v head `h` at `row`.
+    fn g_beta(&self, row: usize, h: usize) -> (f32, f32) {
+        let i = row * self.p.n_v_heads + h;
         (
             self.neg_a[h] * softplus(self.a[i] + self.dt_bias[h]),
             sigmoid(self.b[i]),
@@ -64,45 +53,85 @@ impl Ctx<'_> {
     }
 }
 
-/// `out = x * rsqrt(Σx² + 1e-6) * scale`.
-fn l2norm_into(x: &[f32], out: &mut [f32], scale: f32) {
-    let r = scale / (dot_f32(x, x) + L2_EPS).sqrt();
-    out.iter_mut().zip(x).for_each(|(o, x)| *o = x * r);
+/// One sequence's q and k, L2-normalised per head (q also scaled by
+/// `k_head_dim^-0.5`), in the input layout `[len, n_k_heads * k_head_dim]`.
+struct Normed<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    /// Row width, and the column of this task's k head.
+    width: usize,
+    col: usize,
+}
+
+impl Normed<'_> {
+    fn q(&self, t: usize) -> &[f32] {
+        &self.q[t * self.width + self.col..]
+    }
+
+    fn k(&self, t: usize) -> &[f32] {
+        &self.k[t * self.width + self.col..]
+    }
+}
+
+simd_fn! {
+    /// Normalises row `row` of q and k into `qr`, `kr`, head by head:
+    /// `x * rsqrt(Σx² + 1e-6)` (HF `l2norm`), q then times `dk^-0.5`.
+    fn normalise_row(ctx: &Ctx<'_>, row: usize, qr: &mut [f32], kr: &mut [f32]) {
+        let (w, dk) = (qr.len(), ctx.p.k_head_dim);
+        let scale = 1.0 / (dk as f32).sqrt();
+        for (src, dst, scale) in [(ctx.q, qr, scale), (ctx.k, kr, 1.0)] {
+            for (x, o) in src[row * w..(row + 1) * w].chunks(dk).zip(dst.chunks_mut(dk)) {
+                let r = scale / (dot(x, x) + L2_EPS).sqrt();
+                o.iter_mut().zip(x).for_each(|(o, x)| *o = x * r);
+            }
+        }
+    }
 }
 
 /// Per-task buffers, sized for chunks of `cap` tokens.
 struct Scratch {
     cap: usize,
-    qn: Vec<f32>,
-    kn: Vec<f32>,
-    /// k·beta·exp(gc), then W.
-    kbe: Vec<f32>,
-    w: Vec<f32>,
-    /// v·beta (the recurrence: Sᵀk, then the delta).
-    vb: Vec<f32>,
-    u: Vec<f32>,
+    /// `[2c, dk]`: the chunk's k rows, then its q rows.
+    kq: Vec<f32>,
+    /// `[c, dv + dk]`: `[v·beta | k·beta·exp(gc)]` (the recurrence: Sᵀk).
+    vk: Vec<f32>,
+    /// `[c, dv + dk]`: `T·vk = [U | W]` (the recurrence: the delta).
+    uw: Vec<f32>,
+    /// `[2c, dk]`: W, then q.
+    wq: Vec<f32>,
+    /// `[2c, dv]`: `[W; q]·S`.
+    p: Vec<f32>,
+    /// `[c, dv]`: v_new.
+    vn: Vec<f32>,
+    /// `[2c + dk, cap]`: A' (from k·kᵀ), the causal q·kᵀ, then kᵀ weighted for the state.
+    att: Vec<f32>,
+    /// `[c + dk, dv]`: `att[c..]·v_new`.
+    r: Vec<f32>,
+    tmat: Vec<f32>,
+    /// `exp(gc_i − gc_j)`, lower triangle.
+    dm: Vec<f32>,
+    col: Vec<f32>,
     gc: Vec<f64>,
     beta: Vec<f32>,
-    amat: Vec<f32>,
-    tmat: Vec<f32>,
-    qk: Vec<f32>,
 }
 
 impl Scratch {
     fn new(cap: usize, dk: usize, dv: usize) -> Self {
         Self {
             cap,
-            qn: vec![0.0; cap * dk],
-            kn: vec![0.0; cap * dk],
-            kbe: vec![0.0; cap * dk],
-            w: vec![0.0; cap * dk],
-            vb: vec![0.0; cap * dv],
-            u: vec![0.0; cap * dv],
+            kq: vec![0.0; 2 * cap * dk],
+            vk: vec![0.0; cap * (dv + dk)],
+            uw: vec![0.0; cap * (dv + dk)],
+            wq: vec![0.0; 2 * cap * dk],
+            p: vec![0.0; 2 * cap * dv],
+            vn: vec![0.0; cap * dv],
+            att: vec![0.0; (2 * cap + dk) * cap],
+            r: vec![0.0; (cap + dk) * dv],
+            tmat: vec![0.0; cap * cap],
+            dm: vec![0.0; cap * cap],
+            col: vec![0.0; cap],
             gc: vec![0.0; cap],
             beta: vec![0.0; cap],
-            amat: vec![0.0; cap * cap],
-            tmat: vec![0.0; cap * cap],
-            qk: vec![0.0; cap * cap],
         }
     }
 }
@@ -110,280 +139,208 @@ impl Scratch {
 /// Runs one sequence, writing its rows of `out` and updating its state.
 pub(super) fn delta_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode) {
     let DeltaParams {
+        n_k_heads: nk,
         n_v_heads: nh,
         k_head_dim: dk,
         v_head_dim: dv,
         chunk_size,
-        ..
     } = ctx.p;
-    let (len, row0) = (io.len, io.row_start);
+    let (len, row0, kw) = (io.len, io.row_start, nk * dk);
     if len == 0 {
         return;
     }
     let recurrent = len == 1 || mode == Mode::Recurrent;
-    let cap = if recurrent { 1 } else { chunk_size.min(len) };
-    // Head-major output [nh, len, dv], so each head writes a contiguous piece.
-    let mut ys = vec![0f32; nh * len * dv];
-    io.state
-        .par_chunks_mut(dk * dv)
-        .zip(ys.par_chunks_mut(len * dv))
-        .enumerate()
-        .for_each_init(
-            || Scratch::new(cap, dk, dv),
-            |scr, (h, (s, yh))| {
-                if recurrent {
-                    recurrent_head(ctx, scr, row0, len, h, s, yh);
-                } else {
-                    for c0 in (0..len).step_by(cap) {
-                        chunk(
-                            ctx,
-                            scr,
-                            row0 + c0,
-                            cap.min(len - c0),
-                            h,
-                            s,
-                            &mut yh[c0 * dv..],
-                        );
-                    }
-                }
-            },
+    let cap = if recurrent {
+        1
+    } else {
+        chunk_size.min(MAX_CHUNK).min(len)
+    };
+    let span = SPAN.min(len);
+    let (mut qn, mut kn) = (Buf::zeroed(span * kw), Buf::zeroed(span * kw));
+    // Head-major output [nh, span, dv], so each head writes a contiguous piece.
+    let mut ys = Buf::zeroed(nh * span * dv);
+    for s0 in (0..len).step_by(span) {
+        let (sl, r0) = (span.min(len - s0), row0 + s0);
+        let (qn, kn, ys) = (
+            &mut qn[..sl * kw],
+            &mut kn[..sl * kw],
+            &mut ys[..nh * sl * dv],
         );
-    let ys = &ys;
-    io.out
-        .par_chunks_mut(nh * dv)
-        .enumerate()
-        .for_each(|(t, row)| {
-            for (h, dst) in row.chunks_mut(dv).enumerate() {
-                dst.copy_from_slice(&ys[(h * len + t) * dv..(h * len + t + 1) * dv]);
-            }
-        });
+        qn.par_chunks_mut(kw)
+            .zip(kn.par_chunks_mut(kw))
+            .enumerate()
+            .for_each(|(t, (qr, kr))| normalise_row(ctx, r0 + t, qr, kr));
+        let (qn, kn) = (&*qn, &*kn);
+        io.state
+            .par_chunks_mut(dk * dv)
+            .zip(ys.par_chunks_mut(sl * dv))
+            .enumerate()
+            .for_each_init(
+                || Scratch::new(cap, dk, dv),
+                |scr, (h, (s, yh))| {
+                    let norm = Normed {
+                        q: qn,
+                        k: kn,
+                        width: kw,
+                        col: h / (nh / nk) * dk,
+                    };
+                    if recurrent {
+                        recurrent_head(ctx, &norm, scr, r0, sl, h, s, yh);
+                    } else {
+                        for t0 in (0..sl).step_by(cap) {
+                            chunk(
+                                ctx,
+                                &norm,
+                                scr,
+                                r0,
+                                t0,
+                                cap.min(sl - t0),
+                                h,
+                                s,
+                                &mut yh[t0 * dv..],
+                            );
+                        }
+                    }
+                },
+            );
+        let ys = &*ys;
+        io.out[s0 * nh * dv..(s0 + sl) * nh * dv]
+            .par_chunks_mut(nh * dv)
+            .enumerate()
+            .for_each(|(t, row)| {
+                for (h, dst) in row.chunks_mut(dv).enumerate() {
+                    dst.copy_from_slice(&ys[(h * sl + t) * dv..(h * sl + t + 1) * dv]);
+                }
+            });
+    }
 }
 
-/// The per-token recurrence of v head `h` over rows `row0..row0 + len`.
-fn recurrent_head(
-    ctx: &Ctx<'_>,
-    scr: &mut Scratch,
-    row0: usize,
-    len: usize,
-    h: usize,
-    s: &mut [f32],
-    yh: &mut [f32],
-) {
-    let (dk, dv) = (ctx.p.k_head_dim, ctx.p.v_head_dim);
-    let Scratch { qn, kn, vb: kv, .. } = scr;
-    let (qn, kn, kv) = (&mut qn[..dk], &mut kn[..dk], &mut kv[..dv]);
-    for t in 0..len {
-        let row = row0 + t;
-        let (g, beta) = ctx.token(row, h, qn, kn);
-        let eg = g.exp();
-        // S *= exp(g); kv = Sᵀk.
+simd_fn! {
+    /// The per-token recurrence of v head `h` over rows `row0..row0 + len`.
+    /// Each token's update and output pass over S also applies the next
+    /// token's decay and computes its `Sᵀk`, so S is swept once per token.
+    #[allow(clippy::too_many_arguments)]
+    fn recurrent_head(ctx: &Ctx<'_>, norm: &Normed<'_>, scr: &mut Scratch, row0: usize, len: usize, h: usize, s: &mut [f32], yh: &mut [f32]) {
+        let (dk, dv) = (ctx.p.k_head_dim, ctx.p.v_head_dim);
+        let Scratch { vk: kv, uw: delta, .. } = scr;
+        let (kv, delta) = (&mut kv[..dv], &mut delta[..dv]);
+        // Token 0's decay and Sᵀk.
+        let (g, mut beta) = ctx.g_beta(row0, h);
+        let (eg, k0) = (g.exp(), &norm.k(0)[..dk]);
         kv.fill(0.0);
-        for (sr, &kc) in s.chunks_mut(dv).zip(kn.iter()) {
+        for (sr, &kc) in s.chunks_mut(dv).zip(k0) {
             sr.iter_mut().zip(kv.iter_mut()).for_each(|(s, acc)| {
                 *s *= eg;
                 *acc += kc * *s;
             });
         }
-        // delta = (v - Sᵀk)·beta; S += k ⊗ delta; o = Sᵀq.
-        kv.iter_mut()
-            .zip(ctx.v_row(row, h))
-            .for_each(|(d, v)| *d = (v - *d) * beta);
-        let o = &mut yh[t * dv..(t + 1) * dv];
-        o.fill(0.0);
-        for ((sr, &kc), &qc) in s.chunks_mut(dv).zip(kn.iter()).zip(qn.iter()) {
-            sr.iter_mut()
-                .zip(kv.iter())
-                .zip(o.iter_mut())
-                .for_each(|((s, d), o)| {
-                    *s += kc * d;
-                    *o += qc * *s;
+        for t in 0..len {
+            // delta = (v − Sᵀk)·beta; S += k ⊗ delta; o = Sᵀq.
+            delta.iter_mut().zip(ctx.v_row(row0 + t, h)).zip(kv.iter()).for_each(|((d, v), kv)| *d = (v - kv) * beta);
+            let (k, q) = (&norm.k(t)[..dk], &norm.q(t)[..dk]);
+            let o = &mut yh[t * dv..(t + 1) * dv];
+            o.fill(0.0);
+            if t + 1 == len {
+                for ((sr, &kc), &qc) in s.chunks_mut(dv).zip(k).zip(q) {
+                    sr.iter_mut().zip(delta.iter()).zip(o.iter_mut()).for_each(|((s, d), o)| {
+                        *s += kc * d;
+                        *o += qc * *s;
+                    });
+                }
+                break;
+            }
+            // ... and the next token's S *= exp(g), kv = Sᵀk in the same pass.
+            let (g, b) = ctx.g_beta(row0 + t + 1, h);
+            beta = b;
+            let (eg, kn) = (g.exp(), &norm.k(t + 1)[..dk]);
+            kv.fill(0.0);
+            for (((sr, &kc), &qc), &kc1) in s.chunks_mut(dv).zip(k).zip(q).zip(kn) {
+                sr.iter_mut().zip(delta.iter()).zip(o.iter_mut()).zip(kv.iter_mut()).for_each(|(((s, d), o), acc)| {
+                    let v = *s + kc * d;
+                    *o += qc * v;
+                    let v = v * eg;
+                    *s = v;
+                    *acc += kc1 * v;
                 });
+            }
         }
     }
 }
 
-/// One chunk of `c` tokens of v head `h` from row `r0`: writes the first `c`
-/// rows of `yh` (`[.., dv]`) and advances `s` (`[dk, dv]`).
-#[allow(clippy::too_many_arguments)]
-fn chunk(
-    ctx: &Ctx<'_>,
-    scr: &mut Scratch,
-    r0: usize,
-    c: usize,
-    h: usize,
-    s: &mut [f32],
-    yh: &mut [f32],
-) {
-    let (dk, dv, ld) = (ctx.p.k_head_dim, ctx.p.v_head_dim, scr.cap);
-    let Scratch {
-        qn,
-        kn,
-        kbe,
-        w,
-        vb,
-        u,
-        gc,
-        beta,
-        amat,
-        tmat,
-        qk,
-        ..
-    } = scr;
-    let mut acc = 0f64;
-    for i in 0..c {
-        let (g, b) = ctx.token(r0 + i, h, &mut qn[i * dk..], &mut kn[i * dk..]);
-        acc += g as f64;
-        gc[i] = acc;
-        beta[i] = b;
-        let e = (acc.exp() as f32) * b;
-        vb[i * dv..(i + 1) * dv]
-            .iter_mut()
-            .zip(ctx.v_row(r0 + i, h))
-            .for_each(|(o, v)| *o = v * b);
-        kbe[i * dk..(i + 1) * dk]
-            .iter_mut()
-            .zip(&kn[i * dk..(i + 1) * dk])
-            .for_each(|(o, k)| *o = k * e);
-    }
-    let gc = &gc[..c];
+simd_fn! {
+    /// Chunk `t0..t0 + c` of the sequence starting at `row0`, v head `h`:
+    /// writes the first `c` rows of `yh` (`[.., dv]`) and advances `s` (`[dk, dv]`).
+    /// Four matrix products: `[k; q]·kᵀ`, `T·[v·beta | k·beta·exp(gc)]`,
+    /// `[W; q]·S` and `[QK; kᵀ·exp(gc_last − gc)]·v_new`.
+    #[allow(clippy::too_many_arguments)]
+    fn chunk(ctx: &Ctx<'_>, norm: &Normed<'_>, scr: &mut Scratch, row0: usize, t0: usize, c: usize, h: usize, s: &mut [f32], yh: &mut [f32]) {
+        let (dk, dv, ld, kw) = (ctx.p.k_head_dim, ctx.p.v_head_dim, scr.cap, norm.width);
+        let dvk = dv + dk;
+        let Scratch { kq, vk, uw, wq, p, vn, att, r, tmat, dm, col, gc, beta, .. } = scr;
+        let (qv, kv) = (norm.q(t0), norm.k(t0));
+        let mut acc = 0f64;
+        for i in 0..c {
+            let (g, b) = ctx.g_beta(row0 + t0 + i, h);
+            acc += g as f64;
+            (gc[i], beta[i]) = (acc, b);
+            let (k, q) = (&kv[i * kw..i * kw + dk], &qv[i * kw..i * kw + dk]);
+            kq[i * dk..(i + 1) * dk].copy_from_slice(k);
+            kq[(c + i) * dk..(c + i + 1) * dk].copy_from_slice(q);
+            wq[(c + i) * dk..(c + i + 1) * dk].copy_from_slice(q);
+            let e = (acc.exp() as f32) * b;
+            let (vb, ke) = vk[i * dvk..(i + 1) * dvk].split_at_mut(dv);
+            vb.iter_mut().zip(ctx.v_row(row0 + t0 + i, h)).for_each(|(o, v)| *o = v * b);
+            ke.iter_mut().zip(k).for_each(|(o, k)| *o = k * e);
+        }
+        let gc = &gc[..c];
+        decay_lower(gc, dm, ld, col);
 
-    // A'[i, j] = beta_i (k_i·k_j) exp(gc_i − gc_j), j < i.
-    matmul(
-        c,
-        c,
-        dk,
-        amat,
-        ld,
-        None,
-        View::rows(kn, dk),
-        View::t(kn, dk),
-        1.0,
-        1,
-    );
-    for i in 1..c {
-        let (gi, bi) = (gc[i], beta[i]);
-        amat[i * ld..i * ld + i]
-            .iter_mut()
-            .zip(gc)
-            .for_each(|(v, &gj)| *v *= bi * exp_fast((gi - gj) as f32));
-    }
-    // T = (I + A')⁻¹: row i = e_i − Σ_{j<i} A'[i, j]·T[j, :].
-    for i in 0..c {
-        let (done, cur) = tmat.split_at_mut(i * ld);
-        let ti = &mut cur[..c];
-        ti.fill(0.0);
-        ti[i] = 1.0;
-        for j in 0..i {
-            let f = amat[i * ld + j];
-            if f != 0.0 {
-                axpy(&mut ti[..=j], -f, &done[j * ld..j * ld + j + 1]);
+        // Rows 0..c: k·kᵀ, made A'[i, j] = beta_i (k_i·k_j) exp(gc_i − gc_j), j < i;
+        // rows c..2c: q·kᵀ, made causal and decayed.
+        matmul(2 * c, c, dk, att, ld, None, View::rows(kq, dk), View::t(kq, dk), 1.0, 1);
+        for i in 0..c {
+            let bi = beta[i];
+            att[i * ld..i * ld + i].iter_mut().zip(&dm[i * ld..]).for_each(|(v, d)| *v *= bi * d);
+            let (low, high) = att[(c + i) * ld..(c + i) * ld + c].split_at_mut(i + 1);
+            low.iter_mut().zip(&dm[i * ld..]).for_each(|(v, d)| *v *= d);
+            high.fill(0.0);
+        }
+        // T = (I + A')⁻¹: row i = e_i − Σ_{j<i} A'[i, j]·T[j, :].
+        for i in 0..c {
+            let (done, cur) = tmat.split_at_mut(i * ld);
+            let ti = &mut cur[..c];
+            ti.fill(0.0);
+            ti[i] = 1.0;
+            for j in 0..i {
+                let f = att[i * ld + j];
+                if f != 0.0 {
+                    axpy(&mut ti[..=j], -f, &done[j * ld..j * ld + j + 1]);
+                }
             }
         }
+        // [U | W] = T·[v·beta | k·beta·exp(gc)].
+        matmul(c, dvk, c, uw, dvk, None, View::rows(tmat, ld), View::rows(vk, dvk), 1.0, 1);
+        for i in 0..c {
+            wq[i * dk..(i + 1) * dk].copy_from_slice(&uw[i * dvk + dv..(i + 1) * dvk]);
+        }
+        // [W; q]·S; v_new = U − W·S; o = exp(gc)·(q·S).
+        matmul(2 * c, dv, dk, p, dv, None, View::rows(wq, dk), View::rows(s, dv), 1.0, 1);
+        for i in 0..c {
+            vn[i * dv..(i + 1) * dv].iter_mut().zip(&uw[i * dvk..i * dvk + dv]).zip(&p[i * dv..]).for_each(|((o, u), p)| *o = u - p);
+            let e = gc[i].exp() as f32;
+            yh[i * dv..(i + 1) * dv].iter_mut().zip(&p[(c + i) * dv..]).for_each(|(o, p)| *o = e * p);
+        }
+        // Rows 2c..2c+dk of att: kᵀ·exp(gc_last − gc), then [QK; that]·v_new.
+        let last = gc[c - 1];
+        for (i, &gi) in gc.iter().enumerate() {
+            let e = (last - gi).exp() as f32;
+            for (d, &k) in kq[i * dk..(i + 1) * dk].iter().enumerate() {
+                att[(2 * c + d) * ld + i] = k * e;
+            }
+        }
+        matmul(c + dk, dv, c, r, dv, None, View::rows(&att[c * ld..], ld), View::rows(vn, dv), 1.0, 1);
+        yh[..c * dv].iter_mut().zip(&r[..c * dv]).for_each(|(o, r)| *o += r);
+        let el = last.exp() as f32;
+        s[..dk * dv].iter_mut().zip(&r[c * dv..(c + dk) * dv]).for_each(|(s, r)| *s = el * *s + r);
     }
-    // U = T·(v·beta), W = T·(k·beta·exp(gc)).
-    matmul(
-        c,
-        dv,
-        c,
-        u,
-        dv,
-        None,
-        View::rows(tmat, ld),
-        View::rows(vb, dv),
-        1.0,
-        1,
-    );
-    matmul(
-        c,
-        dk,
-        c,
-        w,
-        dk,
-        None,
-        View::rows(tmat, ld),
-        View::rows(kbe, dk),
-        1.0,
-        1,
-    );
-    // Causal, decayed q·kᵀ.
-    matmul(
-        c,
-        c,
-        dk,
-        qk,
-        ld,
-        None,
-        View::rows(qn, dk),
-        View::t(kn, dk),
-        1.0,
-        1,
-    );
-    for i in 0..c {
-        let gi = gc[i];
-        let (low, high) = qk[i * ld..i * ld + c].split_at_mut(i + 1);
-        low.iter_mut()
-            .zip(gc)
-            .for_each(|(v, &gj)| *v *= exp_fast((gi - gj) as f32));
-        high.fill(0.0);
-    }
-    // v_new = U − W·S.
-    matmul(
-        c,
-        dv,
-        dk,
-        u,
-        dv,
-        Some(1.0),
-        View::rows(w, dk),
-        View::rows(s, dv),
-        -1.0,
-        1,
-    );
-    // o = (q·exp(gc))·S + QK·v_new.
-    for (qr, &gi) in qn.chunks_mut(dk).zip(gc) {
-        let e = gi.exp() as f32;
-        qr.iter_mut().for_each(|v| *v *= e);
-    }
-    matmul(
-        c,
-        dv,
-        dk,
-        yh,
-        dv,
-        None,
-        View::rows(qn, dk),
-        View::rows(s, dv),
-        1.0,
-        1,
-    );
-    matmul(
-        c,
-        dv,
-        c,
-        yh,
-        dv,
-        Some(1.0),
-        View::rows(qk, ld),
-        View::rows(u, dv),
-        1.0,
-        1,
-    );
-    // S = exp(gc_last)·S + (k·exp(gc_last − gc))ᵀ·v_new.
-    let last = gc[c - 1];
-    for (kr, &gi) in kn.chunks_mut(dk).zip(gc) {
-        let e = (last - gi).exp() as f32;
-        kr.iter_mut().for_each(|v| *v *= e);
-    }
-    matmul(
-        dk,
-        dv,
-        c,
-        s,
-        dv,
-        Some(last.exp() as f32),
-        View::t(kn, dk),
-        View::rows(u, dv),
-        1.0,
-        1,
-    );
 }

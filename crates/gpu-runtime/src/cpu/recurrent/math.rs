@@ -1,5 +1,91 @@
-//! Helpers of the recurrent kernels: activations, a vectorisable `exp`, and
-//! a safe strided GEMM on top of the `gemm` crate.
+//! Helpers of the recurrent kernels: activations, a vectorisable `exp`, the
+//! decay matrix of a chunk, a safe strided GEMM on top of the `gemm` crate,
+//! and [`simd_fn`] to compile the elementwise loops for AVX2.
+
+/// Defines a function whose body is compiled twice: for the build's baseline
+/// target and with AVX2+FMA, which it runs when the CPU has them (the crate
+/// is built for baseline x86-64, where loops vectorise to 4-lane SSE2 only).
+/// Functions return `()`; arguments are plain identifiers.
+macro_rules! simd_fn {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) {
+            $(#[$m])*
+            #[inline(always)]
+            fn imp($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                $(#[$m])*
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    imp($($arg),*)
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the running CPU has the features `avx2` is compiled for.
+                    unsafe { avx2($($arg),*) };
+                    return;
+                }
+            }
+            imp($($arg),*)
+        }
+    };
+}
+pub(super) use simd_fn;
+
+/// Side of the sub-blocks through which [`decay_lower`] factorises.
+const SUB: usize = 16;
+
+/// Most tokens of one sequence processed per pass of the scans: their
+/// per-call buffers hold this many rows, whatever the sequence's length.
+pub(super) const SPAN: usize = 256;
+
+thread_local! {
+    static POOL: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Buffers a thread keeps for reuse, and the largest kept (f32s): at most
+/// 16 MiB per thread stays allocated between calls.
+const POOL_BUFFERS: usize = 4;
+const POOL_MAX_LEN: usize = 1 << 20;
+
+/// A zeroed f32 buffer whose storage is reused across calls (kept per
+/// thread, a few at a time), so that the scans' per-call buffers do not
+/// fault in fresh pages on every call.
+pub(super) struct Buf(Vec<f32>);
+
+impl Buf {
+    pub fn zeroed(n: usize) -> Self {
+        let mut v = POOL.with(|p| p.borrow_mut().pop()).unwrap_or_default();
+        v.clear();
+        v.resize(n, 0.0);
+        Buf(v)
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.0);
+        POOL.with(|p| {
+            let mut p = p.borrow_mut();
+            if p.len() < POOL_BUFFERS && v.capacity() <= POOL_MAX_LEN {
+                p.push(v);
+            }
+        });
+    }
+}
+
+impl std::ops::Deref for Buf {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Buf {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.0
+    }
+}
 
 /// torch `softplus` (beta 1, threshold 20).
 #[inline]
@@ -35,7 +121,7 @@ pub(super) fn exp_fast(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
     let ni = t.to_bits() as i32 - MAGIC.to_bits() as i32;
     let scale = f32::from_bits(((ni + 127) << 23) as u32);
@@ -142,9 +228,57 @@ pub(super) fn matmul(
 }
 
 /// `y += a * x`.
-#[inline]
+#[inline(always)]
 pub(super) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     y.iter_mut().zip(x).for_each(|(y, x)| *y += a * x);
+}
+
+/// f32 dot product with independent accumulators (vectorises).
+#[inline(always)]
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut acc = [0f32; LANES];
+    let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+simd_fn! {
+    /// The decay matrix of a chunk: for `t < cum.len()`, row `t` of `out`
+    /// (rows `ld` apart) gets `exp(cum_t − cum_s)` at `s ≤ t`; entries right of
+    /// `t` are left alone. `col` holds `cum.len()` scratch values.
+    ///
+    /// Away from the diagonal this is `exp(cum_t − cum_e)·exp(cum_e − cum_s)`
+    /// with `e` the end of `s`'s sub-block of [`SUB`]: two factors in (0, 1], so
+    /// nothing overflows, and one exp per row and sub-block instead of one per
+    /// entry. Differences are taken in f64.
+    pub(super) fn decay_lower(cum: &[f64], out: &mut [f32], ld: usize, col: &mut [f32]) {
+        let q = cum.len();
+        for (s, c) in col[..q].iter_mut().enumerate() {
+            let e = ((s / SUB + 1) * SUB).min(q) - 1;
+            *c = exp_fast((cum[e] - cum[s]) as f32);
+        }
+        for (t, &ct) in cum.iter().enumerate() {
+            let tb = t / SUB * SUB;
+            let row = &mut out[t * ld..t * ld + t + 1];
+            let (far, near) = row.split_at_mut(tb);
+            for (jb, (o, c)) in far.chunks_mut(SUB).zip(col.chunks(SUB)).enumerate() {
+                let u = exp_fast((ct - cum[jb * SUB + SUB - 1]) as f32);
+                o.iter_mut().zip(c).for_each(|(o, c)| *o = u * c);
+            }
+            near.iter_mut().zip(&cum[tb..]).for_each(|(o, &cs)| *o = exp_fast((ct - cs) as f32));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -164,6 +298,37 @@ mod tests {
         }
         assert_eq!(exp_fast(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_fast(0.0), 1.0);
+    }
+
+    #[test]
+    fn decay_lower_matches_direct_exp() {
+        let q = 53;
+        let mut acc = 0f64;
+        let cum: Vec<f64> = (0..q)
+            .map(|i| {
+                acc -= [0.01, 3.0, 0.5, 20.0][i % 4];
+                acc
+            })
+            .collect();
+        let (mut out, mut col) = (vec![-1.0f32; q * q], vec![0.0; q]);
+        decay_lower(&cum, &mut out, q, &mut col);
+        for t in 0..q {
+            for s in 0..q {
+                let got = out[t * q + s];
+                if s > t {
+                    assert_eq!(got, -1.0);
+                } else {
+                    // An f32 exponent d carries |d|·2^-24 of rounding.
+                    let d = cum[t] - cum[s];
+                    let want = d.exp();
+                    let tol = 3e-7 * (1.0 + d.abs()) * want + 1e-37;
+                    assert!(
+                        (got as f64 - want).abs() <= tol,
+                        "({t}, {s}): {got} vs {want}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -8,18 +8,18 @@
 //! - `y_t = exp(cum_t)·C_t·S + Σ_{s≤t} (C_t·B_s)·exp(cum_t − cum_s)·dt_s·x_s + D·x_t`
 //! - `S ← exp(cum_last)·S + Σ_s exp(cum_last − cum_s)·dt_s·x_s ⊗ B_s`
 //!
-//! `C·Bᵀ` is computed once per group and chunk (heads of a group share it);
-//! only its lower block-triangle is formed, in row blocks of [`BLOCK`].
+//! `C·Bᵀ` is computed once per group and chunk (heads of a group share it).
 
 use rayon::prelude::*;
 
-use super::math::{View, exp_fast, matmul, softplus};
+use super::math::{Buf, SPAN, View, decay_lower, matmul, simd_fn, softplus};
 use super::{Mode, SeqIo};
-use crate::cpu::kernels::dot_f32;
 use crate::ops::recurrent::SsdParams;
 
-/// Rows per block of the lower-triangular products inside a chunk.
-const BLOCK: usize = 64;
+/// Most tokens per chunk of the chunked form (`chunk_size` may lower it):
+/// the work per token grows with the chunk, so this is as short as keeps
+/// the matrix products efficient. The result does not depend on it.
+const MAX_CHUNK: usize = 64;
 
 /// The operands of one call, read-only, with the per-head parameters widened.
 pub(super) struct Ctx<'a> {
@@ -65,45 +65,66 @@ pub(super) fn scan_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode) {
     if len == 0 {
         return;
     }
-    // Head-major output [nh, len, hp], so each head writes a contiguous piece.
-    let mut ys = vec![0f32; nh * len * hp];
-    if len == 1 || mode == Mode::Recurrent {
-        io.state
-            .par_chunks_mut(hp * n)
-            .zip(ys.par_chunks_mut(len * hp))
+    let recurrent = len == 1 || mode == Mode::Recurrent;
+    let span = SPAN.min(len);
+    // Head-major output [nh, span, hp], so each head writes a contiguous piece.
+    let mut ys = Buf::zeroed(nh * span * hp);
+    for s0 in (0..len).step_by(span) {
+        let sl = span.min(len - s0);
+        let ys = &mut ys[..nh * sl * hp];
+        if recurrent {
+            io.state
+                .par_chunks_mut(hp * n)
+                .zip(ys.par_chunks_mut(sl * hp))
+                .enumerate()
+                .for_each(|(h, (s, yh))| recurrent_head(ctx, row0 + s0, sl, h, s, yh));
+        } else {
+            chunked(ctx, row0 + s0, sl, io.state, ys);
+        }
+        let ys = &*ys;
+        io.out[s0 * nh * hp..(s0 + sl) * nh * hp]
+            .par_chunks_mut(nh * hp)
             .enumerate()
-            .for_each(|(h, (s, yh))| recurrent_head(ctx, row0, len, h, s, yh));
-    } else {
-        chunked(ctx, row0, len, io.state, &mut ys);
+            .for_each(|(t, row)| {
+                for (h, dst) in row.chunks_mut(hp).enumerate() {
+                    dst.copy_from_slice(&ys[(h * sl + t) * hp..(h * sl + t + 1) * hp]);
+                }
+            });
     }
-    let ys = &ys;
-    io.out
-        .par_chunks_mut(nh * hp)
-        .enumerate()
-        .for_each(|(t, row)| {
-            for (h, dst) in row.chunks_mut(hp).enumerate() {
-                dst.copy_from_slice(&ys[(h * len + t) * hp..(h * len + t + 1) * hp]);
-            }
-        });
 }
 
-/// The per-token recurrence of head `h` over rows `row0..row0 + len`.
-fn recurrent_head(ctx: &Ctx<'_>, row0: usize, len: usize, h: usize, s: &mut [f32], yh: &mut [f32]) {
-    let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
-    let (width, bc, g) = (ctx.width(), ctx.bc_width(), ctx.group(h));
-    for t in 0..len {
-        let row = row0 + t;
-        let dt = ctx.dt(row, h);
-        let da = (dt * ctx.neg_a[h]).exp();
-        let x = &ctx.x[row * width + h * hp..][..hp];
-        let b = &ctx.b[row * bc + g * n..][..n];
-        let c = &ctx.c[row * bc + g * n..][..n];
-        for ((sp, &xp), y) in s.chunks_mut(n).zip(x).zip(&mut yh[t * hp..(t + 1) * hp]) {
-            let xdt = xp * dt;
-            sp.iter_mut()
-                .zip(b)
-                .for_each(|(s, b)| *s = *s * da + xdt * b);
-            *y = dot_f32(sp, c) + ctx.d[h] * xp;
+simd_fn! {
+    /// The per-token recurrence of head `h` over rows `row0..row0 + len`.
+    fn recurrent_head(ctx: &Ctx<'_>, row0: usize, len: usize, h: usize, s: &mut [f32], yh: &mut [f32]) {
+        let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
+        let (width, bc, g) = (ctx.width(), ctx.bc_width(), ctx.group(h));
+        for t in 0..len {
+            let row = row0 + t;
+            let dt = ctx.dt(row, h);
+            let da = (dt * ctx.neg_a[h]).exp();
+            let x = &ctx.x[row * width + h * hp..][..hp];
+            let b = &ctx.b[row * bc + g * n..][..n];
+            let c = &ctx.c[row * bc + g * n..][..n];
+            for ((sp, &xp), y) in s.chunks_mut(n).zip(x).zip(&mut yh[t * hp..(t + 1) * hp]) {
+                // s = s·exp(dt·A) + dt·x·B and y = s·C in one pass, 16 lanes wide.
+                let xdt = xp * dt;
+                let mut acc = [0f32; 16];
+                let (sc, st) = sp.as_chunks_mut::<16>();
+                let ((bc, bt), (cc, ct)) = (b.as_chunks::<16>(), c.as_chunks::<16>());
+                for ((sv, bv), cv) in sc.iter_mut().zip(bc).zip(cc) {
+                    for l in 0..16 {
+                        let v = sv[l] * da + xdt * bv[l];
+                        sv[l] = v;
+                        acc[l] += v * cv[l];
+                    }
+                }
+                let mut tail = 0f32;
+                for ((sv, bv), cv) in st.iter_mut().zip(bt).zip(ct) {
+                    *sv = *sv * da + xdt * bv;
+                    tail += *sv * cv;
+                }
+                *y = acc.iter().sum::<f32>() + tail + ctx.d[h] * xp;
+            }
         }
     }
 }
@@ -115,6 +136,7 @@ struct Scratch {
     m: Vec<f32>,
     /// `[cap, d_state]`: B rows weighted for the state update.
     bw: Vec<f32>,
+    col: Vec<f32>,
 }
 
 impl Scratch {
@@ -123,6 +145,7 @@ impl Scratch {
             cum: vec![0.0; cap],
             m: vec![0.0; cap * cap],
             bw: vec![0.0; cap * n],
+            col: vec![0.0; cap],
         }
     }
 }
@@ -137,35 +160,26 @@ fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [
         ..
     } = ctx.p;
     let bc = ctx.bc_width();
-    let cap = chunk_size.min(len);
-    let mut dts = vec![0f32; nh * len];
+    let cap = chunk_size.min(MAX_CHUNK).min(len);
+    let mut dts = Buf::zeroed(nh * len);
     dts.par_chunks_mut(len).enumerate().for_each(|(h, d)| {
         d.iter_mut()
             .enumerate()
             .for_each(|(t, v)| *v = ctx.dt(row0 + t, h))
     });
-    let mut gram = vec![0f32; ng * cap * cap];
+    let mut gram = Buf::zeroed(ng * cap * cap);
     for c0 in (0..len).step_by(cap) {
         let q = cap.min(len - c0);
         let r0 = row0 + c0;
-        // G = C·Bᵀ per group: row block [i0, i1) needs columns 0..i1 only.
+        // G = C·Bᵀ per group (heads of a group share it).
         gram.par_chunks_mut(cap * cap)
             .enumerate()
             .for_each(|(g, gm)| {
-                gm.par_chunks_mut(BLOCK * cap)
-                    .enumerate()
-                    .for_each(|(blk, rows)| {
-                        let i0 = blk * BLOCK;
-                        if i0 >= q {
-                            return;
-                        }
-                        let i1 = (i0 + BLOCK).min(q);
-                        let cv = View::rows(&ctx.c[(r0 + i0) * bc + g * n..], bc);
-                        let bt = View::t(&ctx.b[r0 * bc + g * n..], bc);
-                        matmul(i1 - i0, i1, n, rows, cap, None, cv, bt, 1.0, 1);
-                    })
+                let cv = View::rows(&ctx.c[r0 * bc + g * n..], bc);
+                let bt = View::t(&ctx.b[r0 * bc + g * n..], bc);
+                matmul(q, q, n, gm, cap, None, cv, bt, 1.0, 1);
             });
-        let (gram, dts) = (&gram, &dts);
+        let (gram, dts) = (&*gram, &*dts);
         state
             .par_chunks_mut(hp * n)
             .zip(ys.par_chunks_mut(len * hp))
@@ -192,109 +206,54 @@ fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [
     }
 }
 
-/// One chunk of head `h` (rows `r0..r0 + dt.len()`): writes `yh` (`[q, hp]`)
-/// and advances `s` (`[hp, n]`). `gm` is the group's `C·Bᵀ`, rows `ld` apart.
-#[allow(clippy::too_many_arguments)]
-fn head_chunk(
-    ctx: &Ctx<'_>,
-    scr: &mut Scratch,
-    gm: &[f32],
-    ld: usize,
-    h: usize,
-    r0: usize,
-    dt: &[f32],
-    s: &mut [f32],
-    yh: &mut [f32],
-) {
-    let (hp, n, q) = (ctx.p.head_dim, ctx.p.d_state, dt.len());
-    let (width, bc, g) = (ctx.width(), ctx.bc_width(), ctx.group(h));
-    let a = ctx.neg_a[h];
-    let mut acc = 0f64;
-    for (cu, &d) in scr.cum.iter_mut().zip(dt) {
-        acc += (d * a) as f64;
-        *cu = acc;
-    }
-    let cum = &scr.cum[..q];
-    let xv = &ctx.x[r0 * width + h * hp..];
-    let cv = &ctx.c[r0 * bc + g * n..];
-    let bv = &ctx.b[r0 * bc + g * n..];
+simd_fn! {
+    /// One chunk of head `h` (rows `r0..r0 + dt.len()`): writes `yh` (`[q, hp]`)
+    /// and advances `s` (`[hp, n]`). `gm` is the group's `C·Bᵀ`, rows `ld` apart.
+    #[allow(clippy::too_many_arguments)]
+    fn head_chunk(ctx: &Ctx<'_>, scr: &mut Scratch, gm: &[f32], ld: usize, h: usize, r0: usize, dt: &[f32], s: &mut [f32], yh: &mut [f32]) {
+        let (hp, n, q) = (ctx.p.head_dim, ctx.p.d_state, dt.len());
+        let (width, bc, g) = (ctx.width(), ctx.bc_width(), ctx.group(h));
+        let a = ctx.neg_a[h];
+        let mut acc = 0f64;
+        for (cu, &d) in scr.cum.iter_mut().zip(dt) {
+            acc += (d * a) as f64;
+            *cu = acc;
+        }
+        let cum = &scr.cum[..q];
+        let xv = &ctx.x[r0 * width + h * hp..];
+        let cv = &ctx.c[r0 * bc + g * n..];
+        let bv = &ctx.b[r0 * bc + g * n..];
 
-    // From the state entering the chunk: y_t = exp(cum_t)·C_t·S (S is [hp, n]).
-    matmul(
-        q,
-        hp,
-        n,
-        yh,
-        hp,
-        None,
-        View::rows(cv, bc),
-        View::t(s, n),
-        1.0,
-        1,
-    );
-    for (yr, &ct) in yh.chunks_mut(hp).zip(cum) {
-        let e = ct.exp() as f32;
-        yr.iter_mut().for_each(|v| *v *= e);
-    }
+        // From the state entering the chunk: y_t = exp(cum_t)·C_t·S (S is [hp, n]).
+        matmul(q, hp, n, yh, hp, None, View::rows(cv, bc), View::t(s, n), 1.0, 1);
+        for (yr, &ct) in yh.chunks_mut(hp).zip(cum) {
+            let e = ct.exp() as f32;
+            yr.iter_mut().for_each(|v| *v *= e);
+        }
 
-    // Within the chunk: M[t, s] = G[t, s]·exp(cum_t − cum_s)·dt_s for s ≤ t,
-    // zero to the end of t's row block; then y += M·x block by block.
-    let m = &mut scr.m;
-    for t in 0..q {
-        let end = ((t / BLOCK + 1) * BLOCK).min(q);
-        let (low, high) = m[t * ld..t * ld + end].split_at_mut(t + 1);
-        let ct = cum[t];
-        low.iter_mut()
-            .zip(cum)
-            .for_each(|(v, &cs)| *v = exp_fast((ct - cs) as f32));
-        low.iter_mut()
-            .zip(&gm[t * ld..])
-            .zip(dt)
-            .for_each(|((v, gv), d)| *v *= gv * d);
-        high.fill(0.0);
-    }
-    for i0 in (0..q).step_by(BLOCK) {
-        let i1 = (i0 + BLOCK).min(q);
-        matmul(
-            i1 - i0,
-            hp,
-            i1,
-            &mut yh[i0 * hp..],
-            hp,
-            Some(1.0),
-            View::rows(&m[i0 * ld..], ld),
-            View::rows(xv, width),
-            1.0,
-            1,
-        );
-    }
+        // Within the chunk: M[t, s] = G[t, s]·exp(cum_t − cum_s)·dt_s for s ≤ t,
+        // zero above; then y += M·x.
+        let m = &mut scr.m;
+        decay_lower(cum, m, ld, &mut scr.col);
+        for t in 0..q {
+            let (low, high) = m[t * ld..t * ld + q].split_at_mut(t + 1);
+            low.iter_mut().zip(&gm[t * ld..]).zip(dt).for_each(|((v, gv), d)| *v *= gv * d);
+            high.fill(0.0);
+        }
+        matmul(q, hp, q, yh, hp, Some(1.0), View::rows(m, ld), View::rows(xv, width), 1.0, 1);
 
-    // Skip connection.
-    let dh = ctx.d[h];
-    for (t, yr) in yh.chunks_mut(hp).enumerate() {
-        yr.iter_mut()
-            .zip(&xv[t * width..t * width + hp])
-            .for_each(|(y, x)| *y += dh * x);
-    }
+        // Skip connection.
+        let dh = ctx.d[h];
+        for (t, yr) in yh.chunks_mut(hp).enumerate() {
+            yr.iter_mut().zip(&xv[t * width..t * width + hp]).for_each(|(y, x)| *y += dh * x);
+        }
 
-    // State: S = exp(cum_last)·S + xᵀ·(B_s·exp(cum_last − cum_s)·dt_s).
-    let last = cum[q - 1];
-    for (i, bw) in scr.bw.chunks_mut(n).take(q).enumerate() {
-        let w = ((last - cum[i]) as f32).exp() * dt[i];
-        bw.iter_mut()
-            .zip(&bv[i * bc..i * bc + n])
-            .for_each(|(o, b)| *o = b * w);
+        // State: S = exp(cum_last)·S + xᵀ·(B_s·exp(cum_last − cum_s)·dt_s).
+        let last = cum[q - 1];
+        for (i, bw) in scr.bw.chunks_mut(n).take(q).enumerate() {
+            let w = ((last - cum[i]) as f32).exp() * dt[i];
+            bw.iter_mut().zip(&bv[i * bc..i * bc + n]).for_each(|(o, b)| *o = b * w);
+        }
+        matmul(hp, n, q, s, n, Some(last.exp() as f32), View::t(xv, width), View::rows(&scr.bw, n), 1.0, 1);
     }
-    matmul(
-        hp,
-        n,
-        q,
-        s,
-        n,
-        Some(last.exp() as f32),
-        View::t(xv, width),
-        View::rows(&scr.bw, n),
-        1.0,
-        1,
-    );
 }
