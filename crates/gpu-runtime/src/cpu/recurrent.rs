@@ -40,7 +40,11 @@ fn need(op: &'static str, s: DeviceSlice, n: usize, what: &str) -> Result<()> {
 
 /// One past the last row any sequence uses.
 fn rows_of(seqs: &[RecurrentSeq]) -> usize {
-    seqs.iter().map(|s| s.row_start + s.len).max().unwrap_or(0)
+    seqs.iter()
+        .filter(|s| s.len > 0)
+        .map(|s| s.row_start + s.len)
+        .max()
+        .unwrap_or(0)
 }
 
 /// One sequence's share of a call: its output rows and its state.

@@ -31,7 +31,9 @@ pub struct SsdParams {
     pub d_state: usize,
     /// B and C are shared by `n_heads / n_groups` consecutive heads.
     pub n_groups: usize,
-    /// Tokens per chunk of the chunked (matrix) form; HF `chunk_size`.
+    /// Most tokens per chunk of the chunked (matrix) form; HF `chunk_size`.
+    /// Chunking changes only rounding, so a backend may use shorter chunks
+    /// where they are faster (the CPU backend uses at most 64).
     pub chunk_size: usize,
     /// dt is clamped to `[dt_min, dt_max]` after the softplus: HF's
     /// `time_step_limit` (default `(0, inf)`). Not the `time_step_min/max`
@@ -56,7 +58,9 @@ pub struct DeltaParams {
     pub n_v_heads: usize,
     pub k_head_dim: usize,
     pub v_head_dim: usize,
-    /// Tokens per chunk of the chunked form (HF uses 64).
+    /// Most tokens per chunk of the chunked form (HF uses 64). As for
+    /// [`SsdParams::chunk_size`], a backend may use shorter chunks (the CPU
+    /// backend uses at most 16).
     pub chunk_size: usize,
 }
 
