@@ -8,6 +8,7 @@ pub mod loader;
 
 pub use error::EngineError;
 pub mod cache;
+pub mod engine;
 pub mod model;
 pub mod chat;
 pub mod sampling;

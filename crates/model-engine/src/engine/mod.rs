@@ -1,0 +1,375 @@
+//! The engine loop: continuous batching over a [`TransformerModel`].
+//!
+//! Requests join ([`Engine::add_request`]) and leave (finished, failed or
+//! [`Engine::cancel`]led) between steps. Each [`Engine::step`] runs one batched
+//! forward pass under a token budget: running decodes first, then chunks of
+//! prompts being prefilled, then new requests as the memory plan admits them
+//! (see `scheduler.rs`). A request that does not fit yet waits in the queue; one
+//! that can never fit is rejected by `add_request` with an error that says why.
+//! Whenever a request leaves, its KV blocks and SSM slot are freed at once.
+
+mod request;
+mod scheduler;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+
+pub use request::{Event, RequestId, Usage};
+
+use crate::error::{EngineError, Result};
+use crate::model::{Logits, Step, TransformerModel};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::Tokenizer;
+use request::Request;
+use scheduler::Scheduled;
+
+/// How the engine batches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Most tokens one step feeds the model, decodes and prefill chunks
+    /// together; 0 (or more than the model's `max_batch_tokens`) means the
+    /// model's `max_batch_tokens`.
+    pub step_tokens: usize,
+    /// Most prompt tokens of one request per step (chunked prefill); 0: only
+    /// the step's budget limits a chunk.
+    pub prefill_chunk: usize,
+}
+
+/// Counters since the engine started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Forward steps run.
+    pub steps: u64,
+    /// Tokens fed to the model (prompts, recomputed tokens and decodes).
+    pub tokens_fed: u64,
+    /// Tokens sampled.
+    pub tokens_generated: u64,
+    /// Requests preempted for lack of KV blocks (recomputed later).
+    pub preemptions: u64,
+}
+
+/// A model serving many requests at once.
+pub struct Engine {
+    model: TransformerModel,
+    tokenizer: Option<Tokenizer>,
+    eos_ids: Vec<u32>,
+    config: EngineConfig,
+    /// Whether the model has attention layers (KV blocks to plan for).
+    paged: bool,
+    next_id: u64,
+    /// Requests without a sequence, oldest first.
+    waiting: VecDeque<Request>,
+    /// Requests with a sequence, oldest first.
+    running: Vec<Request>,
+    stats: EngineStats,
+}
+
+impl Engine {
+    /// An engine over `model`. With a tokenizer, events carry text, stop
+    /// strings work and its EOS ids end generation; without one, only token
+    /// ids are reported and the config's EOS ids are used.
+    pub fn new(
+        model: TransformerModel,
+        tokenizer: Option<Tokenizer>,
+        config: EngineConfig,
+    ) -> Self {
+        let eos_ids = match &tokenizer {
+            Some(t) if !t.eos_ids().is_empty() => t.eos_ids().to_vec(),
+            _ => model.config().eos_token_ids.clone(),
+        };
+        let paged = model.config().attention_layers().next().is_some();
+        Self {
+            model,
+            tokenizer,
+            eos_ids,
+            config,
+            paged,
+            next_id: 0,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            stats: EngineStats::default(),
+        }
+    }
+
+    pub fn model(&self) -> &TransformerModel {
+        &self.model
+    }
+
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    /// The ids that end generation (unless a request ignores EOS).
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    /// Tokens one step feeds at most.
+    pub fn step_tokens(&self) -> usize {
+        let max = self.model.options().max_batch_tokens;
+        match self.config.step_tokens {
+            0 => max,
+            n => n.min(max),
+        }
+    }
+
+    /// The longest sequence (prompt plus output) a request may have: the
+    /// model's `max_position_embeddings`, and the whole KV cache for models
+    /// with attention layers.
+    pub fn context_limit(&self) -> usize {
+        let positions = self.model.config().max_position_embeddings;
+        if !self.paged {
+            return positions;
+        }
+        let kv = self.model.kv_cache();
+        positions.min(kv.num_blocks() * kv.block_size())
+    }
+
+    /// Requests waiting for memory.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Requests holding a sequence.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_unfinished(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Whether `id` is waiting or running.
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.running.iter().chain(&self.waiting).any(|r| r.id == id)
+    }
+
+    /// Queues a request. Fails, queueing nothing, when the prompt is empty
+    /// or holds an id outside the vocabulary, when a parameter is out of
+    /// range, or when the request could never fit: prompt plus `max_tokens`
+    /// beyond [`context_limit`](Self::context_limit), or a model with
+    /// recurrent layers and no SSM slots.
+    pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<RequestId> {
+        let max_new = self.check_request(&prompt, &params)?;
+        let id = RequestId(self.next_id);
+        let request = Request::new(id, prompt, params, max_new, self.tokenizer.as_ref())?;
+        self.next_id += 1;
+        self.waiting.push_back(request);
+        Ok(id)
+    }
+
+    /// Validates a request; returns how many tokens it may generate.
+    fn check_request(&self, prompt: &[u32], params: &SamplingParams) -> Result<usize> {
+        let bad = |msg: String| Err(EngineError::Request(msg));
+        if prompt.is_empty() {
+            return bad("the prompt has no tokens".into());
+        }
+        let vocab = self.model.config().vocab_size;
+        if let Some(id) = prompt.iter().find(|&&id| id as usize >= vocab) {
+            return bad(format!(
+                "prompt token id {id} is outside the vocabulary of {vocab}"
+            ));
+        }
+        params.validate()?;
+        if !params.stop.is_empty() && self.tokenizer.is_none() {
+            return bad("stop strings need a tokenizer; this engine has none".into());
+        }
+        if self.model.ssm_pool().layers() > 0 && self.model.ssm_pool().capacity() == 0 {
+            return bad(
+                "the model has recurrent layers but no SSM state slots (max_seqs is 0)".into(),
+            );
+        }
+        let limit = self.context_limit();
+        let room = limit.saturating_sub(prompt.len());
+        if room == 0 {
+            return bad(format!(
+                "the prompt has {} tokens; {}",
+                prompt.len(),
+                self.limit_reason(limit)
+            ));
+        }
+        match params.max_tokens {
+            Some(n) if n > room => bad(format!(
+                "the prompt ({}) plus max_tokens ({n}) is {} tokens; {}",
+                prompt.len(),
+                prompt.len() + n,
+                self.limit_reason(limit)
+            )),
+            Some(n) => Ok(n),
+            None => Ok(room),
+        }
+    }
+
+    fn limit_reason(&self, limit: usize) -> String {
+        let positions = self.model.config().max_position_embeddings;
+        if limit == positions {
+            format!("the model takes at most {positions} positions (max_position_embeddings)")
+        } else {
+            let kv = self.model.kv_cache();
+            format!(
+                "the whole KV cache holds {limit} tokens ({} blocks of {})",
+                kv.num_blocks(),
+                kv.block_size()
+            )
+        }
+    }
+
+    /// Ends a request at once, freeing its KV blocks and SSM slot. Returns
+    /// whether it was waiting or running.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        if let Some(i) = self.running.iter().position(|r| r.id == id) {
+            self.remove_running(i);
+            true
+        } else if let Some(i) = self.waiting.iter().position(|r| r.id == id) {
+            self.waiting.remove(i);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Runs one batched forward step and samples every request whose
+    /// pending tokens it finished. Returns what happened, in order; nothing
+    /// when there is no work. A failure of the step fails the requests in it
+    /// (`Error` events), not the engine; running out of KV blocks preempts.
+    pub fn step(&mut self) -> Result<Vec<Event>> {
+        let mut events = Vec::new();
+        let plan = self.schedule(&mut events);
+        if plan.is_empty() {
+            return Ok(events);
+        }
+        match self.forward(&plan) {
+            Ok(outputs) => {
+                self.stats.steps += 1;
+                self.stats.tokens_fed += plan.iter().map(|s| s.tokens as u64).sum::<u64>();
+                for (id, logits) in outputs {
+                    if !logits.is_empty() {
+                        self.sample(id, &logits, &mut events);
+                    }
+                }
+            }
+            Err(EngineError::Exhausted { resource, detail }) => {
+                tracing::warn!(
+                    "step ran out of {resource} ({detail}); preempting the youngest request"
+                );
+                self.preempt(self.running.len().saturating_sub(1));
+            }
+            Err(e) => {
+                let message = format!("forward step failed: {e}");
+                for s in &plan {
+                    self.fail(s.id, message.clone(), &mut events);
+                }
+            }
+        }
+        Ok(events)
+    }
+
+    /// The batched forward pass over `plan`; logits per scheduled request
+    /// (empty where it was mid-prefill).
+    fn forward(&mut self, plan: &[Scheduled]) -> Result<Vec<(RequestId, Vec<f32>)>> {
+        let mut steps = Vec::with_capacity(plan.len());
+        let mut ids = Vec::with_capacity(plan.len());
+        for r in self.running.iter_mut() {
+            let Some(s) = plan.iter().find(|s| s.id == r.id) else {
+                continue;
+            };
+            let Request { seq, tokens, .. } = r;
+            let Some(seq) = seq.as_mut() else {
+                continue;
+            };
+            let (start, end) = (seq.position(), seq.position() + s.tokens);
+            let chunk = tokens.get(start..end).ok_or_else(|| {
+                EngineError::Request(format!("{}: scheduled past its tokens", s.id))
+            })?;
+            let logits = if end == tokens.len() {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            steps.push(Step {
+                seq,
+                tokens: chunk,
+                logits,
+            });
+            ids.push(s.id);
+        }
+        let outputs = self.model.forward(&mut steps)?;
+        Ok(ids.into_iter().zip(outputs).collect())
+    }
+
+    /// Samples request `id`'s next token and reports it.
+    fn sample(&mut self, id: RequestId, logits: &[f32], events: &mut Vec<Event>) {
+        let Some(i) = self.running.iter().position(|r| r.id == id) else {
+            return;
+        };
+        let r = &mut self.running[i];
+        let accepted = r
+            .sample(logits)
+            .and_then(|s| r.accept(s.token, &self.eos_ids).map(|a| (s, a)));
+        match accepted {
+            Ok((sampled, accepted)) => {
+                self.stats.tokens_generated += 1;
+                events.push(Event::Token {
+                    id,
+                    token: sampled.token,
+                    text: accepted.text,
+                    logprob: sampled.logprob,
+                });
+                if let Some(reason) = accepted.finish {
+                    events.push(Event::Finished {
+                        id,
+                        reason,
+                        usage: r.usage(),
+                    });
+                    self.remove_running(i);
+                }
+            }
+            Err(e) => self.fail(id, e.to_string(), events),
+        }
+    }
+
+    /// Removes a running request after a failure and reports it.
+    fn fail(&mut self, id: RequestId, message: String, events: &mut Vec<Event>) {
+        if let Some(i) = self.running.iter().position(|r| r.id == id) {
+            self.remove_running(i);
+        }
+        events.push(Event::Error { id, message });
+    }
+
+    fn remove_running(&mut self, index: usize) {
+        let mut r = self.running.remove(index);
+        if let Some(seq) = r.seq.take() {
+            self.model.free_sequence(seq);
+        }
+    }
+
+    /// Drops every request, freeing their sequences.
+    pub fn cancel_all(&mut self) {
+        while !self.running.is_empty() {
+            self.remove_running(self.running.len() - 1);
+        }
+        self.waiting.clear();
+    }
+
+    /// Cancels every request and hands the model back.
+    pub fn into_model(mut self) -> TransformerModel {
+        self.cancel_all();
+        self.model
+    }
+
+    /// Cancels every request and tears the model down (see
+    /// `TransformerModel::shutdown`), reporting any failure.
+    pub fn shutdown(self) -> anyhow::Result<()> {
+        self.into_model().shutdown()
+    }
+}

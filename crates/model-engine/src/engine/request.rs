@@ -1,0 +1,180 @@
+//! One request's state inside the engine, and the events a step reports.
+
+use std::fmt;
+
+use crate::error::Result;
+use crate::model::Sequence;
+use crate::sampling::{Finish, Sampled, Sampler, SamplingParams, StopChecker};
+use crate::tokenizer::{Detokenizer, Tokenizer};
+
+/// A request's id, unique within its engine; a later request has a larger id.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "req#{}", self.0)
+    }
+}
+
+/// Token counts of a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// What a step reports, per request, in the order it happened.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A generated token and the text it lets out. The text may be empty:
+    /// bytes of an unfinished character, or text that may start a stop
+    /// string, are held back until they are settled. The concatenated texts
+    /// of a request are its output, never including a stop string.
+    Token {
+        id: RequestId,
+        token: u32,
+        text: String,
+        logprob: f32,
+    },
+    /// The request ended (after its last `Token`); its KV blocks and SSM
+    /// slot are already free.
+    Finished {
+        id: RequestId,
+        reason: Finish,
+        usage: Usage,
+    },
+    /// The request failed and was removed; its memory is already free.
+    Error { id: RequestId, message: String },
+}
+
+impl Event {
+    /// The request the event is about.
+    pub fn id(&self) -> RequestId {
+        match self {
+            Event::Token { id, .. } | Event::Finished { id, .. } | Event::Error { id, .. } => *id,
+        }
+    }
+}
+
+/// Streaming text of a request: detokenizer, then stop strings.
+struct TextState {
+    detok: Detokenizer,
+    stop: StopChecker,
+}
+
+/// A request in the engine: waiting (no sequence) or running.
+pub(crate) struct Request {
+    pub id: RequestId,
+    /// The prompt, then every generated token.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Most tokens to generate (`max_tokens`, or what the context leaves).
+    pub max_new: usize,
+    pub params: SamplingParams,
+    sampler: Sampler,
+    text: Option<TextState>,
+    /// The model state; `None` while waiting (or after a preemption).
+    pub seq: Option<Sequence>,
+}
+
+/// What accepting a sampled token produced.
+pub(crate) struct Accepted {
+    pub text: String,
+    pub finish: Option<Finish>,
+}
+
+impl Request {
+    pub fn new(
+        id: RequestId,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        max_new: usize,
+        tokenizer: Option<&Tokenizer>,
+    ) -> Result<Self> {
+        let sampler = Sampler::new(&params, prompt.len())?;
+        let text = tokenizer.map(|t| TextState {
+            detok: Detokenizer::with_prompt(t.clone(), &prompt, params.skip_special_tokens),
+            stop: StopChecker::new(&params.stop),
+        });
+        Ok(Self {
+            id,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            max_new,
+            params,
+            sampler,
+            text,
+            seq: None,
+        })
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Tokens the model has processed.
+    pub fn position(&self) -> usize {
+        self.seq.as_ref().map_or(0, Sequence::position)
+    }
+
+    /// KV blocks the request holds.
+    pub fn kv_blocks(&self) -> usize {
+        self.seq.as_ref().map_or(0, Sequence::kv_blocks)
+    }
+
+    /// Tokens still to feed the model before the next token can be sampled.
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.position()
+    }
+
+    pub fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.generated(),
+        }
+    }
+
+    /// Samples the next token from the logits of the last token fed.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<Sampled> {
+        self.sampler.sample(logits, &self.tokens)
+    }
+
+    /// Appends a sampled token; returns the text it lets out and whether
+    /// the request is done (EOS, stop token, length, or a stop string, which
+    /// wins since it cuts the text).
+    pub fn accept(&mut self, token: u32, eos_ids: &[u32]) -> Result<Accepted> {
+        self.tokens.push(token);
+        let n = self.generated();
+        let mut finish = self
+            .params
+            .token_finish(token, eos_ids, n)
+            .or_else(|| (n >= self.max_new).then_some(Finish::Length));
+        let Some(t) = &mut self.text else {
+            return Ok(Accepted {
+                text: String::new(),
+                finish,
+            });
+        };
+        let mut delta = t.detok.step(token)?.unwrap_or_default();
+        if finish.is_some()
+            && let Some(rest) = t.detok.finish()?
+        {
+            delta.push_str(&rest);
+        }
+        let mut out = t.stop.push(&delta);
+        if out.stopped.is_none() && finish.is_some() {
+            let tail = t.stop.finish();
+            out.text.push_str(&tail.text);
+            out.stopped = tail.stopped;
+        }
+        if let Some(stop) = out.stopped {
+            finish = Some(Finish::StopString(stop));
+        }
+        Ok(Accepted {
+            text: out.text,
+            finish,
+        })
+    }
+}

@@ -1,0 +1,268 @@
+//! Scheduler tests on the fixture checkpoints: rejection of requests that can
+//! never fit, waiting for slots and blocks, the step budget, chunked
+//! prefill, preemption when the cache is full, cancellation.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use metrale_gpu_runtime::cpu::CpuBackend;
+use metrale_gpu_runtime::gpu::GpuBackend;
+use metrale_model_weights::loader::WeightDType;
+
+use super::*;
+use crate::model::ModelOptions;
+use crate::sampling::Finish;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+fn options(kv_blocks: usize, max_seqs: usize) -> ModelOptions {
+    ModelOptions {
+        kv_block_size: 4,
+        kv_blocks,
+        max_seqs,
+        max_batch_tokens: 64,
+    }
+}
+
+fn engine(
+    name: &str,
+    options: ModelOptions,
+    config: EngineConfig,
+    tokenizer: bool,
+) -> (Arc<CpuBackend>, Engine) {
+    let cpu = Arc::new(CpuBackend::with_threads(2));
+    let gpu: Arc<dyn GpuBackend> = cpu.clone();
+    let model = TransformerModel::load(
+        &fixture(name),
+        gpu,
+        options,
+        WeightDType::AsStored,
+        &mut |_| {},
+    )
+    .expect("fixture loads");
+    let tok = tokenizer.then(|| Tokenizer::from_dir(fixture(name)).expect("fixture tokenizer"));
+    (cpu, Engine::new(model, tok, config))
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    }
+}
+
+fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| 3 + (i * 37 + salt * 101) % 500)
+        .collect()
+}
+
+/// Steps until idle, checking `each` after every step; the tokens and
+/// finish of every request.
+fn drain(
+    engine: &mut Engine,
+    mut each: impl FnMut(&Engine, &[Event]),
+) -> HashMap<RequestId, (Vec<u32>, Finish)> {
+    let mut out: HashMap<RequestId, (Vec<u32>, Option<Finish>)> = HashMap::new();
+    let mut steps = 0;
+    while engine.has_unfinished() {
+        let events = engine.step().expect("step");
+        each(engine, &events);
+        for e in events {
+            match e {
+                Event::Token { id, token, .. } => out.entry(id).or_default().0.push(token),
+                Event::Finished { id, reason, .. } => out.entry(id).or_default().1 = Some(reason),
+                Event::Error { id, message } => panic!("{id}: {message}"),
+            }
+        }
+        steps += 1;
+        assert!(steps < 10_000, "the engine does not make progress");
+    }
+    out.into_iter()
+        .map(|(id, (t, f))| (id, (t, f.expect("finished"))))
+        .collect()
+}
+
+fn teardown(cpu: &CpuBackend, engine: Engine) {
+    assert_eq!(engine.model().kv_cache().used_blocks(), 0);
+    assert_eq!(engine.model().ssm_pool().in_use(), 0);
+    engine.shutdown().expect("shutdown");
+    assert_eq!(cpu.live_bytes(), 0);
+}
+
+#[test]
+fn rejects_requests_that_can_never_fit() {
+    let (cpu, mut e) = engine("llama", options(8, 2), EngineConfig::default(), false);
+    let err = |r: Result<RequestId>| r.expect_err("rejected").to_string();
+    // 8 blocks of 4 tokens: 32 tokens in all.
+    let msg = err(e.add_request(prompt(20, 0), greedy(13)));
+    assert!(msg.contains("KV cache holds 32 tokens"), "{msg}");
+    assert!(e.add_request(prompt(20, 0), greedy(12)).is_ok());
+    assert!(err(e.add_request(vec![], greedy(1))).contains("no tokens"));
+    assert!(err(e.add_request(vec![600], greedy(1))).contains("outside the vocabulary"));
+    let bad = SamplingParams {
+        top_p: 0.0,
+        ..greedy(1)
+    };
+    assert!(err(e.add_request(vec![5], bad)).contains("top_p"));
+    let stop = SamplingParams {
+        stop: vec!["x".into()],
+        ..greedy(1)
+    };
+    assert!(err(e.add_request(vec![5], stop)).contains("tokenizer"));
+    assert_eq!(e.num_waiting(), 1);
+    teardown(&cpu, e);
+
+    // A pure Mamba-2 model has no KV cache: only max_position_embeddings limits.
+    let (cpu, mut e) = engine("mamba2", options(1, 1), EngineConfig::default(), false);
+    let limit = e.context_limit();
+    assert_eq!(limit, e.model().config().max_position_embeddings);
+    let msg = err(e.add_request(vec![5; limit], greedy(1)));
+    assert!(msg.contains("max_position_embeddings"), "{msg}");
+    teardown(&cpu, e);
+}
+
+#[test]
+fn waits_for_slots_and_keeps_the_step_budget() {
+    let config = EngineConfig {
+        step_tokens: 16,
+        prefill_chunk: 6,
+    };
+    let (cpu, mut e) = engine("granitemoehybrid", options(64, 2), config, false);
+    let ids: Vec<_> = (0..5)
+        .map(|i| {
+            e.add_request(prompt(10 + 7 * i, i as u32), greedy(5))
+                .expect("add")
+        })
+        .collect();
+    let mut last_fed = 0;
+    let out = drain(&mut e, |e, _| {
+        assert!(e.num_running() <= 2, "at most max_seqs run at once");
+        assert!(e.model().ssm_pool().in_use() <= 2);
+        let fed = e.stats().tokens_fed;
+        assert!(fed - last_fed <= 16, "a step fed {} tokens", fed - last_fed);
+        last_fed = fed;
+    });
+    for id in ids {
+        assert_eq!(out[&id], (out[&id].0.clone(), Finish::Length));
+        assert_eq!(out[&id].0.len(), 5);
+    }
+    teardown(&cpu, e);
+}
+
+#[test]
+fn chunked_prefill_and_batching_give_the_tokens_of_one_request_alone() {
+    for name in ["llama", "granitemoehybrid", "qwen3_next"] {
+        let prompts: Vec<_> = (0..4).map(|i| prompt(9 + 11 * i, i as u32)).collect();
+        let (cpu, mut alone) = engine(name, options(64, 4), EngineConfig::default(), false);
+        let mut expected = Vec::new();
+        for p in &prompts {
+            let id = alone.add_request(p.clone(), greedy(6)).expect("add");
+            expected.push(drain(&mut alone, |_, _| {}).remove(&id).expect("done").0);
+        }
+        teardown(&cpu, alone);
+
+        let config = EngineConfig {
+            step_tokens: 12,
+            prefill_chunk: 5,
+        };
+        let (cpu, mut batched) = engine(name, options(64, 4), config, false);
+        let ids: Vec<_> = prompts
+            .iter()
+            .map(|p| batched.add_request(p.clone(), greedy(6)).expect("add"))
+            .collect();
+        let out = drain(&mut batched, |_, _| {});
+        for (id, want) in ids.iter().zip(&expected) {
+            assert_eq!(&out[id].0, want, "{name} {id}");
+        }
+        teardown(&cpu, batched);
+    }
+}
+
+#[test]
+fn preempts_when_the_cache_is_full_and_recomputes() {
+    // 6 blocks of 4 tokens; each request needs up to 4 blocks (8 + 8 tokens).
+    for name in ["llama", "granitemoehybrid"] {
+        let prompts: Vec<_> = (0..3).map(|i| prompt(8, i)).collect();
+        let (cpu, mut roomy) = engine(name, options(64, 3), EngineConfig::default(), false);
+        let ids: Vec<_> = prompts
+            .iter()
+            .map(|p| roomy.add_request(p.clone(), greedy(8)).expect("add"))
+            .collect();
+        let expected = drain(&mut roomy, |_, _| {});
+        assert_eq!(roomy.stats().preemptions, 0);
+        teardown(&cpu, roomy);
+
+        let (cpu, mut tight) = engine(name, options(6, 3), EngineConfig::default(), false);
+        let tight_ids: Vec<_> = prompts
+            .iter()
+            .map(|p| tight.add_request(p.clone(), greedy(8)).expect("add"))
+            .collect();
+        let out = drain(&mut tight, |e, _| {
+            assert!(e.model().kv_cache().used_blocks() <= 6)
+        });
+        assert!(
+            tight.stats().preemptions > 0,
+            "{name}: the tight cache should preempt"
+        );
+        for (a, b) in ids.iter().zip(&tight_ids) {
+            assert_eq!(
+                expected[a].0, out[b].0,
+                "{name}: preemption changed the output"
+            );
+        }
+        teardown(&cpu, tight);
+    }
+}
+
+#[test]
+fn cancel_frees_blocks_and_slot_at_once() {
+    let config = EngineConfig {
+        step_tokens: 8,
+        prefill_chunk: 4,
+    };
+    let (cpu, mut e) = engine("bamba", options(32, 2), config, false);
+    let a = e.add_request(prompt(30, 1), greedy(10)).expect("add");
+    let b = e.add_request(prompt(5, 2), greedy(10)).expect("add");
+    let c = e.add_request(prompt(5, 3), greedy(10)).expect("add");
+    e.step().expect("step");
+    assert_eq!(e.num_running(), 2, "a and b run, c waits for a slot");
+    assert!(e.model().kv_cache().used_blocks() > 0);
+    assert!(e.cancel(a), "a is mid-prefill");
+    assert!(e.cancel(c), "c is waiting");
+    assert!(!e.cancel(c));
+    assert_eq!(e.model().ssm_pool().in_use(), 1);
+    e.step().expect("step");
+    e.step().expect("step");
+    assert!(e.cancel(b), "b is decoding");
+    assert_eq!(e.model().kv_cache().used_blocks(), 0);
+    assert_eq!(e.model().ssm_pool().in_use(), 0);
+    assert!(!e.has_unfinished());
+    assert!(e.step().expect("idle step").is_empty());
+    teardown(&cpu, e);
+}
+
+#[test]
+fn stop_token_ids_and_max_tokens_end_requests() {
+    let (cpu, mut e) = engine("qwen3", options(64, 2), EngineConfig::default(), false);
+    let id = e.add_request(prompt(7, 4), greedy(10)).expect("add");
+    let tokens = drain(&mut e, |_, _| {}).remove(&id).expect("done").0;
+    assert_eq!(tokens.len(), 10);
+    let stop = tokens[3];
+    let first = tokens.iter().position(|&t| t == stop).unwrap_or(3);
+    let params = SamplingParams {
+        stop_token_ids: vec![stop],
+        ..greedy(10)
+    };
+    let id = e.add_request(prompt(7, 4), params).expect("add");
+    let (got, finish) = drain(&mut e, |_, _| {}).remove(&id).expect("done");
+    assert_eq!(finish, Finish::StopToken(stop));
+    assert_eq!(got, tokens[..=first]);
+    teardown(&cpu, e);
+}
