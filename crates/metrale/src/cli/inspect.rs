@@ -1,18 +1,373 @@
-//! `metrale inspect`.
+//! `metrale inspect`: what a model directory holds and what fits in memory.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use metrale_core::scope::ModelResource;
+use metrale_gpu_runtime::cpu::CpuBackend;
+use metrale_model_engine::config::{MixerKind, ModelConfig, RopeScaling, load_config};
+use metrale_model_engine::loader::load_weights;
+use metrale_model_weights::loader::{LoadProgress, WeightDType, scan_safetensors};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// The model directory (config.json, *.safetensors).
     pub model_dir: PathBuf,
-    /// A memory budget, e.g. 8GiB, to report what fits.
+    /// A memory budget, e.g. 8GiB, 512MiB, 16GB or a byte count, to report what fits.
     #[arg(long)]
     pub memory: Option<String>,
+    /// Tokens per sequence assumed when counting concurrent sequences
+    /// (default: 4096, or the model's maximum if smaller).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Read only the safetensors headers instead of loading the weights
+    /// (for checkpoints larger than this machine's memory).
+    #[arg(long)]
+    pub no_load: bool,
+}
+
+/// Parameter and byte totals of the weights as stored.
+struct Totals {
+    parameters: usize,
+    bytes: usize,
+    dtypes: Vec<String>,
 }
 
 pub fn run(args: Args) -> Result<()> {
-    anyhow::bail!("inspect {}: not built yet", args.model_dir.display())
+    let budget = args.memory.as_deref().map(parse_bytes).transpose()?;
+    let config = load_config(&args.model_dir)?;
+    let totals = if args.no_load {
+        from_headers(&args, &config)?
+    } else {
+        load(&args, &config)?
+    };
+    print!("{}", report(&args, &config, &totals, budget));
+    Ok(())
+}
+
+/// Loads every weight onto the CPU backend (checking the whole checkpoint),
+/// counts it, and frees it again.
+fn load(args: &Args, config: &ModelConfig) -> Result<Totals> {
+    let gpu = CpuBackend::new();
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new(0);
+        if let Ok(style) =
+            ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {msg}")
+        {
+            bar.set_style(style);
+        }
+        bar
+    });
+    let mut progress = |p: LoadProgress| {
+        let Some(bar) = &bar else { return };
+        match p {
+            LoadProgress::Start { bytes, .. } => bar.set_length(bytes),
+            LoadProgress::Tensor {
+                bytes_done, name, ..
+            } => {
+                bar.set_position(bytes_done);
+                bar.set_message(name);
+            }
+            LoadProgress::Done { .. } => bar.finish_and_clear(),
+            LoadProgress::Warning(_) => {}
+        }
+    };
+    let result = load_weights(
+        &args.model_dir,
+        config,
+        &gpu,
+        WeightDType::AsStored,
+        &mut progress,
+    );
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let mut store = result?;
+    let mut dtypes: Vec<String> = store
+        .names()
+        .filter_map(|n| store.get(n).ok())
+        .map(|t| t.dtype().to_string())
+        .collect();
+    dtypes.sort();
+    dtypes.dedup();
+    let totals = Totals {
+        parameters: store.parameters(),
+        bytes: store.bytes(),
+        dtypes,
+    };
+    store.release(&gpu).context("freeing the weights")?;
+    Ok(totals)
+}
+
+/// Counts from the safetensors headers only.
+fn from_headers(args: &Args, config: &ModelConfig) -> Result<Totals> {
+    let stored = scan_safetensors(&args.model_dir)?;
+    let mut totals = Totals {
+        parameters: 0,
+        bytes: 0,
+        dtypes: Vec::new(),
+    };
+    for spec in config.expected_tensors() {
+        let Some(t) = stored.iter().find(|t| t.name == spec.name) else {
+            bail!(
+                "{}: tensor {:?} is missing",
+                args.model_dir.display(),
+                spec.name
+            );
+        };
+        if t.shape != spec.shape {
+            bail!(
+                "{}: tensor {:?} has shape {:?}, expected {:?}",
+                t.file.display(),
+                t.name,
+                t.shape,
+                spec.shape
+            );
+        }
+        totals.parameters += spec.shape.iter().product::<usize>();
+        totals.bytes += t.bytes;
+        if !totals.dtypes.contains(&t.dtype.to_ascii_lowercase()) {
+            totals.dtypes.push(t.dtype.to_ascii_lowercase());
+        }
+    }
+    totals.dtypes.sort();
+    Ok(totals)
+}
+
+fn report(args: &Args, c: &ModelConfig, t: &Totals, budget: Option<u64>) -> String {
+    let mut out = String::new();
+    let mut line = |key: &str, value: String| out.push_str(&format!("{key:<18}{value}\n"));
+    line("model", args.model_dir.display().to_string());
+    line("model type", c.model_type.as_str().to_string());
+    line("layers", c.num_layers().to_string());
+    line("layer plan", c.plan_line());
+    line(
+        "",
+        "(* attention, M Mamba-2, G gated DeltaNet, - MLP only, E MoE only)".to_string(),
+    );
+    if let Some(a) = &c.attention {
+        let pos = match &a.rope {
+            None => "no positional encoding".to_string(),
+            Some(r) => {
+                let scaling = match &r.scaling {
+                    RopeScaling::Default => String::new(),
+                    other => format!(", {other:?}"),
+                };
+                format!(
+                    "RoPE theta {} on {} of {} channels{scaling}",
+                    r.theta, r.rotary_dim, a.head_dim
+                )
+            }
+        };
+        line(
+            "attention",
+            format!(
+                "{} heads, {} KV heads, head dim {}, {pos}",
+                a.n_heads, a.n_kv_heads, a.head_dim
+            ),
+        );
+    }
+    if let Some(m) = &c.mamba {
+        line(
+            "mamba-2",
+            format!(
+                "{} heads x {}, state {}, {} groups, conv {}, chunk {}",
+                m.n_heads, m.head_dim, m.d_state, m.n_groups, m.conv_kernel, m.chunk_size
+            ),
+        );
+    }
+    if let Some(d) = &c.deltanet {
+        line(
+            "gated deltanet",
+            format!(
+                "{} key heads x {}, {} value heads x {}, conv {}",
+                d.n_k_heads, d.k_head_dim, d.n_v_heads, d.v_head_dim, d.conv_kernel
+            ),
+        );
+    }
+    if let Some(m) = &c.moe {
+        let shared = m
+            .shared_intermediate
+            .map_or(String::new(), |s| format!(", shared expert {s}"));
+        line(
+            "experts",
+            format!(
+                "{} experts, top {}, intermediate {}{shared}",
+                m.n_experts, m.top_k, m.expert_intermediate
+            ),
+        );
+    }
+    line(
+        "parameters",
+        format!("{} ({})", t.parameters, human_count(t.parameters)),
+    );
+    line(
+        "weights",
+        format!(
+            "{} bytes ({}), {} as stored",
+            t.bytes,
+            human_bytes(t.bytes as u64),
+            t.dtypes.join("/")
+        ),
+    );
+
+    let kv = c.kv_bytes_per_token();
+    let n_attn = c.attention_layers().count();
+    let kv_detail = c.attention.as_ref().map_or(String::new(), |a| {
+        format!(
+            " (f32: {n_attn} attention layers x 2 (K, V) x {} KV heads x {} dims x 4 bytes)",
+            a.n_kv_heads, a.head_dim
+        )
+    });
+    line("kv cache", format!("{kv} bytes per token{kv_detail}"));
+    let rec = c.recurrent_bytes_per_sequence();
+    let n_mamba = c
+        .layers
+        .iter()
+        .filter(|l| l.mixer == MixerKind::Mamba2)
+        .count();
+    let n_delta = c
+        .layers
+        .iter()
+        .filter(|l| l.mixer == MixerKind::GatedDeltaNet)
+        .count();
+    line(
+        "recurrent state",
+        format!(
+            "{rec} bytes per sequence ({}) (f32 conv + SSM state: {n_mamba} Mamba-2, {n_delta} DeltaNet layers)",
+            human_bytes(rec as u64)
+        ),
+    );
+
+    if let Some(budget) = budget {
+        let context = args
+            .context
+            .unwrap_or(4096)
+            .min(c.max_position_embeddings)
+            .max(1);
+        line(
+            "memory budget",
+            format!("{budget} bytes ({})", human_bytes(budget)),
+        );
+        let weights = t.bytes as u64;
+        let Some(free) = budget.checked_sub(weights) else {
+            line(
+                "does not fit",
+                format!(
+                    "the weights alone need {} more",
+                    human_bytes(weights - budget)
+                ),
+            );
+            return out;
+        };
+        line(
+            "after weights",
+            format!(
+                "{free} bytes ({}) for caches and activations",
+                human_bytes(free)
+            ),
+        );
+        let kv = kv as u64;
+        match free.checked_div(kv) {
+            None => line("kv tokens", "unlimited (no attention layers)".to_string()),
+            Some(tokens) => line(
+                "kv tokens",
+                format!("{tokens} (= (budget - weights) / kv bytes per token)"),
+            ),
+        }
+        let per_seq = rec as u64 + context as u64 * kv;
+        line(
+            "sequences",
+            format!(
+                "{} of {context} tokens (= (budget - weights) / (recurrent bytes per sequence + {context} x kv bytes per token); activations not counted)",
+                free.checked_div(per_seq).unwrap_or(0)
+            ),
+        );
+    }
+    out
+}
+
+/// `8GiB`, `8 GiB`, `1.5GB`, `512MiB`, `4096` (bytes). Binary units: KiB,
+/// MiB, GiB, TiB and K, M, G, T; decimal: KB, MB, GB, TB.
+pub fn parse_bytes(text: &str) -> Result<u64> {
+    let s = text.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = (s[..split].trim(), s[split..].trim());
+    let value: f64 = number
+        .parse()
+        .with_context(|| format!("{text:?} is not a memory size (e.g. 8GiB, 512MiB, 16GB)"))?;
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => {
+            bail!("{text:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)")
+        }
+    };
+    let bytes = value * scale;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        bail!("{text:?} is not a usable memory size");
+    }
+    Ok(bytes as u64)
+}
+
+fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[unit])
+    }
+}
+
+fn human_count(n: usize) -> String {
+    let v = n as f64;
+    match n {
+        0..1_000 => format!("{n}"),
+        1_000..1_000_000 => format!("{:.1} K", v / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1} M", v / 1e6),
+        _ => format!("{:.2} B", v / 1e9),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_sizes() {
+        assert_eq!(parse_bytes("8GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_bytes("8 gib").unwrap(), 8 << 30);
+        assert_eq!(parse_bytes("1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("100MB").unwrap(), 100_000_000);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert_eq!(parse_bytes("2G").unwrap(), 2 << 30);
+        assert!(parse_bytes("8 parsecs").is_err());
+        assert!(parse_bytes("GiB").is_err());
+        assert!(parse_bytes("").is_err());
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 << 30), "3.00 GiB");
+        assert_eq!(human_count(1_234_567), "1.2 M");
+    }
 }

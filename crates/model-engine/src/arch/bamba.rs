@@ -44,7 +44,7 @@ pub(super) fn read_mamba_keys(o: &Obj<'_>, hidden: usize, norm_eps: f32) -> Resu
     };
     let head_dim = match head_dim {
         Some(d) => d,
-        None if inner % n_heads == 0 => inner / n_heads,
+        None if inner.is_multiple_of(n_heads) => inner / n_heads,
         None => {
             return Err(o.err(format!(
                 "mamba_n_heads ({n_heads}) must divide mamba_expand * hidden_size ({inner})"

@@ -58,20 +58,40 @@ fn check_totals(o: &Obj<'_>, c: &ModelConfig) -> Result<()> {
     let params: u128 = c
         .expected_tensors()
         .iter()
-        .map(|t| t.shape.iter().fold(1u128, |acc, &d| acc.saturating_mul(d as u128)))
+        .map(|t| {
+            t.shape
+                .iter()
+                .fold(1u128, |acc, &d| acc.saturating_mul(d as u128))
+        })
         .fold(0u128, u128::saturating_add);
     let layers = c.layers.len() as u128;
     let mamba = c.mamba.as_ref().map_or(0u128, |m| {
-        let (h, p, n, k) = (m.n_heads as u128, m.head_dim as u128, m.d_state as u128, m.conv_kernel as u128);
+        let (h, p, n, k) = (
+            m.n_heads as u128,
+            m.head_dim as u128,
+            m.d_state as u128,
+            m.conv_kernel as u128,
+        );
         (h * p + 2 * m.n_groups as u128 * n) * k + h * p * n
     });
     let delta = c.deltanet.as_ref().map_or(0u128, |d| {
-        let (kh, vh, dk, dv, k) =
-            (d.n_k_heads as u128, d.n_v_heads as u128, d.k_head_dim as u128, d.v_head_dim as u128, d.conv_kernel as u128);
+        let (kh, vh, dk, dv, k) = (
+            d.n_k_heads as u128,
+            d.n_v_heads as u128,
+            d.k_head_dim as u128,
+            d.v_head_dim as u128,
+            d.conv_kernel as u128,
+        );
         (2 * kh * dk + vh * dv) * k + vh * dk * dv
     });
-    let kv = c.attention.as_ref().map_or(0u128, |a| 2 * (a.n_heads.max(a.n_kv_heads) as u128) * a.head_dim as u128);
-    for (what, n) in [("parameters", params), ("recurrent state elements", (mamba + delta) * layers), ("KV elements per token", kv * layers)] {
+    let kv = c.attention.as_ref().map_or(0u128, |a| {
+        2 * (a.n_heads.max(a.n_kv_heads) as u128) * a.head_dim as u128
+    });
+    for (what, n) in [
+        ("parameters", params),
+        ("recurrent state elements", (mamba + delta) * layers),
+        ("KV elements per token", kv * layers),
+    ] {
         if n > LIMIT {
             return Err(o.err(format!("the config describes {n} {what}, more than any real model (the sizes are implausible)")));
         }
@@ -154,7 +174,7 @@ pub(crate) fn attention_heads(
         Some(d) => d,
         None => match default_head_dim {
             Some(d) => d,
-            None if hidden % n_heads == 0 => hidden / n_heads,
+            None if hidden.is_multiple_of(n_heads) => hidden / n_heads,
             None => return Err(o.err(format!("hidden_size ({hidden}) is not a multiple of num_attention_heads ({n_heads}) and head_dim is not given"))),
         },
     };
@@ -260,13 +280,13 @@ pub(crate) fn mamba_names(prefix: &str, m: &MambaConfig) -> MambaNames {
 
 /// Checks the Mamba-2 head layout against the groups.
 pub(crate) fn check_mamba(o: &Obj<'_>, m: &MambaConfig) -> Result<()> {
-    if m.n_heads % m.n_groups != 0 {
+    if !m.n_heads.is_multiple_of(m.n_groups) {
         return Err(o.err(format!(
             "the Mamba heads ({}) are not a multiple of the groups ({})",
             m.n_heads, m.n_groups
         )));
     }
-    if m.d_inner() % m.norm_groups != 0 {
+    if !m.d_inner().is_multiple_of(m.norm_groups) {
         return Err(o.err(format!(
             "the Mamba inner size ({}) is not a multiple of the norm groups ({})",
             m.d_inner(),
@@ -303,7 +323,10 @@ pub(crate) const MAX_LAYERS: usize = 4096;
 pub(crate) fn num_layers(o: &Obj<'_>, keys: &[&str]) -> Result<usize> {
     let n = o.size(keys)?;
     if n > MAX_LAYERS {
-        return Err(o.err(format!("key `{}` = {n}: more than {MAX_LAYERS} layers is not supported", keys[0])));
+        return Err(o.err(format!(
+            "key `{}` = {n}: more than {MAX_LAYERS} layers is not supported",
+            keys[0]
+        )));
     }
     Ok(n)
 }

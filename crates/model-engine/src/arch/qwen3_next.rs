@@ -112,7 +112,7 @@ impl RawQwen3Next {
     fn is_moe(&self, i: usize) -> bool {
         !self.mlp_only_layers.contains(&i)
             && self.num_experts > 0
-            && (i + 1) % self.decoder_sparse_step == 0
+            && (i + 1).is_multiple_of(self.decoder_sparse_step)
     }
 }
 
@@ -150,7 +150,7 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
             conv_kernel: o.size_or(&["linear_conv_kernel_dim"], 4)?,
             norm_eps: raw.rms_norm_eps,
         };
-        if d.n_v_heads % d.n_k_heads != 0 {
+        if !d.n_v_heads.is_multiple_of(d.n_k_heads) {
             return Err(o.err(format!(
                 "linear_num_value_heads ({}) is not a multiple of linear_num_key_heads ({})",
                 d.n_v_heads, d.n_k_heads

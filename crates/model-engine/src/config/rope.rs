@@ -50,7 +50,7 @@ pub fn parse_rope(o: &Obj<'_>, head_dim: usize, defaults: RopeDefaults) -> Resul
         )));
     }
     let rotary_dim = (head_dim as f64 * f64::from(partial)) as usize;
-    if rotary_dim == 0 || rotary_dim % 2 != 0 {
+    if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) {
         return Err(o.err(format!("partial_rotary_factor {partial} of head_dim {head_dim} gives {rotary_dim} rotary channels; it must be even and positive")));
     }
 

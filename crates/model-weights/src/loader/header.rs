@@ -98,7 +98,7 @@ pub struct TensorEntry {
 /// A memory-mapped safetensors file with a checked header.
 pub struct SafetensorsFile {
     pub path: PathBuf,
-    mmap: Option<Mmap>,
+    mmap: Mmap,
     data_start: usize,
     pub tensors: Vec<TensorEntry>,
 }
@@ -126,7 +126,7 @@ impl SafetensorsFile {
         let (data_start, tensors) = parse(path, &mmap)?;
         Ok(Self {
             path: path.to_path_buf(),
-            mmap: Some(mmap),
+            mmap,
             data_start,
             tensors,
         })
@@ -134,8 +134,9 @@ impl SafetensorsFile {
 
     /// The stored bytes of `entry` (an entry of this file).
     pub fn bytes(&self, entry: &TensorEntry) -> &[u8] {
-        let map: &[u8] = self.mmap.as_deref().unwrap_or(&[]);
-        map.get(self.data_start + entry.start..self.data_start + entry.end)
+        // In range: `parse` checked every entry against the file's length.
+        self.mmap
+            .get(self.data_start + entry.start..self.data_start + entry.end)
             .unwrap_or(&[])
     }
 }

@@ -1,0 +1,140 @@
+//! `metrale inspect` on every fixture: the right type, layer plan and
+//! sizes; a memory budget; and clear failures.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use metrale_model_weights::loader::scan_safetensors;
+
+const FIXTURES: [(&str, &str, &str); 7] = [
+    ("llama", "llama", "* *"),
+    ("qwen3", "qwen3", "* *"),
+    ("mamba2", "mamba2", "M M"),
+    ("bamba", "bamba", "M * M"),
+    ("nemotron_h", "nemotron_h", "M * M -"),
+    ("granitemoehybrid", "granitemoehybrid", "M * M"),
+    ("qwen3_next", "qwen3_next", "G G G *"),
+];
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(name)
+}
+
+fn inspect(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_metrale"))
+        .arg("inspect")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The value of the line starting with `key`.
+fn field<'a>(stdout: &'a str, key: &str) -> &'a str {
+    stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(key)
+                .filter(|rest| rest.starts_with("  "))
+                .map(str::trim)
+        })
+        .unwrap_or_else(|| panic!("no {key:?} line in\n{stdout}"))
+}
+
+#[test]
+fn every_fixture() {
+    for (name, model_type, plan) in FIXTURES {
+        let dir = fixture(name);
+        let (ok, stdout, stderr) = inspect(&[dir.to_str().unwrap()]);
+        assert!(ok, "{name}: {stderr}");
+        assert_eq!(field(&stdout, "model type"), model_type, "{stdout}");
+        assert_eq!(field(&stdout, "layer plan"), plan, "{stdout}");
+        let stored = scan_safetensors(&dir).unwrap();
+        let params: usize = stored
+            .iter()
+            .map(|t| t.shape.iter().product::<usize>())
+            .sum();
+        let bytes: usize = stored.iter().map(|t| t.bytes).sum();
+        assert!(
+            field(&stdout, "parameters").starts_with(&format!("{params} ")),
+            "{name}: {stdout}"
+        );
+        assert!(
+            field(&stdout, "weights").starts_with(&format!("{bytes} bytes")),
+            "{name}: {stdout}"
+        );
+        assert!(!stderr.contains("warn"), "{name}: {stderr}");
+
+        // Headers only gives the same numbers.
+        let (ok, quick, stderr) = inspect(&[dir.to_str().unwrap(), "--no-load"]);
+        assert!(ok, "{name}: {stderr}");
+        assert_eq!(field(&quick, "parameters"), field(&stdout, "parameters"));
+        assert_eq!(field(&quick, "weights"), field(&stdout, "weights"));
+    }
+}
+
+#[test]
+fn cache_sizes_and_budget() {
+    let (ok, stdout, stderr) = inspect(&[
+        fixture("bamba").to_str().unwrap(),
+        "--memory",
+        "1MiB",
+        "--context",
+        "100",
+    ]);
+    assert!(ok, "{stderr}");
+    // One attention layer, 2 KV heads of 16: 2 * 2 * 16 * 4 bytes per token.
+    assert!(
+        field(&stdout, "kv cache").starts_with("256 bytes per token"),
+        "{stdout}"
+    );
+    // Two Mamba layers: conv state 160 x 3 plus SSM state 8 x 16 x 16, in f32.
+    let rec = 2 * 4 * (160 * 3 + 8 * 16 * 16);
+    assert!(
+        field(&stdout, "recurrent state").starts_with(&format!("{rec} bytes")),
+        "{stdout}"
+    );
+    let weights: u64 = scan_safetensors(&fixture("bamba"))
+        .unwrap()
+        .iter()
+        .map(|t| t.bytes as u64)
+        .sum();
+    let free = (1u64 << 20) - weights;
+    assert!(
+        field(&stdout, "kv tokens").starts_with(&format!("{} ", free / 256)),
+        "{stdout}"
+    );
+    let seqs = free / (rec as u64 + 100 * 256);
+    assert!(
+        field(&stdout, "sequences").starts_with(&format!("{seqs} of 100 tokens")),
+        "{stdout}"
+    );
+
+    let (ok, stdout, _) = inspect(&[fixture("mamba2").to_str().unwrap(), "--memory", "2 MB"]);
+    assert!(ok);
+    assert!(
+        field(&stdout, "kv tokens").starts_with("unlimited"),
+        "{stdout}"
+    );
+
+    let (ok, stdout, _) = inspect(&[fixture("llama").to_str().unwrap(), "--memory", "1000"]);
+    assert!(ok);
+    assert!(stdout.contains("does not fit"), "{stdout}");
+}
+
+#[test]
+fn clear_failures() {
+    let (ok, _, stderr) = inspect(&["/nonexistent/model"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("/nonexistent/model/config.json"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = inspect(&[fixture("llama").to_str().unwrap(), "--memory", "lots"]);
+    assert!(!ok);
+    assert!(stderr.contains("lots"), "{stderr}");
+}
