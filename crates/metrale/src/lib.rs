@@ -15,6 +15,12 @@ pub use metrale_gpu_runtime as gpu_runtime;
 pub use metrale_model_engine as engine;
 pub use metrale_model_weights as weights;
 
+mod generate;
+pub use generate::{GenerationStream, Generation, Generator, MODEL_ENV, StreamEvent, Timings, default_model_dir};
+pub use metrale_model_engine::chat::ChatMessage;
+pub use metrale_model_engine::engine::{EngineConfig, RequestId, Usage};
+pub use metrale_model_engine::sampling::{Finish, SamplingParams};
+
 use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_gpu_runtime::gpu::GpuBackend;
 use metrale_model_engine::model::{Logits, ModelOptions, Step, TransformerModel};

@@ -18,6 +18,12 @@ enum Command {
     Inspect(cli::inspect::Args),
     /// Run a model over token ids and write its logits (the parity interface).
     Logits(cli::logits::Args),
+    /// Generate a continuation of a prompt, streamed to stdout. Without --model: the bundled
+    /// default model, whose weights are random (its text is gibberish).
+    Generate(cli::generate::Args),
+    /// Chat through the model's chat template, one user message per line of stdin. Without
+    /// --model: the bundled default model, whose weights are random (its text is gibberish).
+    Chat(cli::chat::Args),
 }
 
 fn main() -> Result<()> {
@@ -25,5 +31,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Inspect(args) => cli::inspect::run(args),
         Command::Logits(args) => cli::logits::run(args),
+        Command::Generate(args) => cli::generate::run(args),
+        Command::Chat(args) => cli::chat::run(args),
     }
 }

@@ -1,6 +1,8 @@
 //! One module per subcommand.
 
 pub mod inspect;
+pub mod chat;
+pub mod generate;
 pub mod logits;
 
 /// Logs to stderr, filtered by `RUST_LOG` (default: warnings).

@@ -1,0 +1,105 @@
+//! `metrale chat`: a conversation through the model's chat template. Reads
+//! one user message per line from stdin until end of input (so it also runs
+//! with stdin from a pipe or a file); streams each reply to stdout, one
+//! summary line per reply to stderr.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use anyhow::Result;
+use metrale::{ChatMessage, Generator};
+use metrale_model_engine::chat::ChatTemplate;
+
+use super::generate::{ModelArgs, SamplingArgs, stream_to, summary};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// A system message that starts the conversation.
+    #[arg(long)]
+    pub system: Option<String>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let mut generator = args.model.load()?;
+    let result = chat(&mut generator, &args);
+    let shutdown = generator.shutdown();
+    result?;
+    shutdown
+}
+
+fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
+    let template = generator.chat_template()?;
+    let interactive = std::io::stdin().is_terminal();
+    if interactive {
+        eprintln!(
+            "metrale chat with {} (end with Ctrl-D or /exit; /reset starts over)",
+            generator.dir().display()
+        );
+    }
+    let start: Vec<ChatMessage> = args
+        .system
+        .iter()
+        .map(|s| ChatMessage::new("system", s.as_str()))
+        .collect();
+    let mut messages = start.clone();
+    let mut lines = std::io::stdin().lock().lines();
+    loop {
+        if interactive {
+            eprint!("> ");
+        }
+        let Some(line) = lines.next().transpose()? else {
+            break;
+        };
+        match line.trim() {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                messages = start.clone();
+                continue;
+            }
+            _ => {}
+        }
+        messages.push(ChatMessage::new("user", line));
+        let reply = turn(generator, &template, &mut messages, args)?;
+        messages.push(ChatMessage::new("assistant", reply));
+    }
+    Ok(())
+}
+
+/// One reply: renders the conversation (dropping its oldest turns if it no
+/// longer fits the context), streams the answer, returns its text.
+fn turn(
+    generator: &mut Generator,
+    template: &ChatTemplate,
+    messages: &mut Vec<ChatMessage>,
+    args: &Args,
+) -> Result<String> {
+    let limit = generator.engine().context_limit();
+    let mut ids = generator.chat_prompt(template, messages)?;
+    while ids.len() >= limit && drop_oldest_turn(messages) {
+        ids = generator.chat_prompt(template, messages)?;
+    }
+    let params = args.sampling.params(generator, ids.len())?;
+    let mut out = std::io::stdout().lock();
+    let (text, finish, timings) = stream_to(generator, ids, &params, &mut out)?;
+    writeln!(out)?;
+    out.flush()?;
+    eprintln!("{}", summary(&timings, &finish));
+    Ok(text)
+}
+
+/// Removes the oldest message after any system message, keeping the last
+/// one (the new user message). Returns whether one was removed.
+fn drop_oldest_turn(messages: &mut Vec<ChatMessage>) -> bool {
+    let first = messages.iter().position(|m| m.role != "system");
+    match first {
+        Some(i) if i + 1 < messages.len() => {
+            messages.remove(i);
+            true
+        }
+        _ => false,
+    }
+}

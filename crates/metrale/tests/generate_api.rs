@@ -1,0 +1,144 @@
+//! The facade's generation API on the bundled default model: blocking,
+//! streaming and batched generation agree; dropping a stream cancels its
+//! request; teardown leaves the ledger empty.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use metrale::gpu_runtime::cpu::CpuBackend;
+use metrale::gpu_runtime::gpu::GpuBackend;
+use metrale::{
+    ChatMessage, EngineConfig, Finish, Generator, LoadOptions, Model, SamplingParams, StreamEvent,
+};
+
+fn default_model() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/default"))
+}
+
+fn load() -> (Arc<CpuBackend>, Generator) {
+    let cpu = Arc::new(CpuBackend::with_threads(2));
+    let gpu: Arc<dyn GpuBackend> = cpu.clone();
+    let options = LoadOptions::default();
+    let model = Model::load_on(&default_model(), gpu, &options, &mut |_| {})
+        .expect("the default model loads");
+    let config = EngineConfig {
+        step_tokens: 32,
+        prefill_chunk: 8,
+    };
+    (cpu, model.into_generator(config).expect("tokenizer loads"))
+}
+
+fn greedy(n: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens: Some(n),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    }
+}
+
+#[test]
+fn blocking_streaming_and_batched_generation_agree() {
+    let (cpu, mut g) = load();
+    let prompt = "The quick brown fox jumps over the lazy dog, again and again";
+    let blocking = g.generate(prompt, &greedy(16)).expect("generate");
+    assert_eq!(blocking.tokens.len(), 16);
+    assert_eq!(blocking.finish_reason, Finish::Length);
+    assert_eq!(blocking.usage.completion_tokens, 16);
+    assert_eq!(blocking.timings.generated_tokens, 16);
+    assert!(blocking.timings.time_to_first_token <= blocking.timings.total);
+    assert_eq!(
+        blocking.text,
+        g.tokenizer()
+            .decode_with(&blocking.tokens, true)
+            .expect("decode")
+    );
+
+    let mut streamed = String::new();
+    let mut last = None;
+    for event in g.stream(prompt, &greedy(16)).expect("stream") {
+        match event.expect("event") {
+            StreamEvent::Token { text, .. } => streamed.push_str(&text),
+            finished @ StreamEvent::Finished { .. } => last = Some(finished),
+        }
+    }
+    assert_eq!(streamed, blocking.text);
+    assert!(matches!(
+        last,
+        Some(StreamEvent::Finished {
+            reason: Finish::Length,
+            ..
+        })
+    ));
+
+    let batch = g
+        .generate_batch(&["Hello", prompt, "Once upon a time"], &greedy(16))
+        .expect("batch");
+    assert_eq!(batch.len(), 3);
+    assert_eq!(
+        batch[1].tokens, blocking.tokens,
+        "batching changed a greedy output"
+    );
+    g.shutdown().expect("shutdown");
+    assert_eq!(cpu.live_bytes(), 0);
+}
+
+#[test]
+fn dropping_a_stream_cancels_and_frees_its_request() {
+    let (cpu, mut g) = load();
+    let mut stream = g
+        .stream("A long story about nothing at all", &greedy(64))
+        .expect("stream");
+    for _ in 0..3 {
+        assert!(matches!(stream.next(), Some(Ok(StreamEvent::Token { .. }))));
+    }
+    drop(stream);
+    let engine = g.engine();
+    assert!(!engine.has_unfinished());
+    assert_eq!(engine.model().kv_cache().used_blocks(), 0);
+    assert_eq!(engine.model().ssm_pool().in_use(), 0);
+    // The generator is still usable.
+    let next = g
+        .generate("hi", &greedy(4))
+        .expect("generate after a cancelled stream");
+    assert_eq!(next.tokens.len(), 4);
+    g.shutdown().expect("shutdown");
+    assert_eq!(cpu.live_bytes(), 0);
+}
+
+#[test]
+fn chat_prompts_and_errors() {
+    let (cpu, mut g) = load();
+    let template = g
+        .chat_template()
+        .expect("the default model has a chat template");
+    let ids = g
+        .chat_prompt(&template, &[ChatMessage::new("user", "hi")])
+        .expect("render");
+    let rendered = g.tokenizer().decode(&ids).expect("decode");
+    assert_eq!(
+        rendered,
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let stop = SamplingParams {
+        stop: vec!["e".into()],
+        ..greedy(32)
+    };
+    let out = g.generate_ids(ids, &stop).expect("generate");
+    assert!(!out.text.contains('e'));
+    // Requests that cannot fit fail clearly and leave nothing behind.
+    let err = g.generate("hi", &greedy(1_000_000)).expect_err("too long");
+    assert!(err.to_string().contains("max_tokens"), "{err}");
+    let err = g
+        .generate(
+            "hi",
+            &SamplingParams {
+                temperature: -1.0,
+                ..greedy(4)
+            },
+        )
+        .expect_err("bad temperature");
+    assert!(err.to_string().contains("temperature"), "{err}");
+    assert!(!g.engine().has_unfinished());
+    g.shutdown().expect("shutdown");
+    assert_eq!(cpu.live_bytes(), 0);
+}

@@ -1,0 +1,252 @@
+//! `metrale generate` and `metrale chat` end to end: the bundled default
+//! model, sampling options, the stderr summary, stdin that is not a terminal,
+//! and clear failures.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(name)
+}
+
+fn metrale(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_metrale"))
+        .args(args)
+        .env_remove("METRALE_MODEL")
+        .env("RUST_LOG", "warn")
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the metrale binary runs");
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes()).expect("write stdin");
+    }
+    child.wait_with_output().expect("metrale finishes")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec()).expect("output is UTF-8")
+}
+
+#[test]
+fn generate_streams_from_the_default_model_with_a_summary() {
+    let out = metrale(
+        &[
+            "generate",
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0",
+            "The capital of France is",
+        ],
+        None,
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stderr: {stderr}");
+    assert!(!stdout.trim().is_empty(), "no text generated");
+    assert!(
+        !stdout.contains("The capital of France"),
+        "the prompt is not echoed: {stdout:?}"
+    );
+    for needle in [
+        "prompt:",
+        "generated: 12 tokens",
+        "tokens/s",
+        "time to first token",
+        "finish: length",
+    ] {
+        assert!(
+            stderr.contains(needle),
+            "{needle:?} missing from {stderr:?}"
+        );
+    }
+    // Greedy is deterministic.
+    let again = metrale(
+        &[
+            "generate",
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0",
+            "The capital of France is",
+        ],
+        None,
+    );
+    assert_eq!(text(&again.stdout), stdout);
+}
+
+#[test]
+fn generate_takes_every_sampling_option() {
+    let args = |seed: &str| {
+        let mut a = vec![
+            "generate",
+            "--max-tokens",
+            "20",
+            "--temperature",
+            "0.9",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.95",
+        ];
+        a.extend([
+            "--min-p",
+            "0.01",
+            "--repetition-penalty",
+            "1.1",
+            "--seed",
+            seed,
+            "--stop",
+            "zzz",
+            "--stop",
+            "qqq",
+            "hello",
+        ]);
+        a.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let run = |seed: &str| {
+        let a = args(seed);
+        let out = metrale(&a.iter().map(String::as_str).collect::<Vec<_>>(), None);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let a = run("7");
+    assert_eq!(run("7"), a, "a seed makes sampling reproducible");
+    assert_ne!(run("8"), a, "another seed, other text");
+}
+
+#[test]
+fn generate_stops_before_a_stop_string() {
+    let base = metrale(
+        &[
+            "generate",
+            "--max-tokens",
+            "40",
+            "--temperature",
+            "0",
+            "Once upon a time",
+        ],
+        None,
+    );
+    let full = text(&base.stdout);
+    let full = full.strip_suffix('\n').unwrap_or(&full).to_owned();
+    // A stop string from the middle of the greedy output.
+    let chars: Vec<char> = full.chars().collect();
+    let plain = |c: &char| !c.is_whitespace() && *c != '\u{FFFD}';
+    let at = (chars.len() / 2..chars.len() - 1)
+        .find(|&i| plain(&chars[i]) && plain(&chars[i + 1]))
+        .expect("two plain characters");
+    let stop: String = chars[at..at + 2].iter().collect();
+    let before = &full[..full.find(&stop).expect("stop string is in the text")];
+    let out = metrale(
+        &[
+            "generate",
+            "--max-tokens",
+            "40",
+            "--temperature",
+            "0",
+            "--stop",
+            &stop,
+            "Once upon a time",
+        ],
+        None,
+    );
+    assert!(out.status.success());
+    assert_eq!(
+        text(&out.stdout).trim_end_matches('\n'),
+        before.trim_end_matches('\n')
+    );
+    assert!(
+        text(&out.stderr).contains("finish: stop string"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn generate_uses_model_flag_and_env() {
+    let out = metrale(
+        &[
+            "generate",
+            "--model",
+            fixture("llama").to_str().unwrap_or_default(),
+            "--max-tokens",
+            "4",
+            "hi",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let env = Command::new(env!("CARGO_BIN_EXE_metrale"))
+        .args(["generate", "--max-tokens", "4", "hi"])
+        .env("METRALE_MODEL", fixture("does-not-exist"))
+        .output()
+        .expect("runs");
+    assert!(!env.status.success());
+    assert!(
+        text(&env.stderr).contains("does-not-exist"),
+        "{}",
+        text(&env.stderr)
+    );
+}
+
+#[test]
+fn chat_reads_messages_from_stdin_until_eof() {
+    let out = metrale(
+        &[
+            "chat",
+            "--max-tokens",
+            "8",
+            "--temperature",
+            "0",
+            "--system",
+            "Be brief.",
+        ],
+        Some("hello\n\nhow are you?\n"),
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stderr: {stderr}");
+    assert_eq!(
+        stderr.matches("time to first token").count(),
+        2,
+        "one summary per reply: {stderr}"
+    );
+    assert!(stdout.lines().count() >= 2, "two replies: {stdout:?}");
+    assert!(
+        !stdout.contains("<|im_start|>"),
+        "the template is not echoed"
+    );
+}
+
+#[test]
+fn chat_ends_quietly_on_empty_input() {
+    let out = metrale(&["chat"], Some(""));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn help_and_errors_are_clear() {
+    let help = metrale(&["generate", "--help"], None);
+    let help = text(&help.stdout);
+    assert!(
+        help.contains("gibberish") && help.contains("--top-p") && help.contains("--stop"),
+        "{help}"
+    );
+    let missing = metrale(&["generate", "--model", "/nonexistent/model", "hi"], None);
+    assert!(!missing.status.success());
+    assert!(
+        text(&missing.stderr).contains("no model at /nonexistent/model"),
+        "{}",
+        text(&missing.stderr)
+    );
+    let bad = metrale(&["generate", "--top-p", "0", "hi"], None);
+    assert!(!bad.status.success());
+    assert!(text(&bad.stderr).contains("top_p"), "{}", text(&bad.stderr));
+}
