@@ -2,7 +2,9 @@
 //! its tokenizer and the engine loop, and offers a blocking call
 //! ([`Generator::generate`]), a streaming one ([`Generator::stream`], an
 //! iterator of [`StreamEvent`]s that drives the engine as it is read) and a
-//! batch of prompts run concurrently ([`Generator::generate_batch`]).
+//! batch of prompts run concurrently ([`Generator::generate_batch`]). For
+//! requests submitted from many threads, [`Generator::spawn`] moves it to a
+//! thread of its own (`runner.rs`).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -112,7 +114,7 @@ pub struct Generation {
 /// A loaded model with its tokenizer and engine loop.
 pub struct Generator {
     dir: PathBuf,
-    engine: Engine,
+    pub(crate) engine: Engine,
     tokenizer: Tokenizer,
 }
 
@@ -288,7 +290,7 @@ impl Generator {
 
 /// Per-request bookkeeping of a stream: the output so far and its timings.
 #[derive(Clone, Debug)]
-struct Tracker {
+pub(crate) struct Tracker {
     start: Instant,
     first: Option<Instant>,
     prompt_tokens: usize,
@@ -298,7 +300,7 @@ struct Tracker {
 }
 
 impl Tracker {
-    fn new(prompt_tokens: usize) -> Self {
+    pub(crate) fn new(prompt_tokens: usize) -> Self {
         Self {
             start: Instant::now(),
             first: None,
@@ -320,7 +322,7 @@ impl Tracker {
     }
 
     /// Turns an engine event into a stream event, recording it.
-    fn observe(&mut self, event: Event) -> Result<StreamEvent> {
+    pub(crate) fn observe(&mut self, event: Event) -> Result<StreamEvent> {
         match event {
             Event::Token {
                 token,

@@ -20,6 +20,8 @@ pub use generate::{GenerationStream, Generation, Generator, MODEL_ENV, StreamEve
 pub use metrale_model_engine::chat::ChatMessage;
 pub use metrale_model_engine::engine::{EngineConfig, RequestId, Usage};
 pub use metrale_model_engine::sampling::{Finish, SamplingParams};
+mod runner;
+pub use runner::{GeneratorHandle, RequestStream};
 
 use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_gpu_runtime::gpu::GpuBackend;

@@ -142,3 +142,58 @@ fn chat_prompts_and_errors() {
     g.shutdown().expect("shutdown");
     assert_eq!(cpu.live_bytes(), 0);
 }
+
+#[test]
+fn a_spawned_generator_serves_requests_from_many_threads() {
+    let (cpu, mut g) = load();
+    let prompts = [
+        "Hello",
+        "The quick brown fox",
+        "Once upon a time there was",
+        "1 2 3 4 5 6 7 8 9 10 11 12",
+    ];
+    let expected: Vec<_> = prompts
+        .iter()
+        .map(|p| g.generate(p, &greedy(12)).expect("generate").text)
+        .collect();
+    let handle = Arc::new(g.spawn().expect("spawn"));
+    let threads: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (handle, prompt) = (handle.clone(), p.to_string());
+            std::thread::spawn(move || {
+                // A request abandoned after one token is cancelled.
+                let mut abandoned = handle.submit(&prompt, greedy(64)).expect("submit");
+                assert!(matches!(
+                    abandoned.next(),
+                    Some(Ok(StreamEvent::Token { .. }))
+                ));
+                drop(abandoned);
+                let stream = handle.submit(&prompt, greedy(12)).expect("submit");
+                let mut text = String::new();
+                for event in stream {
+                    if let StreamEvent::Token { text: t, .. } = event.expect("event") {
+                        text.push_str(&t);
+                    }
+                }
+                text
+            })
+        })
+        .collect();
+    let got: Vec<_> = threads
+        .into_iter()
+        .map(|t| t.join().expect("thread"))
+        .collect();
+    assert_eq!(
+        got, expected,
+        "concurrent requests give the greedy text of each alone"
+    );
+    let err = handle
+        .submit_ids(vec![], greedy(4))
+        .err()
+        .expect("an empty prompt is rejected");
+    assert!(err.to_string().contains("no tokens"), "{err}");
+    let handle = Arc::try_unwrap(handle).ok().expect("the last handle");
+    handle.shutdown().expect("shutdown");
+    assert_eq!(cpu.live_bytes(), 0);
+}

@@ -184,6 +184,9 @@ impl Engine {
         if !params.stop.is_empty() && self.tokenizer.is_none() {
             return bad("stop strings need a tokenizer; this engine has none".into());
         }
+        if self.step_tokens() == 0 {
+            return bad("the model's max_batch_tokens is 0: no step can run".into());
+        }
         if self.model.ssm_pool().layers() > 0 && self.model.ssm_pool().capacity() == 0 {
             return bad(
                 "the model has recurrent layers but no SSM state slots (max_seqs is 0)".into(),

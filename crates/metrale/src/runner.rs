@@ -1,0 +1,255 @@
+//! A [`Generator`] on a thread of its own, for callers that submit requests
+//! concurrently (a server): each request's events arrive over its own
+//! channel while the thread runs the engine loop, batching every request in
+//! flight. Dropping a request's stream (or its receiver) cancels it.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Result, anyhow};
+use metrale_model_engine::engine::RequestId;
+use metrale_model_engine::sampling::SamplingParams;
+use metrale_model_engine::tokenizer::Tokenizer;
+
+use crate::Generator;
+use crate::generate::{StreamEvent, Tracker};
+
+enum Command {
+    Submit {
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        events: Sender<Result<StreamEvent>>,
+        reply: Sender<Result<RequestId>>,
+    },
+    Cancel(RequestId),
+    Shutdown,
+}
+
+/// The handle of a generator running on its own thread. Cloning the handle
+/// is not offered; share it behind an `Arc` (it is `Sync`).
+pub struct GeneratorHandle {
+    commands: Sender<Command>,
+    tokenizer: Tokenizer,
+    thread: Option<JoinHandle<Result<()>>>,
+}
+
+/// One request's events, in order, ending after `Finished` or an error.
+/// Dropping it cancels the request if it is still running.
+pub struct RequestStream {
+    id: RequestId,
+    events: Receiver<Result<StreamEvent>>,
+    commands: Sender<Command>,
+    done: bool,
+}
+
+impl Generator {
+    /// Moves the generator to a thread that runs the engine loop.
+    pub fn spawn(self) -> Result<GeneratorHandle> {
+        let tokenizer = self.tokenizer().clone();
+        let (commands, inbox) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("metrale-engine".into())
+            .spawn(move || serve(self, inbox))?;
+        Ok(GeneratorHandle {
+            commands,
+            tokenizer,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl GeneratorHandle {
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Submits a text prompt (encoded with the tokenizer's special tokens).
+    pub fn submit(&self, prompt: &str, params: SamplingParams) -> Result<RequestStream> {
+        self.submit_ids(self.tokenizer.encode(prompt, true)?, params)
+    }
+
+    /// Submits prompt token ids. Fails when the engine rejects the request
+    /// (it can never fit, a parameter is out of range) or has stopped.
+    pub fn submit_ids(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<RequestStream> {
+        let (events_tx, events) = mpsc::channel();
+        let (reply, answer) = mpsc::channel();
+        let gone = || anyhow!("the engine thread has stopped");
+        self.commands
+            .send(Command::Submit {
+                prompt,
+                params,
+                events: events_tx,
+                reply,
+            })
+            .map_err(|_| gone())?;
+        let id = answer.recv().map_err(|_| gone())??;
+        Ok(RequestStream {
+            id,
+            events,
+            commands: self.commands.clone(),
+            done: false,
+        })
+    }
+
+    /// Stops the thread (cancelling what is left) and tears the model down.
+    pub fn shutdown(mut self) -> Result<()> {
+        let _ = self.commands.send(Command::Shutdown);
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(anyhow!("the engine thread panicked")),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for GeneratorHandle {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = self.commands.send(Command::Shutdown);
+            match thread.join() {
+                Ok(Err(e)) => tracing::error!("engine thread teardown failed: {e:#}"),
+                Err(_) => tracing::error!("the engine thread panicked"),
+                Ok(Ok(())) => {}
+            }
+        }
+    }
+}
+
+impl RequestStream {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next event, waiting at most `timeout`; `None` on timeout or at
+    /// the end of the stream.
+    pub fn next_timeout(&mut self, timeout: Duration) -> Option<Result<StreamEvent>> {
+        if self.done {
+            return None;
+        }
+        match self.events.recv_timeout(timeout) {
+            Ok(event) => Some(self.note(event)),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                Some(self.note(Err(anyhow!("the engine thread has stopped"))))
+            }
+        }
+    }
+
+    fn note(&mut self, event: Result<StreamEvent>) -> Result<StreamEvent> {
+        self.done |= !matches!(event, Ok(StreamEvent::Token { .. }));
+        event
+    }
+}
+
+impl Iterator for RequestStream {
+    type Item = Result<StreamEvent>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let event = self
+            .events
+            .recv()
+            .unwrap_or_else(|_| Err(anyhow!("the engine thread has stopped")));
+        Some(self.note(event))
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.commands.send(Command::Cancel(self.id));
+        }
+    }
+}
+
+/// A request in flight on the engine thread.
+struct Client {
+    events: Sender<Result<StreamEvent>>,
+    tracker: Tracker,
+}
+
+/// The engine thread: takes commands (waiting for one when idle), steps,
+/// routes events; a request whose receiver is gone is cancelled.
+fn serve(mut generator: Generator, inbox: Receiver<Command>) -> Result<()> {
+    let mut clients: HashMap<RequestId, Client> = HashMap::new();
+    'run: loop {
+        let mut next = if clients.is_empty() {
+            match inbox.recv() {
+                Ok(command) => Some(command),
+                Err(_) => break,
+            }
+        } else {
+            take(&inbox)
+        };
+        while let Some(command) = next {
+            match command {
+                Command::Shutdown => break 'run,
+                Command::Cancel(id) => {
+                    generator.engine.cancel(id);
+                    clients.remove(&id);
+                }
+                Command::Submit {
+                    prompt,
+                    params,
+                    events,
+                    reply,
+                } => {
+                    let tracker = Tracker::new(prompt.len());
+                    let added = generator
+                        .engine
+                        .add_request(prompt, params)
+                        .map_err(anyhow::Error::from);
+                    if let Ok(id) = &added {
+                        clients.insert(*id, Client { events, tracker });
+                    }
+                    let _ = reply.send(added);
+                }
+            }
+            next = take(&inbox);
+        }
+        step(&mut generator, &mut clients);
+    }
+    generator.shutdown()
+}
+
+/// The next command without waiting; a closed inbox means shutdown.
+fn take(inbox: &Receiver<Command>) -> Option<Command> {
+    match inbox.try_recv() {
+        Ok(command) => Some(command),
+        Err(TryRecvError::Empty) => None,
+        Err(TryRecvError::Disconnected) => Some(Command::Shutdown),
+    }
+}
+
+/// One engine step; events go to their clients.
+fn step(generator: &mut Generator, clients: &mut HashMap<RequestId, Client>) {
+    let events = match generator.engine.step() {
+        Ok(events) => events,
+        Err(e) => {
+            let message = format!("{e:#}");
+            for (id, client) in clients.drain() {
+                generator.engine.cancel(id);
+                let _ = client.events.send(Err(anyhow!("{message}")));
+            }
+            return;
+        }
+    };
+    for event in events {
+        let id = event.id();
+        let Some(client) = clients.get_mut(&id) else {
+            continue;
+        };
+        let event = client.tracker.observe(event);
+        let last = !matches!(event, Ok(StreamEvent::Token { .. }));
+        if client.events.send(event).is_err() && !last {
+            generator.engine.cancel(id);
+            clients.remove(&id);
+        } else if last {
+            clients.remove(&id);
+        }
+    }
+}
