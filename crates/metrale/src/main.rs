@@ -18,6 +18,11 @@ enum Command {
     Inspect(cli::inspect::Args),
     /// Run a model over token ids and write its logits (the parity interface).
     Logits(cli::logits::Args),
+    /// Measure prefill and decode throughput, time to first token and peak memory.
+    Bench(cli::bench::Args),
+    /// Write the random-weight model of a config.json as a checkpoint (for comparisons).
+    #[command(hide = true)]
+    ExportRandom(cli::bench::ExportArgs),
     /// Generate a continuation of a prompt, streamed to stdout. Without --model: the bundled
     /// default model, whose weights are random (its text is gibberish).
     Generate(cli::generate::Args),
@@ -31,6 +36,8 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Inspect(args) => cli::inspect::run(args),
         Command::Logits(args) => cli::logits::run(args),
+        Command::Bench(args) => cli::bench::run(args),
+        Command::ExportRandom(args) => cli::bench::export_random(args),
         Command::Generate(args) => cli::generate::run(args),
         Command::Chat(args) => cli::chat::run(args),
     }

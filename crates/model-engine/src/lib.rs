@@ -10,6 +10,7 @@ pub use error::EngineError;
 pub mod cache;
 pub mod engine;
 pub mod model;
+pub mod random;
 pub mod chat;
 pub mod sampling;
 pub mod tokenizer;

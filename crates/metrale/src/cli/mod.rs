@@ -1,5 +1,7 @@
 //! One module per subcommand.
 
+pub mod bench;
+mod bench_probe;
 pub mod inspect;
 pub mod chat;
 pub mod generate;

@@ -1,0 +1,403 @@
+//! `metrale bench`: prefill and decode throughput, time to first token and
+//! peak memory of a model directory, or of a random-weight model built from
+//! a config.json alone (real shapes without the weights). Beside the decode
+//! figure it prints the decode roofline: the weight bytes a decode step
+//! reads divided by the memory bandwidth the machine sustains.
+//!
+//! Also the hidden `metrale export-random`, which writes the random model of
+//! a config as a Hugging Face checkpoint (for comparisons with other engines).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use metrale::core::DType;
+use metrale::engine::config::{ModelConfig, parse_config};
+use metrale::engine::model::{Logits, ModelOptions, Sequence, Step, TransformerModel};
+use metrale::engine::random::write_random_checkpoint;
+use metrale::gpu_runtime::cpu::CpuBackend;
+use metrale::gpu_runtime::gpu::GpuBackend;
+use metrale::weights::loader::WeightDType;
+
+use super::bench_probe::{decode_params_per_token, peak_rss_bytes, read_bandwidth};
+
+/// How weights are held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchDType {
+    Bf16,
+    F32,
+}
+
+impl BenchDType {
+    fn dtype(self) -> DType {
+        match self {
+            BenchDType::Bf16 => DType::BF16,
+            BenchDType::F32 => DType::F32,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["model", "config"])))]
+pub struct Args {
+    /// A model directory (config.json, *.safetensors).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// A config.json alone: the model gets seeded random weights.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Prompt tokens per sequence.
+    #[arg(long, default_value_t = 512)]
+    pub prompt_len: usize,
+    /// Tokens generated per sequence after the prompt.
+    #[arg(long, default_value_t = 32)]
+    pub gen_len: usize,
+    /// Sequences run together (decode steps batch them).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// CPU worker threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// How weights are held in memory.
+    #[arg(long, value_enum, default_value_t = BenchDType::Bf16)]
+    pub dtype: BenchDType,
+    /// Seed of the random weights (with --config) and of the prompt.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Skip the memory-bandwidth probe (no roofline then).
+    #[arg(long)]
+    pub no_probe: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// The config.json of the model.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// The directory to write (config.json, model.safetensors).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, value_enum, default_value_t = BenchDType::Bf16)]
+    pub dtype: BenchDType,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// What one run measured.
+struct Measured {
+    load_s: f64,
+    prefill_s: f64,
+    ttft_s: f64,
+    decode_s: f64,
+    decoded: usize,
+}
+
+pub fn export_random(args: ExportArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.config)
+        .with_context(|| format!("reading {}", args.config.display()))?;
+    let config = parse_config(&text, &args.config)?;
+    write_random_checkpoint(&args.out, &text, &config, args.seed, args.dtype.dtype())?;
+    eprintln!(
+        "wrote {} ({} parameters, {})",
+        args.out.display(),
+        config.parameter_count(),
+        args.dtype.dtype()
+    );
+    Ok(())
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if args.prompt_len == 0 || args.batch == 0 {
+        bail!("--prompt-len and --batch must be at least 1");
+    }
+    let (b, n, m) = (args.batch, args.prompt_len, args.gen_len);
+    let cpu = CpuBackend::with_threads(args.threads);
+    let threads = cpu.threads();
+    let gpu: Arc<dyn GpuBackend> = Arc::new(cpu);
+    let max_batch_tokens = n.min(2048).max(b);
+    let options = ModelOptions {
+        max_batch_tokens,
+        max_seqs: b,
+        kv_blocks: b * ((n + m).div_ceil(ModelOptions::default().kv_block_size) + 1),
+        ..ModelOptions::default()
+    };
+    let dtype = args.dtype.dtype();
+    let start = Instant::now();
+    let (model, name) = match (&args.model, &args.config) {
+        (Some(dir), _) => {
+            let wd = match args.dtype {
+                BenchDType::Bf16 => WeightDType::BF16,
+                BenchDType::F32 => WeightDType::F32,
+            };
+            let model = TransformerModel::load(dir, gpu.clone(), options, wd, &mut |_| {})
+                .with_context(|| format!("loading {}", dir.display()))?;
+            (model, dir.display().to_string())
+        }
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let config = parse_config(&text, path)?;
+            (
+                TransformerModel::random(gpu.clone(), config, options, args.seed, dtype)?,
+                path.display().to_string(),
+            )
+        }
+        (None, None) => bail!("give --model DIR or --config FILE"),
+    };
+    let load_s = start.elapsed().as_secs_f64();
+    let measured = measure(&model, &args, load_s);
+    let config = model.config().clone();
+    let weight_bytes = model.weight_store().map_or(0, |s| s.bytes());
+    let shutdown = model.shutdown();
+    let measured = measured?;
+    shutdown?;
+    // Before the probe, whose buffer would count otherwise.
+    let peak_rss = peak_rss_bytes();
+    let bandwidth = (!args.no_probe).then(|| read_bandwidth(threads));
+    let mut report = Report::new(
+        &config,
+        name,
+        &args,
+        threads,
+        dtype,
+        weight_bytes,
+        &measured,
+        bandwidth,
+    );
+    report.peak_rss = peak_rss;
+    if args.json {
+        println!("{}", serde_json::to_string(&report.json())?);
+    } else {
+        report.print();
+    }
+    Ok(())
+}
+
+fn measure(model: &TransformerModel, args: &Args, load_s: f64) -> Result<Measured> {
+    let (b, n, m) = (args.batch, args.prompt_len, args.gen_len);
+    let vocab = model.config().vocab_size as u64;
+    let chunk = model.options().max_batch_tokens;
+    // Seeded prompts (an LCG: any ids will do, they only need to be valid).
+    let mut state = args
+        .seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next_id = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 33) % vocab) as u32
+    };
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|_| (0..n).map(|_| next_id()).collect())
+        .collect();
+    // Warm-up: thread pool, page faults of the scratch, first-call costs.
+    {
+        let mut seq = model.new_sequence()?;
+        let warm = &prompts[0][..n.min(16)];
+        let r = model
+            .forward(&mut [Step {
+                seq: &mut seq,
+                tokens: warm,
+                logits: Logits::Last,
+            }])
+            .and_then(|_| {
+                model.forward(&mut [Step {
+                    seq: &mut seq,
+                    tokens: &warm[..1],
+                    logits: Logits::Last,
+                }])
+            });
+        model.free_sequence(seq);
+        r?;
+    }
+    let mut seqs: Vec<Sequence> = Vec::with_capacity(b);
+    let result = (|| {
+        for _ in 0..b {
+            seqs.push(model.new_sequence()?);
+        }
+        let mut next: Vec<u32> = vec![0; b];
+        let start = Instant::now();
+        let mut ttft_s = 0.0;
+        for (i, (seq, prompt)) in seqs.iter_mut().zip(&prompts).enumerate() {
+            let pieces = prompt.chunks(chunk).count();
+            for (p, piece) in prompt.chunks(chunk).enumerate() {
+                let want = if p + 1 == pieces {
+                    Logits::Last
+                } else {
+                    Logits::None
+                };
+                let out = model.forward(&mut [Step {
+                    seq,
+                    tokens: piece,
+                    logits: want,
+                }])?;
+                if p + 1 == pieces {
+                    next[i] = argmax(&out[0]);
+                }
+            }
+            if i == 0 {
+                ttft_s = start.elapsed().as_secs_f64();
+            }
+        }
+        let prefill_s = start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        for _ in 0..m {
+            let ids = next.clone();
+            let mut steps: Vec<Step<'_>> = seqs
+                .iter_mut()
+                .zip(&ids)
+                .map(|(seq, id)| Step {
+                    seq,
+                    tokens: std::slice::from_ref(id),
+                    logits: Logits::Last,
+                })
+                .collect();
+            let out = model.forward(&mut steps)?;
+            for (n, o) in next.iter_mut().zip(&out) {
+                *n = argmax(o);
+            }
+        }
+        let decode_s = start.elapsed().as_secs_f64();
+        Ok(Measured {
+            load_s,
+            prefill_s,
+            ttft_s,
+            decode_s,
+            decoded: b * m,
+        })
+    })();
+    for seq in seqs {
+        model.free_sequence(seq);
+    }
+    result
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter()
+        .enumerate()
+        .fold((0usize, f32::NEG_INFINITY), |best, (i, &x)| {
+            if x > best.1 { (i, x) } else { best }
+        })
+        .0 as u32
+}
+
+struct Report {
+    model: String,
+    model_type: &'static str,
+    params: usize,
+    weight_bytes: usize,
+    dtype: DType,
+    threads: usize,
+    batch: usize,
+    prompt_len: usize,
+    gen_len: usize,
+    load_s: f64,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+    ttft_ms: f64,
+    peak_rss: Option<u64>,
+    bandwidth: Option<f64>,
+    decode_bytes: f64,
+}
+
+impl Report {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        c: &ModelConfig,
+        model: String,
+        args: &Args,
+        threads: usize,
+        dtype: DType,
+        weight_bytes: usize,
+        m: &Measured,
+        bandwidth: Option<f64>,
+    ) -> Self {
+        let rate = |count: usize, secs: f64| if secs > 0.0 { count as f64 / secs } else { 0.0 };
+        Report {
+            model,
+            model_type: c.model_type.as_str(),
+            params: c.parameter_count(),
+            weight_bytes,
+            dtype,
+            threads,
+            batch: args.batch,
+            prompt_len: args.prompt_len,
+            gen_len: args.gen_len,
+            load_s: m.load_s,
+            prefill_tok_s: rate(args.batch * args.prompt_len, m.prefill_s),
+            decode_tok_s: rate(m.decoded, m.decode_s),
+            ttft_ms: m.ttft_s * 1e3,
+            peak_rss: peak_rss_bytes(),
+            bandwidth,
+            decode_bytes: decode_params_per_token(c) * dtype.size_of() as f64,
+        }
+    }
+
+    /// Decode tokens/s if every step only streamed its weights at full bandwidth.
+    fn roofline(&self) -> Option<f64> {
+        self.bandwidth
+            .map(|bw| self.batch as f64 * bw / self.decode_bytes.max(1.0))
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let roofline = self.roofline();
+        serde_json::json!({
+            "model": self.model,
+            "model_type": self.model_type,
+            "params": self.params,
+            "weight_bytes": self.weight_bytes,
+            "weight_dtype": self.dtype.name(),
+            "threads": self.threads,
+            "batch": self.batch,
+            "prompt_len": self.prompt_len,
+            "gen_len": self.gen_len,
+            "load_s": self.load_s,
+            "prefill_tok_s": self.prefill_tok_s,
+            "decode_tok_s": self.decode_tok_s,
+            "ttft_ms": self.ttft_ms,
+            "peak_rss_bytes": self.peak_rss,
+            "bandwidth_bytes_s": self.bandwidth,
+            "decode_bytes_per_step": self.decode_bytes,
+            "roofline_decode_tok_s": roofline,
+            "roofline_fraction": roofline.map(|r| self.decode_tok_s / r),
+        })
+    }
+
+    fn print(&self) {
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        println!(
+            "model        {} ({}, {:.1}M parameters, weights {} = {:.2} GiB)",
+            self.model,
+            self.model_type,
+            self.params as f64 / 1e6,
+            self.dtype,
+            gib(self.weight_bytes as f64)
+        );
+        println!(
+            "run          {} thread(s), batch {}, prompt {} tokens, {} generated; load {:.2} s",
+            self.threads, self.batch, self.prompt_len, self.gen_len, self.load_s
+        );
+        println!("prefill      {:>10.1} tok/s", self.prefill_tok_s);
+        println!("ttft         {:>10.1} ms", self.ttft_ms);
+        match (self.roofline(), self.bandwidth) {
+            (Some(r), Some(bw)) => println!(
+                "decode       {:>10.2} tok/s   roofline {:.2} tok/s ({:.2} GiB/step at {:.1} GB/s): {:.0}%",
+                self.decode_tok_s,
+                r,
+                gib(self.decode_bytes),
+                bw / 1e9,
+                100.0 * self.decode_tok_s / r
+            ),
+            _ => println!("decode       {:>10.2} tok/s", self.decode_tok_s),
+        }
+        match self.peak_rss {
+            Some(p) => println!("peak memory  {:>10.2} GiB (resident)", gib(p as f64)),
+            None => println!("peak memory  unknown on this OS"),
+        }
+    }
+}

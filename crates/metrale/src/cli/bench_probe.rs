@@ -1,0 +1,119 @@
+//! Measurements `metrale bench` reports beside its own timings: the memory
+//! bandwidth the machine sustains, the process's peak memory, and the bytes
+//! of weights a decode step reads.
+
+use std::time::Instant;
+
+use metrale::engine::config::{ExpertNames, FfnNames, MlpNames, ModelConfig};
+
+/// Bytes the bandwidth probe streams through per pass (far beyond any L3).
+const PROBE_BYTES: usize = 512 << 20;
+
+/// Sustained read bandwidth in bytes/s with `threads` threads, each summing
+/// its share of a buffer much larger than the caches; the best of a few passes.
+pub fn read_bandwidth(threads: usize) -> f64 {
+    let threads = threads.max(1);
+    let words = PROBE_BYTES / 8;
+    // Touch every page first so the timed passes read memory, not page faults.
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let share = words.div_ceil(threads);
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let total: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = buf
+                .chunks(share)
+                .map(|part| s.spawn(move || sum_words(part)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, u64::wrapping_add)
+        });
+        let secs = start.elapsed().as_secs_f64();
+        std::hint::black_box(total);
+        best = best.max(PROBE_BYTES as f64 / secs);
+    }
+    best
+}
+
+/// Sums words with independent accumulators so that the loop is load-bound.
+fn sum_words(part: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    let chunks = part.chunks_exact(8);
+    let rest: u64 = chunks.remainder().iter().fold(0, |a, &b| a.wrapping_add(b));
+    for c in chunks {
+        for (a, &b) in acc.iter_mut().zip(c) {
+            *a = a.wrapping_add(b);
+        }
+    }
+    acc.iter().fold(rest, |a, &b| a.wrapping_add(b))
+}
+
+/// The process's peak resident memory (VmHWM), in bytes, where the OS says.
+pub fn peak_rss_bytes() -> Option<u64> {
+    status_kib("VmHWM:").map(|k| k * 1024)
+}
+
+fn status_kib(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Parameters a decode step reads for one token: every weight but the
+/// embedding table (one row of it is gathered; when the head is tied the
+/// table is read once as the head) and, in MoE layers, only `top_k` of the
+/// routed experts.
+pub fn decode_params_per_token(c: &ModelConfig) -> f64 {
+    let specs = c.expected_tensors();
+    let size = |name: &str| {
+        specs
+            .iter()
+            .find(|t| t.name == name)
+            .map_or(0, |t| t.shape.iter().product::<usize>())
+    };
+    let all: usize = specs
+        .iter()
+        .map(|t| t.shape.iter().product::<usize>())
+        .sum();
+    let mut read = all as f64;
+    if c.names.lm_head.is_some() {
+        read -= size(&c.names.embed) as f64;
+    }
+    let Some(moe) = &c.moe else { return read };
+    let active = moe.top_k as f64 / moe.n_experts.max(1) as f64;
+    for layer in &c.layers {
+        let FfnNames::Moe(m) = &layer.names.ffn else {
+            continue;
+        };
+        let experts: usize = match &m.experts {
+            ExpertNames::Separate(list) => list
+                .iter()
+                .map(|e| mlp_names(e).iter().map(|n| size(n)).sum::<usize>())
+                .sum(),
+            ExpertNames::Fused { gate_up, down } => size(gate_up) + size(down),
+        };
+        read -= (1.0 - active) * experts as f64;
+    }
+    read
+}
+
+fn mlp_names(m: &MlpNames) -> Vec<&str> {
+    match m {
+        MlpNames::Split { gate, up, down } => vec![gate, up, down],
+        MlpNames::Fused { gate_up, down } => vec![gate_up, down],
+        MlpNames::Plain { up, down } => vec![up, down],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_words() {
+        let v: Vec<u64> = (0..1003).collect();
+        assert_eq!(sum_words(&v), 1002 * 1003 / 2);
+    }
+}

@@ -1,0 +1,95 @@
+//! `metrale bench` runs on a tiny random-weight model and prints the keys the
+//! comparisons read; `metrale export-random` writes a checkpoint that loads.
+//! No timing is asserted: figures depend on the machine.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn tiny_config() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../benches/configs/tiny-hybrid.json")
+}
+
+fn bench(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_metrale"))
+        .arg("bench")
+        .args([
+            "--prompt-len",
+            "12",
+            "--gen-len",
+            "3",
+            "--threads",
+            "1",
+            "--json",
+            "--no-probe",
+        ])
+        .args(args)
+        .output()
+        .expect("running metrale");
+    assert!(
+        out.status.success(),
+        "metrale bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
+}
+
+fn check_keys(v: &serde_json::Value, dtype: &str) {
+    for key in ["prefill_tok_s", "decode_tok_s", "ttft_ms"] {
+        let x = v[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing in {v}"));
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+    assert!(
+        v["peak_rss_bytes"].as_u64().is_some_and(|b| b > 0),
+        "peak_rss_bytes in {v}"
+    );
+    assert_eq!(v["weight_dtype"], dtype);
+    assert!(v["decode_bytes_per_step"].as_f64().is_some_and(|b| b > 0.0));
+}
+
+#[test]
+fn bench_json_from_a_config_alone() {
+    let config = tiny_config();
+    let v = bench(&["--config", config.to_str().unwrap()]);
+    check_keys(&v, "bf16");
+    let v = bench(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--dtype",
+        "f32",
+        "--batch",
+        "2",
+    ]);
+    check_keys(&v, "f32");
+    assert_eq!(v["batch"], 2);
+}
+
+#[test]
+fn exported_random_checkpoint_loads_and_benches() {
+    let dir = std::env::temp_dir().join(format!("metrale-export-{}", std::process::id()));
+    let status = Command::new(env!("CARGO_BIN_EXE_metrale"))
+        .args([
+            "export-random",
+            "--config",
+            tiny_config().to_str().unwrap(),
+            "--out",
+            dir.to_str().unwrap(),
+        ])
+        .status()
+        .expect("running metrale");
+    assert!(status.success());
+    assert!(dir.join("model.safetensors").is_file() && dir.join("config.json").is_file());
+    let v = bench(&["--model", dir.to_str().unwrap()]);
+    check_keys(&v, "bf16");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_needs_a_model_or_a_config() {
+    let out = Command::new(env!("CARGO_BIN_EXE_metrale"))
+        .args(["bench", "--json"])
+        .output()
+        .expect("running metrale");
+    assert!(!out.status.success());
+}
