@@ -35,27 +35,6 @@ fn sigmoid(x: f32) -> f32 {
 }
 
 impl CpuBackend {
-    fn gemv(&self, x: &[f32], w: Weights<'_>, out: &mut [f32], d: MatmulDims) {
-        let MatmulDims { m, n, k } = d;
-        // Compute transposed ([n, m]) so each thread owns a contiguous block of
-        // output rows of W, then transpose back: W is read once for all m rows.
-        let mut t = vec![0f32; n * m];
-        let block = 64usize;
-        t.par_chunks_mut(block * m).enumerate().for_each(|(b, chunk)| {
-            for (jj, row) in chunk.chunks_mut(m).enumerate() {
-                let j = b * block + jj;
-                for (i, o) in row.iter_mut().enumerate() {
-                    *o = w.dot(j * k, &x[i * k..(i + 1) * k]);
-                }
-            }
-        });
-        for i in 0..m {
-            for j in 0..n {
-                out[i * n + j] = t[j * m + i];
-            }
-        }
-    }
-
     fn gemm_widened(&self, x: &[f32], w: Weights<'_>, out: &mut [f32], d: MatmulDims) {
         let MatmulDims { m, n, k } = d;
         let threads = self.threads();
@@ -113,7 +92,7 @@ impl DenseOps for CpuBackend {
         let o = &mut self.write_f32(OP, out, &inputs)?[..m * n];
         self.install(|| {
             if m <= GEMV_MAX_ROWS || k == 0 {
-                self.gemv(xs, ws, o, d)
+                super::gemv::gemv(xs, ws, o, m, n, k, self.threads())
             } else {
                 self.gemm_widened(xs, ws, o, d)
             }

@@ -1,0 +1,163 @@
+//! Dense ops of the CPU backend at the shapes of the benchmark models
+//! (`benches/configs/`): GEMV (decode, one row) and GEMM (a 512-token
+//! prefill) with f32 and bf16 weights, attention decode over a 512-token
+//! cache, and the causal conv1d of a Mamba-2 layer. The SSD scan and the
+//! delta rule are in `recurrent.rs`.
+//!
+//! `cargo bench -p metrale-gpu-runtime --bench dense -- --warm-up-time 1 --measurement-time 3`
+//! Threads: `METRALE_THREADS` (default 2, the benchmark machine's cores).
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use metrale_core::{BlockId, DType};
+use metrale_gpu_runtime::cpu::CpuBackend;
+use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
+use metrale_gpu_runtime::ops::{
+    AttnParams, AttnSeq, DenseOps, KvLayer, MatmulDims, RecurrentOps, RecurrentSeq,
+};
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+        })
+        .collect()
+}
+
+fn upload(gpu: &dyn GpuBackend, v: &[f32], dtype: DType) -> DeviceSlice {
+    let s = gpu.alloc_slice(dtype, v.len(), "bench").expect("alloc");
+    let bytes: Vec<u8> = match dtype {
+        DType::BF16 => v
+            .iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+            .collect(),
+        _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    };
+    gpu.copy_h2d(&bytes, s.ptr(), 0).expect("upload");
+    s
+}
+
+/// (name, n, k) of the projections the models run most.
+const SHAPES: [(&str, usize, usize); 6] = [
+    ("granite_in_proj", 3376, 768),
+    ("granite_out_proj", 768, 1536),
+    ("granite_mlp_gate_up", 4096, 768),
+    ("granite_mlp_down", 768, 2048),
+    ("llama_mlp_up", 4096, 1024),
+    ("granite_lm_head", 100352, 768),
+];
+
+fn matmuls(c: &mut Criterion, cpu: &CpuBackend) {
+    let gpu: &dyn GpuBackend = cpu;
+    for (m, label) in [(1usize, "gemv"), (512, "gemm512")] {
+        let mut g = c.benchmark_group(label);
+        g.sample_size(10);
+        for &(name, n, k) in &SHAPES {
+            if m > 1 && n > 10_000 {
+                continue; // the head runs on the last row only
+            }
+            let x = upload(gpu, &values(m * k, 1), DType::F32);
+            let out = upload(gpu, &vec![0.0; m * n], DType::F32);
+            for dtype in [DType::BF16, DType::F32] {
+                let w = upload(gpu, &values(n * k, 2), dtype);
+                // Decode streams the weights; prefill is compute.
+                g.throughput(if m == 1 {
+                    Throughput::Bytes((n * k * dtype.size_of()) as u64)
+                } else {
+                    Throughput::Elements((2 * m * n * k) as u64)
+                });
+                g.bench_function(format!("{name}_{n}x{k}_{}", dtype.name()), |b| {
+                    b.iter(|| {
+                        gpu.matmul(x, w, None, out, MatmulDims { m, n, k })
+                            .expect("matmul")
+                    })
+                });
+                gpu.free(w.ptr()).expect("free");
+            }
+            gpu.free(x.ptr()).expect("free");
+            gpu.free(out.ptr()).expect("free");
+        }
+        g.finish();
+    }
+}
+
+fn attention_decode(c: &mut Criterion, cpu: &CpuBackend) {
+    let gpu: &dyn GpuBackend = cpu;
+    // Granite-4.0-H-350M's attention: 12 heads over 4 KV heads of 64.
+    let (heads, kv_heads, hd, len, bs) = (12, 4, 64, 512, 16);
+    let blocks = len / bs;
+    let kv = KvLayer {
+        k: upload(gpu, &values(blocks * bs * kv_heads * hd, 3), DType::F32),
+        v: upload(gpu, &values(blocks * bs * kv_heads * hd, 4), DType::F32),
+        block_size: bs,
+    };
+    let q = upload(gpu, &values(heads * hd, 5), DType::F32);
+    let out = upload(gpu, &vec![0.0; heads * hd], DType::F32);
+    let table: Vec<BlockId> = (0..blocks as u32).map(BlockId).collect();
+    let seqs = [AttnSeq {
+        q_start: 0,
+        q_len: 1,
+        kv_len: len,
+        block_table: &table,
+    }];
+    let p = AttnParams {
+        n_heads: heads,
+        n_kv_heads: kv_heads,
+        head_dim: hd,
+        scale: 0.125,
+        sliding_window: None,
+    };
+    let mut g = c.benchmark_group("attention");
+    g.sample_size(20);
+    g.bench_function("decode_12x64_gqa3_kv512", |b| {
+        b.iter(|| {
+            gpu.paged_attention(q, &kv, out, &seqs, &p)
+                .expect("attention")
+        })
+    });
+    g.finish();
+}
+
+fn conv1d(c: &mut Criterion, cpu: &CpuBackend) {
+    let gpu: &dyn GpuBackend = cpu;
+    // Granite-4.0-H-350M's Mamba conv: x (1536) + B + C (2 x 128) channels, kernel 4.
+    let (channels, kernel) = (1792, 4);
+    let w = upload(gpu, &values(channels * kernel, 6), DType::BF16);
+    let bias = upload(gpu, &values(channels, 7), DType::BF16);
+    let mut g = c.benchmark_group("conv1d");
+    g.sample_size(20);
+    for rows in [1usize, 512] {
+        let x = upload(gpu, &values(rows * channels, 8), DType::F32);
+        let out = upload(gpu, &vec![0.0; rows * channels], DType::F32);
+        let state = upload(gpu, &vec![0.0; channels * (kernel - 1)], DType::F32);
+        let seqs = [RecurrentSeq {
+            row_start: 0,
+            len: rows,
+            state,
+        }];
+        g.bench_function(format!("granite_{channels}ch_k{kernel}_{rows}rows"), |b| {
+            b.iter(|| {
+                gpu.causal_conv1d(x, w, Some(bias), out, &seqs, channels, kernel, true)
+                    .expect("conv1d")
+            })
+        });
+    }
+    g.finish();
+}
+
+fn dense(c: &mut Criterion) {
+    let threads = std::env::var("METRALE_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(2);
+    let cpu = CpuBackend::with_threads(threads);
+    matmuls(c, &cpu);
+    attention_decode(c, &cpu);
+    conv1d(c, &cpu);
+}
+
+criterion_group!(benches, dense);
+criterion_main!(benches);
