@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark of metrale and llama.cpp on the random-weight models
+# of benches/configs/, at the same precision, thread count, prompt and
+# generation lengths. Run by hand (not in CI): the first run builds
+# llama-cpp-python from source, which takes many minutes on 2 cores.
+#
+#   benches/compare/compare.sh [--threads T] [--prompt-len N] [--gen-len M]
+#                              [--dtype bf16|f32] [--shapes "a b c"]
+#
+# Everything it downloads or builds stays in benches/compare/.venv and
+# benches/compare/work (both ignored by git).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+THREADS=2 PROMPT=512 GEN=32 DTYPE=bf16
+SHAPES="granite-4.0-h-350m mamba2-370m nemotron-h-400m qwen3-next-400m llama-370m"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --threads) THREADS="$2"; shift 2 ;;
+    --prompt-len) PROMPT="$2"; shift 2 ;;
+    --gen-len) GEN="$2"; shift 2 ;;
+    --dtype) DTYPE="$2"; shift 2 ;;
+    --shapes) SHAPES="$2"; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+VENV="$HERE/.venv" WORK="$HERE/work"
+mkdir -p "$WORK/models"
+PY="$VENV/bin/python"
+
+# 1. Python side: llama-cpp-python (CPU build with this machine's vector
+#    instructions) and what llama.cpp's converter needs.
+if [ ! -x "$PY" ]; then python3 -m venv "$VENV"; fi
+if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
+  CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+    "$VENV/bin/pip" install llama-cpp-python
+fi
+"$PY" -c "import gguf, torch, numpy, safetensors, sentencepiece" 2>/dev/null ||
+  "$VENV/bin/pip" install gguf torch numpy safetensors sentencepiece transformers
+# The converter ships in the source distribution (vendor/llama.cpp).
+LLAMA_SRC="$(ls -d "$WORK"/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | head -n 1 || true)"
+if [ -z "$LLAMA_SRC" ]; then
+  VERSION="$("$PY" -c 'import llama_cpp; print(llama_cpp.__version__)')"
+  "$VENV/bin/pip" download --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$WORK/dl"
+  tar xzf "$WORK/dl/llama_cpp_python-$VERSION.tar.gz" -C "$WORK"
+  LLAMA_SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
+fi
+
+# 2. metrale.
+(cd "$ROOT" && cargo build --release -p metrale)
+METRALE="${CARGO_TARGET_DIR:-$ROOT/target}/release/metrale"
+
+# 3. Each shape: one random checkpoint, converted, run by both engines.
+OUT="$WORK/results.jsonl"
+: > "$OUT"
+echo "load before the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+for shape in $SHAPES; do
+  cfg="$ROOT/benches/configs/$shape.json"
+  dir="$WORK/models/$shape-$DTYPE"
+  gguf="$dir.gguf"
+  [ -f "$dir/model.safetensors" ] || "$METRALE" export-random --config "$cfg" --out "$dir" --dtype "$DTYPE"
+  [ -f "$gguf" ] || "$PY" "$HERE/convert.py" "$LLAMA_SRC" "$dir" "$gguf" "$DTYPE" > "$WORK/convert-$shape.log" 2>&1 ||
+    { echo "converting $shape failed; see $WORK/convert-$shape.log" >&2; continue; }
+  echo "== $shape" >&2
+  m="$("$METRALE" bench --model "$dir" --dtype "$DTYPE" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len "$GEN" --json)"
+  l="$("$PY" "$HERE/llama_bench.py" "$gguf" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len "$GEN")"
+  printf '{"shape": "%s", "metrale": %s, "llama": %s}\n' "$shape" "$m" "$l" >> "$OUT"
+done
+echo "load after the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+"$PY" "$HERE/report.py" "$OUT"
