@@ -10,8 +10,13 @@ use crate::ops::dense::{AttnParams, AttnSeq, DenseOps, KvLayer, MatmulDims, Rope
 
 /// Rows of W widened per GEMM panel when weights are not f32.
 const WIDEN_PANEL_ROWS: usize = 256;
-/// Up to this many rows of x, matmul runs as matrix-vector products.
-const GEMV_MAX_ROWS: usize = 4;
+/// Up to this many rows of x, matmul runs as matrix-vector products. Each
+/// output element is then one dot product whose summation order does not
+/// depend on how many rows the call has, so a sequence's logits are bitwise
+/// the same alone and in any step of up to this many tokens (decode batches
+/// included). Larger steps go through the blocked GEMM, which sums in another
+/// order (differences of a few ulps).
+const GEMV_MAX_ROWS: usize = 32;
 
 fn shape_err(op: &'static str, detail: String) -> GpuError {
     GpuError::Shape { op, detail }

@@ -84,11 +84,13 @@ pub(crate) fn gemv(
     let ptr = OutPtr(out.as_mut_ptr());
     let run = |t: usize| {
         let (j0, j1) = (t * share, ((t + 1) * share).min(n));
-        for i in 0..m {
-            let xi = &x[i * k..(i + 1) * k];
-            let mut j = j0;
-            while j < j1 {
-                let rows = ROWS.min(j1 - j);
+        // Weight rows outside, activation rows inside: each group of ROWS
+        // weight rows is read from memory once and stays in L1 for all m rows.
+        let mut j = j0;
+        while j < j1 {
+            let rows = ROWS.min(j1 - j);
+            for i in 0..m {
+                let xi = &x[i * k..(i + 1) * k];
                 let mut acc = [0f32; ROWS];
                 dot_rows(isa, xi, w, j, rows, k, &mut acc);
                 for (r, v) in acc[..rows].iter().enumerate() {
@@ -96,8 +98,8 @@ pub(crate) fn gemv(
                     // above), and task `t` alone writes columns `j0..j1`.
                     unsafe { ptr.write(i * n + j + r, *v) };
                 }
-                j += rows;
             }
+            j += rows;
         }
     };
     let count = n.div_ceil(share);
@@ -172,6 +174,9 @@ mod x86 {
 
     use super::ROWS;
 
+    /// How far ahead (in elements) the bf16 kernels prefetch.
+    const PREFETCH_BF16: usize = 1024;
+
     #[inline]
     fn widen(v: bf16) -> f32 {
         f32::from_bits((v.to_bits() as u32) << 16)
@@ -181,27 +186,33 @@ mod x86 {
     /// The CPU must support AVX-512F; every row must be as long as `x`.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn dot4_bf16_avx512(x: &[f32], rs: [&[bf16]; ROWS], acc: &mut [f32; ROWS]) {
+        // One row at a time: the rows are adjacent in memory, so the reads
+        // form one sequential stream, which is what the prefetchers follow
+        // best; four accumulators hide the FMA latency.
         let k = x.len();
-        let full = k / 16 * 16;
-        let mut s = [_mm512_setzero_ps(); ROWS];
-        let mut c = 0;
-        while c < full {
-            // SAFETY: `c + 16 <= k` and every row holds `k` elements; the
-            // loads are unaligned loads.
-            unsafe {
-                let xv = _mm512_loadu_ps(x.as_ptr().add(c));
-                for r in 0..ROWS {
-                    let raw = _mm256_loadu_si256(rs[r].as_ptr().add(c).cast());
-                    let wv =
-                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(raw)));
-                    s[r] = _mm512_fmadd_ps(xv, wv, s[r]);
-                }
-            }
-            c += 16;
-        }
+        let full = k / 64 * 64;
         for r in 0..ROWS {
-            let tail: f32 = (full..k).map(|i| x[i] * widen(rs[r][i])).sum();
-            acc[r] = _mm512_reduce_add_ps(s[r]) + tail;
+            let row = rs[r];
+            let p = row.as_ptr();
+            let mut s = [_mm512_setzero_ps(); 4];
+            let mut c = 0;
+            while c < full {
+                // SAFETY: `c + 64 <= k` and the row holds `k` elements; the
+                // prefetch is a hint and may point past the row.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c + PREFETCH_BF16).cast());
+                    for u in 0..4 {
+                        let xv = _mm512_loadu_ps(x.as_ptr().add(c + 16 * u));
+                        let raw = _mm256_loadu_si256(p.add(c + 16 * u).cast());
+                        let wv = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(raw)));
+                        s[u] = _mm512_fmadd_ps(xv, wv, s[u]);
+                    }
+                }
+                c += 64;
+            }
+            let tail: f32 = (full..k).map(|i| x[i] * widen(row[i])).sum();
+            let v = _mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3]));
+            acc[r] = _mm512_reduce_add_ps(v) + tail;
         }
     }
 

@@ -112,6 +112,7 @@ impl CpuBackend {
         Ok(bytemuck_f32(b))
     }
 
+    #[allow(clippy::mut_from_ref)]
     pub(crate) fn write_f32<'a>(&'a self, op: &'static str, s: DeviceSlice, inputs: &[DeviceSlice]) -> Result<&'a mut [f32]> {
         if s.dtype() != DType::F32 {
             return Err(GpuError::UnsupportedDType { op, dtype: s.dtype() });
