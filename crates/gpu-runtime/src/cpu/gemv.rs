@@ -1,7 +1,8 @@
 //! Matrix-vector products for decode: `out[i, j] = dot(x[i, :], w[j, :])`
 //! for a few rows of `x`. Decode reads every weight once per token, so these
-//! loops are built to stream `w` at the memory's pace: four rows of `w` at a
-//! time against one row of `x` (which stays in L1), bf16 widened in registers,
+//! loops are built to stream `w` at the memory's pace: rows of `w` read one
+//! after the other (one sequential stream per thread, with software prefetch)
+//! against one row of `x` (which stays in L1), bf16 widened in registers,
 //! AVX-512 or AVX2+FMA where the CPU has them (detected at run time), a
 //! portable loop elsewhere. The rows of `w` are split evenly over the
 //! backend's threads; nothing is allocated per call.
@@ -176,6 +177,8 @@ mod x86 {
 
     /// How far ahead (in elements) the bf16 kernels prefetch.
     const PREFETCH_BF16: usize = 1024;
+    /// The same distance in bytes for f32 weights.
+    const PREFETCH_F32: usize = 512;
 
     #[inline]
     fn widen(v: bf16) -> f32 {
@@ -204,7 +207,9 @@ mod x86 {
                     for u in 0..4 {
                         let xv = _mm512_loadu_ps(x.as_ptr().add(c + 16 * u));
                         let raw = _mm256_loadu_si256(p.add(c + 16 * u).cast());
-                        let wv = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(raw)));
+                        let wv = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(
+                            _mm512_cvtepu16_epi32(raw),
+                        ));
                         s[u] = _mm512_fmadd_ps(xv, wv, s[u]);
                     }
                 }
@@ -220,26 +225,35 @@ mod x86 {
     /// The CPU must support AVX2 and FMA; every row must be as long as `x`.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot4_bf16_avx2(x: &[f32], rs: [&[bf16]; ROWS], acc: &mut [f32; ROWS]) {
+        // As the AVX-512 kernel: one sequential stream, four accumulators.
         let k = x.len();
-        let full = k / 8 * 8;
-        let mut s = [_mm256_setzero_ps(); ROWS];
-        let mut c = 0;
-        while c < full {
-            // SAFETY: `c + 8 <= k` and every row holds `k` elements.
-            unsafe {
-                let xv = _mm256_loadu_ps(x.as_ptr().add(c));
-                for r in 0..ROWS {
-                    let raw = _mm_loadu_si128(rs[r].as_ptr().add(c).cast());
-                    let wv =
-                        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(raw)));
-                    s[r] = _mm256_fmadd_ps(xv, wv, s[r]);
-                }
-            }
-            c += 8;
-        }
+        let full = k / 32 * 32;
         for r in 0..ROWS {
-            let tail: f32 = (full..k).map(|i| x[i] * widen(rs[r][i])).sum();
-            acc[r] = hsum256(s[r]) + tail;
+            let row = rs[r];
+            let p = row.as_ptr();
+            let mut s = [_mm256_setzero_ps(); 4];
+            let mut c = 0;
+            while c < full {
+                // SAFETY: `c + 32 <= k` and the row holds `k` elements; the
+                // prefetch is a hint and may point past the row.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c + PREFETCH_BF16).cast());
+                    for u in 0..4 {
+                        let xv = _mm256_loadu_ps(x.as_ptr().add(c + 8 * u));
+                        let raw = _mm_loadu_si128(p.add(c + 8 * u).cast());
+                        let wv = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(
+                            _mm256_cvtepu16_epi32(raw),
+                        ));
+                        s[u] = _mm256_fmadd_ps(xv, wv, s[u]);
+                    }
+                }
+                c += 32;
+            }
+            let tail: f32 = (full..k).map(|i| x[i] * widen(row[i])).sum();
+            acc[r] = hsum256(_mm256_add_ps(
+                _mm256_add_ps(s[0], s[1]),
+                _mm256_add_ps(s[2], s[3]),
+            )) + tail;
         }
     }
 
@@ -248,22 +262,28 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn dot4_f32_avx512(x: &[f32], rs: [&[f32]; ROWS], acc: &mut [f32; ROWS]) {
         let k = x.len();
-        let full = k / 16 * 16;
-        let mut s = [_mm512_setzero_ps(); ROWS];
-        let mut c = 0;
-        while c < full {
-            // SAFETY: `c + 16 <= k` and every row holds `k` elements.
-            unsafe {
-                let xv = _mm512_loadu_ps(x.as_ptr().add(c));
-                for r in 0..ROWS {
-                    s[r] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(rs[r].as_ptr().add(c)), s[r]);
-                }
-            }
-            c += 16;
-        }
+        let full = k / 64 * 64;
         for r in 0..ROWS {
-            let tail: f32 = (full..k).map(|i| x[i] * rs[r][i]).sum();
-            acc[r] = _mm512_reduce_add_ps(s[r]) + tail;
+            let row = rs[r];
+            let p = row.as_ptr();
+            let mut s = [_mm512_setzero_ps(); 4];
+            let mut c = 0;
+            while c < full {
+                // SAFETY: `c + 64 <= k` and the row holds `k` elements; the
+                // prefetch is a hint and may point past the row.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c + PREFETCH_F32).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c + PREFETCH_F32 + 32).cast());
+                    for u in 0..4 {
+                        let xv = _mm512_loadu_ps(x.as_ptr().add(c + 16 * u));
+                        s[u] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(p.add(c + 16 * u)), s[u]);
+                    }
+                }
+                c += 64;
+            }
+            let tail: f32 = (full..k).map(|i| x[i] * row[i]).sum();
+            let v = _mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3]));
+            acc[r] = _mm512_reduce_add_ps(v) + tail;
         }
     }
 
@@ -272,22 +292,30 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot4_f32_avx2(x: &[f32], rs: [&[f32]; ROWS], acc: &mut [f32; ROWS]) {
         let k = x.len();
-        let full = k / 8 * 8;
-        let mut s = [_mm256_setzero_ps(); ROWS];
-        let mut c = 0;
-        while c < full {
-            // SAFETY: `c + 8 <= k` and every row holds `k` elements.
-            unsafe {
-                let xv = _mm256_loadu_ps(x.as_ptr().add(c));
-                for r in 0..ROWS {
-                    s[r] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(rs[r].as_ptr().add(c)), s[r]);
-                }
-            }
-            c += 8;
-        }
+        let full = k / 32 * 32;
         for r in 0..ROWS {
-            let tail: f32 = (full..k).map(|i| x[i] * rs[r][i]).sum();
-            acc[r] = hsum256(s[r]) + tail;
+            let row = rs[r];
+            let p = row.as_ptr();
+            let mut s = [_mm256_setzero_ps(); 4];
+            let mut c = 0;
+            while c < full {
+                // SAFETY: `c + 32 <= k` and the row holds `k` elements; the
+                // prefetch is a hint and may point past the row.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c + PREFETCH_F32).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c + PREFETCH_F32 + 16).cast());
+                    for u in 0..4 {
+                        let xv = _mm256_loadu_ps(x.as_ptr().add(c + 8 * u));
+                        s[u] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(p.add(c + 8 * u)), s[u]);
+                    }
+                }
+                c += 32;
+            }
+            let tail: f32 = (full..k).map(|i| x[i] * row[i]).sum();
+            acc[r] = hsum256(_mm256_add_ps(
+                _mm256_add_ps(s[0], s[1]),
+                _mm256_add_ps(s[2], s[3]),
+            )) + tail;
         }
     }
 
