@@ -64,8 +64,10 @@ for shape in $SHAPES; do
   [ -f "$gguf" ] || "$PY" "$HERE/convert.py" "$LLAMA_SRC" "$dir" "$gguf" "$DTYPE" > "$WORK/convert-$shape.log" 2>&1 ||
     { echo "converting $shape failed; see $WORK/convert-$shape.log" >&2; continue; }
   echo "== $shape" >&2
-  m="$("$METRALE" bench --model "$dir" --dtype "$DTYPE" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len "$GEN" --json)"
-  l="$("$PY" "$HERE/llama_bench.py" "$gguf" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len "$GEN")"
+  m="$("$METRALE" bench --model "$dir" --dtype "$DTYPE" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len "$GEN" --json)" ||
+    { echo "metrale failed on $shape" >&2; continue; }
+  l="$("$PY" "$HERE/llama_bench.py" "$gguf" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len "$GEN" 2> "$WORK/llama-$shape.log")" ||
+    { echo "llama.cpp failed on $shape; see $WORK/llama-$shape.log" >&2; continue; }
   printf '{"shape": "%s", "metrale": %s, "llama": %s}\n' "$shape" "$m" "$l" >> "$OUT"
 done
 echo "load after the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2

@@ -43,6 +43,12 @@ def main() -> None:
         w.add_eos_token_id(eos if isinstance(eos, int) and eos < n else 2)
         w.add_add_bos_token(False)
 
+    if hparams.get("model_type") == "nemotron_h":
+        # transformers fills in its NemotronH defaults, MoE keys included, and
+        # the converter then takes a dense model for a MoE one; read the file
+        # as written, as the converter does when transformers cannot.
+        conv.ModelBase.load_hparams = staticmethod(lambda d, is_mistral_format=False: json.loads((Path(d) / "config.json").read_text()))
+
     original = conv.get_model_class
 
     def patched(*args, **kwargs):

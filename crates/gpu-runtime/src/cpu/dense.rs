@@ -17,6 +17,9 @@ const WIDEN_PANEL_ROWS: usize = 256;
 /// included). Larger steps go through the blocked GEMM, which sums in another
 /// order (differences of a few ulps).
 const GEMV_MAX_ROWS: usize = 32;
+/// Ops touching fewer elements than this run on the calling thread: waking
+/// the pool costs more than the work (decode runs hundreds of such ops a token).
+const SERIAL_ELEMENTS: usize = 1 << 15;
 
 fn shape_err(op: &'static str, detail: String) -> GpuError {
     GpuError::Shape { op, detail }
@@ -95,13 +98,13 @@ impl DenseOps for CpuBackend {
             None => None,
         };
         let o = &mut self.write_f32(OP, out, &inputs)?[..m * n];
-        self.install(|| {
-            if m <= GEMV_MAX_ROWS || k == 0 {
-                super::gemv::gemv(xs, ws, o, m, n, k, self.threads())
-            } else {
-                self.gemm_widened(xs, ws, o, d)
-            }
-        });
+        if m <= GEMV_MAX_ROWS || k == 0 {
+            // Small ones run here alone, without waking the pool.
+            let pool = (n * k >= SERIAL_ELEMENTS).then(|| self.pool());
+            super::gemv::gemv(pool, xs, ws, o, m, n, k)
+        } else {
+            self.install(|| self.gemm_widened(xs, ws, o, d));
+        }
         if let Some(b) = b {
             for row in o.chunks_mut(n) {
                 row.iter_mut().zip(b).for_each(|(o, b)| *o += b);
@@ -121,15 +124,18 @@ impl DenseOps for CpuBackend {
         ws.widen_into(0, &mut wf);
         wf.iter_mut().for_each(|v| *v += weight_offset);
         let o = self.write_f32(OP, out, &[x, w])?;
-        self.install(|| {
-            o[..rows * dim].par_chunks_mut(dim).zip(xs[..rows * dim].par_chunks(dim)).for_each(|(o, x)| {
-                let ms = dot_f32(x, x) / dim as f32;
-                let r = 1.0 / (ms + eps).sqrt();
-                for ((o, x), w) in o.iter_mut().zip(x).zip(&wf) {
-                    *o = x * r * w;
-                }
-            })
-        });
+        let norm = |(o, x): (&mut [f32], &[f32])| {
+            let ms = dot_f32(x, x) / dim as f32;
+            let r = 1.0 / (ms + eps).sqrt();
+            for ((o, x), w) in o.iter_mut().zip(x).zip(&wf) {
+                *o = x * r * w;
+            }
+        };
+        if rows * dim < SERIAL_ELEMENTS {
+            o[..rows * dim].chunks_mut(dim).zip(xs[..rows * dim].chunks(dim)).for_each(norm);
+        } else {
+            self.install(|| o[..rows * dim].par_chunks_mut(dim).zip(xs[..rows * dim].par_chunks(dim)).for_each(norm));
+        }
         Ok(())
     }
 
@@ -143,23 +149,27 @@ impl DenseOps for CpuBackend {
         }
         let xs = self.write_f32(OP, x, &[])?;
         let (inv_freq, scaling, head_dim) = (&p.inv_freq[..half], p.attention_scaling, p.head_dim);
-        self.install(|| {
-            xs[..positions.len() * width].par_chunks_mut(width).zip(positions.par_iter()).for_each(|(row, &pos)| {
-                let mut cs = [(0f32, 0f32); 256];
-                let cs = &mut cs[..half.min(256)];
-                for (c, f) in cs.iter_mut().zip(inv_freq) {
-                    let a = pos as f32 * f;
-                    *c = (a.cos() * scaling, a.sin() * scaling);
+        let rotate = |(row, &pos): (&mut [f32], &u32)| {
+            let mut cs = [(0f32, 0f32); 256];
+            let cs = &mut cs[..half.min(256)];
+            for (c, f) in cs.iter_mut().zip(inv_freq) {
+                let a = pos as f32 * f;
+                *c = (a.cos() * scaling, a.sin() * scaling);
+            }
+            for head in row.chunks_mut(head_dim) {
+                for (i, &(c, s)) in cs.iter().enumerate() {
+                    let (x1, x2) = (head[i], head[i + half]);
+                    head[i] = x1 * c - x2 * s;
+                    head[i + half] = x2 * c + x1 * s;
                 }
-                for head in row.chunks_mut(head_dim) {
-                    for (i, &(c, s)) in cs.iter().enumerate() {
-                        let (x1, x2) = (head[i], head[i + half]);
-                        head[i] = x1 * c - x2 * s;
-                        head[i + half] = x2 * c + x1 * s;
-                    }
-                }
-            })
-        });
+            }
+        };
+        let rows = &mut xs[..positions.len() * width];
+        if rows.len() < SERIAL_ELEMENTS {
+            rows.chunks_mut(width).zip(positions.iter()).for_each(rotate);
+        } else {
+            self.install(|| rows.par_chunks_mut(width).zip(positions.par_iter()).for_each(rotate));
+        }
         Ok(())
     }
 

@@ -1,14 +1,15 @@
 //! Matrix-vector products for decode: `out[i, j] = dot(x[i, :], w[j, :])`
 //! for a few rows of `x`. Decode reads every weight once per token, so these
 //! loops are built to stream `w` at the memory's pace: rows of `w` read one
-//! after the other (one sequential stream per thread, with software prefetch)
+//! after the other (one sequential stream per thread, which the hardware
+//! prefetchers follow; software prefetch measured slower)
 //! against one row of `x` (which stays in L1), bf16 widened in registers,
 //! AVX-512 or AVX2+FMA where the CPU has them (detected at run time), a
 //! portable loop elsewhere. The rows of `w` are split evenly over the
 //! backend's threads; nothing is allocated per call.
 
 use half::bf16;
-use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::kernels::Weights;
 
@@ -59,16 +60,21 @@ impl OutPtr {
 }
 
 /// `out[i * n + j] = dot(x[i * k..], w[j * k..])` for `i < m`, `j < n`.
-/// Must run inside the backend's pool; `threads` is its size.
+///
+/// With a pool of `threads` threads, the calling thread takes shares itself
+/// and `threads - 1` helpers from the pool take the rest (shares are handed
+/// out from a counter): the caller works instead of sleeping until the pool
+/// is done, which saves a sleep and a wake-up per call (hundreds a token).
 pub(crate) fn gemv(
+    pool: Option<&rayon::ThreadPool>,
     x: &[f32],
     w: Weights<'_>,
     out: &mut [f32],
     m: usize,
     n: usize,
     k: usize,
-    threads: usize,
 ) {
+    let threads = pool.map_or(1, |p| p.current_num_threads());
     assert!(x.len() >= m * k && out.len() >= m * n);
     if m == 0 || n == 0 {
         return;
@@ -104,10 +110,26 @@ pub(crate) fn gemv(
         }
     };
     let count = n.div_ceil(share);
-    if count <= 1 {
-        run(0);
-    } else {
-        (0..count).into_par_iter().for_each(run);
+    match pool {
+        Some(pool) if count > 1 => {
+            let next = AtomicUsize::new(0);
+            let work = || {
+                loop {
+                    let t = next.fetch_add(1, Ordering::Relaxed);
+                    if t >= count {
+                        break;
+                    }
+                    run(t);
+                }
+            };
+            pool.in_place_scope(|s| {
+                for _ in 1..threads.min(count) {
+                    s.spawn(|_| work());
+                }
+                work();
+            });
+        }
+        _ => (0..count).for_each(run),
     }
 }
 
@@ -175,11 +197,6 @@ mod x86 {
 
     use super::ROWS;
 
-    /// How far ahead (in elements) the bf16 kernels prefetch.
-    const PREFETCH_BF16: usize = 1024;
-    /// The same distance in bytes for f32 weights.
-    const PREFETCH_F32: usize = 512;
-
     #[inline]
     fn widen(v: bf16) -> f32 {
         f32::from_bits((v.to_bits() as u32) << 16)
@@ -200,10 +217,8 @@ mod x86 {
             let mut s = [_mm512_setzero_ps(); 4];
             let mut c = 0;
             while c < full {
-                // SAFETY: `c + 64 <= k` and the row holds `k` elements; the
-                // prefetch is a hint and may point past the row.
+                // SAFETY: `c + 64 <= k` and the row holds `k` elements.
                 unsafe {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c + PREFETCH_BF16).cast());
                     for u in 0..4 {
                         let xv = _mm512_loadu_ps(x.as_ptr().add(c + 16 * u));
                         let raw = _mm256_loadu_si256(p.add(c + 16 * u).cast());
@@ -234,10 +249,8 @@ mod x86 {
             let mut s = [_mm256_setzero_ps(); 4];
             let mut c = 0;
             while c < full {
-                // SAFETY: `c + 32 <= k` and the row holds `k` elements; the
-                // prefetch is a hint and may point past the row.
+                // SAFETY: `c + 32 <= k` and the row holds `k` elements.
                 unsafe {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c + PREFETCH_BF16).cast());
                     for u in 0..4 {
                         let xv = _mm256_loadu_ps(x.as_ptr().add(c + 8 * u));
                         let raw = _mm_loadu_si128(p.add(c + 8 * u).cast());
@@ -269,11 +282,8 @@ mod x86 {
             let mut s = [_mm512_setzero_ps(); 4];
             let mut c = 0;
             while c < full {
-                // SAFETY: `c + 64 <= k` and the row holds `k` elements; the
-                // prefetch is a hint and may point past the row.
+                // SAFETY: `c + 64 <= k` and the row holds `k` elements.
                 unsafe {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c + PREFETCH_F32).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c + PREFETCH_F32 + 32).cast());
                     for u in 0..4 {
                         let xv = _mm512_loadu_ps(x.as_ptr().add(c + 16 * u));
                         s[u] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(p.add(c + 16 * u)), s[u]);
@@ -299,11 +309,8 @@ mod x86 {
             let mut s = [_mm256_setzero_ps(); 4];
             let mut c = 0;
             while c < full {
-                // SAFETY: `c + 32 <= k` and the row holds `k` elements; the
-                // prefetch is a hint and may point past the row.
+                // SAFETY: `c + 32 <= k` and the row holds `k` elements.
                 unsafe {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c + PREFETCH_F32).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c + PREFETCH_F32 + 16).cast());
                     for u in 0..4 {
                         let xv = _mm256_loadu_ps(x.as_ptr().add(c + 8 * u));
                         s[u] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(p.add(c + 8 * u)), s[u]);
@@ -381,7 +388,7 @@ mod tests {
                             }
                         }
                     } else {
-                        pool.install(|| gemv(&x, w, &mut out, m, n, k, 2));
+                        gemv(Some(&pool), &x, w, &mut out, m, n, k);
                     }
                     for (a, b) in out.iter().zip(&want) {
                         assert!(

@@ -56,6 +56,11 @@ impl CpuBackend {
         self.pool.current_num_threads()
     }
 
+    /// The worker pool.
+    pub(crate) fn pool(&self) -> &rayon::ThreadPool {
+        &self.pool
+    }
+
     /// Runs `f` on this backend's thread pool.
     pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
