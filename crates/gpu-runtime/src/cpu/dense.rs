@@ -42,6 +42,11 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
+thread_local! {
+    /// The widened weight panel of `gemm_widened`, per pool thread.
+    static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl CpuBackend {
     fn gemm_widened(&self, x: &[f32], w: Weights<'_>, out: &mut [f32], d: MatmulDims) {
         let MatmulDims { m, n, k } = d;
@@ -50,14 +55,19 @@ impl CpuBackend {
             gemm_xwt(x, wf, out, m, n, k, n, threads);
             return;
         }
-        let mut panel = vec![0f32; WIDEN_PANEL_ROWS.min(n) * k];
-        let mut j0 = 0;
-        while j0 < n {
-            let rows = WIDEN_PANEL_ROWS.min(n - j0);
-            panel[..rows * k].par_chunks_mut(k).enumerate().for_each(|(r, dst)| w.widen_into((j0 + r) * k, dst));
-            gemm_xwt(x, &panel[..rows * k], &mut out[j0..], m, rows, k, n, threads);
-            j0 += rows;
-        }
+        PANEL.with_borrow_mut(|panel| {
+            // Reused across calls (no allocation, no page faults per GEMM).
+            if panel.len() < WIDEN_PANEL_ROWS.min(n) * k {
+                panel.resize(WIDEN_PANEL_ROWS.min(n) * k, 0.0);
+            }
+            let mut j0 = 0;
+            while j0 < n {
+                let rows = WIDEN_PANEL_ROWS.min(n - j0);
+                panel[..rows * k].par_chunks_mut(k).enumerate().for_each(|(r, dst)| w.widen_into((j0 + r) * k, dst));
+                gemm_xwt(x, &panel[..rows * k], &mut out[j0..], m, rows, k, n, threads);
+                j0 += rows;
+            }
+        });
     }
 }
 
