@@ -66,9 +66,12 @@ for shape in $SHAPES; do
   echo "== $shape" >&2
   m="$("$METRALE" bench --model "$dir" --dtype "$DTYPE" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len "$GEN" --json)" ||
     { echo "metrale failed on $shape" >&2; continue; }
+  # The same with bf16 dot products in prefill (llama.cpp's arithmetic for
+  # bf16 weights); its prefill figure is reported beside the f32 one.
+  mb="$("$METRALE" bench --model "$dir" --dtype "$DTYPE" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len 1 --no-probe --bf16-dot --json)" || mb=null
   l="$("$PY" "$HERE/llama_bench.py" "$gguf" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len "$GEN" 2> "$WORK/llama-$shape.log")" ||
     { echo "llama.cpp failed on $shape; see $WORK/llama-$shape.log" >&2; continue; }
-  printf '{"shape": "%s", "metrale": %s, "llama": %s}\n' "$shape" "$m" "$l" >> "$OUT"
+  printf '{"shape": "%s", "metrale": %s, "metrale_bf16_dot": %s, "llama": %s}\n' "$shape" "$m" "$mb" "$l" >> "$OUT"
 done
 echo "load after the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 "$PY" "$HERE/report.py" "$OUT"

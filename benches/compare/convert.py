@@ -58,6 +58,9 @@ def main() -> None:
 
     conv.get_model_class = patched
     sys.argv = ["convert_hf_to_gguf.py", str(model_dir), "--outfile", str(out), "--outtype", outtype]
+    if hparams.get("model_type") == "qwen3_next":
+        # Its configs do not say how many MTP layers there are and ours has none.
+        sys.argv.append("--no-mtp")
     conv.main()
 
 

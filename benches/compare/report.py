@@ -8,14 +8,16 @@ import sys
 
 def main() -> None:
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-    head = ("shape", "metrale prefill", "llama.cpp prefill", "ratio", "metrale decode", "llama.cpp decode", "ratio", "roofline", "decode/roofline")
+    head = ("shape", "metrale prefill", "llama.cpp prefill", "ratio", "metrale prefill bf16-dot", "ratio",
+            "metrale decode", "llama.cpp decode", "ratio", "roofline", "decode/roofline")
     table = []
     for r in rows:
-        m, l = r["metrale"], r["llama"]
+        m, l, mb = r["metrale"], r["llama"], r.get("metrale_bf16_dot")
         ratio = lambda a, b: a / b if b else float("nan")
         table.append((
             r["shape"],
             f"{m['prefill_tok_s']:.1f}", f"{l['prefill_tok_s']:.1f}", f"{ratio(m['prefill_tok_s'], l['prefill_tok_s']):.2f}x",
+            f"{mb['prefill_tok_s']:.1f}" if mb else "-", f"{ratio(mb['prefill_tok_s'], l['prefill_tok_s']):.2f}x" if mb else "-",
             f"{m['decode_tok_s']:.2f}", f"{l['decode_tok_s']:.2f}", f"{ratio(m['decode_tok_s'], l['decode_tok_s']):.2f}x",
             f"{m['roofline_decode_tok_s']:.2f}" if m.get("roofline_decode_tok_s") else "-",
             f"{100 * m['roofline_fraction']:.0f}%" if m.get("roofline_fraction") else "-",

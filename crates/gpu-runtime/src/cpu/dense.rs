@@ -112,6 +112,10 @@ impl DenseOps for CpuBackend {
             // Small ones run here alone, without waking the pool.
             let pool = (n * k >= SERIAL_ELEMENTS).then(|| self.pool());
             super::gemv::gemv(pool, xs, ws, o, m, n, k)
+        } else if let (true, Weights::BF16(wb)) = (self.bf16_dot, ws)
+            && super::gemm_bf16::gemm(self.pool(), xs, wb, o, m, n, k)
+        {
+            // Done with bf16 dot products (opt-in; see gemm_bf16.rs).
         } else {
             self.install(|| self.gemm_widened(xs, ws, o, d));
         }
