@@ -233,38 +233,38 @@ impl DenseOps for CpuBackend {
         let o = self.write_f32(OP, out, &[q, cache.k, cache.v])?;
         let group = p.n_heads / p.n_kv_heads;
         let bs = cache.block_size;
-        self.install(|| {
-            o[..rows * width].par_chunks_mut(width).zip(row_of.par_iter()).enumerate().for_each(|(r, (orow, who))| {
-                let Some((si, pos)) = *who else { return };
-                let seq = &seqs[si];
-                let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let n_keys = pos + 1 - first;
-                let mut scores = vec![0f32; n_keys];
-                for h in 0..p.n_heads {
-                    let kvh = h / group;
-                    let qh = &qs[r * width + h * hd..r * width + (h + 1) * hd];
-                    let slot = |t: usize| (seq.block_table[t / bs].index() * bs + t % bs) * kv_width + kvh * hd;
-                    let mut max = f32::NEG_INFINITY;
-                    for (t, s) in scores.iter_mut().enumerate() {
-                        let base = slot(first + t);
-                        *s = dot_f32(qh, &kc[base..base + hd]) * p.scale;
-                        max = max.max(*s);
-                    }
-                    let mut sum = 0f32;
-                    scores.iter_mut().for_each(|s| {
-                        *s = (*s - max).exp();
-                        sum += *s;
-                    });
-                    let oh = &mut orow[h * hd..(h + 1) * hd];
-                    oh.fill(0.0);
-                    for (t, s) in scores.iter().enumerate() {
-                        let base = slot(first + t);
-                        let wgt = s / sum;
-                        oh.iter_mut().zip(&vc[base..base + hd]).for_each(|(o, v)| *o += wgt * v);
-                    }
-                }
-            })
-        });
+        // One task per (row, head): a decode step (one row) still spreads
+        // over every thread. Each head is computed exactly as before, so the
+        // result does not depend on how the work is split.
+        let head = |(idx, oh): (usize, &mut [f32])| {
+            let (r, h) = (idx / p.n_heads, idx % p.n_heads);
+            let Some((si, pos)) = row_of[r] else { return };
+            let seq = &seqs[si];
+            let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let n_keys = pos + 1 - first;
+            let mut scores = vec![0f32; n_keys];
+            let kvh = h / group;
+            let qh = &qs[r * width + h * hd..r * width + (h + 1) * hd];
+            let slot = |t: usize| (seq.block_table[t / bs].index() * bs + t % bs) * kv_width + kvh * hd;
+            let mut max = f32::NEG_INFINITY;
+            for (t, s) in scores.iter_mut().enumerate() {
+                let base = slot(first + t);
+                *s = dot_f32(qh, &kc[base..base + hd]) * p.scale;
+                max = max.max(*s);
+            }
+            let mut sum = 0f32;
+            scores.iter_mut().for_each(|s| {
+                *s = (*s - max).exp();
+                sum += *s;
+            });
+            oh.fill(0.0);
+            for (t, s) in scores.iter().enumerate() {
+                let base = slot(first + t);
+                let wgt = s / sum;
+                oh.iter_mut().zip(&vc[base..base + hd]).for_each(|(o, v)| *o += wgt * v);
+            }
+        };
+        self.install(|| o[..rows * width].par_chunks_mut(hd).enumerate().for_each(head));
         Ok(())
     }
 
