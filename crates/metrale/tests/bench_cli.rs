@@ -66,6 +66,38 @@ fn bench_json_from_a_config_alone() {
 }
 
 #[test]
+fn bench_with_bf16_dot_products() {
+    // 40 prompt rows take the GEMM path: bf16 dot products where the CPU has them.
+    let out = Command::new(env!("CARGO_BIN_EXE_metrale"))
+        .args([
+            "bench",
+            "--config",
+            tiny_config().to_str().unwrap(),
+            "--bf16-dot",
+        ])
+        .args([
+            "--prompt-len",
+            "40",
+            "--gen-len",
+            "2",
+            "--threads",
+            "2",
+            "--json",
+            "--no-probe",
+        ])
+        .output()
+        .expect("running metrale");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    check_keys(&v, "bf16");
+    assert!(v["bf16_dot_products"].is_boolean());
+}
+
+#[test]
 fn exported_random_checkpoint_loads_and_benches() {
     let dir = std::env::temp_dir().join(format!("metrale-export-{}", std::process::id()));
     let status = Command::new(env!("CARGO_BIN_EXE_metrale"))

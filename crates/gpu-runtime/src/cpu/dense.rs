@@ -4,6 +4,7 @@ use rayon::prelude::*;
 
 use super::CpuBackend;
 use super::kernels::{Weights, dot_f32, gemm_xwt};
+use super::vec;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::dense::{AttnParams, AttnSeq, DenseOps, KvLayer, MatmulDims, RopeParams};
@@ -233,9 +234,10 @@ impl DenseOps for CpuBackend {
         let o = self.write_f32(OP, out, &[q, cache.k, cache.v])?;
         let group = p.n_heads / p.n_kv_heads;
         let bs = cache.block_size;
+        let isa = super::gemv::Isa::detect();
         // One task per (row, head): a decode step (one row) still spreads
-        // over every thread. Each head is computed exactly as before, so the
-        // result does not depend on how the work is split.
+        // over every thread. A head's result does not depend on how the work
+        // is split, nor on the other rows of the step.
         let head = |(idx, oh): (usize, &mut [f32])| {
             let (r, h) = (idx / p.n_heads, idx % p.n_heads);
             let Some((si, pos)) = row_of[r] else { return };
@@ -245,11 +247,17 @@ impl DenseOps for CpuBackend {
             let mut scores = vec![0f32; n_keys];
             let kvh = h / group;
             let qh = &qs[r * width + h * hd..r * width + (h + 1) * hd];
-            let slot = |t: usize| (seq.block_table[t / bs].index() * bs + t % bs) * kv_width + kvh * hd;
+            // Cache offsets of keys `first..=pos`, block by block (no division per key).
+            let offsets = || {
+                (first / bs..=pos / bs).flat_map(move |b| {
+                    let base = seq.block_table[b].index() * bs;
+                    let (lo, hi) = ((b * bs).max(first), ((b + 1) * bs).min(pos + 1));
+                    (lo..hi).map(move |t| (base + t - b * bs) * kv_width + kvh * hd)
+                })
+            };
             let mut max = f32::NEG_INFINITY;
-            for (t, s) in scores.iter_mut().enumerate() {
-                let base = slot(first + t);
-                *s = dot_f32(qh, &kc[base..base + hd]) * p.scale;
+            for (s, base) in scores.iter_mut().zip(offsets()) {
+                *s = vec::dot(isa, qh, &kc[base..base + hd]) * p.scale;
                 max = max.max(*s);
             }
             let mut sum = 0f32;
@@ -258,10 +266,8 @@ impl DenseOps for CpuBackend {
                 sum += *s;
             });
             oh.fill(0.0);
-            for (t, s) in scores.iter().enumerate() {
-                let base = slot(first + t);
-                let wgt = s / sum;
-                oh.iter_mut().zip(&vc[base..base + hd]).for_each(|(o, v)| *o += wgt * v);
+            for (s, base) in scores.iter().zip(offsets()) {
+                vec::axpy(isa, oh, s / sum, &vc[base..base + hd]);
             }
         };
         self.install(|| o[..rows * width].par_chunks_mut(hd).enumerate().for_each(head));

@@ -10,6 +10,7 @@ mod gemm_bf16;
 mod gemv;
 mod kernels;
 mod recurrent;
+mod vec;
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 
