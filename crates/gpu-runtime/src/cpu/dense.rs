@@ -21,6 +21,10 @@ const GEMV_MAX_ROWS: usize = 32;
 /// Ops touching fewer elements than this run on the calling thread: waking
 /// the pool costs more than the work (decode runs hundreds of such ops a token).
 const SERIAL_ELEMENTS: usize = 1 << 15;
+/// Matrix-vector products over fewer weights than this run on the calling
+/// thread alone: one core streams 0.5 Mi weights (1 MB in bf16) in about the
+/// time it takes to hand half of them to another thread and wait for it.
+const GEMV_SERIAL_ELEMENTS: usize = 1 << 19;
 
 fn shape_err(op: &'static str, detail: String) -> GpuError {
     GpuError::Shape { op, detail }
@@ -111,7 +115,7 @@ impl DenseOps for CpuBackend {
         let o = &mut self.write_f32(OP, out, &inputs)?[..m * n];
         if m <= GEMV_MAX_ROWS || k == 0 {
             // Small ones run here alone, without waking the pool.
-            let pool = (n * k >= SERIAL_ELEMENTS).then(|| self.pool());
+            let pool = (n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.pool());
             super::gemv::gemv(pool, xs, ws, o, m, n, k)
         } else if let (true, Weights::BF16(wb)) = (self.bf16_dot, ws)
             && super::gemm_bf16::gemm(self.pool(), xs, wb, o, m, n, k)
