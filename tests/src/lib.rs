@@ -12,13 +12,23 @@ use metrale_model_weights::loader::WeightDType;
 use safetensors::SafeTensors;
 
 /// The fixture model folders with golden logits.
-pub const MODELS: [&str; 7] = ["llama", "qwen3", "mamba2", "bamba", "nemotron_h", "granitemoehybrid", "qwen3_next"];
+pub const MODELS: [&str; 7] = [
+    "llama",
+    "qwen3",
+    "mamba2",
+    "bamba",
+    "nemotron_h",
+    "granitemoehybrid",
+    "qwen3_next",
+];
 
 /// Largest |logits - golden| the fixtures' README allows on the CPU.
 pub const TOLERANCE: f32 = 1e-4;
 
 pub fn fixture_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
 }
 
 /// One golden prompt: its ids, the greedy continuation and the logits of
@@ -37,7 +47,10 @@ pub fn golden(name: &str) -> Result<Vec<GoldenCase>> {
     let st = SafeTensors::deserialize(&bytes)?;
     let ids = |key: String| -> Result<Vec<u32>> {
         let t = st.tensor(&key)?;
-        Ok(t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as u32).collect())
+        Ok(t.data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as u32)
+            .collect())
     };
     let mut cases = Vec::new();
     for i in 0.. {
@@ -46,29 +59,58 @@ pub fn golden(name: &str) -> Result<Vec<GoldenCase>> {
         }
         let t = st.tensor(&format!("logits_{i}"))?;
         let vocab = t.shape()[1];
-        let logits = t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or([0; 4]))).collect();
-        cases.push(GoldenCase { prompt: ids(format!("prompt_{i}"))?, tokens: ids(format!("tokens_{i}"))?, logits, vocab });
+        let logits = t
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap_or([0; 4])))
+            .collect();
+        cases.push(GoldenCase {
+            prompt: ids(format!("prompt_{i}"))?,
+            tokens: ids(format!("tokens_{i}"))?,
+            logits,
+            vocab,
+        });
     }
     Ok(cases)
 }
 
 pub fn options() -> ModelOptions {
-    ModelOptions { kv_block_size: 16, kv_blocks: 128, max_seqs: 8, max_batch_tokens: 256 }
+    ModelOptions {
+        kv_block_size: 16,
+        kv_blocks: 128,
+        max_seqs: 8,
+        max_batch_tokens: 256,
+    }
 }
 
 /// Loads a fixture on a fresh CPU backend (weights held as stored).
 pub fn load(name: &str) -> Result<(Arc<CpuBackend>, TransformerModel)> {
     let cpu = Arc::new(CpuBackend::with_threads(2));
     let gpu: Arc<dyn GpuBackend> = cpu.clone();
-    let model = TransformerModel::load(&fixture_dir(name), gpu, options(), WeightDType::AsStored, &mut |_| {})?;
+    let model = TransformerModel::load(
+        &fixture_dir(name),
+        gpu,
+        options(),
+        WeightDType::AsStored,
+        &mut |_| {},
+    )?;
     Ok((cpu, model))
 }
 
 /// Feeds `tokens` to `seq` in pieces of `chunk` tokens; returns all logits.
-pub fn run_chunked(model: &TransformerModel, seq: &mut Sequence, tokens: &[u32], chunk: usize) -> Result<Vec<f32>> {
+pub fn run_chunked(
+    model: &TransformerModel,
+    seq: &mut Sequence,
+    tokens: &[u32],
+    chunk: usize,
+) -> Result<Vec<f32>> {
     let mut out = Vec::new();
     for piece in tokens.chunks(chunk.max(1)) {
-        let mut steps = [Step { seq: &mut *seq, tokens: piece, logits: Logits::All }];
+        let mut steps = [Step {
+            seq: &mut *seq,
+            tokens: piece,
+            logits: Logits::All,
+        }];
         out.extend(model.forward(&mut steps)?.remove(0));
     }
     Ok(out)
@@ -77,7 +119,10 @@ pub fn run_chunked(model: &TransformerModel, seq: &mut Sequence, tokens: &[u32],
 /// Max |a - b|.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// Index of the largest value (lowest index on ties).

@@ -24,7 +24,13 @@ fn schedule(len: usize) -> Vec<usize> {
 }
 
 fn feed(model: &TransformerModel, seq: &mut Sequence, tokens: &[u32]) -> Result<Vec<f32>> {
-    Ok(model.forward(&mut [Step { seq, tokens, logits: Logits::All }])?.remove(0))
+    Ok(model
+        .forward(&mut [Step {
+            seq,
+            tokens,
+            logits: Logits::All,
+        }])?
+        .remove(0))
 }
 
 fn check(name: &str) -> Result<()> {
@@ -56,13 +62,28 @@ fn check(name: &str) -> Result<()> {
         let na = if pa < other_a.len() { 1 } else { 0 };
         let nb = (step % 3 + 1).min(other_b.len() - pb);
         let mut steps = [
-            Step { seq: &mut a, tokens: &other_a[pa..pa + na], logits: Logits::Last },
-            Step { seq: &mut seq, tokens: &subject[at..at + n], logits: Logits::All },
-            Step { seq: &mut b, tokens: &other_b[pb..pb + nb], logits: Logits::All },
+            Step {
+                seq: &mut a,
+                tokens: &other_a[pa..pa + na],
+                logits: Logits::Last,
+            },
+            Step {
+                seq: &mut seq,
+                tokens: &subject[at..at + n],
+                logits: Logits::All,
+            },
+            Step {
+                seq: &mut b,
+                tokens: &other_b[pb..pb + nb],
+                logits: Logits::All,
+            },
         ];
         let out = model.forward(&mut steps)?;
         let d = max_abs_diff(&out[1], &expected[step]);
-        assert!(d <= BATCH_TOLERANCE, "{name}: step {step} differs by {d} when batched");
+        assert!(
+            d <= BATCH_TOLERANCE,
+            "{name}: step {step} differs by {d} when batched"
+        );
         at += n;
         pa += na;
         pb += nb;
@@ -70,7 +91,11 @@ fn check(name: &str) -> Result<()> {
     for s in [a, b, seq] {
         model.free_sequence(s);
     }
-    assert_eq!(model.kv_cache().used_blocks(), 0, "{name}: KV blocks returned");
+    assert_eq!(
+        model.kv_cache().used_blocks(),
+        0,
+        "{name}: KV blocks returned"
+    );
     assert_eq!(model.ssm_pool().in_use(), 0, "{name}: SSM slots returned");
     model.shutdown()?;
     assert_eq!(cpu.live_bytes(), 0);
@@ -136,7 +161,9 @@ fn kv_blocks_follow_sequence_length_and_return_when_it_ends() -> Result<()> {
 #[test]
 fn an_exhausted_slot_pool_is_an_error_not_a_panic() -> Result<()> {
     let (_cpu, model) = load("mamba2")?;
-    let held: Vec<Sequence> = (0..model.ssm_pool().capacity()).map(|_| model.new_sequence()).collect::<Result<_, _>>()?;
+    let held: Vec<Sequence> = (0..model.ssm_pool().capacity())
+        .map(|_| model.new_sequence())
+        .collect::<Result<_, _>>()?;
     let err = model.new_sequence().unwrap_err();
     assert!(err.to_string().contains("SSM state slots"), "{err}");
     for s in held {

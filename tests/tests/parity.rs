@@ -14,7 +14,10 @@ fn check_model(name: &str) -> Result<()> {
         let all = run_chunked(&model, &mut seq, &case.tokens, case.tokens.len())?;
         let d = max_abs_diff(&all, &case.logits);
         eprintln!("{name} prompt {i}: one prefill max diff {d:.2e}");
-        assert!(d <= TOLERANCE, "{name} prompt {i}: one prefill differs by {d}");
+        assert!(
+            d <= TOLERANCE,
+            "{name} prompt {i}: one prefill differs by {d}"
+        );
         model.free_sequence(seq);
 
         // Prefill the prompt, then one token at a time through the decode path.
@@ -23,14 +26,20 @@ fn check_model(name: &str) -> Result<()> {
         let mut got = run_chunked(&model, &mut seq, &case.prompt, p)?;
         got.extend(run_chunked(&model, &mut seq, &case.tokens[p..], 1)?);
         let d = max_abs_diff(&got, &case.logits);
-        assert!(d <= TOLERANCE, "{name} prompt {i}: prefill+decode differs by {d}");
+        assert!(
+            d <= TOLERANCE,
+            "{name} prompt {i}: prefill+decode differs by {d}"
+        );
         model.free_sequence(seq);
 
         // Chunks of 5.
         let mut seq = model.new_sequence()?;
         let got = run_chunked(&model, &mut seq, &case.tokens, 5)?;
         let d = max_abs_diff(&got, &case.logits);
-        assert!(d <= TOLERANCE, "{name} prompt {i}: chunked prefill differs by {d}");
+        assert!(
+            d <= TOLERANCE,
+            "{name} prompt {i}: chunked prefill differs by {d}"
+        );
         model.free_sequence(seq);
 
         // Greedy decoding reproduces the golden continuation.
@@ -38,13 +47,20 @@ fn check_model(name: &str) -> Result<()> {
         let mut tokens = case.prompt.clone();
         let mut next_input = case.prompt.clone();
         while tokens.len() < case.tokens.len() {
-            let mut steps = [Step { seq: &mut seq, tokens: &next_input, logits: Logits::Last }];
+            let mut steps = [Step {
+                seq: &mut seq,
+                tokens: &next_input,
+                logits: Logits::Last,
+            }];
             let logits = model.forward(&mut steps)?.remove(0);
             let next = argmax(&logits);
             tokens.push(next);
             next_input = vec![next];
         }
-        assert_eq!(tokens, case.tokens, "{name} prompt {i}: greedy continuation");
+        assert_eq!(
+            tokens, case.tokens,
+            "{name} prompt {i}: greedy continuation"
+        );
         model.free_sequence(seq);
     }
     assert_eq!(model.kv_cache().used_blocks(), 0);

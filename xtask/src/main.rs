@@ -36,16 +36,26 @@ fn main() -> Result<()> {
     let root = workspace_root();
     match Cli::parse().task {
         Task::Ptx { arch } => ptx(&root, &arch),
-        Task::Fixtures { out } => run(Command::new("python3").arg(root.join("tests/fixtures/gen_fixtures.py")).arg(root.join(out)).current_dir(&root)),
+        Task::Fixtures { out } => run(Command::new("python3")
+            .arg(root.join("tests/fixtures/gen_fixtures.py"))
+            .arg(root.join(out))
+            .current_dir(&root)),
         Task::Ci => {
-            run(Command::new("cargo").args(["fmt", "--all", "--", "--check"]).current_dir(&root))?;
-            run(Command::new("cargo").args(["test", "--workspace"]).current_dir(&root))
+            run(Command::new("cargo")
+                .args(["fmt", "--all", "--", "--check"])
+                .current_dir(&root))?;
+            run(Command::new("cargo")
+                .args(["test", "--workspace"])
+                .current_dir(&root))
         }
     }
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 fn ptx(root: &Path, arch: &str) -> Result<()> {
@@ -62,10 +72,17 @@ fn ptx(root: &Path, arch: &str) -> Result<()> {
     let out = dir.join("ptx");
     std::fs::create_dir_all(&out)?;
     for src in sources {
-        let stem = src.file_stem().context("kernel file name")?.to_string_lossy().into_owned();
+        let stem = src
+            .file_stem()
+            .context("kernel file name")?
+            .to_string_lossy()
+            .into_owned();
         let target = out.join(format!("{stem}.ptx"));
-        run(Command::new("nvcc").args(["--ptx", "-O3", &format!("-arch={arch}"), "-o"]).arg(&target).arg(&src))
-            .with_context(|| format!("compiling {} (is nvcc on PATH?)", src.display()))?;
+        run(Command::new("nvcc")
+            .args(["--ptx", "-O3", &format!("-arch={arch}"), "-o"])
+            .arg(&target)
+            .arg(&src))
+        .with_context(|| format!("compiling {} (is nvcc on PATH?)", src.display()))?;
     }
     Ok(())
 }

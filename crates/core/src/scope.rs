@@ -33,7 +33,9 @@ pub struct Teardown<'a, Cx: ?Sized> {
 
 impl<Cx: ?Sized> Default for Teardown<'_, Cx> {
     fn default() -> Self {
-        Self { resources: Vec::new() }
+        Self {
+            resources: Vec::new(),
+        }
     }
 }
 
@@ -68,7 +70,11 @@ impl<'a, Cx: ?Sized> Teardown<'a, Cx> {
                 failures.push((resource.label().to_string(), e));
             }
         }
-        if failures.is_empty() { Ok(()) } else { Err(CoreError::Teardown(failures)) }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(CoreError::Teardown(failures))
+        }
     }
 }
 
@@ -93,16 +99,32 @@ mod tests {
             }
             self.released = true;
             log.borrow_mut().push(self.name);
-            if self.fail { anyhow::bail!("{} failed", self.name) } else { Ok(()) }
+            if self.fail {
+                anyhow::bail!("{} failed", self.name)
+            } else {
+                Ok(())
+            }
         }
     }
 
     #[test]
     fn releases_newest_first_and_reports_every_failure() {
         let log = RefCell::new(Vec::new());
-        let mut a = Probe { name: "a", fail: true, released: false };
-        let mut b = Probe { name: "b", fail: false, released: false };
-        let mut c = Probe { name: "c", fail: true, released: false };
+        let mut a = Probe {
+            name: "a",
+            fail: true,
+            released: false,
+        };
+        let mut b = Probe {
+            name: "b",
+            fail: false,
+            released: false,
+        };
+        let mut c = Probe {
+            name: "c",
+            fail: true,
+            released: false,
+        };
         let mut t = Teardown::new();
         t.register(&mut a).register(&mut b).register(&mut c);
         let err = t.run(&log).unwrap_err();
@@ -119,6 +141,8 @@ mod tests {
     #[test]
     fn empty_teardown_succeeds() {
         let log = RefCell::new(Vec::new());
-        Teardown::<RefCell<Vec<&'static str>>>::new().run(&log).unwrap();
+        Teardown::<RefCell<Vec<&'static str>>>::new()
+            .run(&log)
+            .unwrap();
     }
 }

@@ -11,9 +11,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use metrale_core::{BlockId, DType};
 use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
-use metrale_gpu_runtime::ops::{
-    AttnParams, AttnSeq, DenseOps, KvLayer, MatmulDims, RecurrentOps, RecurrentSeq,
-};
+use metrale_gpu_runtime::ops::{AttnParams, AttnSeq, KvLayer, MatmulDims, RecurrentSeq};
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;

@@ -53,17 +53,26 @@ impl BufferArena {
                 r
             })
             .collect();
-        Ok(Self { base: Some(base), regions })
+        Ok(Self {
+            base: Some(base),
+            regions,
+        })
     }
 
     /// The region called `name`.
     pub fn get(&self, name: &str) -> Result<DeviceSlice> {
-        let base = self.base.ok_or_else(|| GpuError::Shape { op: "arena", detail: "arena was released".into() })?;
-        let (_, offset, len) = self
-            .regions
-            .iter()
-            .find(|(n, _, _)| n == name)
-            .ok_or_else(|| GpuError::Shape { op: "arena", detail: format!("no region {name:?}") })?;
+        let base = self.base.ok_or_else(|| GpuError::Shape {
+            op: "arena",
+            detail: "arena was released".into(),
+        })?;
+        let (_, offset, len) =
+            self.regions
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .ok_or_else(|| GpuError::Shape {
+                    op: "arena",
+                    detail: format!("no region {name:?}"),
+                })?;
         base.slice(*offset, *len)
     }
 

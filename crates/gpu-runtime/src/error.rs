@@ -6,13 +6,22 @@ use metrale_core::DType;
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     #[error("out of device memory allocating {bytes} bytes for {owner:?} ({live} bytes live)")]
-    OutOfMemory { bytes: usize, owner: String, live: usize },
+    OutOfMemory {
+        bytes: usize,
+        owner: String,
+        live: usize,
+    },
     #[error("injected fault: {op} #{index} fails")]
     InjectedFault { op: &'static str, index: usize },
     #[error("pointer {ptr:#x} is not a live allocation of this backend")]
     UnknownPointer { ptr: u64 },
     #[error("{op}: range {offset}..{end} bytes lies outside its allocation of {size} bytes")]
-    OutOfRange { op: &'static str, offset: usize, end: usize, size: usize },
+    OutOfRange {
+        op: &'static str,
+        offset: usize,
+        end: usize,
+        size: usize,
+    },
     #[error("{op}: {detail}")]
     Shape { op: &'static str, detail: String },
     #[error("{op}: dtype {dtype} is not supported here")]

@@ -64,7 +64,11 @@ impl<B: GpuBackend> FaultInjecting<B> {
 
     fn tick(counter: &AtomicUsize, fail_at: Option<usize>, op: &'static str) -> Result<()> {
         let index = counter.fetch_add(1, Ordering::SeqCst);
-        if fail_at == Some(index) { Err(GpuError::InjectedFault { op, index }) } else { Ok(()) }
+        if fail_at == Some(index) {
+            Err(GpuError::InjectedFault { op, index })
+        } else {
+            Ok(())
+        }
     }
 
     fn copy_tick(&self) -> Result<()> {
@@ -96,7 +100,10 @@ impl<B: GpuBackend> GpuBackend for FaultInjecting<B> {
 
     /// As the provided `free`, recording the owner label first.
     fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let entry = self.ledger().remove(ptr).ok_or(GpuError::UnknownPointer { ptr: ptr.raw() })?;
+        let entry = self
+            .ledger()
+            .remove(ptr)
+            .ok_or(GpuError::UnknownPointer { ptr: ptr.raw() })?;
         self.freed_owners.lock().push(entry.owner.clone());
         self.free_raw(ptr, entry.bytes)
     }
@@ -111,7 +118,14 @@ impl<B: GpuBackend> GpuBackend for FaultInjecting<B> {
         self.inner.copy_d2h(src, offset, dst)
     }
 
-    fn copy_d2d(&self, src: DevicePtr, so: usize, dst: DevicePtr, d: usize, bytes: usize) -> Result<()> {
+    fn copy_d2d(
+        &self,
+        src: DevicePtr,
+        so: usize,
+        dst: DevicePtr,
+        d: usize,
+        bytes: usize,
+    ) -> Result<()> {
         self.copy_tick()?;
         self.inner.copy_d2d(src, so, dst, d, bytes)
     }

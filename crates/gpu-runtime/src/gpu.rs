@@ -70,16 +70,21 @@ impl DeviceSlice {
 
     /// The sub-slice of `len` elements starting at element `start`.
     pub fn slice(&self, start: usize, len: usize) -> Result<DeviceSlice> {
-        let end = start.checked_add(len).filter(|&e| e <= self.len).ok_or_else(|| {
-            GpuError::Shape {
+        let end = start
+            .checked_add(len)
+            .filter(|&e| e <= self.len)
+            .ok_or_else(|| GpuError::Shape {
                 op: "slice",
                 detail: format!("{start}+{len} exceeds {} elements", self.len),
-            }
-        })?;
+            })?;
         let _ = end;
         let offset = (start * self.dtype.size_of()) as u64;
         let ptr = DevicePtr::from_raw(self.ptr.raw() + offset).expect("non-zero base plus offset");
-        Ok(DeviceSlice { ptr, dtype: self.dtype, len })
+        Ok(DeviceSlice {
+            ptr,
+            dtype: self.dtype,
+            len,
+        })
     }
 
     /// Rows `start..start+count` of a row-major matrix with `width` columns.
@@ -127,7 +132,14 @@ pub trait GpuBackend: DenseOps + RecurrentOps + Send + Sync {
     fn copy_d2h(&self, src: DevicePtr, offset: usize, dst: &mut [u8]) -> Result<()>;
 
     /// Copies `bytes` between device addresses (ranges must not overlap).
-    fn copy_d2d(&self, src: DevicePtr, src_offset: usize, dst: DevicePtr, dst_offset: usize, bytes: usize) -> Result<()>;
+    fn copy_d2d(
+        &self,
+        src: DevicePtr,
+        src_offset: usize,
+        dst: DevicePtr,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<()>;
 
     /// Sets `bytes` at `dst + offset` to zero.
     fn memset_zero(&self, dst: DevicePtr, offset: usize, bytes: usize) -> Result<()>;
@@ -145,7 +157,10 @@ pub trait GpuBackend: DenseOps + RecurrentOps + Send + Sync {
     /// Frees a ledgered allocation. The pointer leaves the ledger *before* the
     /// free is attempted, whatever the free returns, so it is never freed twice.
     fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let entry = self.ledger().remove(ptr).ok_or(GpuError::UnknownPointer { ptr: ptr.raw() })?;
+        let entry = self
+            .ledger()
+            .remove(ptr)
+            .ok_or(GpuError::UnknownPointer { ptr: ptr.raw() })?;
         self.free_raw(ptr, entry.bytes)
     }
 
@@ -199,7 +214,8 @@ impl dyn GpuBackend + '_ {
         let mut out = vec![0f32; src.len()];
         // SAFETY: f32 has no invalid bit patterns and the byte view covers
         // exactly `out`'s initialised storage.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4) };
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4) };
         self.copy_d2h(src.ptr(), 0, bytes)?;
         Ok(out)
     }
@@ -209,7 +225,13 @@ impl dyn GpuBackend + '_ {
         if src.dtype() != dst.dtype() || dst.len() < src.len() {
             return Err(GpuError::Shape {
                 op: "copy_slice",
-                detail: format!("{} x {} into {} x {}", src.len(), src.dtype(), dst.len(), dst.dtype()),
+                detail: format!(
+                    "{} x {} into {} x {}",
+                    src.len(),
+                    src.dtype(),
+                    dst.len(),
+                    dst.dtype()
+                ),
             });
         }
         self.copy_d2d(src.ptr(), 0, dst.ptr(), 0, src.bytes())
@@ -223,7 +245,10 @@ impl dyn GpuBackend + '_ {
 
 fn check_f32(s: DeviceSlice, n: usize, op: &'static str) -> Result<()> {
     if s.dtype() != DType::F32 {
-        return Err(GpuError::UnsupportedDType { op, dtype: s.dtype() });
+        return Err(GpuError::UnsupportedDType {
+            op,
+            dtype: s.dtype(),
+        });
     }
     s.checked_len(op, n)
 }

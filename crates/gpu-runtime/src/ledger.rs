@@ -29,7 +29,14 @@ impl Ledger {
     }
 
     pub fn insert(&self, ptr: DevicePtr, bytes: usize, owner: &str, site: CallSite) {
-        let previous = self.live.lock().insert(ptr, Allocation { bytes, owner: owner.to_string(), site });
+        let previous = self.live.lock().insert(
+            ptr,
+            Allocation {
+                bytes,
+                owner: owner.to_string(),
+                site,
+            },
+        );
         debug_assert!(previous.is_none(), "backend returned a live address twice");
     }
 
@@ -112,7 +119,11 @@ impl fmt::Display for LedgerReport {
             return writeln!(f, "no live allocations");
         }
         for (owner, t) in &self.owners {
-            writeln!(f, "{owner:<32} {:>14} bytes in {:>5} allocation(s)  first at {}", t.bytes, t.allocations, t.sites[0])?;
+            writeln!(
+                f,
+                "{owner:<32} {:>14} bytes in {:>5} allocation(s)  first at {}",
+                t.bytes, t.allocations, t.sites[0]
+            )?;
         }
         writeln!(f, "{:<32} {:>14} bytes", "total", self.total_bytes())
     }

@@ -16,7 +16,9 @@ pub use metrale_model_engine as engine;
 pub use metrale_model_weights as weights;
 
 mod generate;
-pub use generate::{GenerationStream, Generation, Generator, MODEL_ENV, StreamEvent, Timings, default_model_dir};
+pub use generate::{
+    Generation, GenerationStream, Generator, MODEL_ENV, StreamEvent, Timings, default_model_dir,
+};
 pub use metrale_model_engine::chat::ChatMessage;
 pub use metrale_model_engine::engine::{EngineConfig, RequestId, Usage};
 pub use metrale_model_engine::sampling::{Finish, SamplingParams};
@@ -41,7 +43,11 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { threads: 0, dtype: WeightDType::AsStored, model: ModelOptions::default() }
+        Self {
+            threads: 0,
+            dtype: WeightDType::AsStored,
+            model: ModelOptions::default(),
+        }
     }
 }
 
@@ -54,15 +60,30 @@ pub struct Model {
 
 impl Model {
     /// Loads `dir` on the CPU backend.
-    pub fn load(dir: &Path, options: &LoadOptions, progress: &mut dyn FnMut(LoadProgress)) -> Result<Self> {
+    pub fn load(
+        dir: &Path,
+        options: &LoadOptions,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Self> {
         let gpu: Arc<dyn GpuBackend> = Arc::new(CpuBackend::with_threads(options.threads));
         Self::load_on(dir, gpu, options, progress)
     }
 
     /// Loads `dir` on a given backend.
-    pub fn load_on(dir: &Path, gpu: Arc<dyn GpuBackend>, options: &LoadOptions, progress: &mut dyn FnMut(LoadProgress)) -> Result<Self> {
-        let model = TransformerModel::load(dir, gpu.clone(), options.model, options.dtype, progress).with_context(|| format!("loading {}", dir.display()))?;
-        Ok(Self { dir: dir.to_path_buf(), gpu, model })
+    pub fn load_on(
+        dir: &Path,
+        gpu: Arc<dyn GpuBackend>,
+        options: &LoadOptions,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Self> {
+        let model =
+            TransformerModel::load(dir, gpu.clone(), options.model, options.dtype, progress)
+                .with_context(|| format!("loading {}", dir.display()))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            gpu,
+            model,
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -87,10 +108,26 @@ impl Model {
         let result = (|| {
             let mut out = Vec::with_capacity(ids.len() * self.model.config().vocab_size);
             for piece in ids[..prefill].chunks(chunk) {
-                out.extend(self.model.forward(&mut [Step { seq: &mut seq, tokens: piece, logits: Logits::All }])?.remove(0));
+                out.extend(
+                    self.model
+                        .forward(&mut [Step {
+                            seq: &mut seq,
+                            tokens: piece,
+                            logits: Logits::All,
+                        }])?
+                        .remove(0),
+                );
             }
             for id in &ids[prefill..] {
-                out.extend(self.model.forward(&mut [Step { seq: &mut seq, tokens: std::slice::from_ref(id), logits: Logits::All }])?.remove(0));
+                out.extend(
+                    self.model
+                        .forward(&mut [Step {
+                            seq: &mut seq,
+                            tokens: std::slice::from_ref(id),
+                            logits: Logits::All,
+                        }])?
+                        .remove(0),
+                );
             }
             Ok(out)
         })();

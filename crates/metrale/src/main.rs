@@ -6,7 +6,11 @@ use clap::{Parser, Subcommand};
 mod cli;
 
 #[derive(Parser)]
-#[command(name = "metrale", version, about = "LLM inference for hybrid transformer / state-space models")]
+#[command(
+    name = "metrale",
+    version,
+    about = "LLM inference for hybrid transformer / state-space models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -11,7 +11,11 @@ pub enum EngineError {
     #[error("{path}: {detail}")]
     Config { path: PathBuf, detail: String },
     #[error("unknown model_type {found:?} in {path}; supported: {supported}")]
-    UnknownModelType { path: PathBuf, found: String, supported: String },
+    UnknownModelType {
+        path: PathBuf,
+        found: String,
+        supported: String,
+    },
     #[error(transparent)]
     Weights(#[from] WeightsError),
     #[error("{context}: {source}")]
@@ -19,7 +23,10 @@ pub enum EngineError {
     #[error("invalid request: {0}")]
     Request(String),
     #[error("out of {resource}: {detail}")]
-    Exhausted { resource: &'static str, detail: String },
+    Exhausted {
+        resource: &'static str,
+        detail: String,
+    },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error("chat template: {0}")]

@@ -8,9 +8,9 @@ pub mod loader;
 
 pub use error::EngineError;
 pub mod cache;
+pub mod chat;
 pub mod engine;
 pub mod model;
 pub mod random;
-pub mod chat;
 pub mod sampling;
 pub mod tokenizer;

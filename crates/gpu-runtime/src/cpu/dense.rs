@@ -32,7 +32,10 @@ fn shape_err(op: &'static str, detail: String) -> GpuError {
 
 fn need(op: &'static str, s: DeviceSlice, n: usize, what: &str) -> Result<()> {
     if s.len() < n {
-        return Err(shape_err(op, format!("{what} has {} elements, needs {n}", s.len())));
+        return Err(shape_err(
+            op,
+            format!("{what} has {} elements, needs {n}", s.len()),
+        ));
     }
     Ok(())
 }
@@ -68,8 +71,20 @@ impl CpuBackend {
             let mut j0 = 0;
             while j0 < n {
                 let rows = WIDEN_PANEL_ROWS.min(n - j0);
-                panel[..rows * k].par_chunks_mut(k).enumerate().for_each(|(r, dst)| w.widen_into((j0 + r) * k, dst));
-                gemm_xwt(x, &panel[..rows * k], &mut out[j0..], m, rows, k, n, threads);
+                panel[..rows * k]
+                    .par_chunks_mut(k)
+                    .enumerate()
+                    .for_each(|(r, dst)| w.widen_into((j0 + r) * k, dst));
+                gemm_xwt(
+                    x,
+                    &panel[..rows * k],
+                    &mut out[j0..],
+                    m,
+                    rows,
+                    k,
+                    n,
+                    threads,
+                );
                 j0 += rows;
             }
         });
@@ -77,7 +92,13 @@ impl CpuBackend {
 }
 
 impl DenseOps for CpuBackend {
-    fn embedding(&self, table: DeviceSlice, ids: &[u32], hidden: usize, out: DeviceSlice) -> Result<()> {
+    fn embedding(
+        &self,
+        table: DeviceSlice,
+        ids: &[u32],
+        hidden: usize,
+        out: DeviceSlice,
+    ) -> Result<()> {
         const OP: &str = "embedding";
         need(OP, out, ids.len() * hidden, "out")?;
         let vocab = table.len() / hidden.max(1);
@@ -85,14 +106,24 @@ impl DenseOps for CpuBackend {
         let o = self.write_f32(OP, out, &[table])?;
         for (i, &id) in ids.iter().enumerate() {
             if id as usize >= vocab {
-                return Err(shape_err(OP, format!("token id {id} is outside the vocabulary of {vocab}")));
+                return Err(shape_err(
+                    OP,
+                    format!("token id {id} is outside the vocabulary of {vocab}"),
+                ));
             }
             w.widen_into(id as usize * hidden, &mut o[i * hidden..(i + 1) * hidden]);
         }
         Ok(())
     }
 
-    fn matmul(&self, x: DeviceSlice, w: DeviceSlice, bias: Option<DeviceSlice>, out: DeviceSlice, d: MatmulDims) -> Result<()> {
+    fn matmul(
+        &self,
+        x: DeviceSlice,
+        w: DeviceSlice,
+        bias: Option<DeviceSlice>,
+        out: DeviceSlice,
+        d: MatmulDims,
+    ) -> Result<()> {
         const OP: &str = "matmul";
         let MatmulDims { m, n, k } = d;
         need(OP, x, m * k, "x")?;
@@ -132,7 +163,16 @@ impl DenseOps for CpuBackend {
         Ok(())
     }
 
-    fn rms_norm(&self, x: DeviceSlice, w: DeviceSlice, out: DeviceSlice, rows: usize, dim: usize, eps: f32, weight_offset: f32) -> Result<()> {
+    fn rms_norm(
+        &self,
+        x: DeviceSlice,
+        w: DeviceSlice,
+        out: DeviceSlice,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        weight_offset: f32,
+    ) -> Result<()> {
         const OP: &str = "rms_norm";
         need(OP, x, rows * dim, "x")?;
         need(OP, w, dim, "weight")?;
@@ -151,9 +191,17 @@ impl DenseOps for CpuBackend {
             }
         };
         if rows * dim < SERIAL_ELEMENTS {
-            o[..rows * dim].chunks_mut(dim).zip(xs[..rows * dim].chunks(dim)).for_each(norm);
+            o[..rows * dim]
+                .chunks_mut(dim)
+                .zip(xs[..rows * dim].chunks(dim))
+                .for_each(norm);
         } else {
-            self.install(|| o[..rows * dim].par_chunks_mut(dim).zip(xs[..rows * dim].par_chunks(dim)).for_each(norm));
+            self.install(|| {
+                o[..rows * dim]
+                    .par_chunks_mut(dim)
+                    .zip(xs[..rows * dim].par_chunks(dim))
+                    .for_each(norm)
+            });
         }
         Ok(())
     }
@@ -164,7 +212,15 @@ impl DenseOps for CpuBackend {
         need(OP, x, positions.len() * width, "x")?;
         let half = p.rotary_dim / 2;
         if p.rotary_dim > p.head_dim || p.rotary_dim % 2 != 0 || p.inv_freq.len() < half {
-            return Err(shape_err(OP, format!("rotary_dim {} with head_dim {} and {} frequencies", p.rotary_dim, p.head_dim, p.inv_freq.len())));
+            return Err(shape_err(
+                OP,
+                format!(
+                    "rotary_dim {} with head_dim {} and {} frequencies",
+                    p.rotary_dim,
+                    p.head_dim,
+                    p.inv_freq.len()
+                ),
+            ));
         }
         let xs = self.write_f32(OP, x, &[])?;
         let (inv_freq, scaling, head_dim) = (&p.inv_freq[..half], p.attention_scaling, p.head_dim);
@@ -185,14 +241,27 @@ impl DenseOps for CpuBackend {
         };
         let rows = &mut xs[..positions.len() * width];
         if rows.len() < SERIAL_ELEMENTS {
-            rows.chunks_mut(width).zip(positions.iter()).for_each(rotate);
+            rows.chunks_mut(width)
+                .zip(positions.iter())
+                .for_each(rotate);
         } else {
-            self.install(|| rows.par_chunks_mut(width).zip(positions.par_iter()).for_each(rotate));
+            self.install(|| {
+                rows.par_chunks_mut(width)
+                    .zip(positions.par_iter())
+                    .for_each(rotate)
+            });
         }
         Ok(())
     }
 
-    fn kv_store(&self, k: DeviceSlice, v: DeviceSlice, cache: &KvLayer, slots: &[u32], kv_width: usize) -> Result<()> {
+    fn kv_store(
+        &self,
+        k: DeviceSlice,
+        v: DeviceSlice,
+        cache: &KvLayer,
+        slots: &[u32],
+        kv_width: usize,
+    ) -> Result<()> {
         const OP: &str = "kv_store";
         need(OP, k, slots.len() * kv_width, "k")?;
         need(OP, v, slots.len() * kv_width, "v")?;
@@ -202,24 +271,39 @@ impl DenseOps for CpuBackend {
         for (i, &slot) in slots.iter().enumerate() {
             let s = slot as usize;
             if s >= capacity {
-                return Err(shape_err(OP, format!("slot {s} beyond cache capacity {capacity}")));
+                return Err(shape_err(
+                    OP,
+                    format!("slot {s} beyond cache capacity {capacity}"),
+                ));
             }
-            kc[s * kv_width..(s + 1) * kv_width].copy_from_slice(&ks[i * kv_width..(i + 1) * kv_width]);
+            kc[s * kv_width..(s + 1) * kv_width]
+                .copy_from_slice(&ks[i * kv_width..(i + 1) * kv_width]);
         }
         let vc = self.write_f32(OP, cache.v, &[k, v])?;
         for (i, &slot) in slots.iter().enumerate() {
             let s = slot as usize;
-            vc[s * kv_width..(s + 1) * kv_width].copy_from_slice(&vs[i * kv_width..(i + 1) * kv_width]);
+            vc[s * kv_width..(s + 1) * kv_width]
+                .copy_from_slice(&vs[i * kv_width..(i + 1) * kv_width]);
         }
         Ok(())
     }
 
-    fn paged_attention(&self, q: DeviceSlice, cache: &KvLayer, out: DeviceSlice, seqs: &[AttnSeq<'_>], p: &AttnParams) -> Result<()> {
+    fn paged_attention(
+        &self,
+        q: DeviceSlice,
+        cache: &KvLayer,
+        out: DeviceSlice,
+        seqs: &[AttnSeq<'_>],
+        p: &AttnParams,
+    ) -> Result<()> {
         const OP: &str = "paged_attention";
         let (hd, width) = (p.head_dim, p.n_heads * p.head_dim);
         let kv_width = p.n_kv_heads * hd;
         if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 {
-            return Err(shape_err(OP, format!("{} heads over {} kv heads", p.n_heads, p.n_kv_heads)));
+            return Err(shape_err(
+                OP,
+                format!("{} heads over {} kv heads", p.n_heads, p.n_kv_heads),
+            ));
         }
         let rows = seqs.iter().map(|s| s.q_start + s.q_len).max().unwrap_or(0);
         need(OP, q, rows * width, "q")?;
@@ -228,13 +312,25 @@ impl DenseOps for CpuBackend {
         let mut row_of: Vec<Option<(usize, usize)>> = vec![None; rows];
         for (si, s) in seqs.iter().enumerate() {
             if s.q_len > s.kv_len || s.block_table.len() * cache.block_size < s.kv_len {
-                return Err(shape_err(OP, format!("sequence {si}: {} queries, {} cached tokens, {} blocks", s.q_len, s.kv_len, s.block_table.len())));
+                return Err(shape_err(
+                    OP,
+                    format!(
+                        "sequence {si}: {} queries, {} cached tokens, {} blocks",
+                        s.q_len,
+                        s.kv_len,
+                        s.block_table.len()
+                    ),
+                ));
             }
             for i in 0..s.q_len {
                 row_of[s.q_start + i] = Some((si, s.kv_len - s.q_len + i));
             }
         }
-        let (qs, kc, vc) = (self.read_f32(OP, q)?, self.read_f32(OP, cache.k)?, self.read_f32(OP, cache.v)?);
+        let (qs, kc, vc) = (
+            self.read_f32(OP, q)?,
+            self.read_f32(OP, cache.k)?,
+            self.read_f32(OP, cache.v)?,
+        );
         let o = self.write_f32(OP, out, &[q, cache.k, cache.v])?;
         let group = p.n_heads / p.n_kv_heads;
         let bs = cache.block_size;
@@ -274,18 +370,33 @@ impl DenseOps for CpuBackend {
                 vec::axpy(isa, oh, s / sum, &vc[base..base + hd]);
             }
         };
-        self.install(|| o[..rows * width].par_chunks_mut(hd).enumerate().for_each(head));
+        self.install(|| {
+            o[..rows * width]
+                .par_chunks_mut(hd)
+                .enumerate()
+                .for_each(head)
+        });
         Ok(())
     }
 
-    fn silu_mul(&self, gate: DeviceSlice, up: DeviceSlice, out: DeviceSlice, n: usize) -> Result<()> {
+    fn silu_mul(
+        &self,
+        gate: DeviceSlice,
+        up: DeviceSlice,
+        out: DeviceSlice,
+        n: usize,
+    ) -> Result<()> {
         const OP: &str = "silu_mul";
         for (s, what) in [(gate, "gate"), (up, "up"), (out, "out")] {
             need(OP, s, n, what)?;
         }
         let (g, u) = (self.read_f32(OP, gate)?, self.read_f32(OP, up)?);
         let o = self.write_f32(OP, out, &[gate, up])?;
-        o[..n].iter_mut().zip(&g[..n]).zip(&u[..n]).for_each(|((o, g), u)| *o = silu(*g) * u);
+        o[..n]
+            .iter_mut()
+            .zip(&g[..n])
+            .zip(&u[..n])
+            .for_each(|((o, g), u)| *o = silu(*g) * u);
         Ok(())
     }
 
@@ -302,14 +413,24 @@ impl DenseOps for CpuBackend {
         Ok(())
     }
 
-    fn sigmoid_mul(&self, x: DeviceSlice, gate: DeviceSlice, out: DeviceSlice, n: usize) -> Result<()> {
+    fn sigmoid_mul(
+        &self,
+        x: DeviceSlice,
+        gate: DeviceSlice,
+        out: DeviceSlice,
+        n: usize,
+    ) -> Result<()> {
         const OP: &str = "sigmoid_mul";
         for (s, what) in [(x, "x"), (gate, "gate"), (out, "out")] {
             need(OP, s, n, what)?;
         }
         let (xs, g) = (self.read_f32(OP, x)?, self.read_f32(OP, gate)?);
         let o = self.write_f32(OP, out, &[x, gate])?;
-        o[..n].iter_mut().zip(&xs[..n]).zip(&g[..n]).for_each(|((o, x), g)| *o = x * sigmoid(*g));
+        o[..n]
+            .iter_mut()
+            .zip(&xs[..n])
+            .zip(&g[..n])
+            .for_each(|((o, x), g)| *o = x * sigmoid(*g));
         Ok(())
     }
 
@@ -322,7 +443,10 @@ impl DenseOps for CpuBackend {
         if factor == 1.0 {
             a[..n].iter_mut().zip(&xs[..n]).for_each(|(a, x)| *a += x);
         } else {
-            a[..n].iter_mut().zip(&xs[..n]).for_each(|(a, x)| *a += factor * x);
+            a[..n]
+                .iter_mut()
+                .zip(&xs[..n])
+                .for_each(|(a, x)| *a += factor * x);
         }
         Ok(())
     }
@@ -330,41 +454,73 @@ impl DenseOps for CpuBackend {
     fn scale(&self, x: DeviceSlice, factor: f32, n: usize) -> Result<()> {
         const OP: &str = "scale";
         need(OP, x, n, "x")?;
-        self.write_f32(OP, x, &[])?[..n].iter_mut().for_each(|v| *v *= factor);
+        self.write_f32(OP, x, &[])?[..n]
+            .iter_mut()
+            .for_each(|v| *v *= factor);
         Ok(())
     }
 
-    fn copy_cols(&self, src: DeviceSlice, src_width: usize, col_start: usize, cols: usize, dst: DeviceSlice, rows: usize) -> Result<()> {
+    fn copy_cols(
+        &self,
+        src: DeviceSlice,
+        src_width: usize,
+        col_start: usize,
+        cols: usize,
+        dst: DeviceSlice,
+        rows: usize,
+    ) -> Result<()> {
         const OP: &str = "copy_cols";
         if col_start + cols > src_width {
-            return Err(shape_err(OP, format!("columns {col_start}..{} of {src_width}", col_start + cols)));
+            return Err(shape_err(
+                OP,
+                format!("columns {col_start}..{} of {src_width}", col_start + cols),
+            ));
         }
         need(OP, src, rows * src_width, "src")?;
         need(OP, dst, rows * cols, "dst")?;
         let s = self.read_f32(OP, src)?;
         let d = self.write_f32(OP, dst, &[src])?;
         for r in 0..rows {
-            d[r * cols..(r + 1) * cols].copy_from_slice(&s[r * src_width + col_start..r * src_width + col_start + cols]);
+            d[r * cols..(r + 1) * cols]
+                .copy_from_slice(&s[r * src_width + col_start..r * src_width + col_start + cols]);
         }
         Ok(())
     }
 
-    fn scatter_cols(&self, src: DeviceSlice, cols: usize, dst: DeviceSlice, dst_width: usize, col_start: usize, rows: usize) -> Result<()> {
+    fn scatter_cols(
+        &self,
+        src: DeviceSlice,
+        cols: usize,
+        dst: DeviceSlice,
+        dst_width: usize,
+        col_start: usize,
+        rows: usize,
+    ) -> Result<()> {
         const OP: &str = "scatter_cols";
         if col_start + cols > dst_width {
-            return Err(shape_err(OP, format!("columns {col_start}..{} of {dst_width}", col_start + cols)));
+            return Err(shape_err(
+                OP,
+                format!("columns {col_start}..{} of {dst_width}", col_start + cols),
+            ));
         }
         need(OP, src, rows * cols, "src")?;
         need(OP, dst, rows * dst_width, "dst")?;
         let s = self.read_f32(OP, src)?;
         let d = self.write_f32(OP, dst, &[src])?;
         for r in 0..rows {
-            d[r * dst_width + col_start..r * dst_width + col_start + cols].copy_from_slice(&s[r * cols..(r + 1) * cols]);
+            d[r * dst_width + col_start..r * dst_width + col_start + cols]
+                .copy_from_slice(&s[r * cols..(r + 1) * cols]);
         }
         Ok(())
     }
 
-    fn gather_rows(&self, src: DeviceSlice, rows: &[u32], width: usize, out: DeviceSlice) -> Result<()> {
+    fn gather_rows(
+        &self,
+        src: DeviceSlice,
+        rows: &[u32],
+        width: usize,
+        out: DeviceSlice,
+    ) -> Result<()> {
         const OP: &str = "gather_rows";
         need(OP, out, rows.len() * width, "out")?;
         let s = self.read_f32(OP, src)?;
@@ -372,17 +528,30 @@ impl DenseOps for CpuBackend {
         for (i, &r) in rows.iter().enumerate() {
             let r = r as usize;
             if (r + 1) * width > s.len() {
-                return Err(shape_err(OP, format!("row {r} beyond source of {} rows", s.len() / width.max(1))));
+                return Err(shape_err(
+                    OP,
+                    format!("row {r} beyond source of {} rows", s.len() / width.max(1)),
+                ));
             }
             o[i * width..(i + 1) * width].copy_from_slice(&s[r * width..(r + 1) * width]);
         }
         Ok(())
     }
 
-    fn scatter_add_rows(&self, src: DeviceSlice, rows: &[u32], weights: &[f32], width: usize, dst: DeviceSlice) -> Result<()> {
+    fn scatter_add_rows(
+        &self,
+        src: DeviceSlice,
+        rows: &[u32],
+        weights: &[f32],
+        width: usize,
+        dst: DeviceSlice,
+    ) -> Result<()> {
         const OP: &str = "scatter_add_rows";
         if weights.len() != rows.len() {
-            return Err(shape_err(OP, format!("{} rows but {} weights", rows.len(), weights.len())));
+            return Err(shape_err(
+                OP,
+                format!("{} rows but {} weights", rows.len(), weights.len()),
+            ));
         }
         need(OP, src, rows.len() * width, "src")?;
         let s = self.read_f32(OP, src)?;
@@ -390,14 +559,30 @@ impl DenseOps for CpuBackend {
         for (i, (&r, &wgt)) in rows.iter().zip(weights).enumerate() {
             let r = r as usize;
             if (r + 1) * width > d.len() {
-                return Err(shape_err(OP, format!("row {r} beyond destination of {} rows", d.len() / width.max(1))));
+                return Err(shape_err(
+                    OP,
+                    format!(
+                        "row {r} beyond destination of {} rows",
+                        d.len() / width.max(1)
+                    ),
+                ));
             }
-            d[r * width..(r + 1) * width].iter_mut().zip(&s[i * width..(i + 1) * width]).for_each(|(d, s)| *d += wgt * s);
+            d[r * width..(r + 1) * width]
+                .iter_mut()
+                .zip(&s[i * width..(i + 1) * width])
+                .for_each(|(d, s)| *d += wgt * s);
         }
         Ok(())
     }
 
-    fn softmax_topk(&self, logits: DeviceSlice, rows: usize, n: usize, k: usize, renormalize: bool) -> Result<Vec<(u32, f32)>> {
+    fn softmax_topk(
+        &self,
+        logits: DeviceSlice,
+        rows: usize,
+        n: usize,
+        k: usize,
+        renormalize: bool,
+    ) -> Result<Vec<(u32, f32)>> {
         const OP: &str = "softmax_topk";
         if k == 0 || k > n {
             return Err(shape_err(OP, format!("top-{k} of {n}")));
@@ -417,9 +602,17 @@ impl DenseOps for CpuBackend {
             probs.iter_mut().for_each(|p| *p /= sum);
             order.clear();
             order.extend(0..n as u32);
-            order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
+            order.sort_by(|&a, &b| {
+                probs[b as usize]
+                    .total_cmp(&probs[a as usize])
+                    .then(a.cmp(&b))
+            });
             let top = &order[..k];
-            let denom = if renormalize { top.iter().map(|&e| probs[e as usize]).sum::<f32>() } else { 1.0 };
+            let denom = if renormalize {
+                top.iter().map(|&e| probs[e as usize]).sum::<f32>()
+            } else {
+                1.0
+            };
             out.extend(top.iter().map(|&e| (e, probs[e as usize] / denom)));
         }
         Ok(out)

@@ -23,9 +23,18 @@ impl<'a> Weights<'a> {
         // f16 accept every bit pattern.
         unsafe {
             Ok(match dtype {
-                DType::F32 => Weights::F32(std::slice::from_raw_parts(bytes.as_ptr().cast(), bytes.len() / 4)),
-                DType::BF16 => Weights::BF16(std::slice::from_raw_parts(bytes.as_ptr().cast(), bytes.len() / 2)),
-                DType::F16 => Weights::F16(std::slice::from_raw_parts(bytes.as_ptr().cast(), bytes.len() / 2)),
+                DType::F32 => Weights::F32(std::slice::from_raw_parts(
+                    bytes.as_ptr().cast(),
+                    bytes.len() / 4,
+                )),
+                DType::BF16 => Weights::BF16(std::slice::from_raw_parts(
+                    bytes.as_ptr().cast(),
+                    bytes.len() / 2,
+                )),
+                DType::F16 => Weights::F16(std::slice::from_raw_parts(
+                    bytes.as_ptr().cast(),
+                    bytes.len() / 2,
+                )),
                 other => return Err(GpuError::UnsupportedDType { op, dtype: other }),
             })
         }
@@ -78,7 +87,10 @@ pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let chunks = a.len() / LANES;
     for c in 0..chunks {
-        let (x, y) = (&a[c * LANES..c * LANES + LANES], &b[c * LANES..c * LANES + LANES]);
+        let (x, y) = (
+            &a[c * LANES..c * LANES + LANES],
+            &b[c * LANES..c * LANES + LANES],
+        );
         for l in 0..LANES {
             acc[l] += x[l] * y[l];
         }
@@ -96,7 +108,10 @@ pub(crate) fn dot_bf16(a: &[f32], b: &[bf16]) -> f32 {
     let mut acc = [0f32; LANES];
     let chunks = a.len() / LANES;
     for c in 0..chunks {
-        let (x, y) = (&a[c * LANES..c * LANES + LANES], &b[c * LANES..c * LANES + LANES]);
+        let (x, y) = (
+            &a[c * LANES..c * LANES + LANES],
+            &b[c * LANES..c * LANES + LANES],
+        );
         for l in 0..LANES {
             acc[l] += x[l] * f32::from_bits((y[l].to_bits() as u32) << 16);
         }
@@ -110,8 +125,19 @@ pub(crate) fn dot_bf16(a: &[f32], b: &[bf16]) -> f32 {
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` with f32 `w`, through the `gemm` crate.
 /// `out` rows are `out_ld` apart (columns beyond `n` are left alone).
-pub(crate) fn gemm_xwt(x: &[f32], w: &[f32], out: &mut [f32], m: usize, n: usize, k: usize, out_ld: usize, threads: usize) {
-    assert!(x.len() >= m * k && w.len() >= n * k && out_ld >= n && out.len() >= (m - 1) * out_ld + n);
+pub(crate) fn gemm_xwt(
+    x: &[f32],
+    w: &[f32],
+    out: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    out_ld: usize,
+    threads: usize,
+) {
+    assert!(
+        x.len() >= m * k && w.len() >= n * k && out_ld >= n && out.len() >= (m - 1) * out_ld + n
+    );
     let par = if threads > 1 && m * n * k > 64 * 64 * 64 {
         gemm::Parallelism::Rayon(threads)
     } else {
@@ -124,11 +150,25 @@ pub(crate) fn gemm_xwt(x: &[f32], w: &[f32], out: &mut [f32], m: usize, n: usize
     // out row-major (rs = out_ld, cs = 1).
     unsafe {
         gemm::gemm(
-            m, n, k,
-            out.as_mut_ptr(), 1, out_ld as isize, false,
-            x.as_ptr(), 1, k as isize,
-            w.as_ptr(), k as isize, 1,
-            0.0, 1.0, false, false, false, par,
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            out_ld as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
         );
     }
 }

@@ -46,7 +46,12 @@ impl CpuBackend {
             .thread_name(|i| format!("metrale-cpu-{i}"))
             .build()
             .expect("building a rayon pool only fails if threads cannot be spawned");
-        Self { ledger: Ledger::new(), memory_limit: None, pool, bf16_dot: false }
+        Self {
+            ledger: Ledger::new(),
+            memory_limit: None,
+            pool,
+            bf16_dot: false,
+        }
     }
 
     /// Makes allocations fail once `limit` bytes are live (for out-of-memory tests
@@ -104,9 +109,17 @@ impl CpuBackend {
     }
 
     /// The f32 elements of `s`, read-only.
-    pub(crate) fn read<'a>(&'a self, op: &'static str, s: DeviceSlice, dtype: DType) -> Result<&'a [u8]> {
+    pub(crate) fn read<'a>(
+        &'a self,
+        op: &'static str,
+        s: DeviceSlice,
+        dtype: DType,
+    ) -> Result<&'a [u8]> {
         if s.dtype() != dtype {
-            return Err(GpuError::UnsupportedDType { op, dtype: s.dtype() });
+            return Err(GpuError::UnsupportedDType {
+                op,
+                dtype: s.dtype(),
+            });
         }
         self.check_range(op, s.ptr().raw(), s.bytes())?;
         // SAFETY: the range lies inside a live allocation of this backend
@@ -118,7 +131,12 @@ impl CpuBackend {
 
     /// Mutable bytes of `s`.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) fn write<'a>(&'a self, op: &'static str, s: DeviceSlice, inputs: &[DeviceSlice]) -> Result<&'a mut [u8]> {
+    pub(crate) fn write<'a>(
+        &'a self,
+        op: &'static str,
+        s: DeviceSlice,
+        inputs: &[DeviceSlice],
+    ) -> Result<&'a mut [u8]> {
         self.check_range(op, s.ptr().raw(), s.bytes())?;
         let (start, end) = (s.ptr().raw(), s.ptr().raw() + s.bytes() as u64);
         for i in inputs {
@@ -138,9 +156,17 @@ impl CpuBackend {
     }
 
     #[allow(clippy::mut_from_ref)]
-    pub(crate) fn write_f32<'a>(&'a self, op: &'static str, s: DeviceSlice, inputs: &[DeviceSlice]) -> Result<&'a mut [f32]> {
+    pub(crate) fn write_f32<'a>(
+        &'a self,
+        op: &'static str,
+        s: DeviceSlice,
+        inputs: &[DeviceSlice],
+    ) -> Result<&'a mut [f32]> {
         if s.dtype() != DType::F32 {
-            return Err(GpuError::UnsupportedDType { op, dtype: s.dtype() });
+            return Err(GpuError::UnsupportedDType {
+                op,
+                dtype: s.dtype(),
+            });
         }
         let b = self.write(op, s, inputs)?;
         // SAFETY: allocations are 64-byte aligned and every f32 slice starts at
@@ -183,12 +209,20 @@ impl GpuBackend for CpuBackend {
         if let Some(limit) = self.memory_limit
             && live + bytes > limit
         {
-            return Err(GpuError::OutOfMemory { bytes, owner: String::new(), live });
+            return Err(GpuError::OutOfMemory {
+                bytes,
+                owner: String::new(),
+                live,
+            });
         }
         let layout = Self::layout(bytes)?;
         // SAFETY: `layout` has non-zero size (callers allocate at least 1 byte).
         let p = unsafe { alloc_zeroed(layout) };
-        DevicePtr::from_raw(p as u64).ok_or(GpuError::OutOfMemory { bytes, owner: String::new(), live })
+        DevicePtr::from_raw(p as u64).ok_or(GpuError::OutOfMemory {
+            bytes,
+            owner: String::new(),
+            live,
+        })
     }
 
     fn free_raw(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
@@ -211,7 +245,14 @@ impl GpuBackend for CpuBackend {
         Ok(())
     }
 
-    fn copy_d2d(&self, src: DevicePtr, src_offset: usize, dst: DevicePtr, dst_offset: usize, bytes: usize) -> Result<()> {
+    fn copy_d2d(
+        &self,
+        src: DevicePtr,
+        src_offset: usize,
+        dst: DevicePtr,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
         let src = DeviceSlice::new(src, DType::U8, src_offset + bytes).slice(src_offset, bytes)?;
         let dst = DeviceSlice::new(dst, DType::U8, dst_offset + bytes).slice(dst_offset, bytes)?;
         let out = self.write("copy_d2d", dst, &[src])?;

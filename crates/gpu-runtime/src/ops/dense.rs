@@ -66,34 +66,82 @@ pub struct AttnParams {
 /// Dense-transformer operations.
 pub trait DenseOps {
     /// `out[i, :] = table[ids[i], :]`; `table` is `[vocab, hidden]` in f32/bf16/f16.
-    fn embedding(&self, table: DeviceSlice, ids: &[u32], hidden: usize, out: DeviceSlice) -> Result<()>;
+    fn embedding(
+        &self,
+        table: DeviceSlice,
+        ids: &[u32],
+        hidden: usize,
+        out: DeviceSlice,
+    ) -> Result<()>;
 
     /// `out = x · wᵀ (+ bias)`; `w` is `[n, k]` in f32/bf16/f16, `bias` `[n]`.
-    fn matmul(&self, x: DeviceSlice, w: DeviceSlice, bias: Option<DeviceSlice>, out: DeviceSlice, dims: MatmulDims) -> Result<()>;
+    fn matmul(
+        &self,
+        x: DeviceSlice,
+        w: DeviceSlice,
+        bias: Option<DeviceSlice>,
+        out: DeviceSlice,
+        dims: MatmulDims,
+    ) -> Result<()>;
 
     /// RMSNorm over rows of `dim`: `out = x / rms(x) * (weight_offset + w)`.
     /// Qwen3-Next's zero-centred norms use `weight_offset = 1`.
-    fn rms_norm(&self, x: DeviceSlice, w: DeviceSlice, out: DeviceSlice, rows: usize, dim: usize, eps: f32, weight_offset: f32) -> Result<()>;
+    fn rms_norm(
+        &self,
+        x: DeviceSlice,
+        w: DeviceSlice,
+        out: DeviceSlice,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        weight_offset: f32,
+    ) -> Result<()>;
 
     /// Applies RoPE in place to `x` = `[positions.len(), n_heads, head_dim]`.
     fn rope(&self, x: DeviceSlice, positions: &[u32], p: &RopeParams<'_>) -> Result<()>;
 
     /// Writes `k`, `v` (`[slots.len(), n_kv_heads * head_dim]`) into the cache;
     /// row `i` goes to cache slot `slots[i]` (= block * block_size + offset).
-    fn kv_store(&self, k: DeviceSlice, v: DeviceSlice, cache: &KvLayer, slots: &[u32], kv_width: usize) -> Result<()>;
+    fn kv_store(
+        &self,
+        k: DeviceSlice,
+        v: DeviceSlice,
+        cache: &KvLayer,
+        slots: &[u32],
+        kv_width: usize,
+    ) -> Result<()>;
 
     /// Causal grouped-query attention of `q` (`[tokens, n_heads, head_dim]`)
     /// over the paged cache; writes `out` with q's shape.
-    fn paged_attention(&self, q: DeviceSlice, cache: &KvLayer, out: DeviceSlice, seqs: &[AttnSeq<'_>], p: &AttnParams) -> Result<()>;
+    fn paged_attention(
+        &self,
+        q: DeviceSlice,
+        cache: &KvLayer,
+        out: DeviceSlice,
+        seqs: &[AttnSeq<'_>],
+        p: &AttnParams,
+    ) -> Result<()>;
 
     /// `out = silu(gate) * up`, elementwise over `n`.
-    fn silu_mul(&self, gate: DeviceSlice, up: DeviceSlice, out: DeviceSlice, n: usize) -> Result<()>;
+    fn silu_mul(
+        &self,
+        gate: DeviceSlice,
+        up: DeviceSlice,
+        out: DeviceSlice,
+        n: usize,
+    ) -> Result<()>;
 
     /// `out = relu(x)^2`, elementwise over `n`.
     fn relu2(&self, x: DeviceSlice, out: DeviceSlice, n: usize) -> Result<()>;
 
     /// `out = x * sigmoid(gate)`, elementwise over `n`.
-    fn sigmoid_mul(&self, x: DeviceSlice, gate: DeviceSlice, out: DeviceSlice, n: usize) -> Result<()>;
+    fn sigmoid_mul(
+        &self,
+        x: DeviceSlice,
+        gate: DeviceSlice,
+        out: DeviceSlice,
+        n: usize,
+    ) -> Result<()>;
 
     /// `acc += factor * x`, elementwise over `n` (in place on `acc`).
     fn add_scaled(&self, acc: DeviceSlice, x: DeviceSlice, factor: f32, n: usize) -> Result<()>;
@@ -103,20 +151,56 @@ pub trait DenseOps {
 
     /// Copies columns `col_start..col_start + cols` of `src` (`[rows, src_width]`)
     /// into `dst` (`[rows, cols]`, contiguous).
-    fn copy_cols(&self, src: DeviceSlice, src_width: usize, col_start: usize, cols: usize, dst: DeviceSlice, rows: usize) -> Result<()>;
+    fn copy_cols(
+        &self,
+        src: DeviceSlice,
+        src_width: usize,
+        col_start: usize,
+        cols: usize,
+        dst: DeviceSlice,
+        rows: usize,
+    ) -> Result<()>;
 
     /// Copies `src` (`[rows, cols]`) into columns `col_start..col_start+cols`
     /// of `dst` (`[rows, dst_width]`).
-    fn scatter_cols(&self, src: DeviceSlice, cols: usize, dst: DeviceSlice, dst_width: usize, col_start: usize, rows: usize) -> Result<()>;
+    fn scatter_cols(
+        &self,
+        src: DeviceSlice,
+        cols: usize,
+        dst: DeviceSlice,
+        dst_width: usize,
+        col_start: usize,
+        rows: usize,
+    ) -> Result<()>;
 
     /// `out[i, :] = src[rows[i], :]` for rows of `width`.
-    fn gather_rows(&self, src: DeviceSlice, rows: &[u32], width: usize, out: DeviceSlice) -> Result<()>;
+    fn gather_rows(
+        &self,
+        src: DeviceSlice,
+        rows: &[u32],
+        width: usize,
+        out: DeviceSlice,
+    ) -> Result<()>;
 
     /// `dst[rows[i], :] += weights[i] * src[i, :]` for rows of `width`.
-    fn scatter_add_rows(&self, src: DeviceSlice, rows: &[u32], weights: &[f32], width: usize, dst: DeviceSlice) -> Result<()>;
+    fn scatter_add_rows(
+        &self,
+        src: DeviceSlice,
+        rows: &[u32],
+        weights: &[f32],
+        width: usize,
+        dst: DeviceSlice,
+    ) -> Result<()>;
 
     /// Router: per row of `logits` (`[rows, n]`), softmax then the top `k`
     /// (ties to the lower index), renormalised to sum 1 when `renormalize`.
     /// Returns `rows * k` (expert, weight) pairs on the host, row-major.
-    fn softmax_topk(&self, logits: DeviceSlice, rows: usize, n: usize, k: usize, renormalize: bool) -> Result<Vec<(u32, f32)>>;
+    fn softmax_topk(
+        &self,
+        logits: DeviceSlice,
+        rows: usize,
+        n: usize,
+        k: usize,
+        renormalize: bool,
+    ) -> Result<Vec<(u32, f32)>>;
 }

@@ -392,8 +392,15 @@ impl Report {
             "run          {} thread(s), batch {}, prompt {} tokens, {} generated; load {:.2} s",
             self.threads, self.batch, self.prompt_len, self.gen_len, self.load_s
         );
-        let math = if self.bf16_dot { "bf16 dot products" } else { "f32" };
-        println!("prefill      {:>10.1} tok/s ({math} arithmetic)", self.prefill_tok_s);
+        let math = if self.bf16_dot {
+            "bf16 dot products"
+        } else {
+            "f32"
+        };
+        println!(
+            "prefill      {:>10.1} tok/s ({math} arithmetic)",
+            self.prefill_tok_s
+        );
         println!("ttft         {:>10.1} ms", self.ttft_ms);
         match (self.roofline(), self.bandwidth) {
             (Some(r), Some(bw)) => println!(

@@ -31,9 +31,15 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(p) = args.decode_from
         && p > args.ids.len()
     {
-        bail!("--decode-from {p} is beyond the {} ids given", args.ids.len());
+        bail!(
+            "--decode-from {p} is beyond the {} ids given",
+            args.ids.len()
+        );
     }
-    let mut options = LoadOptions { threads: args.threads, ..LoadOptions::default() };
+    let mut options = LoadOptions {
+        threads: args.threads,
+        ..LoadOptions::default()
+    };
     options.model.max_batch_tokens = args.ids.len().clamp(1, 4096);
     options.model.kv_blocks = args.ids.len().div_ceil(options.model.kv_block_size) + 1;
     options.model.max_seqs = 1;
@@ -46,6 +52,7 @@ pub fn run(args: Args) -> Result<()> {
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     let view = TensorView::new(Dtype::F32, vec![args.ids.len(), vocab], &bytes)?;
     let tensors: HashMap<String, TensorView<'_>> = HashMap::from([("logits".to_string(), view)]);
-    safetensors::serialize_to_file(&tensors, None, &args.out).with_context(|| format!("writing {}", args.out.display()))?;
+    safetensors::serialize_to_file(&tensors, None, &args.out)
+        .with_context(|| format!("writing {}", args.out.display()))?;
     Ok(())
 }

@@ -27,9 +27,17 @@ impl KvCache {
     /// `kv_width` (= kv heads * head dim) f32 per token. On failure nothing
     /// stays allocated.
     #[track_caller]
-    pub fn allocate(gpu: &dyn GpuBackend, n_layers: usize, kv_width: usize, block_size: usize, num_blocks: usize) -> Result<Self> {
+    pub fn allocate(
+        gpu: &dyn GpuBackend,
+        n_layers: usize,
+        kv_width: usize,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Self> {
         if block_size == 0 {
-            return Err(EngineError::Request("KV block size must be positive".into()));
+            return Err(EngineError::Request(
+                "KV block size must be positive".into(),
+            ));
         }
         let mut cache = Self {
             block_size,
@@ -41,16 +49,23 @@ impl KvCache {
         };
         let elements = num_blocks * block_size * kv_width;
         for layer in 0..n_layers {
-            let pair = gpu.alloc_slice(DType::F32, elements, "kv cache").and_then(|k| {
-                gpu.alloc_slice(DType::F32, elements, "kv cache").map(|v| (k, v)).inspect_err(|_| {
-                    let _ = gpu.free(k.ptr());
-                })
-            });
+            let pair = gpu
+                .alloc_slice(DType::F32, elements, "kv cache")
+                .and_then(|k| {
+                    gpu.alloc_slice(DType::F32, elements, "kv cache")
+                        .map(|v| (k, v))
+                        .inspect_err(|_| {
+                            let _ = gpu.free(k.ptr());
+                        })
+                });
             match pair {
                 Ok((k, v)) => cache.layers.push(KvLayer { k, v, block_size }),
                 Err(source) => {
                     let _ = cache.release(gpu);
-                    return Err(EngineError::Device { context: format!("allocating KV cache layer {layer}"), source });
+                    return Err(EngineError::Device {
+                        context: format!("allocating KV cache layer {layer}"),
+                        source,
+                    });
                 }
             }
         }
@@ -79,14 +94,19 @@ impl KvCache {
 
     /// The cache of the `i`-th attention layer (counting attention layers only).
     pub fn layer(&self, i: usize) -> Result<&KvLayer> {
-        self.layers.get(i).ok_or_else(|| EngineError::Request(format!("no KV cache for attention layer {i}")))
+        self.layers
+            .get(i)
+            .ok_or_else(|| EngineError::Request(format!("no KV cache for attention layer {i}")))
     }
 
     /// Takes a block off the free list with refcount 1.
     pub fn alloc_block(&mut self) -> Result<BlockId> {
         let b = self.free.pop().ok_or_else(|| EngineError::Exhausted {
             resource: "KV cache blocks",
-            detail: format!("all {} blocks of {} tokens are in use", self.num_blocks, self.block_size),
+            detail: format!(
+                "all {} blocks of {} tokens are in use",
+                self.num_blocks, self.block_size
+            ),
         })?;
         self.refcounts[b.index()] = 1;
         Ok(b)
@@ -190,7 +210,9 @@ impl SeqBlocks {
 
     /// Cache slot (block * block_size + offset) of token position `pos`.
     pub fn slot(&self, pos: usize, block_size: usize) -> Option<u32> {
-        self.blocks.get(pos / block_size).map(|b| (b.index() * block_size + pos % block_size) as u32)
+        self.blocks
+            .get(pos / block_size)
+            .map(|b| (b.index() * block_size + pos % block_size) as u32)
     }
 
     /// Returns every block to the cache.

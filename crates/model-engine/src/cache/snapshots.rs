@@ -42,12 +42,21 @@ impl SsmSnapshots {
 
     /// Copies `slot`'s state (after `tokens` tokens) under `key`, replacing
     /// any earlier snapshot with that key. On failure nothing is kept.
-    pub fn capture(&mut self, gpu: &dyn GpuBackend, pool: &SsmStatePool, slot: SlotId, key: SnapshotKey, tokens: usize) -> Result<()> {
+    pub fn capture(
+        &mut self,
+        gpu: &dyn GpuBackend,
+        pool: &SsmStatePool,
+        slot: SlotId,
+        key: SnapshotKey,
+        tokens: usize,
+    ) -> Result<()> {
         let mut states: Vec<(DeviceSlice, DeviceSlice)> = Vec::with_capacity(pool.layers());
         let result = (|| {
             for layer in 0..pool.layers() {
                 let (conv, ssm) = (pool.conv_state(layer, slot)?, pool.ssm_state(layer, slot)?);
-                let c = gpu.alloc_slice(DType::F32, conv.len(), "ssm snapshots").map_err(EngineError::device("snapshot"))?;
+                let c = gpu
+                    .alloc_slice(DType::F32, conv.len(), "ssm snapshots")
+                    .map_err(EngineError::device("snapshot"))?;
                 let s = match gpu.alloc_slice(DType::F32, ssm.len(), "ssm snapshots") {
                     Ok(s) => s,
                     Err(e) => {
@@ -56,7 +65,9 @@ impl SsmSnapshots {
                     }
                 };
                 states.push((c, s));
-                gpu.copy_slice(conv, c).and_then(|_| gpu.copy_slice(ssm, s)).map_err(EngineError::device("snapshot copy"))?;
+                gpu.copy_slice(conv, c)
+                    .and_then(|_| gpu.copy_slice(ssm, s))
+                    .map_err(EngineError::device("snapshot copy"))?;
             }
             Ok(())
         })();
@@ -71,11 +82,21 @@ impl SsmSnapshots {
     }
 
     /// Copies the snapshot `key` into `slot`; returns how many tokens it covers.
-    pub fn restore(&self, gpu: &dyn GpuBackend, pool: &SsmStatePool, slot: SlotId, key: SnapshotKey) -> Result<Option<usize>> {
-        let Some(snap) = self.snapshots.get(&key) else { return Ok(None) };
+    pub fn restore(
+        &self,
+        gpu: &dyn GpuBackend,
+        pool: &SsmStatePool,
+        slot: SlotId,
+        key: SnapshotKey,
+    ) -> Result<Option<usize>> {
+        let Some(snap) = self.snapshots.get(&key) else {
+            return Ok(None);
+        };
         for (layer, (c, s)) in snap.states.iter().enumerate() {
             let (conv, ssm) = (pool.conv_state(layer, slot)?, pool.ssm_state(layer, slot)?);
-            gpu.copy_slice(*c, conv).and_then(|_| gpu.copy_slice(*s, ssm)).map_err(EngineError::device("snapshot restore"))?;
+            gpu.copy_slice(*c, conv)
+                .and_then(|_| gpu.copy_slice(*s, ssm))
+                .map_err(EngineError::device("snapshot restore"))?;
         }
         Ok(Some(snap.tokens))
     }

@@ -36,7 +36,11 @@ pub struct SsmStatePool {
 impl SsmStatePool {
     /// A pool with no layers (a model without recurrent layers).
     pub fn empty() -> Self {
-        Self { n_slots: 0, layers: Vec::new(), free: Mutex::new(Vec::new()) }
+        Self {
+            n_slots: 0,
+            layers: Vec::new(),
+            free: Mutex::new(Vec::new()),
+        }
     }
 
     /// Allocates `n_slots` slots for the given recurrent layers. On failure
@@ -54,16 +58,23 @@ impl SsmStatePool {
             return Ok(pool);
         }
         for (i, &shape) in shapes.iter().enumerate() {
-            let pair = gpu.alloc_slice(DType::F32, shape.conv.max(1) * n_slots, "ssm state pool").and_then(|conv| {
-                gpu.alloc_slice(DType::F32, shape.ssm.max(1) * n_slots, "ssm state pool").map(|ssm| (conv, ssm)).inspect_err(|_| {
-                    let _ = gpu.free(conv.ptr());
-                })
-            });
+            let pair = gpu
+                .alloc_slice(DType::F32, shape.conv.max(1) * n_slots, "ssm state pool")
+                .and_then(|conv| {
+                    gpu.alloc_slice(DType::F32, shape.ssm.max(1) * n_slots, "ssm state pool")
+                        .map(|ssm| (conv, ssm))
+                        .inspect_err(|_| {
+                            let _ = gpu.free(conv.ptr());
+                        })
+                });
             match pair {
                 Ok((conv, ssm)) => pool.layers.push(LayerState { shape, conv, ssm }),
                 Err(source) => {
                     let _ = pool.release(gpu);
-                    return Err(EngineError::Device { context: format!("allocating SSM state for recurrent layer {i}"), source });
+                    return Err(EngineError::Device {
+                        context: format!("allocating SSM state for recurrent layer {i}"),
+                        source,
+                    });
                 }
             }
         }
@@ -73,14 +84,23 @@ impl SsmStatePool {
     /// Takes a free slot and zeroes its state. Exhaustion is an error the
     /// scheduler can wait on (`EngineError::Exhausted`), not a panic.
     pub fn acquire(self: &Arc<Self>, gpu: &dyn GpuBackend) -> Result<SlotGuard> {
-        let slot = self.free.lock().pop().ok_or_else(|| EngineError::Exhausted {
-            resource: "SSM state slots",
-            detail: format!("all {} slots are in use", self.n_slots),
-        })?;
-        let guard = SlotGuard { pool: Arc::clone(self), slot };
+        let slot = self
+            .free
+            .lock()
+            .pop()
+            .ok_or_else(|| EngineError::Exhausted {
+                resource: "SSM state slots",
+                detail: format!("all {} slots are in use", self.n_slots),
+            })?;
+        let guard = SlotGuard {
+            pool: Arc::clone(self),
+            slot,
+        };
         for layer in 0..self.layers.len() {
             let (conv, ssm) = (self.conv_state(layer, slot)?, self.ssm_state(layer, slot)?);
-            gpu.zero(conv).and_then(|_| gpu.zero(ssm)).map_err(EngineError::device(format!("clearing {slot}")))?;
+            gpu.zero(conv)
+                .and_then(|_| gpu.zero(ssm))
+                .map_err(EngineError::device(format!("clearing {slot}")))?;
         }
         Ok(guard)
     }
@@ -105,21 +125,30 @@ impl SsmStatePool {
 
     fn layer(&self, layer: usize, slot: SlotId) -> Result<&LayerState> {
         if slot.index() >= self.n_slots {
-            return Err(EngineError::Request(format!("{slot} is outside the pool of {}", self.n_slots)));
+            return Err(EngineError::Request(format!(
+                "{slot} is outside the pool of {}",
+                self.n_slots
+            )));
         }
-        self.layers.get(layer).ok_or_else(|| EngineError::Request(format!("no SSM state for recurrent layer {layer}")))
+        self.layers.get(layer).ok_or_else(|| {
+            EngineError::Request(format!("no SSM state for recurrent layer {layer}"))
+        })
     }
 
     /// The conv state of recurrent layer `layer` (counting recurrent layers only) in `slot`.
     pub fn conv_state(&self, layer: usize, slot: SlotId) -> Result<DeviceSlice> {
         let l = self.layer(layer, slot)?;
-        l.conv.slice(slot.index() * l.shape.conv, l.shape.conv).map_err(EngineError::device("conv state"))
+        l.conv
+            .slice(slot.index() * l.shape.conv, l.shape.conv)
+            .map_err(EngineError::device("conv state"))
     }
 
     /// The SSM state of recurrent layer `layer` in `slot`.
     pub fn ssm_state(&self, layer: usize, slot: SlotId) -> Result<DeviceSlice> {
         let l = self.layer(layer, slot)?;
-        l.ssm.slice(slot.index() * l.shape.ssm, l.shape.ssm).map_err(EngineError::device("ssm state"))
+        l.ssm
+            .slice(slot.index() * l.shape.ssm, l.shape.ssm)
+            .map_err(EngineError::device("ssm state"))
     }
 
     fn give_back(&self, slot: SlotId) {

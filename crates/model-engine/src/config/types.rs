@@ -70,9 +70,24 @@ pub enum FfnKind {
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
     Default,
-    Linear { factor: f32 },
-    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: usize },
-    Yarn { factor: f32, original_max_position: usize, beta_fast: f32, beta_slow: f32, attention_factor: Option<f32>, mscale: Option<f32>, mscale_all_dim: Option<f32> },
+    Linear {
+        factor: f32,
+    },
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position: usize,
+    },
+    Yarn {
+        factor: f32,
+        original_max_position: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        attention_factor: Option<f32>,
+        mscale: Option<f32>,
+        mscale_all_dim: Option<f32>,
+    },
 }
 
 /// Rotary position embedding.
@@ -179,7 +194,8 @@ impl DeltaNetConfig {
     }
     /// f32 elements of recurrent state per sequence for one layer.
     pub fn state_elements(&self) -> usize {
-        self.conv_dim() * (self.conv_kernel - 1) + self.n_v_heads * self.k_head_dim * self.v_head_dim
+        self.conv_dim() * (self.conv_kernel - 1)
+            + self.n_v_heads * self.k_head_dim * self.v_head_dim
     }
 }
 
@@ -224,7 +240,11 @@ pub struct LayerPlan {
 #[derive(Clone, Debug, PartialEq)]
 pub enum MlpNames {
     /// Separate gate, up and down projections (llama).
-    Split { gate: String, up: String, down: String },
+    Split {
+        gate: String,
+        up: String,
+        down: String,
+    },
     /// gate and up stacked in one `[2 * inter, hidden]` tensor, gate first (granite).
     Fused { gate_up: String, down: String },
     /// No gate (relu2): up and down.
@@ -369,7 +389,11 @@ impl ModelConfig {
 
     /// Indices of the attention layers, in order.
     pub fn attention_layers(&self) -> impl Iterator<Item = usize> + '_ {
-        self.layers.iter().enumerate().filter(|(_, l)| l.mixer == MixerKind::Attention).map(|(i, _)| i)
+        self.layers
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.mixer == MixerKind::Attention)
+            .map(|(i, _)| i)
     }
 
     /// Indices of the recurrent (Mamba-2 or DeltaNet) layers, in order.
@@ -409,7 +433,10 @@ impl ModelConfig {
             .iter()
             .map(|l| match l.mixer {
                 MixerKind::Mamba2 => self.mamba.as_ref().map_or(0, MambaConfig::state_elements),
-                MixerKind::GatedDeltaNet => self.deltanet.as_ref().map_or(0, DeltaNetConfig::state_elements),
+                MixerKind::GatedDeltaNet => self
+                    .deltanet
+                    .as_ref()
+                    .map_or(0, DeltaNetConfig::state_elements),
                 _ => 0,
             })
             .sum::<usize>()

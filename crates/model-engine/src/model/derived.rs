@@ -23,14 +23,34 @@ impl DerivedWeights {
     /// A copy of `src` (`[rows, width]`) with its rows reordered: output row
     /// `i` is source row `order[i]`. Rows are copied device to device.
     #[track_caller]
-    pub fn permute_rows(&mut self, gpu: &dyn GpuBackend, name: &str, src: DeviceSlice, width: usize, order: &[usize]) -> Result<DeviceSlice> {
-        if order.len() * width != src.len() || order.iter().any(|&r| r * width >= src.len().max(1)) {
-            return Err(EngineError::Request(format!("{name}: permutation of {} rows does not fit a tensor of {} elements", order.len(), src.len())));
+    pub fn permute_rows(
+        &mut self,
+        gpu: &dyn GpuBackend,
+        name: &str,
+        src: DeviceSlice,
+        width: usize,
+        order: &[usize],
+    ) -> Result<DeviceSlice> {
+        if order.len() * width != src.len() || order.iter().any(|&r| r * width >= src.len().max(1))
+        {
+            return Err(EngineError::Request(format!(
+                "{name}: permutation of {} rows does not fit a tensor of {} elements",
+                order.len(),
+                src.len()
+            )));
         }
-        let dst = gpu.alloc_slice(src.dtype(), src.len(), &format!("derived: {name}")).map_err(EngineError::device(format!("deriving {name}")))?;
+        let dst = gpu
+            .alloc_slice(src.dtype(), src.len(), &format!("derived: {name}"))
+            .map_err(EngineError::device(format!("deriving {name}")))?;
         let row_bytes = width * src.dtype().size_of();
         for (i, &r) in order.iter().enumerate() {
-            if let Err(e) = gpu.copy_d2d(src.ptr(), r * row_bytes, dst.ptr(), i * row_bytes, row_bytes) {
+            if let Err(e) = gpu.copy_d2d(
+                src.ptr(),
+                r * row_bytes,
+                dst.ptr(),
+                i * row_bytes,
+                row_bytes,
+            ) {
                 let _ = gpu.free(dst.ptr());
                 return Err(EngineError::device(format!("deriving {name}"))(e));
             }
@@ -69,7 +89,8 @@ impl<'g> ModelResource<dyn GpuBackend + 'g> for DerivedWeights {
             if let Err(e) = gpu.free(t.ptr())
                 && first.is_none()
             {
-                first = Some(anyhow::Error::new(e).context(format!("freeing derived weight {name}")));
+                first =
+                    Some(anyhow::Error::new(e).context(format!("freeing derived weight {name}")));
             }
         }
         first.map_or(Ok(()), Err)

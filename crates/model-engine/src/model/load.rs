@@ -15,7 +15,13 @@ use crate::loader::load_weights;
 impl TransformerModel {
     /// Reads `model_dir`'s config and weights onto `gpu` and builds the
     /// model's pools. On failure nothing stays allocated.
-    pub fn load(model_dir: &Path, gpu: Arc<dyn GpuBackend>, options: ModelOptions, dtype: WeightDType, progress: &mut dyn FnMut(LoadProgress)) -> Result<Self> {
+    pub fn load(
+        model_dir: &Path,
+        gpu: Arc<dyn GpuBackend>,
+        options: ModelOptions,
+        dtype: WeightDType,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Self> {
         let config = load_config(model_dir)?;
         let mut store = load_weights(model_dir, &config, gpu.as_ref(), dtype, progress)?;
         let mut model = match TransformerModel::new(gpu.clone(), config, options) {

@@ -61,9 +61,19 @@ pub(crate) struct DeltaWeights {
 
 #[derive(Clone, Debug)]
 pub(crate) enum MlpWeights {
-    Split { gate: Linear, up: Linear, down: Linear },
-    Fused { gate_up: Linear, down: Linear },
-    Plain { up: Linear, down: Linear },
+    Split {
+        gate: Linear,
+        up: Linear,
+        down: Linear,
+    },
+    Fused {
+        gate_up: Linear,
+        down: Linear,
+    },
+    Plain {
+        up: Linear,
+        down: Linear,
+    },
 }
 
 impl MlpWeights {
@@ -125,7 +135,10 @@ impl Resolver<'_> {
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<DeviceSlice> {
         let t = self.store.get(name)?;
         if t.shape != shape {
-            return Err(EngineError::Request(format!("tensor {name} has shape {:?}, the plan expects {shape:?}", t.shape)));
+            return Err(EngineError::Request(format!(
+                "tensor {name} has shape {:?}, the plan expects {shape:?}",
+                t.shape
+            )));
         }
         Ok(t.slice)
     }
@@ -138,7 +151,10 @@ impl Resolver<'_> {
     fn any_shape(&self, name: &str, elements: usize) -> Result<DeviceSlice> {
         let t = self.store.get(name)?;
         if t.elements() != elements {
-            return Err(EngineError::Request(format!("tensor {name} has {} elements, the plan expects {elements}", t.elements())));
+            return Err(EngineError::Request(format!(
+                "tensor {name} has {} elements, the plan expects {elements}",
+                t.elements()
+            )));
         }
         Ok(t.slice)
     }
@@ -160,31 +176,49 @@ impl Resolver<'_> {
                 gate_up: self.linear(gate_up, None, 2 * inter, hidden)?,
                 down: self.linear(down, None, hidden, inter)?,
             },
-            MlpNames::Plain { up, down } => MlpWeights::Plain { up: self.linear(up, None, inter, hidden)?, down: self.linear(down, None, hidden, inter)? },
+            MlpNames::Plain { up, down } => MlpWeights::Plain {
+                up: self.linear(up, None, inter, hidden)?,
+                down: self.linear(down, None, hidden, inter)?,
+            },
         })
     }
 }
 
 fn missing(what: &str) -> EngineError {
-    EngineError::Request(format!("the plan has {what} layers but the config has no {what} section"))
+    EngineError::Request(format!(
+        "the plan has {what} layers but the config has no {what} section"
+    ))
 }
 
 /// Resolves every weight the plan needs; makes derived (permuted) copies
 /// where the kernels want another layout.
-pub(crate) fn resolve(config: &ModelConfig, store: &WeightStore, derived: &mut DerivedWeights, gpu: &dyn GpuBackend) -> Result<ModelWeights> {
+pub(crate) fn resolve(
+    config: &ModelConfig,
+    store: &WeightStore,
+    derived: &mut DerivedWeights,
+    gpu: &dyn GpuBackend,
+) -> Result<ModelWeights> {
     let r = Resolver { store };
     let h = config.hidden_size;
     let embed = r.tensor(&config.names.embed, &[config.vocab_size, h])?;
     let lm_head = match &config.names.lm_head {
         Some(name) => r.linear(name, None, config.vocab_size, h)?,
-        None => Linear { w: embed, b: None, n: config.vocab_size, k: h },
+        None => Linear {
+            w: embed,
+            b: None,
+            n: config.vocab_size,
+            k: h,
+        },
     };
     let (mut attn_i, mut state_i) = (0, 0);
     let mut layers = Vec::with_capacity(config.layers.len());
     for (i, plan) in config.layers.iter().enumerate() {
         let mixer = match (&plan.names.mixer, plan.mixer) {
             (MixerNames::Attention(n), MixerKind::Attention) => {
-                let a = config.attention.as_ref().ok_or_else(|| missing("attention"))?;
+                let a = config
+                    .attention
+                    .as_ref()
+                    .ok_or_else(|| missing("attention"))?;
                 attn_i += 1;
                 MixerWeights::Attention(attention(&r, derived, gpu, a, n, h, attn_i - 1)?)
             }
@@ -194,45 +228,92 @@ pub(crate) fn resolve(config: &ModelConfig, store: &WeightStore, derived: &mut D
                 MixerWeights::Mamba(mamba(&r, m, n, h, state_i - 1)?)
             }
             (MixerNames::GatedDeltaNet(n), MixerKind::GatedDeltaNet) => {
-                let d = config.deltanet.as_ref().ok_or_else(|| missing("gated DeltaNet"))?;
+                let d = config
+                    .deltanet
+                    .as_ref()
+                    .ok_or_else(|| missing("gated DeltaNet"))?;
                 state_i += 1;
                 MixerWeights::Delta(deltanet(&r, derived, gpu, d, n, h, state_i - 1, i)?)
             }
             (MixerNames::None, MixerKind::None) => MixerWeights::None,
-            _ => return Err(EngineError::Request(format!("layer {i}: mixer names do not match the planned {:?}", plan.mixer))),
+            _ => {
+                return Err(EngineError::Request(format!(
+                    "layer {i}: mixer names do not match the planned {:?}",
+                    plan.mixer
+                )));
+            }
         };
         let ffn = match (&plan.names.ffn, plan.ffn) {
             (FfnNames::Mlp(n), FfnKind::Mlp) => {
                 let m = config.mlp.as_ref().ok_or_else(|| missing("MLP"))?;
                 FfnWeights::Mlp(r.mlp(n, h, m.intermediate_size)?)
             }
-            (FfnNames::Moe(n), FfnKind::Moe) => FfnWeights::Moe(moe(&r, config.moe.as_ref().ok_or_else(|| missing("MoE"))?, n, h)?),
+            (FfnNames::Moe(n), FfnKind::Moe) => FfnWeights::Moe(moe(
+                &r,
+                config.moe.as_ref().ok_or_else(|| missing("MoE"))?,
+                n,
+                h,
+            )?),
             (FfnNames::None, FfnKind::None) => FfnWeights::None,
-            _ => return Err(EngineError::Request(format!("layer {i}: feed-forward names do not match the planned {:?}", plan.ffn))),
+            _ => {
+                return Err(EngineError::Request(format!(
+                    "layer {i}: feed-forward names do not match the planned {:?}",
+                    plan.ffn
+                )));
+            }
         };
         layers.push(LayerWeights {
             input_norm: r.vector(&plan.names.input_norm, h)?,
-            ffn_norm: plan.names.ffn_norm.as_ref().map(|n| r.vector(n, h)).transpose()?,
+            ffn_norm: plan
+                .names
+                .ffn_norm
+                .as_ref()
+                .map(|n| r.vector(n, h))
+                .transpose()?,
             mixer,
             ffn,
         });
     }
-    let rope = config.attention.as_ref().and_then(|a| a.rope.as_ref()).map(inv_freq);
-    Ok(ModelWeights { embed, final_norm: r.vector(&config.names.final_norm, h)?, lm_head, layers, rope })
+    let rope = config
+        .attention
+        .as_ref()
+        .and_then(|a| a.rope.as_ref())
+        .map(inv_freq);
+    Ok(ModelWeights {
+        embed,
+        final_norm: r.vector(&config.names.final_norm, h)?,
+        lm_head,
+        layers,
+        rope,
+    })
 }
 
-fn attention(r: &Resolver<'_>, derived: &mut DerivedWeights, gpu: &dyn GpuBackend, a: &AttentionConfig, n: &AttentionNames, h: usize, cache_layer: usize) -> Result<AttnWeights> {
+fn attention(
+    r: &Resolver<'_>,
+    derived: &mut DerivedWeights,
+    gpu: &dyn GpuBackend,
+    a: &AttentionConfig,
+    n: &AttentionNames,
+    h: usize,
+    cache_layer: usize,
+) -> Result<AttnWeights> {
     let (qw, kvw, hd) = (a.q_width(), a.kv_width(), a.head_dim);
     let q = if a.output_gate {
         // HF lays q_proj out per head as [query(hd), gate(hd)]; gather all
         // queries first and all gates after, so the output splits in two.
         let raw = r.linear(&n.q, n.q_bias.as_ref(), 2 * qw, h)?;
         let order: Vec<usize> = (0..2)
-            .flat_map(|half| (0..a.n_heads).flat_map(move |head| (0..hd).map(move |c| head * 2 * hd + half * hd + c)))
+            .flat_map(|half| {
+                (0..a.n_heads)
+                    .flat_map(move |head| (0..hd).map(move |c| head * 2 * hd + half * hd + c))
+            })
             .collect();
         let w = derived.permute_rows(gpu, &format!("{}#query_then_gate", n.q), raw.w, h, &order)?;
         if raw.b.is_some() {
-            return Err(EngineError::Request(format!("{}: a q bias with an output gate is not supported", n.q)));
+            return Err(EngineError::Request(format!(
+                "{}: a q bias with an output gate is not supported",
+                n.q
+            )));
         }
         Linear { w, ..raw }
     } else {
@@ -249,11 +330,21 @@ fn attention(r: &Resolver<'_>, derived: &mut DerivedWeights, gpu: &dyn GpuBacken
     })
 }
 
-fn mamba(r: &Resolver<'_>, m: &MambaConfig, n: &MambaNames, h: usize, state_layer: usize) -> Result<MambaWeights> {
+fn mamba(
+    r: &Resolver<'_>,
+    m: &MambaConfig,
+    n: &MambaNames,
+    h: usize,
+    state_layer: usize,
+) -> Result<MambaWeights> {
     Ok(MambaWeights {
         in_proj: r.linear(&n.in_proj, n.in_proj_bias.as_ref(), m.in_proj_dim(), h)?,
         conv_w: r.any_shape(&n.conv_weight, m.conv_dim() * m.conv_kernel)?,
-        conv_b: n.conv_bias.as_ref().map(|b| r.vector(b, m.conv_dim())).transpose()?,
+        conv_b: n
+            .conv_bias
+            .as_ref()
+            .map(|b| r.vector(b, m.conv_dim()))
+            .transpose()?,
         dt_bias: r.vector(&n.dt_bias, m.n_heads)?,
         a_log: r.vector(&n.a_log, m.n_heads)?,
         d: r.vector(&n.d, m.n_heads)?,
@@ -264,19 +355,48 @@ fn mamba(r: &Resolver<'_>, m: &MambaConfig, n: &MambaNames, h: usize, state_laye
 }
 
 #[allow(clippy::too_many_arguments)]
-fn deltanet(r: &Resolver<'_>, derived: &mut DerivedWeights, gpu: &dyn GpuBackend, d: &DeltaNetConfig, n: &DeltaNetNames, h: usize, state_layer: usize, layer: usize) -> Result<DeltaWeights> {
+fn deltanet(
+    r: &Resolver<'_>,
+    derived: &mut DerivedWeights,
+    gpu: &dyn GpuBackend,
+    d: &DeltaNetConfig,
+    n: &DeltaNetNames,
+    h: usize,
+    state_layer: usize,
+    layer: usize,
+) -> Result<DeltaWeights> {
     let (nk, dk, dv) = (d.n_k_heads, d.k_head_dim, d.v_head_dim);
     let ratio = d.n_v_heads / nk.max(1);
     // HF groups in_proj_qkvz per key head as [q(dk), k(dk), v(ratio*dv), z(ratio*dv)].
     let group = 2 * dk + 2 * ratio * dv;
-    let parts = [(0, dk), (dk, dk), (2 * dk, ratio * dv), (2 * dk + ratio * dv, ratio * dv)];
-    let order: Vec<usize> = parts.iter().flat_map(|&(off, len)| (0..nk).flat_map(move |g| (0..len).map(move |c| g * group + off + c))).collect();
+    let parts = [
+        (0, dk),
+        (dk, dk),
+        (2 * dk, ratio * dv),
+        (2 * dk + ratio * dv, ratio * dv),
+    ];
+    let order: Vec<usize> = parts
+        .iter()
+        .flat_map(|&(off, len)| {
+            (0..nk).flat_map(move |g| (0..len).map(move |c| g * group + off + c))
+        })
+        .collect();
     let raw = r.linear(&n.in_proj_qkvz, None, nk * group, h)?;
-    let qkvz = Linear { w: derived.permute_rows(gpu, &format!("layer{layer}.qkvz"), raw.w, h, &order)?, ..raw };
+    let qkvz = Linear {
+        w: derived.permute_rows(gpu, &format!("layer{layer}.qkvz"), raw.w, h, &order)?,
+        ..raw
+    };
     // in_proj_ba per key head: [b(ratio), a(ratio)].
-    let ba_order: Vec<usize> = (0..2).flat_map(|half| (0..nk).flat_map(move |g| (0..ratio).map(move |c| g * 2 * ratio + half * ratio + c))).collect();
+    let ba_order: Vec<usize> = (0..2)
+        .flat_map(|half| {
+            (0..nk).flat_map(move |g| (0..ratio).map(move |c| g * 2 * ratio + half * ratio + c))
+        })
+        .collect();
     let raw_ba = r.linear(&n.in_proj_ba, None, 2 * d.n_v_heads, h)?;
-    let ba = Linear { w: derived.permute_rows(gpu, &format!("layer{layer}.ba"), raw_ba.w, h, &ba_order)?, ..raw_ba };
+    let ba = Linear {
+        w: derived.permute_rows(gpu, &format!("layer{layer}.ba"), raw_ba.w, h, &ba_order)?,
+        ..raw_ba
+    };
     Ok(DeltaWeights {
         qkvz,
         ba,
@@ -292,23 +412,43 @@ fn deltanet(r: &Resolver<'_>, derived: &mut DerivedWeights, gpu: &dyn GpuBackend
 fn moe(r: &Resolver<'_>, m: &MoeConfig, n: &MoeNames, h: usize) -> Result<MoeWeights> {
     let inter = m.expert_intermediate;
     let experts = match &n.experts {
-        ExpertNames::Separate(list) => list.iter().map(|e| r.mlp(e, h, inter)).collect::<Result<Vec<_>>>()?,
+        ExpertNames::Separate(list) => list
+            .iter()
+            .map(|e| r.mlp(e, h, inter))
+            .collect::<Result<Vec<_>>>()?,
         ExpertNames::Fused { gate_up, down } => {
             let gu = r.tensor(gate_up, &[m.n_experts, 2 * inter, h])?;
             let dn = r.tensor(down, &[m.n_experts, h, inter])?;
             (0..m.n_experts)
                 .map(|e| {
-                    let slice = |t: DeviceSlice, len: usize| t.slice(e * len, len).map_err(EngineError::device(format!("expert {e}")));
+                    let slice = |t: DeviceSlice, len: usize| {
+                        t.slice(e * len, len)
+                            .map_err(EngineError::device(format!("expert {e}")))
+                    };
                     Ok(MlpWeights::Fused {
-                        gate_up: Linear { w: slice(gu, 2 * inter * h)?, b: None, n: 2 * inter, k: h },
-                        down: Linear { w: slice(dn, h * inter)?, b: None, n: h, k: inter },
+                        gate_up: Linear {
+                            w: slice(gu, 2 * inter * h)?,
+                            b: None,
+                            n: 2 * inter,
+                            k: h,
+                        },
+                        down: Linear {
+                            w: slice(dn, h * inter)?,
+                            b: None,
+                            n: h,
+                            k: inter,
+                        },
                     })
                 })
                 .collect::<Result<Vec<_>>>()?
         }
     };
     if experts.len() != m.n_experts {
-        return Err(EngineError::Request(format!("{} experts named, the config has {}", experts.len(), m.n_experts)));
+        return Err(EngineError::Request(format!(
+            "{} experts named, the config has {}",
+            experts.len(),
+            m.n_experts
+        )));
     }
     Ok(MoeWeights {
         router: r.linear(&n.router, None, m.n_experts, h)?,
@@ -317,6 +457,10 @@ fn moe(r: &Resolver<'_>, m: &MoeConfig, n: &MoeNames, h: usize) -> Result<MoeWei
             (Some(s), Some(si)) => Some(r.mlp(s, h, si)?),
             _ => None,
         },
-        shared_gate: n.shared_gate.as_ref().map(|g| r.linear(g, None, 1, h)).transpose()?,
+        shared_gate: n
+            .shared_gate
+            .as_ref()
+            .map(|g| r.linear(g, None, 1, h))
+            .transpose()?,
     })
 }

@@ -42,28 +42,51 @@ impl WeightStore {
     }
 
     /// Takes ownership of a tensor already allocated on `gpu`'s ledger.
-    pub fn insert(&mut self, name: impl Into<String>, tensor: DeviceTensor) -> Option<DeviceTensor> {
+    pub fn insert(
+        &mut self,
+        name: impl Into<String>,
+        tensor: DeviceTensor,
+    ) -> Option<DeviceTensor> {
         self.tensors.insert(name.into(), tensor)
     }
 
     /// Allocates a tensor for `name` and uploads `bytes` (already in `dtype`).
     #[track_caller]
-    pub fn upload(&mut self, gpu: &dyn GpuBackend, name: &str, dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Result<&DeviceTensor, WeightsError> {
+    pub fn upload(
+        &mut self,
+        gpu: &dyn GpuBackend,
+        name: &str,
+        dtype: DType,
+        shape: Vec<usize>,
+        bytes: &[u8],
+    ) -> Result<&DeviceTensor, WeightsError> {
         let elements: usize = shape.iter().product();
-        let device = |source| WeightsError::Device { name: name.to_string(), source };
-        let slice = gpu.alloc_slice(dtype, elements, &format!("weights: {name}")).map_err(device)?;
+        let device = |source| WeightsError::Device {
+            name: name.to_string(),
+            source,
+        };
+        let slice = gpu
+            .alloc_slice(dtype, elements, &format!("weights: {name}"))
+            .map_err(device)?;
         if let Err(e) = gpu.copy_h2d(bytes, slice.ptr(), 0) {
             let _ = gpu.free(slice.ptr());
             return Err(device(e));
         }
-        if let Some(old) = self.tensors.insert(name.to_string(), DeviceTensor { slice, shape }) {
+        if let Some(old) = self
+            .tensors
+            .insert(name.to_string(), DeviceTensor { slice, shape })
+        {
             let _ = gpu.free(old.slice.ptr());
         }
         Ok(&self.tensors[name])
     }
 
     pub fn get(&self, name: &str) -> Result<&DeviceTensor, WeightsError> {
-        self.tensors.get(name).ok_or_else(|| WeightsError::NotLoaded { name: name.to_string() })
+        self.tensors
+            .get(name)
+            .ok_or_else(|| WeightsError::NotLoaded {
+                name: name.to_string(),
+            })
     }
 
     pub fn contains(&self, name: &str) -> bool {

@@ -9,15 +9,22 @@ use crate::model::weights::AttnWeights;
 
 pub(super) fn forward(cx: &Cx<'_>, w: &AttnWeights, rope: Option<&(Vec<f32>, f32)>) -> Result<()> {
     let gpu = cx.gpu;
-    let c = cx.model.config.attention.as_ref().ok_or_else(|| EngineError::Request("attention layer without attention config".into()))?;
+    let c =
+        cx.model.config.attention.as_ref().ok_or_else(|| {
+            EngineError::Request("attention layer without attention config".into())
+        })?;
     let t = cx.batch.tokens;
     let (qw, kvw, hd) = (c.q_width(), c.kv_width(), c.head_dim);
     let [proj, mut q, mut k, v, gate, out, qn, kn, ..] = cx.s.r;
-    let cut = |s: metrale_gpu_runtime::DeviceSlice, n: usize| s.slice(0, n).map_err(dev("attention scratch"));
+    let cut = |s: metrale_gpu_runtime::DeviceSlice, n: usize| {
+        s.slice(0, n).map_err(dev("attention scratch"))
+    };
     if c.output_gate {
         cx.linear(cx.s.normed, &w.q, proj, t)?;
-        gpu.copy_cols(proj, 2 * qw, 0, qw, q, t).map_err(dev("split query"))?;
-        gpu.copy_cols(proj, 2 * qw, qw, qw, gate, t).map_err(dev("split gate"))?;
+        gpu.copy_cols(proj, 2 * qw, 0, qw, q, t)
+            .map_err(dev("split query"))?;
+        gpu.copy_cols(proj, 2 * qw, qw, qw, gate, t)
+            .map_err(dev("split gate"))?;
     } else {
         cx.linear(cx.s.normed, &w.q, q, t)?;
     }
@@ -25,27 +32,62 @@ pub(super) fn forward(cx: &Cx<'_>, w: &AttnWeights, rope: Option<&(Vec<f32>, f32
     cx.linear(cx.s.normed, &w.v, v, t)?;
     let (eps, offset) = (cx.model.config.norm_eps, cx.model.config.norm_weight_offset);
     if let Some(qn_w) = w.q_norm {
-        gpu.rms_norm(cut(q, t * qw)?, qn_w, cut(qn, t * qw)?, t * c.n_heads, hd, eps, offset).map_err(dev("q norm"))?;
+        gpu.rms_norm(
+            cut(q, t * qw)?,
+            qn_w,
+            cut(qn, t * qw)?,
+            t * c.n_heads,
+            hd,
+            eps,
+            offset,
+        )
+        .map_err(dev("q norm"))?;
         q = qn;
     }
     if let Some(kn_w) = w.k_norm {
-        gpu.rms_norm(cut(k, t * kvw)?, kn_w, cut(kn, t * kvw)?, t * c.n_kv_heads, hd, eps, offset).map_err(dev("k norm"))?;
+        gpu.rms_norm(
+            cut(k, t * kvw)?,
+            kn_w,
+            cut(kn, t * kvw)?,
+            t * c.n_kv_heads,
+            hd,
+            eps,
+            offset,
+        )
+        .map_err(dev("k norm"))?;
         k = kn;
     }
     if let (Some(rope_cfg), Some((inv_freq, scaling))) = (&c.rope, rope) {
-        let p = |n_heads| RopeParams { inv_freq, attention_scaling: *scaling, n_heads, head_dim: hd, rotary_dim: rope_cfg.rotary_dim };
-        gpu.rope(cut(q, t * qw)?, &cx.batch.positions, &p(c.n_heads)).map_err(dev("rope q"))?;
-        gpu.rope(cut(k, t * kvw)?, &cx.batch.positions, &p(c.n_kv_heads)).map_err(dev("rope k"))?;
+        let p = |n_heads| RopeParams {
+            inv_freq,
+            attention_scaling: *scaling,
+            n_heads,
+            head_dim: hd,
+            rotary_dim: rope_cfg.rotary_dim,
+        };
+        gpu.rope(cut(q, t * qw)?, &cx.batch.positions, &p(c.n_heads))
+            .map_err(dev("rope q"))?;
+        gpu.rope(cut(k, t * kvw)?, &cx.batch.positions, &p(c.n_kv_heads))
+            .map_err(dev("rope k"))?;
     }
     let kv = cx.model.kv_cache.lock();
     let cache = kv.layer(w.cache_layer)?;
-    gpu.kv_store(k, v, cache, &cx.batch.kv_slots, kvw).map_err(dev("kv store"))?;
-    let params = AttnParams { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd, scale: c.scale, sliding_window: c.sliding_window };
-    gpu.paged_attention(q, cache, out, &cx.batch.attn, &params).map_err(dev("attention"))?;
+    gpu.kv_store(k, v, cache, &cx.batch.kv_slots, kvw)
+        .map_err(dev("kv store"))?;
+    let params = AttnParams {
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        head_dim: hd,
+        scale: c.scale,
+        sliding_window: c.sliding_window,
+    };
+    gpu.paged_attention(q, cache, out, &cx.batch.attn, &params)
+        .map_err(dev("attention"))?;
     drop(kv);
     let attn = if c.output_gate {
         // out * sigmoid(gate), into the (now free) projection buffer.
-        gpu.sigmoid_mul(out, gate, proj, t * qw).map_err(dev("output gate"))?;
+        gpu.sigmoid_mul(out, gate, proj, t * qw)
+            .map_err(dev("output gate"))?;
         proj
     } else {
         out

@@ -8,7 +8,13 @@ use crate::error::Result;
 use crate::model::weights::{MlpWeights, MoeWeights};
 
 /// `out[rows, hidden] = mlp(x[rows, hidden])`, using ffn_a / ffn_b as scratch.
-pub(super) fn mlp(cx: &Cx<'_>, w: &MlpWeights, x: DeviceSlice, out: DeviceSlice, rows: usize) -> Result<()> {
+pub(super) fn mlp(
+    cx: &Cx<'_>,
+    w: &MlpWeights,
+    x: DeviceSlice,
+    out: DeviceSlice,
+    rows: usize,
+) -> Result<()> {
     let gpu = cx.gpu;
     let inter = w.intermediate();
     let n = rows * inter;
@@ -17,20 +23,35 @@ pub(super) fn mlp(cx: &Cx<'_>, w: &MlpWeights, x: DeviceSlice, out: DeviceSlice,
         MlpWeights::Split { gate, up, down } => {
             cx.linear(x, gate, half(cx.s.ffn_a, 0)?, rows)?;
             cx.linear(x, up, half(cx.s.ffn_b, 0)?, rows)?;
-            gpu.silu_mul(half(cx.s.ffn_a, 0)?, half(cx.s.ffn_b, 0)?, half(cx.s.ffn_a, 1)?, n).map_err(dev("silu"))?;
+            gpu.silu_mul(
+                half(cx.s.ffn_a, 0)?,
+                half(cx.s.ffn_b, 0)?,
+                half(cx.s.ffn_a, 1)?,
+                n,
+            )
+            .map_err(dev("silu"))?;
             cx.linear(half(cx.s.ffn_a, 1)?, down, out, rows)
         }
         MlpWeights::Fused { gate_up, down } => {
             let fused = cx.s.ffn_a.slice(0, 2 * n).map_err(dev("mlp scratch"))?;
             cx.linear(x, gate_up, fused, rows)?;
-            gpu.copy_cols(fused, 2 * inter, 0, inter, half(cx.s.ffn_b, 0)?, rows).map_err(dev("split gate"))?;
-            gpu.copy_cols(fused, 2 * inter, inter, inter, half(cx.s.ffn_b, 1)?, rows).map_err(dev("split up"))?;
-            gpu.silu_mul(half(cx.s.ffn_b, 0)?, half(cx.s.ffn_b, 1)?, half(cx.s.ffn_a, 0)?, n).map_err(dev("silu"))?;
+            gpu.copy_cols(fused, 2 * inter, 0, inter, half(cx.s.ffn_b, 0)?, rows)
+                .map_err(dev("split gate"))?;
+            gpu.copy_cols(fused, 2 * inter, inter, inter, half(cx.s.ffn_b, 1)?, rows)
+                .map_err(dev("split up"))?;
+            gpu.silu_mul(
+                half(cx.s.ffn_b, 0)?,
+                half(cx.s.ffn_b, 1)?,
+                half(cx.s.ffn_a, 0)?,
+                n,
+            )
+            .map_err(dev("silu"))?;
             cx.linear(half(cx.s.ffn_a, 0)?, down, out, rows)
         }
         MlpWeights::Plain { up, down } => {
             cx.linear(x, up, half(cx.s.ffn_a, 0)?, rows)?;
-            gpu.relu2(half(cx.s.ffn_a, 0)?, half(cx.s.ffn_b, 0)?, n).map_err(dev("relu2"))?;
+            gpu.relu2(half(cx.s.ffn_a, 0)?, half(cx.s.ffn_b, 0)?, n)
+                .map_err(dev("relu2"))?;
             cx.linear(half(cx.s.ffn_b, 0)?, down, out, rows)
         }
     }
@@ -39,11 +60,18 @@ pub(super) fn mlp(cx: &Cx<'_>, w: &MlpWeights, x: DeviceSlice, out: DeviceSlice,
 /// Routed experts plus the shared expert, into `mixed`.
 pub(super) fn moe(cx: &Cx<'_>, w: &MoeWeights) -> Result<()> {
     let (gpu, s) = (cx.gpu, cx.s);
-    let moe = cx.model.config.moe.as_ref().ok_or_else(|| crate::error::EngineError::Request("MoE layer without MoE config".into()))?;
+    let moe =
+        cx.model.config.moe.as_ref().ok_or_else(|| {
+            crate::error::EngineError::Request("MoE layer without MoE config".into())
+        })?;
     let (t, h) = (cx.batch.tokens, cx.model.config.hidden_size);
-    let logits = s.r[0].slice(0, t * moe.n_experts).map_err(dev("router scratch"))?;
+    let logits = s.r[0]
+        .slice(0, t * moe.n_experts)
+        .map_err(dev("router scratch"))?;
     cx.linear(s.normed, &w.router, logits, t)?;
-    let routes = gpu.softmax_topk(logits, t, moe.n_experts, moe.top_k, moe.norm_topk_prob).map_err(dev("router"))?;
+    let routes = gpu
+        .softmax_topk(logits, t, moe.n_experts, moe.top_k, moe.norm_topk_prob)
+        .map_err(dev("router"))?;
     // Rows and weights per expert.
     let mut per_expert: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); moe.n_experts];
     for (i, &(e, weight)) in routes.iter().enumerate() {
@@ -57,10 +85,15 @@ pub(super) fn moe(cx: &Cx<'_>, w: &MoeWeights) -> Result<()> {
             continue;
         }
         let n = rows.len();
-        let (xin, yout) = (s.expert_in.slice(0, n * h).map_err(dev("expert scratch"))?, s.ffn_out.slice(0, n * h).map_err(dev("expert scratch"))?);
-        gpu.gather_rows(s.normed, rows, h, xin).map_err(dev("expert gather"))?;
+        let (xin, yout) = (
+            s.expert_in.slice(0, n * h).map_err(dev("expert scratch"))?,
+            s.ffn_out.slice(0, n * h).map_err(dev("expert scratch"))?,
+        );
+        gpu.gather_rows(s.normed, rows, h, xin)
+            .map_err(dev("expert gather"))?;
         mlp(cx, expert, xin, yout, n)?;
-        gpu.scatter_add_rows(yout, rows, weights, h, s.mixed).map_err(dev("expert scatter"))?;
+        gpu.scatter_add_rows(yout, rows, weights, h, s.mixed)
+            .map_err(dev("expert scatter"))?;
     }
     if let Some(shared) = &w.shared {
         mlp(cx, shared, s.normed, s.ffn_out, t)?;
@@ -68,11 +101,19 @@ pub(super) fn moe(cx: &Cx<'_>, w: &MoeWeights) -> Result<()> {
             Some(gate) => {
                 let g = s.r[1].slice(0, t).map_err(dev("shared gate scratch"))?;
                 cx.linear(s.normed, gate, g, t)?;
-                let weights: Vec<f32> = gpu.download_f32(g).map_err(dev("shared gate"))?.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect();
+                let weights: Vec<f32> = gpu
+                    .download_f32(g)
+                    .map_err(dev("shared gate"))?
+                    .iter()
+                    .map(|x| 1.0 / (1.0 + (-x).exp()))
+                    .collect();
                 let rows: Vec<u32> = (0..t as u32).collect();
-                gpu.scatter_add_rows(s.ffn_out, &rows, &weights, h, s.mixed).map_err(dev("shared expert"))?;
+                gpu.scatter_add_rows(s.ffn_out, &rows, &weights, h, s.mixed)
+                    .map_err(dev("shared expert"))?;
             }
-            None => gpu.add_scaled(s.mixed, s.ffn_out, 1.0, t * h).map_err(dev("shared expert"))?,
+            None => gpu
+                .add_scaled(s.mixed, s.ffn_out, 1.0, t * h)
+                .map_err(dev("shared expert"))?,
         }
     }
     Ok(())

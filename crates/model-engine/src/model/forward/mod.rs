@@ -88,7 +88,19 @@ pub(crate) struct Cx<'a> {
 impl Cx<'_> {
     /// `out[rows, n] = x[rows, k] · wᵀ (+ b)`.
     pub fn linear(&self, x: DeviceSlice, l: &Linear, out: DeviceSlice, rows: usize) -> Result<()> {
-        self.gpu.matmul(x, l.w, l.b, out, MatmulDims { m: rows, n: l.n, k: l.k }).map_err(dev("matmul"))
+        self.gpu
+            .matmul(
+                x,
+                l.w,
+                l.b,
+                out,
+                MatmulDims {
+                    m: rows,
+                    n: l.n,
+                    k: l.k,
+                },
+            )
+            .map_err(dev("matmul"))
     }
 
     /// Recurrent sequences of this step with their state for `layer`.
@@ -98,22 +110,41 @@ impl Cx<'_> {
             .recurrent
             .iter()
             .map(|&(row_start, len, slot)| {
-                let state = if conv { pool.conv_state(layer, slot)? } else { pool.ssm_state(layer, slot)? };
-                Ok(RecurrentSeq { row_start, len, state })
+                let state = if conv {
+                    pool.conv_state(layer, slot)?
+                } else {
+                    pool.ssm_state(layer, slot)?
+                };
+                Ok(RecurrentSeq {
+                    row_start,
+                    len,
+                    state,
+                })
             })
             .collect()
     }
 }
 
 pub(crate) fn dev(what: &'static str) -> impl FnOnce(metrale_gpu_runtime::GpuError) -> EngineError {
-    move |source| EngineError::Device { context: format!("forward: {what}"), source }
+    move |source| EngineError::Device {
+        context: format!("forward: {what}"),
+        source,
+    }
 }
 
 impl TransformerModel {
     /// A new, empty sequence; takes an SSM slot when the model has recurrent layers.
     pub fn new_sequence(&self) -> Result<Sequence> {
-        let slot = if self.ssm_pool.layers() > 0 { Some(self.ssm_pool.acquire(self.gpu.as_ref())?) } else { None };
-        Ok(Sequence { kv: SeqBlocks::new(), slot, pos: 0 })
+        let slot = if self.ssm_pool.layers() > 0 {
+            Some(self.ssm_pool.acquire(self.gpu.as_ref())?)
+        } else {
+            None
+        };
+        Ok(Sequence {
+            kv: SeqBlocks::new(),
+            slot,
+            pos: 0,
+        })
     }
 
     /// Ends a sequence: its KV blocks and slot return to their pools.
@@ -125,13 +156,19 @@ impl TransformerModel {
     /// Runs one batched step. Returns, per step, the requested logits
     /// (`[rows, vocab]` flattened). Positions advance only on success.
     pub fn forward(&self, steps: &mut [Step<'_>]) -> Result<Vec<Vec<f32>>> {
-        let weights = self.weights.as_ref().ok_or_else(|| EngineError::Request("the model has no weights loaded".into()))?;
+        let weights = self
+            .weights
+            .as_ref()
+            .ok_or_else(|| EngineError::Request("the model has no weights loaded".into()))?;
         let tokens: usize = steps.iter().map(|s| s.tokens.len()).sum();
         if tokens == 0 {
             return Ok(steps.iter().map(|_| Vec::new()).collect());
         }
         if tokens > self.options.max_batch_tokens {
-            return Err(EngineError::Request(format!("a step of {tokens} tokens exceeds max_batch_tokens {}", self.options.max_batch_tokens)));
+            return Err(EngineError::Request(format!(
+                "a step of {tokens} tokens exceeds max_batch_tokens {}",
+                self.options.max_batch_tokens
+            )));
         }
         let _exclusive = self.forward_lock.lock();
         self.reserve_kv(steps)?;
@@ -140,9 +177,18 @@ impl TransformerModel {
         let result = {
             let steps_ro: &[Step<'_>] = steps;
             let batch = self.batch(steps_ro, tokens)?;
-            let cx = Cx { gpu, model: self, batch: &batch, s: &scratch };
-            let ids: Vec<u32> = steps_ro.iter().flat_map(|s| s.tokens.iter().copied()).collect();
-            self.run_layers(&cx, weights, &ids).and_then(|_| self.logits(&cx, weights, steps_ro))
+            let cx = Cx {
+                gpu,
+                model: self,
+                batch: &batch,
+                s: &scratch,
+            };
+            let ids: Vec<u32> = steps_ro
+                .iter()
+                .flat_map(|s| s.tokens.iter().copied())
+                .collect();
+            self.run_layers(&cx, weights, &ids)
+                .and_then(|_| self.logits(&cx, weights, steps_ro))
         };
         if result.is_ok() {
             for s in steps.iter_mut() {
@@ -169,8 +215,17 @@ impl TransformerModel {
 
     fn scratch(&self, tokens: usize) -> Result<Scratch> {
         let c = &self.config;
-        let (h, widest, inter) = (c.hidden_size, super::types::widest_intermediate(c), super::types::widest_ffn(c));
-        let get = |name: &str, len: usize| -> Result<DeviceSlice> { self.buffers.get(name).and_then(|r| r.slice(0, len)).map_err(dev("arena")) };
+        let (h, widest, inter) = (
+            c.hidden_size,
+            super::types::widest_intermediate(c),
+            super::types::widest_ffn(c),
+        );
+        let get = |name: &str, len: usize| -> Result<DeviceSlice> {
+            self.buffers
+                .get(name)
+                .and_then(|r| r.slice(0, len))
+                .map_err(dev("arena"))
+        };
         let mut r = [get("residual", 1)?; 10];
         for (slot, name) in r.iter_mut().zip(SCRATCH_REGIONS) {
             *slot = get(name, tokens * widest)?;
@@ -191,16 +246,29 @@ impl TransformerModel {
     fn batch<'s>(&self, steps: &'s [Step<'_>], tokens: usize) -> Result<Batch<'s>> {
         let bs = self.options.kv_block_size;
         let has_attn = self.config.attention_layers().next().is_some();
-        let mut b = Batch { tokens, positions: Vec::with_capacity(tokens), kv_slots: Vec::new(), attn: Vec::new(), recurrent: Vec::new() };
+        let mut b = Batch {
+            tokens,
+            positions: Vec::with_capacity(tokens),
+            kv_slots: Vec::new(),
+            attn: Vec::new(),
+            recurrent: Vec::new(),
+        };
         let mut row = 0;
         for s in steps {
             let (start, len) = (s.seq.pos, s.tokens.len());
             b.positions.extend((start..start + len).map(|p| p as u32));
             if has_attn {
                 for p in start..start + len {
-                    b.kv_slots.push(s.seq.kv.slot(p, bs).ok_or_else(|| EngineError::Request(format!("no KV block for position {p}")))?);
+                    b.kv_slots.push(s.seq.kv.slot(p, bs).ok_or_else(|| {
+                        EngineError::Request(format!("no KV block for position {p}"))
+                    })?);
                 }
-                b.attn.push(AttnSeq { q_start: row, q_len: len, kv_len: start + len, block_table: s.seq.kv.blocks() });
+                b.attn.push(AttnSeq {
+                    q_start: row,
+                    q_len: len,
+                    kv_len: start + len,
+                    block_table: s.seq.kv.blocks(),
+                });
             }
             if let Some(slot) = &s.seq.slot
                 && len > 0
@@ -215,9 +283,11 @@ impl TransformerModel {
     fn run_layers(&self, cx: &Cx<'_>, w: &ModelWeights, ids: &[u32]) -> Result<()> {
         let (gpu, s, c) = (cx.gpu, cx.s, &self.config);
         let (t, h) = (cx.batch.tokens, c.hidden_size);
-        gpu.embedding(w.embed, ids, h, s.residual).map_err(dev("embedding"))?;
+        gpu.embedding(w.embed, ids, h, s.residual)
+            .map_err(dev("embedding"))?;
         if c.embedding_multiplier != 1.0 {
-            gpu.scale(s.residual, c.embedding_multiplier, t * h).map_err(dev("embedding multiplier"))?;
+            gpu.scale(s.residual, c.embedding_multiplier, t * h)
+                .map_err(dev("embedding multiplier"))?;
         }
         for layer in &w.layers {
             self.run_layer(cx, w, layer)?;
@@ -237,7 +307,8 @@ impl TransformerModel {
                 MixerWeights::Delta(d) => recurrent::deltanet(cx, d)?,
                 MixerWeights::None => {}
             }
-            gpu.add_scaled(s.residual, s.mixed, c.residual_multiplier, t * h).map_err(dev("residual"))?;
+            gpu.add_scaled(s.residual, s.mixed, c.residual_multiplier, t * h)
+                .map_err(dev("residual"))?;
         }
         if !matches!(layer.ffn, FfnWeights::None) {
             self.norm(cx, norm.or(layer.ffn_norm), s.residual, s.normed)?;
@@ -246,16 +317,34 @@ impl TransformerModel {
                 FfnWeights::Moe(m) => ffn::moe(cx, m)?,
                 FfnWeights::None => {}
             }
-            gpu.add_scaled(s.residual, s.mixed, c.residual_multiplier, t * h).map_err(dev("residual"))?;
+            gpu.add_scaled(s.residual, s.mixed, c.residual_multiplier, t * h)
+                .map_err(dev("residual"))?;
         }
         Ok(())
     }
 
-    fn norm(&self, cx: &Cx<'_>, weight: Option<DeviceSlice>, x: DeviceSlice, out: DeviceSlice) -> Result<()> {
+    fn norm(
+        &self,
+        cx: &Cx<'_>,
+        weight: Option<DeviceSlice>,
+        x: DeviceSlice,
+        out: DeviceSlice,
+    ) -> Result<()> {
         let c = &self.config;
-        let weight = weight.ok_or_else(|| EngineError::Request("a layer block has no norm weight".into()))?;
+        let weight = weight
+            .ok_or_else(|| EngineError::Request("a layer block has no norm weight".into()))?;
         let rows = x.len() / c.hidden_size;
-        cx.gpu.rms_norm(x, weight, out, rows, c.hidden_size, c.norm_eps, c.norm_weight_offset).map_err(dev("rms_norm"))
+        cx.gpu
+            .rms_norm(
+                x,
+                weight,
+                out,
+                rows,
+                c.hidden_size,
+                c.norm_eps,
+                c.norm_weight_offset,
+            )
+            .map_err(dev("rms_norm"))
     }
 
     fn logits(&self, cx: &Cx<'_>, w: &ModelWeights, steps: &[Step<'_>]) -> Result<Vec<Vec<f32>>> {
@@ -280,8 +369,12 @@ impl TransformerModel {
         let mut all = Vec::with_capacity(rows.len() * vocab);
         for chunk in rows.chunks(LOGIT_ROWS) {
             let n = chunk.len();
-            let (gathered, normed) = (s.normed.slice(0, n * h).map_err(dev("logits"))?, s.mixed.slice(0, n * h).map_err(dev("logits"))?);
-            gpu.gather_rows(s.residual, chunk, h, gathered).map_err(dev("gather"))?;
+            let (gathered, normed) = (
+                s.normed.slice(0, n * h).map_err(dev("logits"))?,
+                s.mixed.slice(0, n * h).map_err(dev("logits"))?,
+            );
+            gpu.gather_rows(s.residual, chunk, h, gathered)
+                .map_err(dev("gather"))?;
             self.norm(cx, Some(w.final_norm), gathered, normed)?;
             let out = s.logits.slice(0, n * vocab).map_err(dev("logits"))?;
             cx.linear(normed, &w.lm_head, out, n)?;

@@ -11,20 +11,48 @@ use crate::model::weights::{DeltaWeights, MambaWeights};
 /// gated RMSNorm with z; out_proj.
 pub(super) fn mamba(cx: &Cx<'_>, w: &MambaWeights) -> Result<()> {
     let gpu = cx.gpu;
-    let m = cx.model.config.mamba.as_ref().ok_or_else(|| EngineError::Request("Mamba layer without Mamba config".into()))?;
+    let m = cx
+        .model
+        .config
+        .mamba
+        .as_ref()
+        .ok_or_else(|| EngineError::Request("Mamba layer without Mamba config".into()))?;
     let t = cx.batch.tokens;
-    let (di, cd, gs, nh, pd) = (m.d_inner(), m.conv_dim(), m.n_groups * m.d_state, m.n_heads, m.in_proj_dim());
+    let (di, cd, gs, nh, pd) = (
+        m.d_inner(),
+        m.conv_dim(),
+        m.n_groups * m.d_state,
+        m.n_heads,
+        m.in_proj_dim(),
+    );
     let [zxbcdt, z, xbc, dt, xbc_act, x, b, c, y, normed] = cx.s.r;
-    let cut = |s: metrale_gpu_runtime::DeviceSlice, n: usize| s.slice(0, n).map_err(dev("mamba scratch"));
+    let cut =
+        |s: metrale_gpu_runtime::DeviceSlice, n: usize| s.slice(0, n).map_err(dev("mamba scratch"));
     cx.linear(cx.s.normed, &w.in_proj, zxbcdt, t)?;
-    gpu.copy_cols(zxbcdt, pd, 0, di, z, t).map_err(dev("split z"))?;
-    gpu.copy_cols(zxbcdt, pd, di, cd, xbc, t).map_err(dev("split xBC"))?;
-    gpu.copy_cols(zxbcdt, pd, di + cd, nh, dt, t).map_err(dev("split dt"))?;
+    gpu.copy_cols(zxbcdt, pd, 0, di, z, t)
+        .map_err(dev("split z"))?;
+    gpu.copy_cols(zxbcdt, pd, di, cd, xbc, t)
+        .map_err(dev("split xBC"))?;
+    gpu.copy_cols(zxbcdt, pd, di + cd, nh, dt, t)
+        .map_err(dev("split dt"))?;
     let conv_seqs = cx.recurrent_seqs(w.state_layer, true)?;
-    gpu.causal_conv1d(cut(xbc, t * cd)?, w.conv_w, w.conv_b, cut(xbc_act, t * cd)?, &conv_seqs, cd, m.conv_kernel, true).map_err(dev("conv1d"))?;
-    gpu.copy_cols(xbc_act, cd, 0, di, x, t).map_err(dev("split x"))?;
-    gpu.copy_cols(xbc_act, cd, di, gs, b, t).map_err(dev("split B"))?;
-    gpu.copy_cols(xbc_act, cd, di + gs, gs, c, t).map_err(dev("split C"))?;
+    gpu.causal_conv1d(
+        cut(xbc, t * cd)?,
+        w.conv_w,
+        w.conv_b,
+        cut(xbc_act, t * cd)?,
+        &conv_seqs,
+        cd,
+        m.conv_kernel,
+        true,
+    )
+    .map_err(dev("conv1d"))?;
+    gpu.copy_cols(xbc_act, cd, 0, di, x, t)
+        .map_err(dev("split x"))?;
+    gpu.copy_cols(xbc_act, cd, di, gs, b, t)
+        .map_err(dev("split B"))?;
+    gpu.copy_cols(xbc_act, cd, di + gs, gs, c, t)
+        .map_err(dev("split C"))?;
     let p = SsdParams {
         n_heads: nh,
         head_dim: m.head_dim,
@@ -35,11 +63,32 @@ pub(super) fn mamba(cx: &Cx<'_>, w: &MambaWeights) -> Result<()> {
         dt_max: m.time_step_limit.1,
     };
     let ssm_seqs = cx.recurrent_seqs(w.state_layer, false)?;
-    gpu.ssd_scan(cut(x, t * di)?, cut(dt, t * nh)?, cut(b, t * gs)?, cut(c, t * gs)?, w.a_log, w.d, w.dt_bias, cut(y, t * di)?, &ssm_seqs, &p)
-        .map_err(dev("ssd scan"))?;
+    gpu.ssd_scan(
+        cut(x, t * di)?,
+        cut(dt, t * nh)?,
+        cut(b, t * gs)?,
+        cut(c, t * gs)?,
+        w.a_log,
+        w.d,
+        w.dt_bias,
+        cut(y, t * di)?,
+        &ssm_seqs,
+        &p,
+    )
+    .map_err(dev("ssd scan"))?;
     let group = di / m.norm_groups.max(1);
-    gpu.gated_rms_norm(cut(y, t * di)?, cut(z, t * di)?, w.norm, cut(normed, t * di)?, t, di, group, m.norm_eps, GateOrder::BeforeNorm)
-        .map_err(dev("gated norm"))?;
+    gpu.gated_rms_norm(
+        cut(y, t * di)?,
+        cut(z, t * di)?,
+        w.norm,
+        cut(normed, t * di)?,
+        t,
+        di,
+        group,
+        m.norm_eps,
+        GateOrder::BeforeNorm,
+    )
+    .map_err(dev("gated norm"))?;
     cx.linear(normed, &w.out_proj, cx.s.mixed, t)
 }
 
@@ -48,30 +97,81 @@ pub(super) fn mamba(cx: &Cx<'_>, w: &MambaWeights) -> Result<()> {
 /// RMSNorm per head with z; out_proj.
 pub(super) fn deltanet(cx: &Cx<'_>, w: &DeltaWeights) -> Result<()> {
     let gpu = cx.gpu;
-    let d = cx.model.config.deltanet.as_ref().ok_or_else(|| EngineError::Request("DeltaNet layer without its config".into()))?;
+    let d = cx
+        .model
+        .config
+        .deltanet
+        .as_ref()
+        .ok_or_else(|| EngineError::Request("DeltaNet layer without its config".into()))?;
     let t = cx.batch.tokens;
     let (kd, vd, cd, nv) = (d.key_dim(), d.value_dim(), d.conv_dim(), d.n_v_heads);
     let width = cd + vd;
     let [qkvz, ba, mixed, z, conv, q, k, v, b, a] = cx.s.r;
-    let cut = |s: metrale_gpu_runtime::DeviceSlice, n: usize| s.slice(0, n).map_err(dev("deltanet scratch"));
+    let cut = |s: metrale_gpu_runtime::DeviceSlice, n: usize| {
+        s.slice(0, n).map_err(dev("deltanet scratch"))
+    };
     cx.linear(cx.s.normed, &w.qkvz, qkvz, t)?;
     cx.linear(cx.s.normed, &w.ba, ba, t)?;
-    gpu.copy_cols(qkvz, width, 0, cd, mixed, t).map_err(dev("split qkv"))?;
-    gpu.copy_cols(qkvz, width, cd, vd, z, t).map_err(dev("split z"))?;
+    gpu.copy_cols(qkvz, width, 0, cd, mixed, t)
+        .map_err(dev("split qkv"))?;
+    gpu.copy_cols(qkvz, width, cd, vd, z, t)
+        .map_err(dev("split z"))?;
     let conv_seqs = cx.recurrent_seqs(w.state_layer, true)?;
-    gpu.causal_conv1d(cut(mixed, t * cd)?, w.conv_w, None, cut(conv, t * cd)?, &conv_seqs, cd, d.conv_kernel, true).map_err(dev("conv1d"))?;
-    gpu.copy_cols(conv, cd, 0, kd, q, t).map_err(dev("split q"))?;
-    gpu.copy_cols(conv, cd, kd, kd, k, t).map_err(dev("split k"))?;
-    gpu.copy_cols(conv, cd, 2 * kd, vd, v, t).map_err(dev("split v"))?;
-    gpu.copy_cols(ba, 2 * nv, 0, nv, b, t).map_err(dev("split b"))?;
-    gpu.copy_cols(ba, 2 * nv, nv, nv, a, t).map_err(dev("split a"))?;
-    let p = DeltaParams { n_k_heads: d.n_k_heads, n_v_heads: nv, k_head_dim: d.k_head_dim, v_head_dim: d.v_head_dim, chunk_size: 64 };
+    gpu.causal_conv1d(
+        cut(mixed, t * cd)?,
+        w.conv_w,
+        None,
+        cut(conv, t * cd)?,
+        &conv_seqs,
+        cd,
+        d.conv_kernel,
+        true,
+    )
+    .map_err(dev("conv1d"))?;
+    gpu.copy_cols(conv, cd, 0, kd, q, t)
+        .map_err(dev("split q"))?;
+    gpu.copy_cols(conv, cd, kd, kd, k, t)
+        .map_err(dev("split k"))?;
+    gpu.copy_cols(conv, cd, 2 * kd, vd, v, t)
+        .map_err(dev("split v"))?;
+    gpu.copy_cols(ba, 2 * nv, 0, nv, b, t)
+        .map_err(dev("split b"))?;
+    gpu.copy_cols(ba, 2 * nv, nv, nv, a, t)
+        .map_err(dev("split a"))?;
+    let p = DeltaParams {
+        n_k_heads: d.n_k_heads,
+        n_v_heads: nv,
+        k_head_dim: d.k_head_dim,
+        v_head_dim: d.v_head_dim,
+        chunk_size: 64,
+    };
     let state_seqs = cx.recurrent_seqs(w.state_layer, false)?;
     let core = cut(mixed, t * vd)?;
-    gpu.gated_delta_rule(cut(q, t * kd)?, cut(k, t * kd)?, cut(v, t * vd)?, cut(a, t * nv)?, cut(b, t * nv)?, w.a_log, w.dt_bias, core, &state_seqs, &p)
-        .map_err(dev("gated delta rule"))?;
+    gpu.gated_delta_rule(
+        cut(q, t * kd)?,
+        cut(k, t * kd)?,
+        cut(v, t * vd)?,
+        cut(a, t * nv)?,
+        cut(b, t * nv)?,
+        w.a_log,
+        w.dt_bias,
+        core,
+        &state_seqs,
+        &p,
+    )
+    .map_err(dev("gated delta rule"))?;
     let normed = cut(qkvz, t * vd)?;
-    gpu.gated_rms_norm(core, cut(z, t * vd)?, w.norm, normed, t * nv, d.v_head_dim, d.v_head_dim, d.norm_eps, GateOrder::AfterNorm)
-        .map_err(dev("gated norm"))?;
+    gpu.gated_rms_norm(
+        core,
+        cut(z, t * vd)?,
+        w.norm,
+        normed,
+        t * nv,
+        d.v_head_dim,
+        d.v_head_dim,
+        d.norm_eps,
+        GateOrder::AfterNorm,
+    )
+    .map_err(dev("gated norm"))?;
     cx.linear(normed, &w.out_proj, cx.s.mixed, t)
 }

@@ -34,7 +34,12 @@ pub struct ModelOptions {
 
 impl Default for ModelOptions {
     fn default() -> Self {
-        Self { kv_block_size: DEFAULT_BLOCK_SIZE, kv_blocks: 256, max_seqs: 16, max_batch_tokens: 512 }
+        Self {
+            kv_block_size: DEFAULT_BLOCK_SIZE,
+            kv_blocks: 256,
+            max_seqs: 16,
+            max_batch_tokens: 512,
+        }
     }
 }
 
@@ -61,25 +66,39 @@ impl TransformerModel {
     /// Builds the model's pools (KV cache, SSM state pool, activation arena)
     /// on `gpu`. Weights come later (`adopt_weight_store`). On failure every
     /// allocation made here is freed.
-    pub fn new(gpu: Arc<dyn GpuBackend>, config: ModelConfig, options: ModelOptions) -> Result<Self> {
+    pub fn new(
+        gpu: Arc<dyn GpuBackend>,
+        config: ModelConfig,
+        options: ModelOptions,
+    ) -> Result<Self> {
         let g: &dyn GpuBackend = gpu.as_ref();
         let shapes = recurrent_state_shapes(&config);
         let mut pool = SsmStatePool::allocate(g, &shapes, options.max_seqs)?;
         let kv_width = config.attention.as_ref().map_or(0, |a| a.kv_width());
         let n_attn = config.attention_layers().count();
-        let mut kv = match KvCache::allocate(g, n_attn, kv_width, options.kv_block_size, options.kv_blocks) {
+        let mut kv = match KvCache::allocate(
+            g,
+            n_attn,
+            kv_width,
+            options.kv_block_size,
+            options.kv_blocks,
+        ) {
             Ok(kv) => kv,
             Err(e) => {
                 let _ = pool.release(g);
                 return Err(e);
             }
         };
-        let buffers = match BufferArena::allocate(g, arena_plan(&config, options.max_batch_tokens)) {
+        let buffers = match BufferArena::allocate(g, arena_plan(&config, options.max_batch_tokens))
+        {
             Ok(b) => b,
             Err(source) => {
                 let _ = kv.release(g);
                 let _ = pool.release(g);
-                return Err(EngineError::Device { context: "allocating the activation arena".into(), source });
+                return Err(EngineError::Device {
+                    context: "allocating the activation arena".into(),
+                    source,
+                });
             }
         };
         Ok(Self {
@@ -127,7 +146,10 @@ impl TransformerModel {
     /// adopted, so teardown frees it.
     pub fn attach_weights(&mut self, store: WeightStore) -> Result<()> {
         self.adopt_weight_store(store);
-        let store = self.weight_store.as_ref().ok_or_else(|| EngineError::Request("no weight store".into()))?;
+        let store = self
+            .weight_store
+            .as_ref()
+            .ok_or_else(|| EngineError::Request("no weight store".into()))?;
         let weights = resolve(&self.config, store, &mut self.derived, self.gpu.as_ref())?;
         self.weights = Some(weights);
         Ok(())
@@ -180,7 +202,8 @@ pub fn recurrent_state_shapes(config: &ModelConfig) -> Vec<StateShape> {
 /// Rows of logits computed per LM-head pass.
 pub const LOGIT_ROWS: usize = 64;
 /// Generic scratch regions each mixer maps its intermediates onto.
-pub const SCRATCH_REGIONS: [&str; 10] = ["r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9"];
+pub const SCRATCH_REGIONS: [&str; 10] =
+    ["r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9"];
 
 /// Widest per-token intermediate of any mixer or router.
 pub fn widest_intermediate(config: &ModelConfig) -> usize {
@@ -192,7 +215,9 @@ pub fn widest_intermediate(config: &ModelConfig) -> usize {
         widest = widest.max(m.in_proj_dim());
     }
     if let Some(d) = &config.deltanet {
-        widest = widest.max(2 * d.key_dim() + 2 * d.value_dim()).max(2 * d.n_v_heads);
+        widest = widest
+            .max(2 * d.key_dim() + 2 * d.value_dim())
+            .max(2 * d.n_v_heads);
     }
     if let Some(m) = &config.moe {
         widest = widest.max(m.n_experts);
@@ -204,7 +229,9 @@ pub fn widest_intermediate(config: &ModelConfig) -> usize {
 pub fn widest_ffn(config: &ModelConfig) -> usize {
     let mut inter = config.mlp.as_ref().map_or(0, |m| m.intermediate_size);
     if let Some(m) = &config.moe {
-        inter = inter.max(m.expert_intermediate).max(m.shared_intermediate.unwrap_or(0));
+        inter = inter
+            .max(m.expert_intermediate)
+            .max(m.shared_intermediate.unwrap_or(0));
     }
     inter.max(1)
 }
@@ -214,7 +241,10 @@ pub fn arena_plan(config: &ModelConfig, tokens: usize) -> ArenaPlan {
     let t = tokens.max(1);
     let h = config.hidden_size;
     let (widest, inter) = (widest_intermediate(config), widest_ffn(config));
-    let mut plan = ArenaPlan::new().region("residual", t * h).region("normed", t * h).region("mixed", t * h);
+    let mut plan = ArenaPlan::new()
+        .region("residual", t * h)
+        .region("normed", t * h)
+        .region("mixed", t * h);
     for r in SCRATCH_REGIONS {
         plan = plan.region(r, t * widest);
     }

@@ -16,7 +16,12 @@ use crate::cache::SnapshotKey;
 use crate::config::*;
 
 fn names() -> LayerNames {
-    LayerNames { input_norm: "n".into(), ffn_norm: None, mixer: MixerNames::None, ffn: FfnNames::None }
+    LayerNames {
+        input_norm: "n".into(),
+        ffn_norm: None,
+        mixer: MixerNames::None,
+        ffn: FfnNames::None,
+    }
 }
 
 /// A tiny hybrid: one Mamba-2 layer and one attention layer.
@@ -61,18 +66,38 @@ fn hybrid_config() -> ModelConfig {
             norm_groups: 1,
         }),
         deltanet: None,
-        mlp: Some(MlpConfig { intermediate_size: 32, activation: Activation::SwiGlu }),
+        mlp: Some(MlpConfig {
+            intermediate_size: 32,
+            activation: Activation::SwiGlu,
+        }),
         moe: None,
-        names: ModelNames { embed: "e".into(), final_norm: "f".into(), lm_head: None },
+        names: ModelNames {
+            embed: "e".into(),
+            final_norm: "f".into(),
+            lm_head: None,
+        },
         layers: vec![
-            LayerPlan { mixer: MixerKind::Mamba2, ffn: FfnKind::Mlp, names: names() },
-            LayerPlan { mixer: MixerKind::Attention, ffn: FfnKind::Mlp, names: names() },
+            LayerPlan {
+                mixer: MixerKind::Mamba2,
+                ffn: FfnKind::Mlp,
+                names: names(),
+            },
+            LayerPlan {
+                mixer: MixerKind::Attention,
+                ffn: FfnKind::Mlp,
+                names: names(),
+            },
         ],
     }
 }
 
 fn options() -> ModelOptions {
-    ModelOptions { kv_block_size: 4, kv_blocks: 8, max_seqs: 3, max_batch_tokens: 16 }
+    ModelOptions {
+        kv_block_size: 4,
+        kv_blocks: 8,
+        max_seqs: 3,
+        max_batch_tokens: 16,
+    }
 }
 
 type Fi = FaultInjecting<CpuBackend>;
@@ -80,16 +105,28 @@ type Fi = FaultInjecting<CpuBackend>;
 /// A model with every kind of resource populated: pools, a snapshot, a
 /// derived weight and a weight store.
 fn full_model(plan: FaultPlan) -> (Arc<Fi>, TransformerModel) {
-    let fi = Arc::new(FaultInjecting::new(CpuBackend::with_threads(1), FaultPlan::default()));
+    let fi = Arc::new(FaultInjecting::new(
+        CpuBackend::with_threads(1),
+        FaultPlan::default(),
+    ));
     let gpu: Arc<dyn GpuBackend> = fi.clone();
     let mut model = TransformerModel::new(gpu.clone(), hybrid_config(), options()).unwrap();
     let mut store = WeightStore::new();
-    let w = store.upload(gpu.as_ref(), "w", DType::F32, vec![2, 4], &[0u8; 32]).unwrap().slice;
-    model.derived.permute_rows(gpu.as_ref(), "w.permuted", w, 4, &[1, 0]).unwrap();
+    let w = store
+        .upload(gpu.as_ref(), "w", DType::F32, vec![2, 4], &[0u8; 32])
+        .unwrap()
+        .slice;
+    model
+        .derived
+        .permute_rows(gpu.as_ref(), "w.permuted", w, 4, &[1, 0])
+        .unwrap();
     {
         let slot = model.ssm_pool.acquire(gpu.as_ref()).unwrap();
         let pool = model.ssm_pool.clone();
-        model.ssm_snapshots.capture(gpu.as_ref(), &pool, slot.slot(), SnapshotKey(7), 3).unwrap();
+        model
+            .ssm_snapshots
+            .capture(gpu.as_ref(), &pool, slot.slot(), SnapshotKey(7), 3)
+            .unwrap();
     }
     model.adopt_weight_store(store);
     fi.set_plan(plan);
@@ -100,7 +137,13 @@ fn full_model(plan: FaultPlan) -> (Arc<Fi>, TransformerModel) {
 fn owner_sequence(fi: &Fi) -> Vec<String> {
     let mut seq: Vec<String> = Vec::new();
     for o in fi.freed_owners() {
-        let o = if o.starts_with("weights: ") { "weights".to_string() } else if o.starts_with("derived: ") { "derived".to_string() } else { o };
+        let o = if o.starts_with("weights: ") {
+            "weights".to_string()
+        } else if o.starts_with("derived: ") {
+            "derived".to_string()
+        } else {
+            o
+        };
         if seq.last() != Some(&o) {
             seq.push(o);
         }
@@ -113,7 +156,17 @@ fn release_pools_frees_in_the_specified_order_and_empties_the_ledger() {
     let (fi, mut model) = full_model(FaultPlan::default());
     assert!(fi.live_bytes() > 0);
     model.release_pools().unwrap();
-    assert_eq!(owner_sequence(&fi), ["derived", "ssm snapshots", "ssm state pool", "kv cache", "buffer arena", "weights"]);
+    assert_eq!(
+        owner_sequence(&fi),
+        [
+            "derived",
+            "ssm snapshots",
+            "ssm state pool",
+            "kv cache",
+            "buffer arena",
+            "weights"
+        ]
+    );
     assert_eq!(fi.live_bytes(), 0);
     assert!(fi.ledger().is_empty());
 }
@@ -123,19 +176,51 @@ fn a_failing_step_does_not_stop_later_steps_and_its_label_is_the_context() {
     // Find the index of the first KV-cache free in a clean teardown, then fail it.
     let (probe, mut clean) = full_model(FaultPlan::default());
     clean.release_pools().unwrap();
-    let kv_index = probe.freed_owners().iter().position(|o| o == "kv cache").unwrap();
-    let (fi, mut model) = full_model(FaultPlan { fail_free_at: Some(kv_index), ..FaultPlan::default() });
+    let kv_index = probe
+        .freed_owners()
+        .iter()
+        .position(|o| o == "kv cache")
+        .unwrap();
+    let (fi, mut model) = full_model(FaultPlan {
+        fail_free_at: Some(kv_index),
+        ..FaultPlan::default()
+    });
     let err = model.release_pools().unwrap_err();
-    assert_eq!(err.to_string(), "kv cache", "outermost context is the step's label: {err:#}");
-    assert!(format!("{err:#}").contains(&format!("injected fault: free #{kv_index}")), "{err:#}");
+    assert_eq!(
+        err.to_string(),
+        "kv cache",
+        "outermost context is the step's label: {err:#}"
+    );
+    assert!(
+        format!("{err:#}").contains(&format!("injected fault: free #{kv_index}")),
+        "{err:#}"
+    );
     let seq = owner_sequence(&fi);
-    assert_eq!(seq, ["derived", "ssm snapshots", "ssm state pool", "kv cache", "buffer arena", "weights"]);
-    assert_eq!(fi.live_bytes(), 0, "later steps still released their memory");
+    assert_eq!(
+        seq,
+        [
+            "derived",
+            "ssm snapshots",
+            "ssm state pool",
+            "kv cache",
+            "buffer arena",
+            "weights"
+        ]
+    );
+    assert_eq!(
+        fi.live_bytes(),
+        0,
+        "later steps still released their memory"
+    );
 }
 
 #[test]
 fn the_first_error_wins_when_several_steps_fail() {
-    let (fi, mut model) = full_model(FaultPlan { fail_free_at: Some(0), fail_copy_at: None, fail_alloc_at: None });
+    let (fi, mut model) = full_model(FaultPlan {
+        fail_free_at: Some(0),
+        fail_copy_at: None,
+        fail_alloc_at: None,
+    });
     // Make a second step fail too: a leaked slot.
     let leaked = model.ssm_pool.acquire(fi.as_ref()).unwrap();
     let err = model.release_pools().unwrap_err();
@@ -149,9 +234,19 @@ fn a_sequence_still_holding_a_slot_fails_the_pool_step_and_later_steps_run() {
     let held = model.ssm_pool.acquire(fi.as_ref()).unwrap();
     let err = model.release_pools().unwrap_err();
     assert_eq!(err.to_string(), "ssm state pool");
-    assert!(format!("{err:#}").contains("1 handle(s) still hold the SSM pool"), "{err:#}");
+    assert!(
+        format!("{err:#}").contains("1 handle(s) still hold the SSM pool"),
+        "{err:#}"
+    );
     let seq = owner_sequence(&fi);
-    assert!(seq.ends_with(&["kv cache".to_string(), "buffer arena".to_string(), "weights".to_string()]), "{seq:?}");
+    assert!(
+        seq.ends_with(&[
+            "kv cache".to_string(),
+            "buffer arena".to_string(),
+            "weights".to_string()
+        ]),
+        "{seq:?}"
+    );
     // The pool's memory was not freed by its owner; the sweep reclaimed it.
     assert_eq!(fi.live_bytes(), 0);
     drop(held);
@@ -172,7 +267,10 @@ fn capture_logs(f: impl FnOnce()) -> String {
     }
     let sink = Sink::default();
     let writer = sink.clone();
-    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
     tracing::subscriber::with_default(subscriber, f);
     String::from_utf8_lossy(&sink.0.lock()).into_owned()
 }
@@ -210,17 +308,33 @@ fn release_pools_twice_is_harmless() {
 #[test]
 fn a_failure_at_every_allocation_while_building_leaves_the_ledger_empty() {
     // Count the allocations of a successful build first.
-    let probe = Arc::new(FaultInjecting::new(CpuBackend::with_threads(1), FaultPlan::default()));
+    let probe = Arc::new(FaultInjecting::new(
+        CpuBackend::with_threads(1),
+        FaultPlan::default(),
+    ));
     let model = TransformerModel::new(probe.clone(), hybrid_config(), options()).unwrap();
     let total = probe.alloc_count();
     assert!(total >= 4, "pools, cache layers and arena: {total}");
     model.shutdown().unwrap();
     for index in 0..total {
-        let fi = Arc::new(FaultInjecting::new(CpuBackend::with_threads(1), FaultPlan { fail_alloc_at: Some(index), ..FaultPlan::default() }));
+        let fi = Arc::new(FaultInjecting::new(
+            CpuBackend::with_threads(1),
+            FaultPlan {
+                fail_alloc_at: Some(index),
+                ..FaultPlan::default()
+            },
+        ));
         let result = TransformerModel::new(fi.clone(), hybrid_config(), options());
-        let err = result.err().unwrap_or_else(|| panic!("allocation {index} failed but the build succeeded"));
+        let err = result
+            .err()
+            .unwrap_or_else(|| panic!("allocation {index} failed but the build succeeded"));
         assert!(err.to_string().contains("injected fault"), "{err}");
-        assert_eq!(fi.live_bytes(), 0, "allocation {index}: {}", fi.ledger_report());
+        assert_eq!(
+            fi.live_bytes(),
+            0,
+            "allocation {index}: {}",
+            fi.ledger_report()
+        );
     }
 }
 
@@ -235,7 +349,9 @@ fn dropping_a_model_without_shutdown_still_releases_it() {
 fn slots_return_to_the_pool_and_exhaustion_is_an_error() {
     let (fi, model) = full_model(FaultPlan::default());
     let gpu: &dyn GpuBackend = fi.as_ref();
-    let guards: Vec<_> = (0..3).map(|_| model.ssm_pool.acquire(gpu).unwrap()).collect();
+    let guards: Vec<_> = (0..3)
+        .map(|_| model.ssm_pool.acquire(gpu).unwrap())
+        .collect();
     assert_eq!(model.ssm_pool.in_use(), 3);
     let err = model.ssm_pool.acquire(gpu).unwrap_err();
     assert!(matches!(err, EngineError::Exhausted { .. }), "{err}");
