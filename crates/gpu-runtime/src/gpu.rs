@@ -241,6 +241,18 @@ impl dyn GpuBackend + '_ {
     pub fn zero(&self, dst: DeviceSlice) -> Result<()> {
         self.memset_zero(dst.ptr(), 0, dst.bytes())
     }
+
+    /// Frees every pointer, even after a failure; returns the first error.
+    /// What resources' `release` is made of.
+    pub fn free_all(&self, ptrs: impl IntoIterator<Item = DevicePtr>) -> Result<()> {
+        let mut first = None;
+        for p in ptrs {
+            if let Err(e) = self.free(p) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
 }
 
 fn check_f32(s: DeviceSlice, n: usize, op: &'static str) -> Result<()> {

@@ -143,19 +143,10 @@ impl<'g> ModelResource<dyn GpuBackend + 'g> for KvCache {
     }
 
     fn release(&mut self, gpu: &(dyn GpuBackend + 'g)) -> anyhow::Result<()> {
-        let mut first: Option<anyhow::Error> = None;
-        for layer in self.layers.drain(..) {
-            for s in [layer.k, layer.v] {
-                if let Err(e) = gpu.free(s.ptr())
-                    && first.is_none()
-                {
-                    first = Some(e.into());
-                }
-            }
-        }
+        let freed = gpu.free_all(self.layers.drain(..).flat_map(|l| [l.k.ptr(), l.v.ptr()]));
         self.free.clear();
         self.refcounts.iter_mut().for_each(|r| *r = 0);
-        first.map_or(Ok(()), Err)
+        Ok(freed?)
     }
 }
 

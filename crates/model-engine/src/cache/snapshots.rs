@@ -72,11 +72,11 @@ impl SsmSnapshots {
             Ok(())
         })();
         if let Err(e) = result {
-            free_states(gpu, &states);
+            let _ = free_states(gpu, &states); // the capture error is the one to report
             return Err(e);
         }
         if let Some(old) = self.snapshots.insert(key, Snapshot { states, tokens }) {
-            free_states(gpu, &old.states);
+            let _ = free_states(gpu, &old.states);
         }
         Ok(())
     }
@@ -105,7 +105,7 @@ impl SsmSnapshots {
     pub fn remove(&mut self, gpu: &dyn GpuBackend, key: SnapshotKey) -> bool {
         match self.snapshots.remove(&key) {
             Some(s) => {
-                free_states(gpu, &s.states);
+                let _ = free_states(gpu, &s.states);
                 true
             }
             None => false,
@@ -113,11 +113,12 @@ impl SsmSnapshots {
     }
 }
 
-fn free_states(gpu: &dyn GpuBackend, states: &[(DeviceSlice, DeviceSlice)]) {
-    for (c, s) in states {
-        let _ = gpu.free(c.ptr());
-        let _ = gpu.free(s.ptr());
-    }
+/// Frees a snapshot's buffers; the first failure is returned.
+fn free_states(
+    gpu: &dyn GpuBackend,
+    states: &[(DeviceSlice, DeviceSlice)],
+) -> metrale_gpu_runtime::error::Result<()> {
+    gpu.free_all(states.iter().flat_map(|(c, s)| [c.ptr(), s.ptr()]))
 }
 
 impl<'g> ModelResource<dyn GpuBackend + 'g> for SsmSnapshots {
@@ -126,18 +127,11 @@ impl<'g> ModelResource<dyn GpuBackend + 'g> for SsmSnapshots {
     }
 
     fn release(&mut self, gpu: &(dyn GpuBackend + 'g)) -> anyhow::Result<()> {
-        let mut first: Option<anyhow::Error> = None;
-        for (_, snap) in self.snapshots.drain() {
-            for (c, s) in snap.states {
-                for p in [c.ptr(), s.ptr()] {
-                    if let Err(e) = gpu.free(p)
-                        && first.is_none()
-                    {
-                        first = Some(e.into());
-                    }
-                }
-            }
-        }
-        first.map_or(Ok(()), Err)
+        let states: Vec<(DeviceSlice, DeviceSlice)> = self
+            .snapshots
+            .drain()
+            .flat_map(|(_, snap)| snap.states)
+            .collect();
+        Ok(free_states(gpu, &states)?)
     }
 }

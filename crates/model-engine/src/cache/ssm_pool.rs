@@ -162,19 +162,14 @@ impl<'g> ModelResource<dyn GpuBackend + 'g> for SsmStatePool {
     }
 
     fn release(&mut self, gpu: &(dyn GpuBackend + 'g)) -> anyhow::Result<()> {
-        let mut first: Option<anyhow::Error> = None;
-        for layer in self.layers.drain(..) {
-            for s in [layer.conv, layer.ssm] {
-                if let Err(e) = gpu.free(s.ptr())
-                    && first.is_none()
-                {
-                    first = Some(e.into());
-                }
-            }
-        }
+        let freed = gpu.free_all(
+            self.layers
+                .drain(..)
+                .flat_map(|l| [l.conv.ptr(), l.ssm.ptr()]),
+        );
         self.free.lock().clear();
         self.n_slots = 0;
-        first.map_or(Ok(()), Err)
+        Ok(freed?)
     }
 }
 
