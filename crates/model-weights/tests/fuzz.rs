@@ -120,7 +120,8 @@ fn mutated(mutations: &[Mutation]) -> Vec<u8> {
     let mut file = image_with_header(&header.to_string(), &data);
     for m in mutations {
         match m {
-            Mutation::Byte(p, b) => {
+            // A byte mutation after a truncation to nothing has no byte to hit.
+            Mutation::Byte(p, b) if !file.is_empty() => {
                 let i = p % file.len();
                 file[i] = *b;
             }
