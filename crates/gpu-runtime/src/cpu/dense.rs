@@ -22,9 +22,10 @@ const GEMV_MAX_ROWS: usize = 32;
 /// the pool costs more than the work (decode runs hundreds of such ops a token).
 const SERIAL_ELEMENTS: usize = 1 << 15;
 /// Matrix-vector products over fewer weights than this run on the calling
-/// thread alone: one core streams 0.5 Mi weights (1 MB in bf16) in about the
-/// time it takes to hand half of them to another thread and wait for it.
-const GEMV_SERIAL_ELEMENTS: usize = 1 << 19;
+/// thread alone: one core streams 64 Ki weights (128 KiB in bf16) in a few
+/// microseconds, about what handing half of them to a spinning team worker
+/// and waiting for it costs.
+const GEMV_SERIAL_ELEMENTS: usize = 1 << 16;
 
 fn shape_err(op: &'static str, detail: String) -> GpuError {
     GpuError::Shape { op, detail }
@@ -146,8 +147,8 @@ impl DenseOps for CpuBackend {
         let o = &mut self.write_f32(OP, out, &inputs)?[..m * n];
         if m <= GEMV_MAX_ROWS || k == 0 {
             // Small ones run here alone, without waking the pool.
-            let pool = (n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.pool());
-            super::gemv::gemv(pool, xs, ws, o, m, n, k)
+            let team = (n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
+            super::gemv::gemv(team, xs, ws, o, m, n, k)
         } else if let (true, Weights::BF16(wb)) = (self.bf16_dot, ws)
             && super::gemm_bf16::gemm(self.pool(), xs, wb, o, m, n, k)
         {
@@ -196,11 +197,8 @@ impl DenseOps for CpuBackend {
                 .zip(xs[..rows * dim].chunks(dim))
                 .for_each(norm);
         } else {
-            self.install(|| {
-                o[..rows * dim]
-                    .par_chunks_mut(dim)
-                    .zip(xs[..rows * dim].par_chunks(dim))
-                    .for_each(norm)
+            self.for_each_chunk(&mut o[..rows * dim], dim, |i, o| {
+                norm((o, &xs[i * dim..(i + 1) * dim]))
             });
         }
         Ok(())
@@ -245,11 +243,7 @@ impl DenseOps for CpuBackend {
                 .zip(positions.iter())
                 .for_each(rotate);
         } else {
-            self.install(|| {
-                rows.par_chunks_mut(width)
-                    .zip(positions.par_iter())
-                    .for_each(rotate)
-            });
+            self.for_each_chunk(rows, width, |i, row| rotate((row, &positions[i])));
         }
         Ok(())
     }
@@ -370,12 +364,7 @@ impl DenseOps for CpuBackend {
                 vec::axpy(isa, oh, s / sum, &vc[base..base + hd]);
             }
         };
-        self.install(|| {
-            o[..rows * width]
-                .par_chunks_mut(hd)
-                .enumerate()
-                .for_each(head)
-        });
+        self.for_each_chunk(&mut o[..rows * width], hd, |i, oh| head((i, oh)));
         Ok(())
     }
 

@@ -8,10 +8,9 @@
 //! portable loop elsewhere. The rows of `w` are split evenly over the
 //! backend's threads; nothing is allocated per call.
 
-use half::bf16;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use super::kernels::Weights;
+use super::team::Team;
+use half::bf16;
 
 /// Which vector instructions the kernels may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,12 +60,10 @@ impl OutPtr {
 
 /// `out[i * n + j] = dot(x[i * k..], w[j * k..])` for `i < m`, `j < n`.
 ///
-/// With a pool of `threads` threads, the calling thread takes shares itself
-/// and `threads - 1` helpers from the pool take the rest (shares are handed
-/// out from a counter): the caller works instead of sleeping until the pool
-/// is done, which saves a sleep and a wake-up per call (hundreds a token).
+/// With a team, its threads take shares (handed out from a counter, the
+/// calling thread among them); without one the calling thread does it all.
 pub(crate) fn gemv(
-    pool: Option<&rayon::ThreadPool>,
+    team: Option<&Team>,
     x: &[f32],
     w: Weights<'_>,
     out: &mut [f32],
@@ -74,7 +71,7 @@ pub(crate) fn gemv(
     n: usize,
     k: usize,
 ) {
-    let threads = pool.map_or(1, |p| p.current_num_threads());
+    let threads = team.map_or(1, Team::threads);
     assert!(x.len() >= m * k && out.len() >= m * n);
     if m == 0 || n == 0 {
         return;
@@ -82,11 +79,7 @@ pub(crate) fn gemv(
     let isa = Isa::detect();
     // Even shares, a few per thread so that a slow core does not hold the rest up;
     // each share a multiple of ROWS rows.
-    let tasks = if n * k < 1 << 15 {
-        1
-    } else {
-        threads.max(1) * 4
-    };
+    let tasks = if n * k < 1 << 15 { 1 } else { threads * 4 };
     let share = n.div_ceil(tasks).div_ceil(ROWS) * ROWS;
     let ptr = OutPtr(out.as_mut_ptr());
     let run = |t: usize| {
@@ -110,26 +103,9 @@ pub(crate) fn gemv(
         }
     };
     let count = n.div_ceil(share);
-    match pool {
-        Some(pool) if count > 1 => {
-            let next = AtomicUsize::new(0);
-            let work = || {
-                loop {
-                    let t = next.fetch_add(1, Ordering::Relaxed);
-                    if t >= count {
-                        break;
-                    }
-                    run(t);
-                }
-            };
-            pool.in_place_scope(|s| {
-                for _ in 1..threads.min(count) {
-                    s.spawn(|_| work());
-                }
-                work();
-            });
-        }
-        _ => (0..count).for_each(run),
+    match team {
+        Some(team) => team.run(count, &run),
+        None => (0..count).for_each(run),
     }
 }
 
@@ -356,10 +332,7 @@ mod tests {
 
     #[test]
     fn every_isa_matches_the_reference_on_odd_shapes() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
+        let team = Team::new(2);
         for &(m, n, k) in &[
             (1, 1, 1),
             (1, 7, 33),
@@ -388,7 +361,7 @@ mod tests {
                             }
                         }
                     } else {
-                        gemv(Some(&pool), &x, w, &mut out, m, n, k);
+                        gemv(Some(&team), &x, w, &mut out, m, n, k);
                     }
                     for (a, b) in out.iter().zip(&want) {
                         assert!(

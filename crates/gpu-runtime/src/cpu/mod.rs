@@ -10,6 +10,7 @@ mod gemm_bf16;
 mod gemv;
 mod kernels;
 mod recurrent;
+mod team;
 mod vec;
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
@@ -28,6 +29,9 @@ pub struct CpuBackend {
     /// Refuse allocations beyond this many live bytes (None: no limit).
     memory_limit: Option<usize>,
     pool: rayon::ThreadPool,
+    /// Spinning workers for the short ops of decode steps (see `team.rs`);
+    /// the rayon pool runs the long ones (prefill GEMMs and scans).
+    team: team::Team,
     /// Prefill matmuls with bf16 weights round the activations to bf16 and
     /// use bf16 dot products (see `gemm_bf16.rs`); off by default.
     bf16_dot: bool,
@@ -46,10 +50,12 @@ impl CpuBackend {
             .thread_name(|i| format!("metrale-cpu-{i}"))
             .build()
             .expect("building a rayon pool only fails if threads cannot be spawned");
+        let team = team::Team::new(pool.current_num_threads());
         Self {
             ledger: Ledger::new(),
             memory_limit: None,
             pool,
+            team,
             bf16_dot: false,
         }
     }
@@ -86,9 +92,27 @@ impl CpuBackend {
         &self.pool
     }
 
-    /// Runs `f` on this backend's thread pool.
+    /// Runs `f` on this backend's rayon pool (the team's spinning workers
+    /// park first, so as not to compete with it for the cores).
     pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.team.park_spinners();
         self.pool.install(f)
+    }
+
+    /// The spinning team, for ops short enough that waking a pool would cost
+    /// a noticeable share of their time.
+    pub(crate) fn team(&self) -> &team::Team {
+        &self.team
+    }
+
+    /// `f(i, chunk)` for every `chunk`-long piece of `data`, on the team.
+    pub(crate) fn for_each_chunk<T: Send>(
+        &self,
+        data: &mut [T],
+        chunk: usize,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
+        team::for_each_chunk(&self.team, data, chunk, f)
     }
 
     fn check_range(&self, op: &'static str, ptr: u64, bytes: usize) -> Result<()> {

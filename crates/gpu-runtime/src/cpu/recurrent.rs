@@ -19,6 +19,7 @@ use rayon::prelude::*;
 
 use super::CpuBackend;
 use super::kernels::Weights;
+use super::team::Par;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
@@ -39,6 +40,12 @@ fn need(op: &'static str, s: DeviceSlice, n: usize, what: &str) -> Result<()> {
 }
 
 /// One past the last row any sequence uses.
+/// Every sequence advances by at most one token: a decode step, whose short
+/// per-head loops run on the spinning team rather than the rayon pool.
+fn decode_only(seqs: &[RecurrentSeq]) -> bool {
+    seqs.iter().all(|s| s.len <= 1)
+}
+
 fn rows_of(seqs: &[RecurrentSeq]) -> usize {
     seqs.iter()
         .filter(|s| s.len > 0)
@@ -289,10 +296,15 @@ impl CpuBackend {
             n_heads * head_dim * d_state,
             &[x, dt_raw, b, c, a_log, d, dt_bias],
         )?;
-        self.install(|| {
-            ios.into_par_iter()
-                .for_each(|io| ssd::scan_seq(&ctx, io, mode))
-        });
+        if decode_only(seqs) {
+            ios.into_iter()
+                .for_each(|io| ssd::scan_seq(&ctx, io, mode, Par::Team(self.team())));
+        } else {
+            self.install(|| {
+                ios.into_par_iter()
+                    .for_each(|io| ssd::scan_seq(&ctx, io, mode, Par::Rayon))
+            });
+        }
         Ok(())
     }
 
@@ -367,10 +379,15 @@ impl CpuBackend {
             n_v_heads * k_head_dim * v_head_dim,
             &[q, k, v, a, b, a_log, dt_bias],
         )?;
-        self.install(|| {
-            ios.into_par_iter()
-                .for_each(|io| delta::delta_seq(&ctx, io, mode))
-        });
+        if decode_only(seqs) {
+            ios.into_iter()
+                .for_each(|io| delta::delta_seq(&ctx, io, mode, Par::Team(self.team())));
+        } else {
+            self.install(|| {
+                ios.into_par_iter()
+                    .for_each(|io| delta::delta_seq(&ctx, io, mode, Par::Rayon))
+            });
+        }
         Ok(())
     }
 }
@@ -416,53 +433,51 @@ impl RecurrentOps for CpuBackend {
         let km1 = kernel - 1;
         let ios = self.seq_ios(OP, seqs, out, channels, channels * km1, &inputs)?;
         let (wt, bias) = (&wt, &bias);
-        self.install(|| {
-            ios.into_par_iter().for_each(|io| {
-                let xseq = &xs[io.row_start * channels..(io.row_start + io.len) * channels];
-                let state = &*io.state;
-                io.out
-                    .par_chunks_mut(channels)
-                    .enumerate()
-                    .for_each(|(t, o)| {
-                        o.copy_from_slice(bias);
-                        for (j, wj) in wt.chunks(channels).enumerate() {
-                            // Input t + j - km1 of the sequence; negative: from the state.
-                            if t + j >= km1 {
-                                let i = t + j - km1;
-                                o.iter_mut()
-                                    .zip(wj)
-                                    .zip(&xseq[i * channels..(i + 1) * channels])
-                                    .for_each(|((o, w), x)| *o += w * x);
-                            } else {
-                                let col = t + j;
-                                for (ch, (o, w)) in o.iter_mut().zip(wj).enumerate() {
-                                    *o += w * state[ch * km1 + col];
-                                }
-                            }
+        let conv_seq = |io: SeqIo<'_>, par: Par<'_>| {
+            let xseq = &xs[io.row_start * channels..(io.row_start + io.len) * channels];
+            let state = &*io.state;
+            par.chunks(io.out, channels, |t, o| {
+                o.copy_from_slice(bias);
+                for (j, wj) in wt.chunks(channels).enumerate() {
+                    // Input t + j - km1 of the sequence; negative: from the state.
+                    if t + j >= km1 {
+                        let i = t + j - km1;
+                        o.iter_mut()
+                            .zip(wj)
+                            .zip(&xseq[i * channels..(i + 1) * channels])
+                            .for_each(|((o, w), x)| *o += w * x);
+                    } else {
+                        let col = t + j;
+                        for (ch, (o, w)) in o.iter_mut().zip(wj).enumerate() {
+                            *o += w * state[ch * km1 + col];
                         }
-                        if silu_out {
-                            o.iter_mut().for_each(|v| *v = silu(*v));
-                        }
-                    });
-                // The new state: the last km1 inputs, from the state where the sequence is shorter.
-                let len = io.len;
-                if km1 == 0 || len == 0 {
-                    return;
+                    }
                 }
-                io.state
-                    .par_chunks_mut(km1)
-                    .enumerate()
-                    .for_each(|(ch, st)| {
-                        if len < km1 {
-                            st.copy_within(len.., 0);
-                        }
-                        let from = km1.saturating_sub(len);
-                        for (i, s) in st.iter_mut().enumerate().skip(from) {
-                            *s = xseq[(len + i - km1) * channels + ch];
-                        }
-                    });
-            })
-        });
+                if silu_out {
+                    o.iter_mut().for_each(|v| *v = silu(*v));
+                }
+            });
+            // The new state: the last km1 inputs, from the state where the sequence is shorter.
+            let len = io.len;
+            if km1 == 0 || len == 0 {
+                return;
+            }
+            par.chunks(io.state, km1, |ch, st| {
+                if len < km1 {
+                    st.copy_within(len.., 0);
+                }
+                let from = km1.saturating_sub(len);
+                for (i, s) in st.iter_mut().enumerate().skip(from) {
+                    *s = xseq[(len + i - km1) * channels + ch];
+                }
+            });
+        };
+        if decode_only(seqs) {
+            ios.into_iter()
+                .for_each(|io| conv_seq(io, Par::Team(self.team())));
+        } else {
+            self.install(|| ios.into_par_iter().for_each(|io| conv_seq(io, Par::Rayon)));
+        }
         Ok(())
     }
 
@@ -510,41 +525,37 @@ impl RecurrentOps for CpuBackend {
             &self.read_f32(OP, gate)?[..rows * dim],
         );
         let o = &mut self.write_f32(OP, out, &[x, gate, weight])?[..rows * dim];
-        self.install(|| {
-            o.par_chunks_mut(dim)
-                .zip(xs.par_chunks(dim))
-                .zip(gs.par_chunks(dim))
-                .for_each(|((o, x), g)| {
-                    for (((o, x), g), w) in o
-                        .chunks_mut(group_size)
-                        .zip(x.chunks(group_size))
-                        .zip(g.chunks(group_size))
-                        .zip(w.chunks(group_size))
-                    {
-                        match order {
-                            GateOrder::BeforeNorm => {
-                                o.iter_mut()
-                                    .zip(x)
-                                    .zip(g)
-                                    .for_each(|((o, x), g)| *o = x * silu(*g));
-                                let r = 1.0
-                                    / (super::kernels::dot_f32(o, o) / group_size as f32 + eps)
-                                        .sqrt();
-                                o.iter_mut().zip(w).for_each(|(o, w)| *o *= r * w);
-                            }
-                            GateOrder::AfterNorm => {
-                                let r = 1.0
-                                    / (super::kernels::dot_f32(x, x) / group_size as f32 + eps)
-                                        .sqrt();
-                                o.iter_mut()
-                                    .zip(x)
-                                    .zip(g)
-                                    .zip(w)
-                                    .for_each(|(((o, x), g), w)| *o = x * r * w * silu(*g));
-                            }
+        self.for_each_chunk(o, dim, |i, o| {
+            let (x, g) = (&xs[i * dim..(i + 1) * dim], &gs[i * dim..(i + 1) * dim]);
+            {
+                for (((o, x), g), w) in o
+                    .chunks_mut(group_size)
+                    .zip(x.chunks(group_size))
+                    .zip(g.chunks(group_size))
+                    .zip(w.chunks(group_size))
+                {
+                    match order {
+                        GateOrder::BeforeNorm => {
+                            o.iter_mut()
+                                .zip(x)
+                                .zip(g)
+                                .for_each(|((o, x), g)| *o = x * silu(*g));
+                            let r = 1.0
+                                / (super::kernels::dot_f32(o, o) / group_size as f32 + eps).sqrt();
+                            o.iter_mut().zip(w).for_each(|(o, w)| *o *= r * w);
+                        }
+                        GateOrder::AfterNorm => {
+                            let r = 1.0
+                                / (super::kernels::dot_f32(x, x) / group_size as f32 + eps).sqrt();
+                            o.iter_mut()
+                                .zip(x)
+                                .zip(g)
+                                .zip(w)
+                                .for_each(|(((o, x), g), w)| *o = x * r * w * silu(*g));
                         }
                     }
-                })
+                }
+            }
         });
         Ok(())
     }

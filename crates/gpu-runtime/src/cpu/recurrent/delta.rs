@@ -12,6 +12,8 @@
 
 use rayon::prelude::*;
 
+use crate::cpu::team::Par;
+
 use super::math::{Buf, SPAN, View, axpy, decay_lower, dot, matmul, sigmoid, simd_fn, softplus};
 use super::{Mode, SeqIo};
 use crate::ops::recurrent::DeltaParams;
@@ -137,7 +139,7 @@ impl Scratch {
 }
 
 /// Runs one sequence, writing its rows of `out` and updating its state.
-pub(super) fn delta_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode) {
+pub(super) fn delta_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, par: Par<'_>) {
     let DeltaParams {
         n_k_heads: nk,
         n_v_heads: nh,
@@ -166,53 +168,66 @@ pub(super) fn delta_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode) {
             &mut kn[..sl * kw],
             &mut ys[..nh * sl * dv],
         );
-        qn.par_chunks_mut(kw)
-            .zip(kn.par_chunks_mut(kw))
-            .enumerate()
-            .for_each(|(t, (qr, kr))| normalise_row(ctx, r0 + t, qr, kr));
+        par.chunks2(qn, kw, kn, kw, |t, qr, kr| {
+            normalise_row(ctx, r0 + t, qr, kr)
+        });
         let (qn, kn) = (&*qn, &*kn);
-        io.state
-            .par_chunks_mut(dk * dv)
-            .zip(ys.par_chunks_mut(sl * dv))
-            .enumerate()
-            .for_each_init(
-                || Scratch::new(cap, dk, dv),
-                |scr, (h, (s, yh))| {
-                    let norm = Normed {
-                        q: qn,
-                        k: kn,
-                        width: kw,
-                        col: h / (nh / nk) * dk,
-                    };
-                    if recurrent {
-                        recurrent_head(ctx, &norm, scr, r0, sl, h, s, yh);
-                    } else {
-                        for t0 in (0..sl).step_by(cap) {
-                            chunk(
-                                ctx,
-                                &norm,
-                                scr,
-                                r0,
-                                t0,
-                                cap.min(sl - t0),
-                                h,
-                                s,
-                                &mut yh[t0 * dv..],
-                            );
-                        }
-                    }
-                },
-            );
-        let ys = &*ys;
-        io.out[s0 * nh * dv..(s0 + sl) * nh * dv]
-            .par_chunks_mut(nh * dv)
-            .enumerate()
-            .for_each(|(t, row)| {
-                for (h, dst) in row.chunks_mut(dv).enumerate() {
-                    dst.copy_from_slice(&ys[(h * sl + t) * dv..(h * sl + t + 1) * dv]);
+        let head = |scr: &mut Scratch, h: usize, s: &mut [f32], yh: &mut [f32]| {
+            let norm = Normed {
+                q: qn,
+                k: kn,
+                width: kw,
+                col: h / (nh / nk) * dk,
+            };
+            if recurrent {
+                recurrent_head(ctx, &norm, scr, r0, sl, h, s, yh);
+            } else {
+                for t0 in (0..sl).step_by(cap) {
+                    let len = cap.min(sl - t0);
+                    chunk(ctx, &norm, scr, r0, t0, len, h, s, &mut yh[t0 * dv..]);
                 }
-            });
+            }
+        };
+        match par {
+            Par::Rayon => io
+                .state
+                .par_chunks_mut(dk * dv)
+                .zip(ys.par_chunks_mut(sl * dv))
+                .enumerate()
+                .for_each_init(
+                    || Scratch::new(cap, dk, dv),
+                    |scr, (h, (s, yh))| head(scr, h, s, yh),
+                ),
+            // Decode steps on the team: each thread keeps its scratch between
+            // calls instead of zeroing a new one per head and token.
+            Par::Team(_) => par.chunks2(io.state, dk * dv, ys, sl * dv, |h, s, yh| {
+                with_scratch(cap, dk, dv, |scr| head(scr, h, s, yh))
+            }),
+        }
+        let ys = &*ys;
+        let out = &mut io.out[s0 * nh * dv..(s0 + sl) * nh * dv];
+        par.chunks(out, nh * dv, |t, row| {
+            for (h, dst) in row.chunks_mut(dv).enumerate() {
+                dst.copy_from_slice(&ys[(h * sl + t) * dv..(h * sl + t + 1) * dv]);
+            }
+        });
     }
+}
+
+/// Runs `f` with this thread's scratch for chunks of `cap` tokens.
+fn with_scratch(cap: usize, dk: usize, dv: usize, f: impl FnOnce(&mut Scratch)) {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Option<(usize, usize, Scratch)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    SCRATCH.with_borrow_mut(|slot| {
+        if !matches!(slot, Some((k, v, scr)) if (*k, *v, scr.cap) == (dk, dv, cap)) {
+            *slot = Some((dk, dv, Scratch::new(cap, dk, dv)));
+        }
+        if let Some((_, _, scr)) = slot {
+            f(scr)
+        }
+    })
 }
 
 simd_fn! {

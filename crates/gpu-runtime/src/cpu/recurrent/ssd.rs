@@ -14,6 +14,7 @@ use rayon::prelude::*;
 
 use super::math::{Buf, SPAN, View, decay_lower, matmul, simd_fn, softplus};
 use super::{Mode, SeqIo};
+use crate::cpu::team::Par;
 use crate::ops::recurrent::SsdParams;
 
 /// Most tokens per chunk of the chunked form (`chunk_size` may lower it):
@@ -53,8 +54,10 @@ impl Ctx<'_> {
     }
 }
 
-/// Scans one sequence, writing its rows of `y` and updating its state.
-pub(super) fn scan_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode) {
+/// Scans one sequence, writing its rows of `y` and updating its state. The
+/// per-token recurrence runs its heads on `par`; the chunked form always on
+/// the installed rayon pool.
+pub(super) fn scan_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, par: Par<'_>) {
     let SsdParams {
         n_heads: nh,
         head_dim: hp,
@@ -73,23 +76,19 @@ pub(super) fn scan_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode) {
         let sl = span.min(len - s0);
         let ys = &mut ys[..nh * sl * hp];
         if recurrent {
-            io.state
-                .par_chunks_mut(hp * n)
-                .zip(ys.par_chunks_mut(sl * hp))
-                .enumerate()
-                .for_each(|(h, (s, yh))| recurrent_head(ctx, row0 + s0, sl, h, s, yh));
+            par.chunks2(io.state, hp * n, ys, sl * hp, |h, s, yh| {
+                recurrent_head(ctx, row0 + s0, sl, h, s, yh)
+            });
         } else {
             chunked(ctx, row0 + s0, sl, io.state, ys);
         }
         let ys = &*ys;
-        io.out[s0 * nh * hp..(s0 + sl) * nh * hp]
-            .par_chunks_mut(nh * hp)
-            .enumerate()
-            .for_each(|(t, row)| {
-                for (h, dst) in row.chunks_mut(hp).enumerate() {
-                    dst.copy_from_slice(&ys[(h * sl + t) * hp..(h * sl + t + 1) * hp]);
-                }
-            });
+        let out = &mut io.out[s0 * nh * hp..(s0 + sl) * nh * hp];
+        par.chunks(out, nh * hp, |t, row| {
+            for (h, dst) in row.chunks_mut(hp).enumerate() {
+                dst.copy_from_slice(&ys[(h * sl + t) * hp..(h * sl + t + 1) * hp]);
+            }
+        });
     }
 }
 
