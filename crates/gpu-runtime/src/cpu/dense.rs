@@ -4,6 +4,7 @@ use rayon::prelude::*;
 
 use super::CpuBackend;
 use super::kernels::{Weights, dot_f32, gemm_xwt};
+use super::recurrent::math::{sigmoid, silu};
 use super::vec;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
@@ -41,14 +42,19 @@ fn need(op: &'static str, s: DeviceSlice, n: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-#[inline]
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
+/// Elements an elementwise op works on per piece when it runs on the team.
+const ELEMENTWISE_PIECE: usize = 1 << 13;
 
-#[inline]
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+impl CpuBackend {
+    /// `f(offset, piece)` over pieces of `out`: on the calling thread when
+    /// `out` is short, on the team otherwise (prefill's activations).
+    fn elementwise(&self, out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+        if out.len() < SERIAL_ELEMENTS {
+            f(0, out)
+        } else {
+            self.for_each_chunk(out, ELEMENTWISE_PIECE, |i, o| f(i * ELEMENTWISE_PIECE, o))
+        }
+    }
 }
 
 thread_local! {
@@ -150,7 +156,7 @@ impl DenseOps for CpuBackend {
             let team = (n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
             super::gemv::gemv(team, xs, ws, o, m, n, k)
         } else if let (true, Weights::BF16(wb)) = (self.bf16_dot, ws)
-            && super::gemm_bf16::gemm(self.pool(), xs, wb, o, m, n, k)
+            && super::gemm_bf16::gemm(self.team(), xs, wb, o, m, n, k)
         {
             // Done with bf16 dot products (opt-in; see gemm_bf16.rs).
         } else {
@@ -381,11 +387,12 @@ impl DenseOps for CpuBackend {
         }
         let (g, u) = (self.read_f32(OP, gate)?, self.read_f32(OP, up)?);
         let o = self.write_f32(OP, out, &[gate, up])?;
-        o[..n]
-            .iter_mut()
-            .zip(&g[..n])
-            .zip(&u[..n])
-            .for_each(|((o, g), u)| *o = silu(*g) * u);
+        self.elementwise(&mut o[..n], |at, o| {
+            o.iter_mut()
+                .zip(&g[at..])
+                .zip(&u[at..])
+                .for_each(|((o, g), u)| *o = silu(*g) * u)
+        });
         Ok(())
     }
 
@@ -395,9 +402,11 @@ impl DenseOps for CpuBackend {
         need(OP, out, n, "out")?;
         let xs = self.read_f32(OP, x)?;
         let o = self.write_f32(OP, out, &[x])?;
-        o[..n].iter_mut().zip(&xs[..n]).for_each(|(o, x)| {
-            let r = x.max(0.0);
-            *o = r * r
+        self.elementwise(&mut o[..n], |at, o| {
+            o.iter_mut().zip(&xs[at..]).for_each(|(o, x)| {
+                let r = x.max(0.0);
+                *o = r * r
+            })
         });
         Ok(())
     }
@@ -415,11 +424,12 @@ impl DenseOps for CpuBackend {
         }
         let (xs, g) = (self.read_f32(OP, x)?, self.read_f32(OP, gate)?);
         let o = self.write_f32(OP, out, &[x, gate])?;
-        o[..n]
-            .iter_mut()
-            .zip(&xs[..n])
-            .zip(&g[..n])
-            .for_each(|((o, x), g)| *o = x * sigmoid(*g));
+        self.elementwise(&mut o[..n], |at, o| {
+            o.iter_mut()
+                .zip(&xs[at..])
+                .zip(&g[at..])
+                .for_each(|((o, x), g)| *o = x * sigmoid(*g))
+        });
         Ok(())
     }
 
@@ -429,23 +439,23 @@ impl DenseOps for CpuBackend {
         need(OP, x, n, "x")?;
         let xs = self.read_f32(OP, x)?;
         let a = self.write_f32(OP, acc, &[x])?;
-        if factor == 1.0 {
-            a[..n].iter_mut().zip(&xs[..n]).for_each(|(a, x)| *a += x);
-        } else {
-            a[..n]
-                .iter_mut()
-                .zip(&xs[..n])
-                .for_each(|(a, x)| *a += factor * x);
-        }
+        self.elementwise(&mut a[..n], |at, a| {
+            if factor == 1.0 {
+                a.iter_mut().zip(&xs[at..]).for_each(|(a, x)| *a += x);
+            } else {
+                a.iter_mut()
+                    .zip(&xs[at..])
+                    .for_each(|(a, x)| *a += factor * x);
+            }
+        });
         Ok(())
     }
 
     fn scale(&self, x: DeviceSlice, factor: f32, n: usize) -> Result<()> {
         const OP: &str = "scale";
         need(OP, x, n, "x")?;
-        self.write_f32(OP, x, &[])?[..n]
-            .iter_mut()
-            .for_each(|v| *v *= factor);
+        let xs = &mut self.write_f32(OP, x, &[])?[..n];
+        self.elementwise(xs, |_, x| x.iter_mut().for_each(|v| *v *= factor));
         Ok(())
     }
 
@@ -468,10 +478,17 @@ impl DenseOps for CpuBackend {
         need(OP, src, rows * src_width, "src")?;
         need(OP, dst, rows * cols, "dst")?;
         let s = self.read_f32(OP, src)?;
-        let d = self.write_f32(OP, dst, &[src])?;
-        for r in 0..rows {
-            d[r * cols..(r + 1) * cols]
-                .copy_from_slice(&s[r * src_width + col_start..r * src_width + col_start + cols]);
+        let d = &mut self.write_f32(OP, dst, &[src])?[..rows * cols];
+        let copy = |r: usize, d: &mut [f32]| {
+            let at = r * src_width + col_start;
+            d.copy_from_slice(&s[at..at + cols])
+        };
+        if d.len() < SERIAL_ELEMENTS {
+            d.chunks_mut(cols.max(1))
+                .enumerate()
+                .for_each(|(r, d)| copy(r, d));
+        } else {
+            self.for_each_chunk(d, cols, copy);
         }
         Ok(())
     }

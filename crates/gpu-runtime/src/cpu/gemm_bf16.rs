@@ -12,12 +12,14 @@
 //! Layout: the weight rows are packed per panel of [`NR`] rows so that one
 //! 64-byte load holds the pair `(2p, 2p+1)` of all 16 rows of a vector; the
 //! activations are converted once to bf16 pairs and broadcast. The panels are
-//! shared out over the pool; each task writes its own columns of `out`.
+//! shared out over the backend's team; each task writes its own columns of `out`.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::bf16;
+
+use super::team::Team;
 
 /// Weight rows per panel (two 16-lane vectors).
 const NR: usize = 32;
@@ -25,7 +27,7 @@ const NR: usize = 32;
 const MR: usize = 8;
 
 thread_local! {
-    /// The packed weight panel, per pool thread.
+    /// The packed weight panel, per team thread.
     static PANEL: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
     /// The activations as bf16 pairs, per calling thread.
     static ACTS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
@@ -63,7 +65,7 @@ impl OutPtr {
 /// `out[i * n + j] = Σ_c bf16(x[i * k + c]) · w[j * k + c]` (f32 sums).
 /// Returns false, doing nothing, when the CPU lacks AVX512-BF16.
 pub(crate) fn gemm(
-    pool: &rayon::ThreadPool,
+    team: &Team,
     x: &[f32],
     w: &[bf16],
     out: &mut [f32],
@@ -87,7 +89,7 @@ pub(crate) fn gemm(
         for (i, dst) in xb.chunks_mut(kp).take(m).enumerate() {
             to_pairs(&x[i * k..(i + 1) * k], dst);
         }
-        run(pool, xb, w, out, m, n, k);
+        run(team, xb, w, out, m, n, k);
     });
     true
 }
@@ -115,22 +117,14 @@ fn to_pairs(src: &[f32], dst: &mut [u32]) {
     }
 }
 
-fn run(
-    pool: &rayon::ThreadPool,
-    xb: &[u32],
-    w: &[bf16],
-    out: &mut [f32],
-    m: usize,
-    n: usize,
-    k: usize,
-) {
+fn run(team: &Team, xb: &[u32], w: &[bf16], out: &mut [f32], m: usize, n: usize, k: usize) {
     let kp = k.div_ceil(2);
     let panels = n.div_ceil(NR);
     let next = AtomicUsize::new(0);
     let ptr = OutPtr(out.as_mut_ptr());
     let work = || {
         PANEL.with_borrow_mut(|panel| {
-            panel.clear();
+            // `pack` overwrites the whole panel: no need to clear it.
             panel.resize(kp * NR, 0);
             loop {
                 let t = next.fetch_add(1, Ordering::Relaxed);
@@ -154,13 +148,8 @@ fn run(
             }
         })
     };
-    let threads = pool.current_num_threads();
-    pool.in_place_scope(|s| {
-        for _ in 1..threads.min(panels) {
-            s.spawn(|_| work());
-        }
-        work();
-    });
+    // One task per thread, each taking panels from the counter.
+    team.run(team.threads().min(panels), &|_| work());
 }
 
 /// Packs rows `j0..j0 + cols` of `w` as `panel[p * NR + r] = pair p of row r`
@@ -299,10 +288,7 @@ mod tests {
         if !available() {
             return;
         }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
+        let team = Team::new(2);
         for &(m, n, k) in &[(1, 1, 1), (9, 33, 7), (17, 70, 130), (40, 64, 768)] {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 37.0)
@@ -311,7 +297,7 @@ mod tests {
                 .map(|i| bf16::from_f32(((i * 53 % 97) as f32 - 48.0) / 48.0))
                 .collect();
             let mut out = vec![f32::NAN; m * n];
-            assert!(gemm(&pool, &x, &w, &mut out, m, n, k));
+            assert!(gemm(&team, &x, &w, &mut out, m, n, k));
             for i in 0..m {
                 for j in 0..n {
                     let want: f64 = (0..k)

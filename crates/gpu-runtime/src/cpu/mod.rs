@@ -87,11 +87,6 @@ impl CpuBackend {
         self.pool.current_num_threads()
     }
 
-    /// The worker pool.
-    pub(crate) fn pool(&self) -> &rayon::ThreadPool {
-        &self.pool
-    }
-
     /// Runs `f` on this backend's rayon pool (the team's spinning workers
     /// park first, so as not to compete with it for the cores).
     pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {

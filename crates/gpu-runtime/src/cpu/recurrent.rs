@@ -8,7 +8,7 @@
 //! force the recurrence for every length (for tests and benchmarks).
 
 mod delta;
-mod math;
+pub(super) mod math;
 mod ssd;
 #[cfg(test)]
 mod tests;

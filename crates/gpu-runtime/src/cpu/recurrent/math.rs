@@ -93,14 +93,16 @@ pub(super) fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { x.exp().ln_1p() }
 }
 
+/// `1 / (1 + exp(-x))`, with the vectorisable `exp_fast`.
 #[inline]
-pub(super) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+pub(crate) fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp_fast(-x))
 }
 
+/// `x · sigmoid(x)`, with the vectorisable `exp_fast`.
 #[inline]
-pub(super) fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + exp_fast(-x))
 }
 
 /// `exp(x)` to about 1 ulp (Cephes `expf` polynomial), branch-free so that
