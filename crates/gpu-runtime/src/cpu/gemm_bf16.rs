@@ -186,25 +186,78 @@ mod x86 {
     use super::{MR, NR};
 
     /// Packs NR full rows of `kp` pairs each (`rows`, row-major bf16) into
-    /// `panel[p * NR + r]`: two 16-row gathers per pair index.
+    /// `panel[p * NR + r]`: 16×16 blocks of pairs transposed in registers
+    /// (four butterfly stages of two-source permutes), the last `kp % 16`
+    /// pair indices by gathers.
     ///
     /// # Safety
     /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn pack_full(rows: &[half::bf16], kp: usize, panel: &mut [u32]) {
         assert!(rows.len() == NR * kp * 2 && panel.len() >= kp * NR);
-        let stride = kp as i32;
+        let base = rows.as_ptr().cast::<u32>();
+        // Stage `b` swaps bit `b` of the row index with bit `b` of the lane:
+        // lane j of the low row takes the high row's lane j - b where j has
+        // bit b set; lane j of the high row takes the low row's lane j + b
+        // where j has it clear.
+        let stages: [(usize, __m512i, __m512i); 4] = [8, 4, 2, 1].map(|b| {
+            let mut lo = [0i32; 16];
+            let mut hi = [0i32; 16];
+            for j in 0..16 {
+                (lo[j], hi[j]) = if j & b == 0 {
+                    (j as i32, (j + b) as i32)
+                } else {
+                    ((16 + j - b) as i32, (16 + j) as i32)
+                };
+            }
+            // SAFETY: 16 i32 are 64 bytes; unaligned loads.
+            unsafe {
+                (
+                    b,
+                    _mm512_loadu_si512(lo.as_ptr().cast()),
+                    _mm512_loadu_si512(hi.as_ptr().cast()),
+                )
+            }
+        });
+        let blocks = kp / 16;
+        for half in 0..NR / 16 {
+            for blk in 0..blocks {
+                let p0 = blk * 16;
+                // SAFETY: rows `half * 16 + r < NR` hold `kp` pairs from
+                // `base + row * kp`; pairs `p0..p0 + 16 <= kp`; the stores
+                // write `panel[(p0 + i) * NR + half * 16..][..16]`, inside
+                // `kp * NR`. Unaligned loads and stores.
+                unsafe {
+                    let mut v = [_mm512_setzero_si512(); 16];
+                    for (r, v) in v.iter_mut().enumerate() {
+                        let row = base.add((half * 16 + r) * kp + p0);
+                        *v = _mm512_loadu_si512(row.cast());
+                    }
+                    for &(b, lo, hi) in &stages {
+                        for i in (0..16).filter(|i| i & b == 0) {
+                            let (a, c) = (v[i], v[i + b]);
+                            v[i] = _mm512_permutex2var_epi32(a, lo, c);
+                            v[i + b] = _mm512_permutex2var_epi32(a, hi, c);
+                        }
+                    }
+                    for (i, v) in v.iter().enumerate() {
+                        let dst = panel.as_mut_ptr().add((p0 + i) * NR + half * 16);
+                        _mm512_storeu_si512(dst.cast(), *v);
+                    }
+                }
+            }
+        }
         let idx = _mm512_mullo_epi32(
             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(stride),
+            _mm512_set1_epi32(kp as i32),
         );
-        let base = rows.as_ptr().cast::<u8>();
-        for p in 0..kp {
+        let bytes = rows.as_ptr().cast::<u8>();
+        for p in blocks * 16..kp {
             // SAFETY: pair `p` of row `r` is the 4 bytes at `(r * kp + p) * 4`,
             // inside `rows` for `r < NR`, `p < kp`; gathers and stores unaligned.
             unsafe {
-                let lo = _mm512_i32gather_epi32::<4>(idx, base.add(p * 4).cast());
-                let hi = _mm512_i32gather_epi32::<4>(idx, base.add((16 * kp + p) * 4).cast());
+                let lo = _mm512_i32gather_epi32::<4>(idx, bytes.add(p * 4).cast());
+                let hi = _mm512_i32gather_epi32::<4>(idx, bytes.add((16 * kp + p) * 4).cast());
                 _mm512_storeu_si512(panel.as_mut_ptr().add(p * NR).cast(), lo);
                 _mm512_storeu_si512(panel.as_mut_ptr().add(p * NR + 16).cast(), hi);
             }
@@ -289,7 +342,13 @@ mod tests {
             return;
         }
         let team = Team::new(2);
-        for &(m, n, k) in &[(1, 1, 1), (9, 33, 7), (17, 70, 130), (40, 64, 768)] {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (9, 33, 7),
+            (17, 70, 130),
+            (9, 64, 100),
+            (40, 64, 768),
+        ] {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 37.0)
                 .collect();

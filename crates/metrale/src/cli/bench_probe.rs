@@ -10,14 +10,16 @@ use metrale::engine::config::{ExpertNames, FfnNames, MlpNames, ModelConfig};
 const PROBE_BYTES: usize = 512 << 20;
 
 /// Sustained read bandwidth in bytes/s with `threads` threads, each summing
-/// its share of a buffer much larger than the caches; the best of a few passes.
+/// its share of a buffer much larger than the caches; the median of a few
+/// passes (the best one was an outlier now and then on a shared machine:
+/// 53 GB/s in one run where every other read 32–35).
 pub fn read_bandwidth(threads: usize) -> f64 {
     let threads = threads.max(1);
     let words = PROBE_BYTES / 8;
     // Touch every page first so the timed passes read memory, not page faults.
     let buf: Vec<u64> = (0..words as u64).collect();
     let share = words.div_ceil(threads);
-    let mut best = 0f64;
+    let mut rates = Vec::with_capacity(5);
     for _ in 0..5 {
         let start = Instant::now();
         let total: u64 = std::thread::scope(|s| {
@@ -32,9 +34,10 @@ pub fn read_bandwidth(threads: usize) -> f64 {
         });
         let secs = start.elapsed().as_secs_f64();
         std::hint::black_box(total);
-        best = best.max(PROBE_BYTES as f64 / secs);
+        rates.push(PROBE_BYTES as f64 / secs);
     }
-    best
+    rates.sort_by(f64::total_cmp);
+    rates[rates.len() / 2]
 }
 
 /// Sums words with independent accumulators so that the loop is load-bound
