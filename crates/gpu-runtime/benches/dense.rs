@@ -48,7 +48,9 @@ const SHAPES: [(&str, usize, usize); 6] = [
     ("granite_lm_head", 100352, 768),
 ];
 
-fn matmuls(c: &mut Criterion, cpu: &CpuBackend) {
+/// GEMV and GEMM at the model shapes; with bf16 weights also through
+/// `dot` (a backend with bf16 dot products: `_bf16dot`).
+fn matmuls(c: &mut Criterion, cpu: &CpuBackend, dot: &CpuBackend) {
     let gpu: &dyn GpuBackend = cpu;
     for (m, label) in [(1usize, "gemv"), (512, "gemm512")] {
         let mut g = c.benchmark_group(label);
@@ -74,6 +76,23 @@ fn matmuls(c: &mut Criterion, cpu: &CpuBackend) {
                     })
                 });
                 gpu.free(w.ptr()).expect("free");
+                if m > 1 && dtype == DType::BF16 && dot.bf16_dot_products() {
+                    let dg: &dyn GpuBackend = dot;
+                    let (x, w, out) = (
+                        upload(dg, &values(m * k, 1), DType::F32),
+                        upload(dg, &values(n * k, 2), dtype),
+                        upload(dg, &vec![0.0; m * n], DType::F32),
+                    );
+                    g.bench_function(format!("{name}_{n}x{k}_bf16dot"), |b| {
+                        b.iter(|| {
+                            dg.matmul(x, w, None, out, MatmulDims { m, n, k })
+                                .expect("matmul")
+                        })
+                    });
+                    for s in [x, w, out] {
+                        dg.free(s.ptr()).expect("free");
+                    }
+                }
             }
             gpu.free(x.ptr()).expect("free");
             gpu.free(out.ptr()).expect("free");
@@ -152,7 +171,8 @@ fn dense(c: &mut Criterion) {
         .and_then(|t| t.parse().ok())
         .unwrap_or(2);
     let cpu = CpuBackend::with_threads(threads);
-    matmuls(c, &cpu);
+    let dot = CpuBackend::with_threads(threads).with_bf16_dot_products(true);
+    matmuls(c, &cpu, &dot);
     attention_decode(c, &cpu);
     conv1d(c, &cpu);
 }
