@@ -3,8 +3,8 @@
 use rayon::prelude::*;
 
 use super::CpuBackend;
+use super::elementwise as ew;
 use super::kernels::{Weights, dot_f32, gemm_xwt};
-use super::recurrent::math::{sigmoid, silu};
 use super::vec;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
@@ -387,12 +387,7 @@ impl DenseOps for CpuBackend {
         }
         let (g, u) = (self.read_f32(OP, gate)?, self.read_f32(OP, up)?);
         let o = self.write_f32(OP, out, &[gate, up])?;
-        self.elementwise(&mut o[..n], |at, o| {
-            o.iter_mut()
-                .zip(&g[at..])
-                .zip(&u[at..])
-                .for_each(|((o, g), u)| *o = silu(*g) * u)
-        });
+        self.elementwise(&mut o[..n], |at, o| ew::silu_mul(o, &g[at..], &u[at..]));
         Ok(())
     }
 
@@ -402,12 +397,7 @@ impl DenseOps for CpuBackend {
         need(OP, out, n, "out")?;
         let xs = self.read_f32(OP, x)?;
         let o = self.write_f32(OP, out, &[x])?;
-        self.elementwise(&mut o[..n], |at, o| {
-            o.iter_mut().zip(&xs[at..]).for_each(|(o, x)| {
-                let r = x.max(0.0);
-                *o = r * r
-            })
-        });
+        self.elementwise(&mut o[..n], |at, o| ew::relu2(o, &xs[at..]));
         Ok(())
     }
 
@@ -424,12 +414,7 @@ impl DenseOps for CpuBackend {
         }
         let (xs, g) = (self.read_f32(OP, x)?, self.read_f32(OP, gate)?);
         let o = self.write_f32(OP, out, &[x, gate])?;
-        self.elementwise(&mut o[..n], |at, o| {
-            o.iter_mut()
-                .zip(&xs[at..])
-                .zip(&g[at..])
-                .for_each(|((o, x), g)| *o = x * sigmoid(*g))
-        });
+        self.elementwise(&mut o[..n], |at, o| ew::sigmoid_mul(o, &xs[at..], &g[at..]));
         Ok(())
     }
 
@@ -439,15 +424,7 @@ impl DenseOps for CpuBackend {
         need(OP, x, n, "x")?;
         let xs = self.read_f32(OP, x)?;
         let a = self.write_f32(OP, acc, &[x])?;
-        self.elementwise(&mut a[..n], |at, a| {
-            if factor == 1.0 {
-                a.iter_mut().zip(&xs[at..]).for_each(|(a, x)| *a += x);
-            } else {
-                a.iter_mut()
-                    .zip(&xs[at..])
-                    .for_each(|(a, x)| *a += factor * x);
-            }
-        });
+        self.elementwise(&mut a[..n], |at, a| ew::add_scaled(a, &xs[at..], factor));
         Ok(())
     }
 

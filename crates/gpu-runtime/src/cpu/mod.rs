@@ -6,6 +6,7 @@
 //! addresses; they check that the range lies inside a live allocation first.
 
 mod dense;
+mod elementwise;
 mod gemm_bf16;
 mod gemv;
 mod kernels;

@@ -40,6 +40,38 @@ fn need(op: &'static str, s: DeviceSlice, n: usize, what: &str) -> Result<()> {
 }
 
 /// One past the last row any sequence uses.
+/// One token of a causal conv1d (`x`: `[1, channels]` or empty), taps `w` as
+/// stored (`[channels, km1 + 1]`), state `[channels, km1]` rolled by one.
+fn conv_step(io: SeqIo<'_>, x: &[f32], w: &[f32], bias: &[f32], km1: usize, silu_out: bool) {
+    let taps = km1 + 1;
+    for (ch, &xc) in x.iter().enumerate() {
+        let (w, st) = (
+            &w[ch * taps..(ch + 1) * taps],
+            &mut io.state[ch * km1..(ch + 1) * km1],
+        );
+        // The same order of additions as the prefill path: bias, the taps
+        // on the state, then the new input.
+        let mut acc = bias[ch];
+        for (w, s) in w.iter().zip(st.iter()) {
+            acc += w * s;
+        }
+        acc += w[km1] * xc;
+        io.out[ch] = acc;
+        // Rolled by hand: `copy_within` calls memmove for three floats.
+        for i in 1..km1 {
+            st[i - 1] = st[i];
+        }
+        if let Some(last) = st.last_mut() {
+            *last = xc;
+        }
+    }
+    if silu_out {
+        // Vectorised over the channels (a scalar SiLU per channel cost most
+        // of the step).
+        super::elementwise::silu_in_place(&mut io.out[..x.len()]);
+    }
+}
+
 /// Every sequence advances by at most one token: a decode step, whose short
 /// per-head loops run on the spinning team rather than the rayon pool.
 fn decode_only(seqs: &[RecurrentSeq]) -> bool {
@@ -414,13 +446,6 @@ impl RecurrentOps for CpuBackend {
         let rows = rows_of(seqs);
         need(OP, x, rows * channels, "x")?;
         let w = self.param_vec(OP, weight, channels * kernel, "weight")?;
-        // Transposed to [kernel, channels] so each tap is a contiguous row.
-        let mut wt = vec![0f32; kernel * channels];
-        for (ch, taps) in w.chunks(kernel).enumerate() {
-            for (j, &t) in taps.iter().enumerate() {
-                wt[j * channels + ch] = t;
-            }
-        }
         let mut inputs = vec![x, weight];
         let bias = match bias {
             Some(bs) => {
@@ -432,6 +457,22 @@ impl RecurrentOps for CpuBackend {
         let xs = &self.read_f32(OP, x)?[..rows * channels];
         let km1 = kernel - 1;
         let ios = self.seq_ios(OP, seqs, out, channels, channels * km1, &inputs)?;
+        if decode_only(seqs) {
+            // One token per sequence: a few thousand multiply-adds, done here
+            // in one pass over the channels, with the taps as stored.
+            for io in ios {
+                let x = &xs[io.row_start * channels..(io.row_start + io.len) * channels];
+                conv_step(io, x, &w, &bias, km1, silu_out);
+            }
+            return Ok(());
+        }
+        // Transposed to [kernel, channels] so each tap is a contiguous row.
+        let mut wt = vec![0f32; kernel * channels];
+        for (ch, taps) in w.chunks(kernel).enumerate() {
+            for (j, &t) in taps.iter().enumerate() {
+                wt[j * channels + ch] = t;
+            }
+        }
         let (wt, bias) = (&wt, &bias);
         let conv_seq = |io: SeqIo<'_>, par: Par<'_>| {
             let xseq = &xs[io.row_start * channels..(io.row_start + io.len) * channels];
@@ -442,10 +483,7 @@ impl RecurrentOps for CpuBackend {
                     // Input t + j - km1 of the sequence; negative: from the state.
                     if t + j >= km1 {
                         let i = t + j - km1;
-                        o.iter_mut()
-                            .zip(wj)
-                            .zip(&xseq[i * channels..(i + 1) * channels])
-                            .for_each(|((o, w), x)| *o += w * x);
+                        super::elementwise::mul_add(o, wj, &xseq[i * channels..(i + 1) * channels]);
                     } else {
                         let col = t + j;
                         for (ch, (o, w)) in o.iter_mut().zip(wj).enumerate() {
@@ -454,7 +492,7 @@ impl RecurrentOps for CpuBackend {
                     }
                 }
                 if silu_out {
-                    o.iter_mut().for_each(|v| *v = silu(*v));
+                    super::elementwise::silu_in_place(o);
                 }
             });
             // The new state: the last km1 inputs, from the state where the sequence is shorter.
@@ -462,7 +500,8 @@ impl RecurrentOps for CpuBackend {
             if km1 == 0 || len == 0 {
                 return;
             }
-            par.chunks(io.state, km1, |ch, st| {
+            // A few values per channel: not worth spreading over threads.
+            for (ch, st) in io.state.chunks_mut(km1).enumerate() {
                 if len < km1 {
                     st.copy_within(len.., 0);
                 }
@@ -470,14 +509,9 @@ impl RecurrentOps for CpuBackend {
                 for (i, s) in st.iter_mut().enumerate().skip(from) {
                     *s = xseq[(len + i - km1) * channels + ch];
                 }
-            });
+            }
         };
-        if decode_only(seqs) {
-            ios.into_iter()
-                .for_each(|io| conv_seq(io, Par::Team(self.team())));
-        } else {
-            self.install(|| ios.into_par_iter().for_each(|io| conv_seq(io, Par::Rayon)));
-        }
+        self.install(|| ios.into_par_iter().for_each(|io| conv_seq(io, Par::Rayon)));
         Ok(())
     }
 

@@ -224,13 +224,17 @@ fn wait_for_epoch(s: &Shared, seen: u64) {
     while s.epoch.load(Ordering::Acquire) == seen {
         std::hint::spin_loop();
         spins = spins.wrapping_add(1);
-        if spins % 128 == 0
-            && (s.quiet.load(Ordering::Relaxed)
+        if spins % 128 == 0 {
+            if s.quiet.load(Ordering::Relaxed)
                 || s.shutdown.load(Ordering::Relaxed)
-                || start.elapsed() > SPIN_FOR)
-        {
-            park(s, seen);
-            return;
+                || start.elapsed() > SPIN_FOR
+            {
+                park(s, seen);
+                return;
+            }
+            // Let another runnable thread have this core, should there be
+            // more threads than cores (several backends, other programs).
+            std::thread::yield_now();
         }
     }
 }

@@ -30,7 +30,7 @@ macro_rules! simd_fn {
         }
     };
 }
-pub(super) use simd_fn;
+pub(crate) use simd_fn;
 
 /// Side of the sub-blocks through which [`decay_lower`] factorises.
 const SUB: usize = 16;
