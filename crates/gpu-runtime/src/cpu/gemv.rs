@@ -77,10 +77,12 @@ pub(crate) fn gemv(
         return;
     }
     let isa = Isa::detect();
-    // Even shares, a few per thread so that a slow core does not hold the rest up;
-    // each share a multiple of ROWS rows.
-    let tasks = if n * k < 1 << 15 { 1 } else { threads * 4 };
-    let share = n.div_ceil(tasks).div_ceil(ROWS) * ROWS;
+    // Even shares, eight per thread, so that the thread that finishes first
+    // waits for at most a small share of the other's work at the end; at
+    // least 16 Ki weights each (the counter costs more than a smaller share
+    // saves); a multiple of ROWS rows.
+    let min_rows = (1usize << 14).div_ceil(k.max(1));
+    let share = n.div_ceil(threads * 8).max(min_rows).div_ceil(ROWS) * ROWS;
     let ptr = OutPtr(out.as_mut_ptr());
     let run = |t: usize| {
         let (j0, j1) = (t * share, ((t + 1) * share).min(n));

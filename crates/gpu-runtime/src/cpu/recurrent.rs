@@ -328,15 +328,11 @@ impl CpuBackend {
             n_heads * head_dim * d_state,
             &[x, dt_raw, b, c, a_log, d, dt_bias],
         )?;
-        if decode_only(seqs) {
-            ios.into_iter()
-                .for_each(|io| ssd::scan_seq(&ctx, io, mode, Par::Team(self.team())));
-        } else {
-            self.install(|| {
-                ios.into_par_iter()
-                    .for_each(|io| ssd::scan_seq(&ctx, io, mode, Par::Rayon))
-            });
-        }
+        // On the team, prefill too: a chunk's heads are a short parallel
+        // region each (hundreds per prompt), and rayon's sleeping workers
+        // woke too late to take their share of most of them.
+        ios.into_iter()
+            .for_each(|io| ssd::scan_seq(&ctx, io, mode, Par::Team(self.team())));
         Ok(())
     }
 
@@ -411,15 +407,9 @@ impl CpuBackend {
             n_v_heads * k_head_dim * v_head_dim,
             &[q, k, v, a, b, a_log, dt_bias],
         )?;
-        if decode_only(seqs) {
-            ios.into_iter()
-                .for_each(|io| delta::delta_seq(&ctx, io, mode, Par::Team(self.team())));
-        } else {
-            self.install(|| {
-                ios.into_par_iter()
-                    .for_each(|io| delta::delta_seq(&ctx, io, mode, Par::Rayon))
-            });
-        }
+        // On the team, prefill too (see `ssd_impl`).
+        ios.into_iter()
+            .for_each(|io| delta::delta_seq(&ctx, io, mode, Par::Team(self.team())));
         Ok(())
     }
 }

@@ -54,9 +54,8 @@ impl Ctx<'_> {
     }
 }
 
-/// Scans one sequence, writing its rows of `y` and updating its state. The
-/// per-token recurrence runs its heads on `par`; the chunked form always on
-/// the installed rayon pool.
+/// Scans one sequence, writing its rows of `y` and updating its state, its
+/// heads spread over `par`.
 pub(super) fn scan_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, par: Par<'_>) {
     let SsdParams {
         n_heads: nh,
@@ -80,7 +79,7 @@ pub(super) fn scan_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, par: Par<'_>) {
                 recurrent_head(ctx, row0 + s0, sl, h, s, yh)
             });
         } else {
-            chunked(ctx, row0 + s0, sl, io.state, ys);
+            chunked(ctx, row0 + s0, sl, io.state, ys, par);
         }
         let ys = &*ys;
         let out = &mut io.out[s0 * nh * hp..(s0 + sl) * nh * hp];
@@ -128,6 +127,22 @@ simd_fn! {
     }
 }
 
+/// Runs `f` with this thread's scratch for chunks of `cap` tokens.
+fn with_scratch(cap: usize, n: usize, f: impl FnOnce(&mut Scratch)) {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Option<(usize, usize, Scratch)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    SCRATCH.with_borrow_mut(|slot| {
+        if !matches!(slot, Some((c, d, _)) if (*c, *d) == (cap, n)) {
+            *slot = Some((cap, n, Scratch::new(cap, n)));
+        }
+        if let Some((_, _, scr)) = slot {
+            f(scr)
+        }
+    })
+}
+
 /// Per-task buffers of the chunked form, sized for chunks of `cap` tokens.
 struct Scratch {
     cum: Vec<f64>,
@@ -149,7 +164,14 @@ impl Scratch {
     }
 }
 
-fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [f32]) {
+fn chunked(
+    ctx: &Ctx<'_>,
+    row0: usize,
+    len: usize,
+    state: &mut [f32],
+    ys: &mut [f32],
+    par: Par<'_>,
+) {
     let SsdParams {
         n_heads: nh,
         head_dim: hp,
@@ -161,7 +183,7 @@ fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [
     let bc = ctx.bc_width();
     let cap = chunk_size.min(MAX_CHUNK).min(len);
     let mut dts = Buf::zeroed(nh * len);
-    dts.par_chunks_mut(len).enumerate().for_each(|(h, d)| {
+    par.chunks(&mut dts, len, |h, d| {
         d.iter_mut()
             .enumerate()
             .for_each(|(t, v)| *v = ctx.dt(row0 + t, h))
@@ -171,37 +193,33 @@ fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [
         let q = cap.min(len - c0);
         let r0 = row0 + c0;
         // G = C·Bᵀ per group (heads of a group share it).
-        gram.par_chunks_mut(cap * cap)
-            .enumerate()
-            .for_each(|(g, gm)| {
-                let cv = View::rows(&ctx.c[r0 * bc + g * n..], bc);
-                let bt = View::t(&ctx.b[r0 * bc + g * n..], bc);
-                matmul(q, q, n, gm, cap, None, cv, bt, 1.0, 1);
-            });
+        par.chunks(&mut gram, cap * cap, |g, gm| {
+            let cv = View::rows(&ctx.c[r0 * bc + g * n..], bc);
+            let bt = View::t(&ctx.b[r0 * bc + g * n..], bc);
+            matmul(q, q, n, gm, cap, None, cv, bt, 1.0, 1);
+        });
         let (gram, dts) = (&*gram, &*dts);
-        state
-            .par_chunks_mut(hp * n)
-            .zip(ys.par_chunks_mut(len * hp))
-            .enumerate()
-            .for_each_init(
-                || Scratch::new(cap, n),
-                |scr, (h, (s, yh))| {
-                    let g = ctx.group(h);
-                    let gm = &gram[g * cap * cap..(g + 1) * cap * cap];
-                    let dt = &dts[h * len + c0..h * len + c0 + q];
-                    head_chunk(
-                        ctx,
-                        scr,
-                        gm,
-                        cap,
-                        h,
-                        r0,
-                        dt,
-                        s,
-                        &mut yh[c0 * hp..(c0 + q) * hp],
-                    );
-                },
-            );
+        let head = |scr: &mut Scratch, h: usize, s: &mut [f32], yh: &mut [f32]| {
+            let g = ctx.group(h);
+            let gm = &gram[g * cap * cap..(g + 1) * cap * cap];
+            let dt = &dts[h * len + c0..h * len + c0 + q];
+            let yh = &mut yh[c0 * hp..(c0 + q) * hp];
+            head_chunk(ctx, scr, gm, cap, h, r0, dt, s, yh);
+        };
+        match par {
+            Par::Rayon => state
+                .par_chunks_mut(hp * n)
+                .zip(ys.par_chunks_mut(len * hp))
+                .enumerate()
+                .for_each_init(
+                    || Scratch::new(cap, n),
+                    |scr, (h, (s, yh))| head(scr, h, s, yh),
+                ),
+            // Each team thread keeps its scratch between chunks and calls.
+            Par::Team(_) => par.chunks2(state, hp * n, ys, len * hp, |h, s, yh| {
+                with_scratch(cap, n, |scr| head(scr, h, s, yh))
+            }),
+        }
     }
 }
 
