@@ -5,7 +5,11 @@
 # llama-cpp-python from source, which takes many minutes on 2 cores.
 #
 #   benches/compare/compare.sh [--threads T] [--prompt-len N] [--gen-len M]
-#                              [--dtype bf16|f32] [--shapes "a b c"]
+#                              [--dtype bf16|f32] [--shapes "a b c"] [--repeat R]
+#
+# With --repeat R each shape runs R rounds (metrale, metrale with bf16 dot
+# products, llama.cpp, in turn) and the report gives medians: on a shared
+# machine single figures move by 10-40% between runs.
 #
 # Everything it downloads or builds stays in benches/compare/.venv and
 # benches/compare/work (both ignored by git).
@@ -13,7 +17,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-THREADS=2 PROMPT=512 GEN=32 DTYPE=bf16
+THREADS=2 PROMPT=512 GEN=32 DTYPE=bf16 REPEAT=1
 SHAPES="granite-4.0-h-350m mamba2-370m nemotron-h-400m qwen3-next-400m llama-370m"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -22,6 +26,7 @@ while [ $# -gt 0 ]; do
     --gen-len) GEN="$2"; shift 2 ;;
     --dtype) DTYPE="$2"; shift 2 ;;
     --shapes) SHAPES="$2"; shift 2 ;;
+    --repeat) REPEAT="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -63,7 +68,8 @@ for shape in $SHAPES; do
   [ -f "$dir/model.safetensors" ] || "$METRALE" export-random --config "$cfg" --out "$dir" --dtype "$DTYPE"
   [ -f "$gguf" ] || "$PY" "$HERE/convert.py" "$LLAMA_SRC" "$dir" "$gguf" "$DTYPE" > "$WORK/convert-$shape.log" 2>&1 ||
     { echo "converting $shape failed; see $WORK/convert-$shape.log" >&2; continue; }
-  echo "== $shape" >&2
+  for round in $(seq 1 "$REPEAT"); do
+  echo "== $shape (round $round of $REPEAT)" >&2
   m="$("$METRALE" bench --model "$dir" --dtype "$DTYPE" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len "$GEN" --json)" ||
     { echo "metrale failed on $shape" >&2; continue; }
   # The same with bf16 dot products in prefill (llama.cpp's arithmetic for
@@ -71,7 +77,8 @@ for shape in $SHAPES; do
   mb="$("$METRALE" bench --model "$dir" --dtype "$DTYPE" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len 1 --no-probe --bf16-dot --json)" || mb=null
   l="$("$PY" "$HERE/llama_bench.py" "$gguf" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len "$GEN" 2> "$WORK/llama-$shape.log")" ||
     { echo "llama.cpp failed on $shape; see $WORK/llama-$shape.log" >&2; continue; }
-  printf '{"shape": "%s", "metrale": %s, "metrale_bf16_dot": %s, "llama": %s}\n' "$shape" "$m" "$mb" "$l" >> "$OUT"
+  printf '{"shape": "%s", "round": %s, "metrale": %s, "metrale_bf16_dot": %s, "llama": %s}\n' "$shape" "$round" "$m" "$mb" "$l" >> "$OUT"
+  done
 done
 echo "load after the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 "$PY" "$HERE/report.py" "$OUT"

@@ -1,27 +1,65 @@
 #!/usr/bin/env python3
 """Print the side-by-side table of a compare run (work/results.jsonl) and the
-same table as Markdown (for docs/PERFORMANCE.md)."""
+same table as Markdown (for docs/PERFORMANCE.md).
+
+With several rounds per shape every figure is the median over the rounds, and
+every ratio the median of the rounds' ratios (each round runs both engines one
+after the other, so its ratio is the fairer comparison on a noisy machine),
+with their range in brackets."""
 
 import json
+import statistics
 import sys
+from collections import OrderedDict
+
+
+def ratio(a, b):
+    return a / b if b else float("nan")
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def ratio_cell(pairs):
+    rs = [ratio(a, b) for a, b in pairs]
+    if not rs:
+        return "-"
+    if len(rs) == 1:
+        return f"{rs[0]:.2f}x"
+    return f"{med(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f})"
+
+
+def summarise(shape, runs):
+    m = [r["metrale"] for r in runs]
+    l = [r["llama"] for r in runs]
+    mb = [r.get("metrale_bf16_dot") for r in runs]
+    pre = [(a["prefill_tok_s"], b["prefill_tok_s"]) for a, b in zip(m, l)]
+    pre_dot = [(a["prefill_tok_s"], b["prefill_tok_s"]) for a, b in zip(mb, l) if a]
+    dec = [(a["decode_tok_s"], b["decode_tok_s"]) for a, b in zip(m, l)]
+    roof = [a["roofline_decode_tok_s"] for a in m if a.get("roofline_decode_tok_s")]
+    frac = [a["decode_tok_s"] / a["roofline_decode_tok_s"] for a in m if a.get("roofline_decode_tok_s")]
+    lfrac = [b["decode_tok_s"] / a["roofline_decode_tok_s"] for a, b in zip(m, l) if a.get("roofline_decode_tok_s")]
+    return (
+        shape,
+        str(len(runs)),
+        f"{med([a for a, _ in pre]):.1f}", f"{med([b for _, b in pre]):.1f}", ratio_cell(pre),
+        f"{med([a for a, _ in pre_dot]):.1f}" if pre_dot else "-", ratio_cell(pre_dot),
+        f"{med([a for a, _ in dec]):.2f}", f"{med([b for _, b in dec]):.2f}", ratio_cell(dec),
+        f"{med(roof):.2f}" if roof else "-",
+        f"{100 * med(frac):.0f}%" if frac else "-",
+        f"{100 * med(lfrac):.0f}%" if lfrac else "-",
+    )
 
 
 def main() -> None:
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-    head = ("shape", "metrale prefill", "llama.cpp prefill", "ratio", "metrale prefill bf16-dot", "ratio",
-            "metrale decode", "llama.cpp decode", "ratio", "roofline", "decode/roofline")
-    table = []
+    by_shape = OrderedDict()
     for r in rows:
-        m, l, mb = r["metrale"], r["llama"], r.get("metrale_bf16_dot")
-        ratio = lambda a, b: a / b if b else float("nan")
-        table.append((
-            r["shape"],
-            f"{m['prefill_tok_s']:.1f}", f"{l['prefill_tok_s']:.1f}", f"{ratio(m['prefill_tok_s'], l['prefill_tok_s']):.2f}x",
-            f"{mb['prefill_tok_s']:.1f}" if mb else "-", f"{ratio(mb['prefill_tok_s'], l['prefill_tok_s']):.2f}x" if mb else "-",
-            f"{m['decode_tok_s']:.2f}", f"{l['decode_tok_s']:.2f}", f"{ratio(m['decode_tok_s'], l['decode_tok_s']):.2f}x",
-            f"{m['roofline_decode_tok_s']:.2f}" if m.get("roofline_decode_tok_s") else "-",
-            f"{100 * m['roofline_fraction']:.0f}%" if m.get("roofline_fraction") else "-",
-        ))
+        by_shape.setdefault(r["shape"], []).append(r)
+    head = ("shape", "rounds", "metrale prefill", "llama.cpp prefill", "ratio", "metrale prefill bf16-dot", "ratio",
+            "metrale decode", "llama.cpp decode", "ratio", "roofline", "metrale/roofline", "llama.cpp/roofline")
+    table = [summarise(shape, runs) for shape, runs in by_shape.items()]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
     for line in [head] + table:
         print("  ".join(str(x).rjust(w) for x, w in zip(line, widths)))
@@ -31,9 +69,17 @@ def main() -> None:
     for line in table:
         print("| " + " | ".join(line) + " |")
     if rows:
+        bw = [r["metrale"].get("bandwidth_bytes_s", 0) / 1e9 for r in rows]
         m = rows[0]["metrale"]
-        print(f"\nbandwidth probe: {m.get('bandwidth_bytes_s', 0) / 1e9:.1f} GB/s with {m['threads']} threads; "
+        print(f"\nbandwidth probe: {min(bw):.1f}-{max(bw):.1f} GB/s (median {med(bw):.1f}) with {m['threads']} threads; "
               f"weights {m['weight_dtype']}; prompt {m['prompt_len']}, generated {m['gen_len']}")
+        ttft = [(r["shape"], r["metrale"]["ttft_ms"], r["llama"]["ttft_ms"],
+                 r["metrale"]["peak_rss_bytes"] / 2**20, r["llama"]["peak_rss_bytes"] / 2**20) for r in rows]
+        print("time to first token ms (metrale f32 / llama.cpp), peak RSS MiB (metrale / llama.cpp), medians:")
+        for shape in by_shape:
+            t = [x for x in ttft if x[0] == shape]
+            print(f"  {shape}: {med([x[1] for x in t]):.0f} / {med([x[2] for x in t]):.0f} ms, "
+                  f"{med([x[3] for x in t]):.0f} / {med([x[4] for x in t]):.0f} MiB")
 
 
 if __name__ == "__main__":
