@@ -132,6 +132,33 @@ impl SafetensorsFile {
         })
     }
 
+    /// Tells the kernel this process is done with `entry`'s bytes: their
+    /// pages of the map leave the resident set (they stay in the page cache
+    /// and would be read back on a later access). Called once a tensor is
+    /// uploaded, so that a load's peak memory is the backend's copy plus one
+    /// tensor, not that plus the whole checkpoint.
+    pub fn release(&self, entry: &TensorEntry) {
+        #[cfg(unix)]
+        {
+            let (at, len) = (self.data_start + entry.start, entry.end - entry.start);
+            if len > 0 && at + len <= self.mmap.len() {
+                // SAFETY: the map is a read-only shared file mapping
+                // (`Mmap::map`) that we never write. MADV_DONTNEED only drops
+                // this process's page-table entries for the range; a later
+                // read faults the same file contents back in, so nothing read
+                // through the map changes (the same caveat as mapping at all:
+                // another process rewriting the file). A failure only leaves
+                // the pages resident.
+                let _ = unsafe {
+                    self.mmap
+                        .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, at, len)
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = entry;
+    }
+
     /// The stored bytes of `entry` (an entry of this file).
     pub fn bytes(&self, entry: &TensorEntry) -> &[u8] {
         // In range: `parse` checked every entry against the file's length.

@@ -159,6 +159,8 @@ pub fn load_safetensors(
             discard(store, gpu);
             return Err(e);
         }
+        drop(bytes);
+        file.release(entry);
         done += (entry.end - entry.start) as u64;
         progress(LoadProgress::Tensor {
             name: entry.name.clone(),
