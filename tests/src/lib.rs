@@ -85,7 +85,12 @@ pub fn options() -> ModelOptions {
 
 /// Loads a fixture on a fresh CPU backend (weights held as stored).
 pub fn load(name: &str) -> Result<(Arc<CpuBackend>, TransformerModel)> {
-    let cpu = Arc::new(CpuBackend::with_threads(2));
+    load_on(name, CpuBackend::with_threads(2))
+}
+
+/// Loads a fixture on `cpu` (weights held as stored).
+pub fn load_on(name: &str, cpu: CpuBackend) -> Result<(Arc<CpuBackend>, TransformerModel)> {
+    let cpu = Arc::new(cpu);
     let gpu: Arc<dyn GpuBackend> = cpu.clone();
     let model = TransformerModel::load(
         &fixture_dir(name),
