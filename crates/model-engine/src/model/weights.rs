@@ -18,6 +18,29 @@ pub(crate) struct Linear {
     pub k: usize,
 }
 
+impl Linear {
+    /// The projection onto output rows `start..start + n` alone: the part of a
+    /// fused projection (Mamba's z | xBC | dt, SwiGLU's gate | up) that one
+    /// consumer reads, computed straight into that consumer's buffer instead
+    /// of split out of the whole with a copy per part.
+    pub fn rows(&self, start: usize, n: usize) -> Result<Linear> {
+        const PART: &str = "part of a fused projection";
+        Ok(Linear {
+            w: self
+                .w
+                .slice(start * self.k, n * self.k)
+                .map_err(EngineError::device(PART))?,
+            b: self
+                .b
+                .map(|b| b.slice(start, n))
+                .transpose()
+                .map_err(EngineError::device(PART))?,
+            n,
+            k: self.k,
+        })
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct AttnWeights {
     /// With an output gate: rows permuted to `[q of all heads; gate of all heads]`.

@@ -20,11 +20,9 @@ pub(super) fn forward(cx: &Cx<'_>, w: &AttnWeights, rope: Option<&(Vec<f32>, f32
         s.slice(0, n).map_err(dev("attention scratch"))
     };
     if c.output_gate {
-        cx.linear(cx.s.normed, &w.q, proj, t)?;
-        gpu.copy_cols(proj, 2 * qw, 0, qw, q, t)
-            .map_err(dev("split query"))?;
-        gpu.copy_cols(proj, 2 * qw, qw, qw, gate, t)
-            .map_err(dev("split gate"))?;
+        // Rows `[q of all heads; gate of all heads]`: each half into its buffer.
+        cx.linear(cx.s.normed, &w.q.rows(0, qw)?, q, t)?;
+        cx.linear(cx.s.normed, &w.q.rows(qw, qw)?, gate, t)?;
     } else {
         cx.linear(cx.s.normed, &w.q, q, t)?;
     }

@@ -33,12 +33,9 @@ pub(super) fn mlp(
             cx.linear(half(cx.s.ffn_a, 1)?, down, out, rows)
         }
         MlpWeights::Fused { gate_up, down } => {
-            let fused = cx.s.ffn_a.slice(0, 2 * n).map_err(dev("mlp scratch"))?;
-            cx.linear(x, gate_up, fused, rows)?;
-            gpu.copy_cols(fused, 2 * inter, 0, inter, half(cx.s.ffn_b, 0)?, rows)
-                .map_err(dev("split gate"))?;
-            gpu.copy_cols(fused, 2 * inter, inter, inter, half(cx.s.ffn_b, 1)?, rows)
-                .map_err(dev("split up"))?;
+            // The gate and up halves straight into their buffers (no split copies).
+            cx.linear(x, &gate_up.rows(0, inter)?, half(cx.s.ffn_b, 0)?, rows)?;
+            cx.linear(x, &gate_up.rows(inter, inter)?, half(cx.s.ffn_b, 1)?, rows)?;
             gpu.silu_mul(
                 half(cx.s.ffn_b, 0)?,
                 half(cx.s.ffn_b, 1)?,

@@ -25,16 +25,14 @@ pub(super) fn mamba(cx: &Cx<'_>, w: &MambaWeights) -> Result<()> {
         m.n_heads,
         m.in_proj_dim(),
     );
-    let [zxbcdt, z, xbc, dt, xbc_act, x, b, c, y, normed] = cx.s.r;
+    let [_, z, xbc, dt, xbc_act, x, b, c, y, normed] = cx.s.r;
     let cut =
         |s: metrale_gpu_runtime::DeviceSlice, n: usize| s.slice(0, n).map_err(dev("mamba scratch"));
-    cx.linear(cx.s.normed, &w.in_proj, zxbcdt, t)?;
-    gpu.copy_cols(zxbcdt, pd, 0, di, z, t)
-        .map_err(dev("split z"))?;
-    gpu.copy_cols(zxbcdt, pd, di, cd, xbc, t)
-        .map_err(dev("split xBC"))?;
-    gpu.copy_cols(zxbcdt, pd, di + cd, nh, dt, t)
-        .map_err(dev("split dt"))?;
+    // in_proj's parts straight into their buffers (no split copies).
+    debug_assert_eq!(pd, di + cd + nh);
+    cx.linear(cx.s.normed, &w.in_proj.rows(0, di)?, z, t)?;
+    cx.linear(cx.s.normed, &w.in_proj.rows(di, cd)?, xbc, t)?;
+    cx.linear(cx.s.normed, &w.in_proj.rows(di + cd, nh)?, dt, t)?;
     let conv_seqs = cx.recurrent_seqs(w.state_layer, true)?;
     gpu.causal_conv1d(
         cut(xbc, t * cd)?,
@@ -106,16 +104,16 @@ pub(super) fn deltanet(cx: &Cx<'_>, w: &DeltaWeights) -> Result<()> {
     let t = cx.batch.tokens;
     let (kd, vd, cd, nv) = (d.key_dim(), d.value_dim(), d.conv_dim(), d.n_v_heads);
     let width = cd + vd;
-    let [qkvz, ba, mixed, z, conv, q, k, v, b, a] = cx.s.r;
+    let [qkvz, _, mixed, z, conv, q, k, v, b, a] = cx.s.r;
     let cut = |s: metrale_gpu_runtime::DeviceSlice, n: usize| {
         s.slice(0, n).map_err(dev("deltanet scratch"))
     };
-    cx.linear(cx.s.normed, &w.qkvz, qkvz, t)?;
-    cx.linear(cx.s.normed, &w.ba, ba, t)?;
-    gpu.copy_cols(qkvz, width, 0, cd, mixed, t)
-        .map_err(dev("split qkv"))?;
-    gpu.copy_cols(qkvz, width, cd, vd, z, t)
-        .map_err(dev("split z"))?;
+    // The projections' parts straight into their buffers (no split copies).
+    debug_assert_eq!(w.qkvz.n, width);
+    cx.linear(cx.s.normed, &w.qkvz.rows(0, cd)?, mixed, t)?;
+    cx.linear(cx.s.normed, &w.qkvz.rows(cd, vd)?, z, t)?;
+    cx.linear(cx.s.normed, &w.ba.rows(0, nv)?, b, t)?;
+    cx.linear(cx.s.normed, &w.ba.rows(nv, nv)?, a, t)?;
     let conv_seqs = cx.recurrent_seqs(w.state_layer, true)?;
     gpu.causal_conv1d(
         cut(mixed, t * cd)?,
@@ -134,10 +132,6 @@ pub(super) fn deltanet(cx: &Cx<'_>, w: &DeltaWeights) -> Result<()> {
         .map_err(dev("split k"))?;
     gpu.copy_cols(conv, cd, 2 * kd, vd, v, t)
         .map_err(dev("split v"))?;
-    gpu.copy_cols(ba, 2 * nv, 0, nv, b, t)
-        .map_err(dev("split b"))?;
-    gpu.copy_cols(ba, 2 * nv, nv, nv, a, t)
-        .map_err(dev("split a"))?;
     let p = DeltaParams {
         n_k_heads: d.n_k_heads,
         n_v_heads: nv,
