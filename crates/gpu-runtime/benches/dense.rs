@@ -101,6 +101,50 @@ fn matmuls(c: &mut Criterion, cpu: &CpuBackend, dot: &CpuBackend) {
     }
 }
 
+/// Decode through many matrices that do not stay in cache, as in a real
+/// decode step (every weight comes from memory): `count` copies of `shapes`
+/// (`(n, k)`, bf16) per iteration.
+fn streamed_gemvs(
+    c: &mut Criterion,
+    cpu: &CpuBackend,
+    name: &str,
+    shapes: &[(usize, usize)],
+    count: usize,
+) {
+    let gpu: &dyn GpuBackend = cpu;
+    let mats: Vec<(DeviceSlice, usize, usize)> = (0..count)
+        .flat_map(|e| shapes.iter().map(move |&(n, k)| (n, k, e)))
+        .map(|(n, k, e)| {
+            (
+                upload(gpu, &values(n * k, 10 + e as u64), DType::BF16),
+                n,
+                k,
+            )
+        })
+        .collect();
+    let widest = shapes.iter().map(|&(n, k)| n.max(k)).max().unwrap_or(1);
+    let x = upload(gpu, &values(widest, 1), DType::F32);
+    let out = upload(gpu, &vec![0.0; widest], DType::F32);
+    let bytes: usize = mats.iter().map(|&(_, n, k)| n * k * 2).sum();
+    let mut g = c.benchmark_group("gemv");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(bytes as u64));
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            for &(w, n, k) in &mats {
+                gpu.matmul(x, w, None, out, MatmulDims { m: 1, n, k })
+                    .expect("matmul");
+            }
+        })
+    });
+    g.finish();
+    for (w, _, _) in mats {
+        gpu.free(w.ptr()).expect("free");
+    }
+    gpu.free(x.ptr()).expect("free");
+    gpu.free(out.ptr()).expect("free");
+}
+
 fn attention_decode(c: &mut Criterion, cpu: &CpuBackend) {
     let gpu: &dyn GpuBackend = cpu;
     // Granite-4.0-H-350M's attention: 12 heads over 4 KV heads of 64.
@@ -173,6 +217,12 @@ fn dense(c: &mut Criterion) {
     let cpu = CpuBackend::with_threads(threads);
     let dot = CpuBackend::with_threads(threads).with_bf16_dot_products(true);
     matmuls(c, &cpu, &dot);
+    // Qwen3-Next-style routed experts (64 of them, 75 MB) and Granite-350M
+    // layers (16 of them, 280 MB).
+    let experts = [(512, 768), (768, 256)];
+    streamed_gemvs(c, &cpu, "stream_moe_experts_64_bf16", &experts, 64);
+    let layers = [(3376, 768), (768, 1536), (4096, 768), (768, 2048)];
+    streamed_gemvs(c, &cpu, "stream_granite_layers_16_bf16", &layers, 16);
     attention_decode(c, &cpu);
     conv1d(c, &cpu);
 }
