@@ -164,8 +164,15 @@ impl Drop for Finish<'_> {
     fn drop(&mut self) {
         let s = &*self.0.shared;
         s.active.fetch_and(!OPEN, Ordering::AcqRel);
+        let mut spins = 0u32;
         while s.active.load(Ordering::Acquire) != 0 {
             std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                // A worker inside the job lost its core (more threads than
+                // cores): let it have this one.
+                std::thread::yield_now();
+            }
         }
         self.0.busy.store(false, Ordering::Release);
     }

@@ -10,8 +10,6 @@
 //! - `o = exp(gc)·(q·S) + [(q_i·k_j) exp(gc_i − gc_j)]_{j≤i}·v_new`
 //! - `S ← exp(gc_last)·S + kᵀ·(exp(gc_last − gc)·v_new)`
 
-use rayon::prelude::*;
-
 use crate::cpu::team::Par;
 
 use super::math::{Buf, SPAN, View, axpy, decay_lower, dot, matmul, sigmoid, simd_fn, softplus};
@@ -188,22 +186,11 @@ pub(super) fn delta_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, par: Par<'_>) 
                 }
             }
         };
-        match par {
-            Par::Rayon => io
-                .state
-                .par_chunks_mut(dk * dv)
-                .zip(ys.par_chunks_mut(sl * dv))
-                .enumerate()
-                .for_each_init(
-                    || Scratch::new(cap, dk, dv),
-                    |scr, (h, (s, yh))| head(scr, h, s, yh),
-                ),
-            // Decode steps on the team: each thread keeps its scratch between
-            // calls instead of zeroing a new one per head and token.
-            Par::Team(_) => par.chunks2(io.state, dk * dv, ys, sl * dv, |h, s, yh| {
-                with_scratch(cap, dk, dv, |scr| head(scr, h, s, yh))
-            }),
-        }
+        // Each thread keeps its scratch between calls instead of zeroing a
+        // new one per head and token.
+        par.chunks2(io.state, dk * dv, ys, sl * dv, |h, s, yh| {
+            with_scratch(cap, dk, dv, |scr| head(scr, h, s, yh))
+        });
         let ys = &*ys;
         let out = &mut io.out[s0 * nh * dv..(s0 + sl) * nh * dv];
         par.chunks(out, nh * dv, |t, row| {

@@ -10,8 +10,6 @@
 //!
 //! `C·Bᵀ` is computed once per group and chunk (heads of a group share it).
 
-use rayon::prelude::*;
-
 use super::math::{Buf, SPAN, View, decay_lower, matmul, simd_fn, softplus};
 use super::{Mode, SeqIo};
 use crate::cpu::team::Par;
@@ -206,20 +204,10 @@ fn chunked(
             let yh = &mut yh[c0 * hp..(c0 + q) * hp];
             head_chunk(ctx, scr, gm, cap, h, r0, dt, s, yh);
         };
-        match par {
-            Par::Rayon => state
-                .par_chunks_mut(hp * n)
-                .zip(ys.par_chunks_mut(len * hp))
-                .enumerate()
-                .for_each_init(
-                    || Scratch::new(cap, n),
-                    |scr, (h, (s, yh))| head(scr, h, s, yh),
-                ),
-            // Each team thread keeps its scratch between chunks and calls.
-            Par::Team(_) => par.chunks2(state, hp * n, ys, len * hp, |h, s, yh| {
-                with_scratch(cap, n, |scr| head(scr, h, s, yh))
-            }),
-        }
+        // Each thread keeps its scratch between chunks and calls.
+        par.chunks2(state, hp * n, ys, len * hp, |h, s, yh| {
+            with_scratch(cap, n, |scr| head(scr, h, s, yh))
+        });
     }
 }
 
