@@ -29,9 +29,11 @@ pub struct CpuBackend {
     ledger: Ledger,
     /// Refuse allocations beyond this many live bytes (None: no limit).
     memory_limit: Option<usize>,
+    /// Runs the `gemm` crate's f32 GEMM (prefill with f32 arithmetic), which
+    /// parallelises over rayon.
     pool: rayon::ThreadPool,
-    /// Spinning workers for the short ops of decode steps (see `team.rs`);
-    /// the rayon pool runs the long ones (prefill GEMMs and scans).
+    /// Persistent workers that spin between ops (see `team.rs`): every other
+    /// parallel loop of every op runs on them.
     team: team::Team,
     /// Prefill matmuls with bf16 weights round the activations to bf16 and
     /// use bf16 dot products (see `gemm_bf16.rs`); off by default.
@@ -95,8 +97,7 @@ impl CpuBackend {
         self.pool.install(f)
     }
 
-    /// The spinning team, for ops short enough that waking a pool would cost
-    /// a noticeable share of their time.
+    /// The spinning team that the ops' parallel loops run on.
     pub(crate) fn team(&self) -> &team::Team {
         &self.team
     }
@@ -108,7 +109,7 @@ impl CpuBackend {
         chunk: usize,
         f: impl Fn(usize, &mut [T]) + Sync,
     ) {
-        team::for_each_chunk(&self.team, data, chunk, f)
+        self.team.chunks(data, chunk, f)
     }
 
     fn check_range(&self, op: &'static str, ptr: u64, bytes: usize) -> Result<()> {

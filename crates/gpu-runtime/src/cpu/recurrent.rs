@@ -15,11 +15,8 @@ mod tests;
 #[cfg(test)]
 mod tests_scan;
 
-use rayon::prelude::*;
-
 use super::CpuBackend;
 use super::kernels::Weights;
-use super::team::Par;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
@@ -332,7 +329,7 @@ impl CpuBackend {
         // region each (hundreds per prompt), and rayon's sleeping workers
         // woke too late to take their share of most of them.
         ios.into_iter()
-            .for_each(|io| ssd::scan_seq(&ctx, io, mode, Par::Team(self.team())));
+            .for_each(|io| ssd::scan_seq(&ctx, io, mode, self.team()));
         Ok(())
     }
 
@@ -409,7 +406,7 @@ impl CpuBackend {
         )?;
         // On the team, prefill too (see `ssd_impl`).
         ios.into_iter()
-            .for_each(|io| delta::delta_seq(&ctx, io, mode, Par::Team(self.team())));
+            .for_each(|io| delta::delta_seq(&ctx, io, mode, self.team()));
         Ok(())
     }
 }
@@ -464,10 +461,10 @@ impl RecurrentOps for CpuBackend {
             }
         }
         let (wt, bias) = (&wt, &bias);
-        let conv_seq = |io: SeqIo<'_>, par: Par<'_>| {
+        let conv_seq = |io: SeqIo<'_>| {
             let xseq = &xs[io.row_start * channels..(io.row_start + io.len) * channels];
             let state = &*io.state;
-            par.chunks(io.out, channels, |t, o| {
+            self.team().chunks(io.out, channels, |t, o| {
                 o.copy_from_slice(bias);
                 for (j, wj) in wt.chunks(channels).enumerate() {
                     // Input t + j - km1 of the sequence; negative: from the state.
@@ -501,7 +498,7 @@ impl RecurrentOps for CpuBackend {
                 }
             }
         };
-        self.install(|| ios.into_par_iter().for_each(|io| conv_seq(io, Par::Rayon)));
+        ios.into_iter().for_each(conv_seq);
         Ok(())
     }
 

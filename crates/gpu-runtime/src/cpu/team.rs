@@ -269,112 +269,76 @@ impl Drop for Team {
     }
 }
 
-/// `f(i, chunk)` for each `chunk`-long piece of `data` (the last may be
-/// shorter), with contiguous runs of pieces spread over the team.
-pub(crate) fn for_each_chunk<T: Send>(
-    team: &Team,
-    data: &mut [T],
-    chunk: usize,
-    f: impl Fn(usize, &mut [T]) + Sync,
-) {
-    let chunk = chunk.max(1);
-    let pieces = data.len().div_ceil(chunk);
-    let tasks = pieces.min(team.threads() * 4);
-    if tasks == 0 {
-        return;
-    }
-    let per_task = pieces.div_ceil(tasks);
-    let (base, len) = (SendPtr(data.as_mut_ptr()), data.len());
-    team.run(pieces.div_ceil(per_task), &|t| {
-        let base = &base;
-        for i in t * per_task..((t + 1) * per_task).min(pieces) {
-            let (lo, hi) = (i * chunk, ((i + 1) * chunk).min(len));
-            // SAFETY: pieces `i` are disjoint ranges of `data`, which the
-            // `&mut` borrow keeps alive and unaliased until `run` returns;
-            // each piece is handed to one task only.
-            let piece = unsafe { std::slice::from_raw_parts_mut(base.0.add(lo), hi - lo) };
-            f(i, piece);
-        }
-    });
-}
-
-/// Where a kernel's parallel loops run: on the spinning team (the short ops
-/// of decode steps) or on the rayon pool the caller installed (prefill).
-#[derive(Clone, Copy)]
-pub(crate) enum Par<'a> {
-    Team(&'a Team),
-    Rayon,
-}
-
-impl Par<'_> {
-    /// `f(i, chunk)` for every `chunk`-long piece of `data`.
+impl Team {
+    /// `f(i, chunk)` for each `chunk`-long piece of `data` (the last may be
+    /// shorter), with contiguous runs of pieces spread over the team.
     pub(crate) fn chunks<T: Send>(
-        self,
+        &self,
         data: &mut [T],
         chunk: usize,
-        f: impl Fn(usize, &mut [T]) + Sync + Send,
+        f: impl Fn(usize, &mut [T]) + Sync,
     ) {
-        match self {
-            Par::Team(team) => for_each_chunk(team, data, chunk, f),
-            Par::Rayon => {
-                use rayon::prelude::*;
-                data.par_chunks_mut(chunk.max(1))
-                    .enumerate()
-                    .for_each(|(i, c)| f(i, c))
-            }
+        let chunk = chunk.max(1);
+        let pieces = data.len().div_ceil(chunk);
+        let tasks = pieces.min(self.threads() * 4);
+        if tasks == 0 {
+            return;
         }
+        let per_task = pieces.div_ceil(tasks);
+        let (base, len) = (SendPtr(data.as_mut_ptr()), data.len());
+        self.run(pieces.div_ceil(per_task), &|t| {
+            let base = &base;
+            for i in t * per_task..((t + 1) * per_task).min(pieces) {
+                let (lo, hi) = (i * chunk, ((i + 1) * chunk).min(len));
+                // SAFETY: pieces `i` are disjoint ranges of `data`, which the
+                // `&mut` borrow keeps alive and unaliased until `run` returns;
+                // each piece is handed to one task only.
+                let piece = unsafe { std::slice::from_raw_parts_mut(base.0.add(lo), hi - lo) };
+                f(i, piece);
+            }
+        });
     }
 
     /// `f(i, a_i, b_i)` for the `i`-th `ca`-long piece of `a` and `cb`-long
-    /// piece of `b`, as many as the shorter has (like `zip` over two `chunks_mut`).
+    /// piece of `b`, as many as the shorter has (like `zip` over two
+    /// `chunks_mut`), one task per pair.
     pub(crate) fn chunks2<A: Send, B: Send>(
-        self,
+        &self,
         a: &mut [A],
         ca: usize,
         b: &mut [B],
         cb: usize,
-        f: impl Fn(usize, &mut [A], &mut [B]) + Sync + Send,
+        f: impl Fn(usize, &mut [A], &mut [B]) + Sync,
     ) {
         let (ca, cb) = (ca.max(1), cb.max(1));
-        match self {
-            Par::Team(team) => {
-                let pieces = a.len().div_ceil(ca).min(b.len().div_ceil(cb));
-                let (pa, la, pb, lb) = (
-                    SendPtr(a.as_mut_ptr()),
-                    a.len(),
-                    SendPtr(b.as_mut_ptr()),
-                    b.len(),
-                );
-                team.run(pieces, &|i| {
-                    let (pa, pb) = (&pa, &pb);
-                    let (a0, a1) = (i * ca, ((i + 1) * ca).min(la));
-                    let (b0, b1) = (i * cb, ((i + 1) * cb).min(lb));
-                    // SAFETY: piece `i` of each slice is a disjoint range that
-                    // the `&mut` borrows keep alive and unaliased until `run`
-                    // returns; task `i` alone receives it.
-                    let (ai, bi) = unsafe {
-                        (
-                            std::slice::from_raw_parts_mut(pa.0.add(a0), a1 - a0),
-                            std::slice::from_raw_parts_mut(pb.0.add(b0), b1 - b0),
-                        )
-                    };
-                    f(i, ai, bi);
-                });
-            }
-            Par::Rayon => {
-                use rayon::prelude::*;
-                a.par_chunks_mut(ca)
-                    .zip(b.par_chunks_mut(cb))
-                    .enumerate()
-                    .for_each(|(i, (ai, bi))| f(i, ai, bi))
-            }
-        }
+        let pieces = a.len().div_ceil(ca).min(b.len().div_ceil(cb));
+        let (pa, la, pb, lb) = (
+            SendPtr(a.as_mut_ptr()),
+            a.len(),
+            SendPtr(b.as_mut_ptr()),
+            b.len(),
+        );
+        self.run(pieces, &|i| {
+            let (pa, pb) = (&pa, &pb);
+            let (a0, a1) = (i * ca, ((i + 1) * ca).min(la));
+            let (b0, b1) = (i * cb, ((i + 1) * cb).min(lb));
+            // SAFETY: piece `i` of each slice is a disjoint range that the
+            // `&mut` borrows keep alive and unaliased until `run` returns;
+            // task `i` alone receives it.
+            let (ai, bi) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(pa.0.add(a0), a1 - a0),
+                    std::slice::from_raw_parts_mut(pb.0.add(b0), b1 - b0),
+                )
+            };
+            f(i, ai, bi);
+        });
     }
 }
 
 struct SendPtr<T>(*mut T);
 // SAFETY: used only to hand disjoint pieces of a `&mut [T]` with `T: Send` to
-// other threads (see `for_each_chunk`).
+// other threads (see `Team::chunks`).
 unsafe impl<T: Send> Sync for SendPtr<T> {}
 
 #[cfg(test)]
@@ -397,9 +361,7 @@ mod tests {
     fn chunks_cover_the_slice() {
         let team = Team::new(2);
         let mut v = vec![0usize; 1003];
-        for_each_chunk(&team, &mut v, 10, |i, c| {
-            c.iter_mut().for_each(|x| *x += i + 1)
-        });
+        team.chunks(&mut v, 10, |i, c| c.iter_mut().for_each(|x| *x += i + 1));
         for (j, x) in v.iter().enumerate() {
             assert_eq!(*x, j / 10 + 1);
         }

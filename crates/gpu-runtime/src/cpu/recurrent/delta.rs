@@ -10,7 +10,7 @@
 //! - `o = exp(gc)·(q·S) + [(q_i·k_j) exp(gc_i − gc_j)]_{j≤i}·v_new`
 //! - `S ← exp(gc_last)·S + kᵀ·(exp(gc_last − gc)·v_new)`
 
-use crate::cpu::team::Par;
+use crate::cpu::team::Team;
 
 use super::math::{Buf, SPAN, View, axpy, decay_lower, dot, matmul, sigmoid, simd_fn, softplus};
 use super::{Mode, SeqIo};
@@ -137,7 +137,7 @@ impl Scratch {
 }
 
 /// Runs one sequence, writing its rows of `out` and updating its state.
-pub(super) fn delta_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, par: Par<'_>) {
+pub(super) fn delta_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, team: &Team) {
     let DeltaParams {
         n_k_heads: nk,
         n_v_heads: nh,
@@ -166,7 +166,7 @@ pub(super) fn delta_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, par: Par<'_>) 
             &mut kn[..sl * kw],
             &mut ys[..nh * sl * dv],
         );
-        par.chunks2(qn, kw, kn, kw, |t, qr, kr| {
+        team.chunks2(qn, kw, kn, kw, |t, qr, kr| {
             normalise_row(ctx, r0 + t, qr, kr)
         });
         let (qn, kn) = (&*qn, &*kn);
@@ -188,12 +188,12 @@ pub(super) fn delta_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, par: Par<'_>) 
         };
         // Each thread keeps its scratch between calls instead of zeroing a
         // new one per head and token.
-        par.chunks2(io.state, dk * dv, ys, sl * dv, |h, s, yh| {
+        team.chunks2(io.state, dk * dv, ys, sl * dv, |h, s, yh| {
             with_scratch(cap, dk, dv, |scr| head(scr, h, s, yh))
         });
         let ys = &*ys;
         let out = &mut io.out[s0 * nh * dv..(s0 + sl) * nh * dv];
-        par.chunks(out, nh * dv, |t, row| {
+        team.chunks(out, nh * dv, |t, row| {
             for (h, dst) in row.chunks_mut(dv).enumerate() {
                 dst.copy_from_slice(&ys[(h * sl + t) * dv..(h * sl + t + 1) * dv]);
             }

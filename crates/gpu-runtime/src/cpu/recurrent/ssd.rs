@@ -12,7 +12,7 @@
 
 use super::math::{Buf, SPAN, View, decay_lower, matmul, simd_fn, softplus};
 use super::{Mode, SeqIo};
-use crate::cpu::team::Par;
+use crate::cpu::team::Team;
 use crate::ops::recurrent::SsdParams;
 
 /// Most tokens per chunk of the chunked form (`chunk_size` may lower it):
@@ -54,7 +54,7 @@ impl Ctx<'_> {
 
 /// Scans one sequence, writing its rows of `y` and updating its state, its
 /// heads spread over `par`.
-pub(super) fn scan_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, par: Par<'_>) {
+pub(super) fn scan_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, team: &Team) {
     let SsdParams {
         n_heads: nh,
         head_dim: hp,
@@ -73,15 +73,15 @@ pub(super) fn scan_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, par: Par<'_>) {
         let sl = span.min(len - s0);
         let ys = &mut ys[..nh * sl * hp];
         if recurrent {
-            par.chunks2(io.state, hp * n, ys, sl * hp, |h, s, yh| {
+            team.chunks2(io.state, hp * n, ys, sl * hp, |h, s, yh| {
                 recurrent_head(ctx, row0 + s0, sl, h, s, yh)
             });
         } else {
-            chunked(ctx, row0 + s0, sl, io.state, ys, par);
+            chunked(ctx, row0 + s0, sl, io.state, ys, team);
         }
         let ys = &*ys;
         let out = &mut io.out[s0 * nh * hp..(s0 + sl) * nh * hp];
-        par.chunks(out, nh * hp, |t, row| {
+        team.chunks(out, nh * hp, |t, row| {
             for (h, dst) in row.chunks_mut(hp).enumerate() {
                 dst.copy_from_slice(&ys[(h * sl + t) * hp..(h * sl + t + 1) * hp]);
             }
@@ -162,14 +162,7 @@ impl Scratch {
     }
 }
 
-fn chunked(
-    ctx: &Ctx<'_>,
-    row0: usize,
-    len: usize,
-    state: &mut [f32],
-    ys: &mut [f32],
-    par: Par<'_>,
-) {
+fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [f32], team: &Team) {
     let SsdParams {
         n_heads: nh,
         head_dim: hp,
@@ -181,7 +174,7 @@ fn chunked(
     let bc = ctx.bc_width();
     let cap = chunk_size.min(MAX_CHUNK).min(len);
     let mut dts = Buf::zeroed(nh * len);
-    par.chunks(&mut dts, len, |h, d| {
+    team.chunks(&mut dts, len, |h, d| {
         d.iter_mut()
             .enumerate()
             .for_each(|(t, v)| *v = ctx.dt(row0 + t, h))
@@ -191,7 +184,7 @@ fn chunked(
         let q = cap.min(len - c0);
         let r0 = row0 + c0;
         // G = C·Bᵀ per group (heads of a group share it).
-        par.chunks(&mut gram, cap * cap, |g, gm| {
+        team.chunks(&mut gram, cap * cap, |g, gm| {
             let cv = View::rows(&ctx.c[r0 * bc + g * n..], bc);
             let bt = View::t(&ctx.b[r0 * bc + g * n..], bc);
             matmul(q, q, n, gm, cap, None, cv, bt, 1.0, 1);
@@ -205,7 +198,7 @@ fn chunked(
             head_chunk(ctx, scr, gm, cap, h, r0, dt, s, yh);
         };
         // Each thread keeps its scratch between chunks and calls.
-        par.chunks2(state, hp * n, ys, len * hp, |h, s, yh| {
+        team.chunks2(state, hp * n, ys, len * hp, |h, s, yh| {
             with_scratch(cap, n, |scr| head(scr, h, s, yh))
         });
     }
