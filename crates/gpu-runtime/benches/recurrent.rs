@@ -46,6 +46,7 @@ fn bench_ssd(c: &mut Criterion, cpu: &CpuBackend, n_heads: usize, head_dim: usiz
         chunk_size: 256,
         dt_min: 0.0,
         dt_max: f32::INFINITY,
+        input_row_stride: None,
     };
     let mut r = Rng(7);
     let bc = p.n_groups * p.d_state;

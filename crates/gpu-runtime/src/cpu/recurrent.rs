@@ -271,6 +271,7 @@ impl CpuBackend {
             chunk_size,
             dt_min,
             dt_max,
+            input_row_stride,
         } = *p;
         if n_heads == 0
             || head_dim == 0
@@ -292,13 +293,28 @@ impl CpuBackend {
         let rows = rows_of(seqs);
         let width = n_heads * head_dim;
         let bc = n_groups * d_state;
+        let (x_stride, bc_stride) = match input_row_stride {
+            Some(stride) if stride < width.max(bc) => {
+                return Err(shape_err(
+                    OP,
+                    format!("input rows {stride} apart, narrower than x ({width}) or B ({bc})"),
+                ));
+            }
+            Some(stride) => (stride, stride),
+            None => (width, bc),
+        };
+        // Elements a strided operand spans: whole rows but the last.
+        let span = |stride: usize, n: usize| match rows {
+            0 => 0,
+            r => (r - 1) * stride + n,
+        };
         for (s, n, what) in [
-            (x, width, "x"),
-            (dt_raw, n_heads, "dt"),
-            (b, bc, "B"),
-            (c, bc, "C"),
+            (x, span(x_stride, width), "x"),
+            (dt_raw, rows * n_heads, "dt"),
+            (b, span(bc_stride, bc), "B"),
+            (c, span(bc_stride, bc), "C"),
         ] {
-            need(OP, s, rows * n, what)?;
+            need(OP, s, n, what)?;
         }
         let neg_a: Vec<f32> = self
             .param_vec(OP, a_log, n_heads, "A_log")?
@@ -308,10 +324,12 @@ impl CpuBackend {
         let dv = self.param_vec(OP, d, n_heads, "D")?;
         let bias = self.param_vec(OP, dt_bias, n_heads, "dt_bias")?;
         let ctx = ssd::Ctx {
-            x: &self.read_f32(OP, x)?[..rows * width],
+            x: &self.read_f32(OP, x)?[..span(x_stride, width)],
             dt_raw: &self.read_f32(OP, dt_raw)?[..rows * n_heads],
-            b: &self.read_f32(OP, b)?[..rows * bc],
-            c: &self.read_f32(OP, c)?[..rows * bc],
+            b: &self.read_f32(OP, b)?[..span(bc_stride, bc)],
+            c: &self.read_f32(OP, c)?[..span(bc_stride, bc)],
+            x_stride,
+            bc_stride,
             neg_a,
             d: dv,
             dt_bias: bias,

@@ -40,6 +40,11 @@ pub struct SsdParams {
     /// of dt_bias initialisation, except for nemotron_h (see the op).
     pub dt_min: f32,
     pub dt_max: f32,
+    /// Rows of x, B and C are this many elements apart: they are parts of
+    /// one buffer, Mamba-2's conv output `[rows, x | B | C]`, read in place.
+    /// `None`: each is contiguous (`n_heads * head_dim` and
+    /// `n_groups * d_state` per row).
+    pub input_row_stride: Option<usize>,
 }
 
 /// Where the SiLU gate of [`RecurrentOps::gated_rms_norm`] is applied.

@@ -26,6 +26,9 @@ pub(super) struct Ctx<'a> {
     pub dt_raw: &'a [f32],
     pub b: &'a [f32],
     pub c: &'a [f32],
+    /// Elements between rows of `x`, and of `b` and `c`.
+    pub x_stride: usize,
+    pub bc_stride: usize,
     /// `A = -exp(A_log)`.
     pub neg_a: Vec<f32>,
     pub d: Vec<f32>,
@@ -37,14 +40,6 @@ impl Ctx<'_> {
     fn dt(&self, row: usize, h: usize) -> f32 {
         softplus(self.dt_raw[row * self.p.n_heads + h] + self.dt_bias[h])
             .clamp(self.p.dt_min, self.p.dt_max)
-    }
-
-    fn width(&self) -> usize {
-        self.p.n_heads * self.p.head_dim
-    }
-
-    fn bc_width(&self) -> usize {
-        self.p.n_groups * self.p.d_state
     }
 
     fn group(&self, h: usize) -> usize {
@@ -93,7 +88,7 @@ simd_fn! {
     /// The per-token recurrence of head `h` over rows `row0..row0 + len`.
     fn recurrent_head(ctx: &Ctx<'_>, row0: usize, len: usize, h: usize, s: &mut [f32], yh: &mut [f32]) {
         let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
-        let (width, bc, g) = (ctx.width(), ctx.bc_width(), ctx.group(h));
+        let (width, bc, g) = (ctx.x_stride, ctx.bc_stride, ctx.group(h));
         for t in 0..len {
             let row = row0 + t;
             let dt = ctx.dt(row, h);
@@ -171,7 +166,7 @@ fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [
         chunk_size,
         ..
     } = ctx.p;
-    let bc = ctx.bc_width();
+    let bc = ctx.bc_stride;
     let cap = chunk_size.min(MAX_CHUNK).min(len);
     let mut dts = Buf::zeroed(nh * len);
     team.chunks(&mut dts, len, |h, d| {
@@ -210,7 +205,7 @@ simd_fn! {
     #[allow(clippy::too_many_arguments)]
     fn head_chunk(ctx: &Ctx<'_>, scr: &mut Scratch, gm: &[f32], ld: usize, h: usize, r0: usize, dt: &[f32], s: &mut [f32], yh: &mut [f32]) {
         let (hp, n, q) = (ctx.p.head_dim, ctx.p.d_state, dt.len());
-        let (width, bc, g) = (ctx.width(), ctx.bc_width(), ctx.group(h));
+        let (width, bc, g) = (ctx.x_stride, ctx.bc_stride, ctx.group(h));
         let a = ctx.neg_a[h];
         let mut acc = 0f64;
         for (cu, &d) in scr.cum.iter_mut().zip(dt) {

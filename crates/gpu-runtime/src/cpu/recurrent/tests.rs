@@ -471,6 +471,7 @@ fn shape_errors_are_errors() {
         chunk_size: 4,
         dt_min: 0.0,
         dt_max: f32::INFINITY,
+        input_row_stride: None,
     };
     let ssd = |p: &SsdParams, x: DeviceSlice, seqs: &[RecurrentSeq]| {
         cpu.ssd_scan(x, big, big, big, big, big, big, out, seqs, p)

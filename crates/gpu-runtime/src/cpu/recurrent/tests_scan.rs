@@ -88,7 +88,19 @@ impl SsdCase {
     /// Runs the scan in `pieces` calls per sequence (rows split at the given
     /// offsets); `recurrent` forces the per-token form.
     fn run(&self, env: &mut Env, splits: &[usize], recurrent: bool) -> (Vec<f32>, Vec<Vec<f32>>) {
-        let [x, dt, b, c, a_log, d, dt_bias] = [
+        self.run_with(env, splits, recurrent, None)
+    }
+
+    /// As `run`; with `pad`, x, B and C are uploaded as one buffer with rows
+    /// `[x | B | C | pad zeros]` and read in place (`input_row_stride`).
+    fn run_with(
+        &self,
+        env: &mut Env,
+        splits: &[usize],
+        recurrent: bool,
+        pad: Option<usize>,
+    ) -> (Vec<f32>, Vec<Vec<f32>>) {
+        let [mut x, dt, mut b, mut c, a_log, d, dt_bias] = [
             &self.x,
             &self.dt,
             &self.b,
@@ -98,6 +110,24 @@ impl SsdCase {
             &self.dt_bias,
         ]
         .map(|v| env.up(v));
+        let mut p = self.p;
+        if let Some(pad) = pad {
+            let (w, bc) = (p.n_heads * p.head_dim, p.n_groups * p.d_state);
+            let stride = w + 2 * bc + pad;
+            let rows = self.x.len() / w;
+            let mut joined = vec![0f32; rows * stride];
+            for (r, row) in joined.chunks_mut(stride).enumerate() {
+                row[..w].copy_from_slice(&self.x[r * w..(r + 1) * w]);
+                row[w..w + bc].copy_from_slice(&self.b[r * bc..(r + 1) * bc]);
+                row[w + bc..w + 2 * bc].copy_from_slice(&self.c[r * bc..(r + 1) * bc]);
+            }
+            let all = env.up(&joined);
+            let span = |n: usize| (rows.max(1) - 1) * stride + n;
+            x = all.slice(0, span(w)).unwrap();
+            b = all.slice(w, span(bc)).unwrap();
+            c = all.slice(w + bc, span(bc)).unwrap();
+            p.input_row_stride = Some(stride);
+        }
         let y = env.up(&vec![0.0; self.x.len()]);
         let states: Vec<DeviceSlice> = self.states.iter().map(|s| env.up(s)).collect();
         let mut bounds = vec![0];
@@ -112,10 +142,10 @@ impl SsdCase {
             let seqs = seqs_of(&spans, &states);
             let r = if recurrent {
                 env.cpu
-                    .ssd_scan_recurrent(x, dt, b, c, a_log, d, dt_bias, y, &seqs, &self.p)
+                    .ssd_scan_recurrent(x, dt, b, c, a_log, d, dt_bias, y, &seqs, &p)
             } else {
                 env.cpu
-                    .ssd_scan(x, dt, b, c, a_log, d, dt_bias, y, &seqs, &self.p)
+                    .ssd_scan(x, dt, b, c, a_log, d, dt_bias, y, &seqs, &p)
             };
             r.expect("ssd_scan");
         }
@@ -138,6 +168,7 @@ fn ssd_params(
         chunk_size,
         dt_min: 0.0,
         dt_max: f32::INFINITY,
+        input_row_stride: None,
     }
 }
 
@@ -180,6 +211,43 @@ fn ssd_scan_matches_reference() {
         &SsdCase::new(ssd_params(2, 4, 8, 1, 1), &spans[..4], 4, 1.0),
         1e-4,
     );
+}
+
+#[test]
+fn ssd_scan_reads_strided_inputs_in_place() {
+    // The same results, to the bit, with x, B and C as parts of one buffer
+    // (Mamba-2's conv output) as with each contiguous: chunked, recurrent,
+    // and prefill then single decode steps.
+    let spans = [(0, 1), (1, 5), (6, 40), (46, 9)];
+    let case = SsdCase::new(ssd_params(4, 8, 16, 2, 8), &spans, 7, 1.0);
+    for (splits, recurrent) in [
+        (&[][..], false),
+        (&[][..], true),
+        (&[30, 31, 32][..], false),
+    ] {
+        let mut env = Env::new();
+        let contiguous = case.run(&mut env, splits, recurrent);
+        let strided = case.run_with(&mut env, splits, recurrent, Some(3));
+        assert_eq!(
+            contiguous, strided,
+            "splits {splits:?}, recurrent {recurrent}"
+        );
+        env.finish();
+    }
+    // A stride narrower than x or B is an error, not a misread.
+    let mut env = Env::new();
+    let mut p = case.p;
+    p.input_row_stride = Some(p.n_heads * p.head_dim - 1);
+    let v = env.up(&case.x);
+    let y = env.up(&vec![0.0; case.x.len()]);
+    let states: Vec<DeviceSlice> = case.states.iter().map(|s| env.up(s)).collect();
+    let seqs = seqs_of(&case.spans, &states);
+    let err = env
+        .cpu
+        .ssd_scan(v, v, v, v, v, v, v, y, &seqs, &p)
+        .unwrap_err();
+    assert!(err.to_string().contains("apart"), "{err}");
+    env.finish();
 }
 
 #[test]

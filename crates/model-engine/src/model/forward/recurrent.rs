@@ -25,7 +25,7 @@ pub(super) fn mamba(cx: &Cx<'_>, w: &MambaWeights) -> Result<()> {
         m.n_heads,
         m.in_proj_dim(),
     );
-    let [_, z, xbc, dt, xbc_act, x, b, c, y, normed] = cx.s.r;
+    let [_, z, xbc, dt, xbc_act, _, _, _, y, normed] = cx.s.r;
     let cut =
         |s: metrale_gpu_runtime::DeviceSlice, n: usize| s.slice(0, n).map_err(dev("mamba scratch"));
     // in_proj's parts straight into their buffers (no split copies).
@@ -45,12 +45,11 @@ pub(super) fn mamba(cx: &Cx<'_>, w: &MambaWeights) -> Result<()> {
         true,
     )
     .map_err(dev("conv1d"))?;
-    gpu.copy_cols(xbc_act, cd, 0, di, x, t)
-        .map_err(dev("split x"))?;
-    gpu.copy_cols(xbc_act, cd, di, gs, b, t)
-        .map_err(dev("split B"))?;
-    gpu.copy_cols(xbc_act, cd, di + gs, gs, c, t)
-        .map_err(dev("split C"))?;
+    // x, B and C read in place from the conv output `[t, x | B | C]`.
+    let part = |start: usize, n: usize| {
+        let span = (t.max(1) - 1) * cd + n;
+        xbc_act.slice(start, span).map_err(dev("conv output part"))
+    };
     let p = SsdParams {
         n_heads: nh,
         head_dim: m.head_dim,
@@ -59,13 +58,14 @@ pub(super) fn mamba(cx: &Cx<'_>, w: &MambaWeights) -> Result<()> {
         chunk_size: m.chunk_size,
         dt_min: m.time_step_limit.0,
         dt_max: m.time_step_limit.1,
+        input_row_stride: Some(cd),
     };
     let ssm_seqs = cx.recurrent_seqs(w.state_layer, false)?;
     gpu.ssd_scan(
-        cut(x, t * di)?,
+        part(0, di)?,
         cut(dt, t * nh)?,
-        cut(b, t * gs)?,
-        cut(c, t * gs)?,
+        part(di, gs)?,
+        part(di + gs, gs)?,
         w.a_log,
         w.d,
         w.dt_bias,
