@@ -19,8 +19,9 @@ const WIDEN_PANEL_ROWS: usize = 256;
 /// included). Larger steps go through the blocked GEMM, which sums in another
 /// order (differences of a few ulps).
 const GEMV_MAX_ROWS: usize = 32;
-/// Ops touching fewer elements than this run on the calling thread: waking
-/// the pool costs more than the work (decode runs hundreds of such ops a token).
+/// Ops touching fewer elements than this run on the calling thread: handing
+/// them to the team costs more than the work (decode runs hundreds of such
+/// ops a token).
 const SERIAL_ELEMENTS: usize = 1 << 15;
 /// Matrix-vector products over fewer weights than this run on the calling
 /// thread alone: one core streams 64 Ki weights (128 KiB in bf16) in a few
@@ -152,7 +153,7 @@ impl DenseOps for CpuBackend {
         };
         let o = &mut self.write_f32(OP, out, &inputs)?[..m * n];
         if m <= GEMV_MAX_ROWS || k == 0 {
-            // Small ones run here alone, without waking the pool.
+            // Small ones run here alone, without the team.
             let team = (n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
             super::gemv::gemv(team, xs, ws, o, m, n, k)
         } else if let (true, Weights::BF16(wb)) = (self.bf16_dot, ws)

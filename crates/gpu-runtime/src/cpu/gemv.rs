@@ -45,7 +45,7 @@ const ROWS: usize = 4;
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint column ranges of `out` (see `gemv`), so sharing
-// the pointer across the pool's threads cannot race.
+// the pointer across the team's threads cannot race.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 

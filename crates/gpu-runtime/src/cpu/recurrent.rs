@@ -1,8 +1,8 @@
 //! CPU implementations of the recurrent-mixer ops.
 //!
 //! Sequences are independent: each op splits its output rows and the state
-//! slices per sequence (checked disjoint), then works on sequences and heads in
-//! parallel on the backend's pool. The SSD scan and the delta rule run their
+//! slices per sequence (checked disjoint), then works on a sequence's heads,
+//! rows or channels in parallel on the backend's team. The SSD scan and the delta rule run their
 //! chunked (matrix) form for prefill and the per-token recurrence for decode;
 //! [`CpuBackend::ssd_scan_recurrent`] and [`CpuBackend::gated_delta_rule_recurrent`]
 //! force the recurrence for every length (for tests and benchmarks).
@@ -69,8 +69,8 @@ fn conv_step(io: SeqIo<'_>, x: &[f32], w: &[f32], bias: &[f32], km1: usize, silu
     }
 }
 
-/// Every sequence advances by at most one token: a decode step, whose short
-/// per-head loops run on the spinning team rather than the rayon pool.
+/// Every sequence advances by at most one token: a decode step (the conv1d
+/// then takes its one-pass path).
 fn decode_only(seqs: &[RecurrentSeq]) -> bool {
     seqs.iter().all(|s| s.len <= 1)
 }
