@@ -216,7 +216,7 @@ impl DenseOps for CpuBackend {
         let width = p.n_heads * p.head_dim;
         need(OP, x, positions.len() * width, "x")?;
         let half = p.rotary_dim / 2;
-        if p.rotary_dim > p.head_dim || p.rotary_dim % 2 != 0 || p.inv_freq.len() < half {
+        if p.rotary_dim > p.head_dim || !p.rotary_dim.is_multiple_of(2) || p.inv_freq.len() < half {
             return Err(shape_err(
                 OP,
                 format!(
@@ -300,7 +300,7 @@ impl DenseOps for CpuBackend {
         const OP: &str = "paged_attention";
         let (hd, width) = (p.head_dim, p.n_heads * p.head_dim);
         let kv_width = p.n_kv_heads * hd;
-        if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 {
+        if p.n_kv_heads == 0 || !p.n_heads.is_multiple_of(p.n_kv_heads) {
             return Err(shape_err(
                 OP,
                 format!("{} heads over {} kv heads", p.n_heads, p.n_kv_heads),

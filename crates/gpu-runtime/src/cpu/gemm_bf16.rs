@@ -156,7 +156,7 @@ fn run(team: &Team, xb: &[u32], w: &[bf16], out: &mut [f32], m: usize, n: usize,
 /// (missing rows and an odd last element as zeros).
 fn pack(w: &[bf16], k: usize, kp: usize, j0: usize, cols: usize, panel: &mut [u32]) {
     #[cfg(target_arch = "x86_64")]
-    if cols == NR && k % 2 == 0 {
+    if cols == NR && k.is_multiple_of(2) {
         let rows = &w[j0 * k..(j0 + NR) * k];
         // SAFETY: `gemm` checked `available()`; `rows` holds NR rows of `k`
         // (even) elements and `panel` `kp * NR` pairs.
@@ -270,7 +270,7 @@ mod x86 {
     /// The CPU must support AVX-512F and AVX512-BF16.
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) unsafe fn to_pairs(src: &[f32], dst: &mut [u32]) {
-        assert!(src.len() % 32 == 0 && dst.len() * 2 == src.len());
+        assert!(src.len().is_multiple_of(32) && dst.len() * 2 == src.len());
         for c in (0..src.len()).step_by(32) {
             // SAFETY: `c + 32 <= src.len()` and `c / 2 + 16 <= dst.len()`.
             unsafe {

@@ -168,7 +168,7 @@ impl Drop for Finish<'_> {
         while s.active.load(Ordering::Acquire) != 0 {
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
+            if spins.is_multiple_of(1024) {
                 // A worker inside the job lost its core (more threads than
                 // cores): let it have this one.
                 std::thread::yield_now();
@@ -231,7 +231,7 @@ fn wait_for_epoch(s: &Shared, seen: u64) {
     while s.epoch.load(Ordering::Acquire) == seen {
         std::hint::spin_loop();
         spins = spins.wrapping_add(1);
-        if spins % 128 == 0 {
+        if spins.is_multiple_of(128) {
             if s.quiet.load(Ordering::Relaxed)
                 || s.shutdown.load(Ordering::Relaxed)
                 || start.elapsed() > SPIN_FOR
