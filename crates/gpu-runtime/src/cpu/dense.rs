@@ -53,7 +53,8 @@ impl CpuBackend {
         if out.len() < SERIAL_ELEMENTS {
             f(0, out)
         } else {
-            self.for_each_chunk(out, ELEMENTWISE_PIECE, |i, o| f(i * ELEMENTWISE_PIECE, o))
+            self.team()
+                .chunks(out, ELEMENTWISE_PIECE, |i, o| f(i * ELEMENTWISE_PIECE, o))
         }
     }
 }
@@ -204,7 +205,7 @@ impl DenseOps for CpuBackend {
                 .zip(xs[..rows * dim].chunks(dim))
                 .for_each(norm);
         } else {
-            self.for_each_chunk(&mut o[..rows * dim], dim, |i, o| {
+            self.team().chunks(&mut o[..rows * dim], dim, |i, o| {
                 norm((o, &xs[i * dim..(i + 1) * dim]))
             });
         }
@@ -250,7 +251,8 @@ impl DenseOps for CpuBackend {
                 .zip(positions.iter())
                 .for_each(rotate);
         } else {
-            self.for_each_chunk(rows, width, |i, row| rotate((row, &positions[i])));
+            self.team()
+                .chunks(rows, width, |i, row| rotate((row, &positions[i])));
         }
         Ok(())
     }
@@ -371,7 +373,8 @@ impl DenseOps for CpuBackend {
                 vec::axpy(isa, oh, s / sum, &vc[base..base + hd]);
             }
         };
-        self.for_each_chunk(&mut o[..rows * width], hd, |i, oh| head((i, oh)));
+        self.team()
+            .chunks(&mut o[..rows * width], hd, |i, oh| head((i, oh)));
         Ok(())
     }
 
@@ -466,7 +469,7 @@ impl DenseOps for CpuBackend {
                 .enumerate()
                 .for_each(|(r, d)| copy(r, d));
         } else {
-            self.for_each_chunk(d, cols, copy);
+            self.team().chunks(d, cols, copy);
         }
         Ok(())
     }

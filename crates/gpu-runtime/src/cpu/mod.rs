@@ -102,16 +102,6 @@ impl CpuBackend {
         &self.team
     }
 
-    /// `f(i, chunk)` for every `chunk`-long piece of `data`, on the team.
-    pub(crate) fn for_each_chunk<T: Send>(
-        &self,
-        data: &mut [T],
-        chunk: usize,
-        f: impl Fn(usize, &mut [T]) + Sync,
-    ) {
-        self.team.chunks(data, chunk, f)
-    }
-
     fn check_range(&self, op: &'static str, ptr: u64, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());

@@ -564,7 +564,7 @@ impl RecurrentOps for CpuBackend {
             &self.read_f32(OP, gate)?[..rows * dim],
         );
         let o = &mut self.write_f32(OP, out, &[x, gate, weight])?[..rows * dim];
-        self.for_each_chunk(o, dim, |i, o| {
+        self.team().chunks(o, dim, |i, o| {
             let (x, g) = (&xs[i * dim..(i + 1) * dim], &gs[i * dim..(i + 1) * dim]);
             {
                 for (((o, x), g), w) in o
