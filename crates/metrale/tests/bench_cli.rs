@@ -125,3 +125,35 @@ fn bench_needs_a_model_or_a_config() {
         .expect("running metrale");
     assert!(!out.status.success());
 }
+
+#[test]
+fn bench_profile_times_each_op_of_both_phases() {
+    let config = tiny_config();
+    let v = bench(&["--config", config.to_str().unwrap(), "--profile"]);
+    for (phase, steps) in [("prefill_ops", 1), ("decode_ops", 3)] {
+        let ops = v[phase]
+            .as_array()
+            .unwrap_or_else(|| panic!("{phase} missing in {v}"));
+        let calls = |name: &str| {
+            ops.iter()
+                .find(|o| o["op"] == name)
+                .and_then(|o| o["calls"].as_u64())
+                .unwrap_or_else(|| panic!("{name} missing in {phase}: {v}"))
+        };
+        // tiny-hybrid: three layers, Mamba ones among them; every step runs
+        // the embedding once and at least one matmul per layer.
+        assert_eq!(calls("embedding"), steps, "{phase}");
+        assert!(calls("matmul") >= 3 * steps, "{phase}");
+        assert!(calls("ssd_scan") >= steps, "{phase}");
+        let shares: f64 = ops.iter().map(|o| o["share"].as_f64().unwrap()).sum();
+        assert!(
+            shares > 0.0 && shares <= 1.0 + 1e-9,
+            "{phase}: shares sum to {shares}"
+        );
+    }
+    let plain = bench(&["--config", config.to_str().unwrap()]);
+    assert!(
+        plain.get("prefill_ops").is_none(),
+        "no profile unless asked: {plain}"
+    );
+}

@@ -60,6 +60,8 @@ impl CpuBackend {
 }
 
 thread_local! {
+    /// One query's attention scores, per team thread.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// The widened weight panel of `gemm_widened`, per pool thread.
     static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -109,6 +111,7 @@ impl DenseOps for CpuBackend {
         out: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "embedding";
+        let _timer = self.op_timer(OP);
         need(OP, out, ids.len() * hidden, "out")?;
         let vocab = table.len() / hidden.max(1);
         let w = Weights::from_bytes(OP, table.dtype(), self.read(OP, table, table.dtype())?)?;
@@ -134,6 +137,7 @@ impl DenseOps for CpuBackend {
         d: MatmulDims,
     ) -> Result<()> {
         const OP: &str = "matmul";
+        let _timer = self.op_timer(OP);
         let MatmulDims { m, n, k } = d;
         need(OP, x, m * k, "x")?;
         need(OP, w, n * k, "w")?;
@@ -183,6 +187,7 @@ impl DenseOps for CpuBackend {
         weight_offset: f32,
     ) -> Result<()> {
         const OP: &str = "rms_norm";
+        let _timer = self.op_timer(OP);
         need(OP, x, rows * dim, "x")?;
         need(OP, w, dim, "weight")?;
         need(OP, out, rows * dim, "out")?;
@@ -214,6 +219,7 @@ impl DenseOps for CpuBackend {
 
     fn rope(&self, x: DeviceSlice, positions: &[u32], p: &RopeParams<'_>) -> Result<()> {
         const OP: &str = "rope";
+        let _timer = self.op_timer(OP);
         let width = p.n_heads * p.head_dim;
         need(OP, x, positions.len() * width, "x")?;
         let half = p.rotary_dim / 2;
@@ -266,6 +272,7 @@ impl DenseOps for CpuBackend {
         kv_width: usize,
     ) -> Result<()> {
         const OP: &str = "kv_store";
+        let _timer = self.op_timer(OP);
         need(OP, k, slots.len() * kv_width, "k")?;
         need(OP, v, slots.len() * kv_width, "v")?;
         let capacity = cache.k.len() / kv_width.max(1);
@@ -300,6 +307,7 @@ impl DenseOps for CpuBackend {
         p: &AttnParams,
     ) -> Result<()> {
         const OP: &str = "paged_attention";
+        let _timer = self.op_timer(OP);
         let (hd, width) = (p.head_dim, p.n_heads * p.head_dim);
         let kv_width = p.n_kv_heads * hd;
         if p.n_kv_heads == 0 || !p.n_heads.is_multiple_of(p.n_kv_heads) {
@@ -347,7 +355,6 @@ impl DenseOps for CpuBackend {
             let seq = &seqs[si];
             let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
             let n_keys = pos + 1 - first;
-            let mut scores = vec![0f32; n_keys];
             let kvh = h / group;
             let qh = &qs[r * width + h * hd..r * width + (h + 1) * hd];
             // Cache offsets of keys `first..=pos`, block by block (no division per key).
@@ -358,20 +365,20 @@ impl DenseOps for CpuBackend {
                     (lo..hi).map(move |t| (base + t - b * bs) * kv_width + kvh * hd)
                 })
             };
-            let mut max = f32::NEG_INFINITY;
-            for (s, base) in scores.iter_mut().zip(offsets()) {
-                *s = vec::dot(isa, qh, &kc[base..base + hd]) * p.scale;
-                max = max.max(*s);
-            }
-            let mut sum = 0f32;
-            scores.iter_mut().for_each(|s| {
-                *s = (*s - max).exp();
-                sum += *s;
-            });
-            oh.fill(0.0);
-            for (s, base) in scores.iter().zip(offsets()) {
-                vec::axpy(isa, oh, s / sum, &vc[base..base + hd]);
-            }
+            SCORES.with_borrow_mut(|scores| {
+                scores.resize(n_keys, 0.0);
+                let mut max = f32::NEG_INFINITY;
+                for (s, base) in scores.iter_mut().zip(offsets()) {
+                    *s = vec::dot(isa, qh, &kc[base..base + hd]) * p.scale;
+                    max = max.max(*s);
+                }
+                let mut sum = 0f32;
+                ew::exp_sub_sum(scores, max, &mut sum);
+                oh.fill(0.0);
+                for (s, base) in scores.iter().zip(offsets()) {
+                    vec::axpy(isa, oh, s / sum, &vc[base..base + hd]);
+                }
+            })
         };
         self.team()
             .chunks(&mut o[..rows * width], hd, |i, oh| head((i, oh)));
@@ -386,6 +393,7 @@ impl DenseOps for CpuBackend {
         n: usize,
     ) -> Result<()> {
         const OP: &str = "silu_mul";
+        let _timer = self.op_timer(OP);
         for (s, what) in [(gate, "gate"), (up, "up"), (out, "out")] {
             need(OP, s, n, what)?;
         }
@@ -397,6 +405,7 @@ impl DenseOps for CpuBackend {
 
     fn relu2(&self, x: DeviceSlice, out: DeviceSlice, n: usize) -> Result<()> {
         const OP: &str = "relu2";
+        let _timer = self.op_timer(OP);
         need(OP, x, n, "x")?;
         need(OP, out, n, "out")?;
         let xs = self.read_f32(OP, x)?;
@@ -413,6 +422,7 @@ impl DenseOps for CpuBackend {
         n: usize,
     ) -> Result<()> {
         const OP: &str = "sigmoid_mul";
+        let _timer = self.op_timer(OP);
         for (s, what) in [(x, "x"), (gate, "gate"), (out, "out")] {
             need(OP, s, n, what)?;
         }
@@ -424,6 +434,7 @@ impl DenseOps for CpuBackend {
 
     fn add_scaled(&self, acc: DeviceSlice, x: DeviceSlice, factor: f32, n: usize) -> Result<()> {
         const OP: &str = "add_scaled";
+        let _timer = self.op_timer(OP);
         need(OP, acc, n, "acc")?;
         need(OP, x, n, "x")?;
         let xs = self.read_f32(OP, x)?;
@@ -434,6 +445,7 @@ impl DenseOps for CpuBackend {
 
     fn scale(&self, x: DeviceSlice, factor: f32, n: usize) -> Result<()> {
         const OP: &str = "scale";
+        let _timer = self.op_timer(OP);
         need(OP, x, n, "x")?;
         let xs = &mut self.write_f32(OP, x, &[])?[..n];
         self.elementwise(xs, |_, x| x.iter_mut().for_each(|v| *v *= factor));
@@ -450,6 +462,7 @@ impl DenseOps for CpuBackend {
         rows: usize,
     ) -> Result<()> {
         const OP: &str = "copy_cols";
+        let _timer = self.op_timer(OP);
         if col_start + cols > src_width {
             return Err(shape_err(
                 OP,
@@ -484,6 +497,7 @@ impl DenseOps for CpuBackend {
         rows: usize,
     ) -> Result<()> {
         const OP: &str = "scatter_cols";
+        let _timer = self.op_timer(OP);
         if col_start + cols > dst_width {
             return Err(shape_err(
                 OP,
@@ -509,6 +523,7 @@ impl DenseOps for CpuBackend {
         out: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "gather_rows";
+        let _timer = self.op_timer(OP);
         need(OP, out, rows.len() * width, "out")?;
         let s = self.read_f32(OP, src)?;
         let o = self.write_f32(OP, out, &[src])?;
@@ -534,6 +549,7 @@ impl DenseOps for CpuBackend {
         dst: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "scatter_add_rows";
+        let _timer = self.op_timer(OP);
         if weights.len() != rows.len() {
             return Err(shape_err(
                 OP,
@@ -571,6 +587,7 @@ impl DenseOps for CpuBackend {
         renormalize: bool,
     ) -> Result<Vec<(u32, f32)>> {
         const OP: &str = "softmax_topk";
+        let _timer = self.op_timer(OP);
         if k == 0 || k > n {
             return Err(shape_err(OP, format!("top-{k} of {n}")));
         }

@@ -5,7 +5,8 @@
 //! results do not depend on which is chosen (the same IEEE operations, no
 //! fused multiply-adds).
 
-use super::recurrent::math::{sigmoid, silu, simd_fn};
+use super::recurrent::math::{exp_fast, sigmoid, silu, simd_fn};
+use crate::ops::recurrent::GateOrder;
 
 simd_fn! {
     /// `o = silu(g) · u`.
@@ -53,5 +54,55 @@ simd_fn! {
     /// `o = silu(o)`.
     pub(super) fn silu_in_place(o: &mut [f32]) {
         o.iter_mut().for_each(|v| *v = silu(*v));
+    }
+}
+
+simd_fn! {
+    /// `s = exp(s − max)` in place, and `sum` their sum, added in eight
+    /// lanes in a fixed order (so the result depends on `s` alone).
+    pub(super) fn exp_sub_sum(s: &mut [f32], max: f32, sum: &mut f32) {
+        s.iter_mut().for_each(|v| *v = exp_fast(*v - max));
+        let mut lanes = [0f32; 8];
+        let (body, tail) = s.as_chunks::<8>();
+        for c in body {
+            for l in 0..8 {
+                lanes[l] += c[l];
+            }
+        }
+        *sum = lanes.iter().sum::<f32>() + tail.iter().sum::<f32>();
+    }
+}
+
+simd_fn! {
+    /// One row of [`crate::ops::recurrent::RecurrentOps::gated_rms_norm`]:
+    /// each group of `group_size` normalised, weighted and gated by `silu(g)`.
+    pub(super) fn gated_rms_norm_row(o: &mut [f32], x: &[f32], g: &[f32], w: &[f32], group_size: usize, eps: f32, order: GateOrder) {
+        for (((o, x), g), w) in o
+            .chunks_mut(group_size)
+            .zip(x.chunks(group_size))
+            .zip(g.chunks(group_size))
+            .zip(w.chunks(group_size))
+        {
+            match order {
+                GateOrder::BeforeNorm => {
+                    o.iter_mut()
+                        .zip(x)
+                        .zip(g)
+                        .for_each(|((o, x), g)| *o = x * silu(*g));
+                    let r = 1.0
+                        / (super::kernels::dot_f32(o, o) / group_size as f32 + eps).sqrt();
+                    o.iter_mut().zip(w).for_each(|(o, w)| *o *= r * w);
+                }
+                GateOrder::AfterNorm => {
+                    let r = 1.0
+                        / (super::kernels::dot_f32(x, x) / group_size as f32 + eps).sqrt();
+                    o.iter_mut()
+                        .zip(x)
+                        .zip(g)
+                        .zip(w)
+                        .for_each(|(((o, x), g), w)| *o = x * r * w * silu(*g));
+                }
+            }
+        }
     }
 }

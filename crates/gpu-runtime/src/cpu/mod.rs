@@ -10,6 +10,7 @@ mod elementwise;
 mod gemm_bf16;
 mod gemv;
 mod kernels;
+mod profile;
 mod recurrent;
 mod team;
 mod vec;
@@ -21,6 +22,7 @@ use metrale_core::DType;
 use crate::error::{GpuError, Result};
 use crate::gpu::{DevicePtr, DeviceSlice, GpuBackend};
 use crate::ledger::Ledger;
+pub use profile::OpTime;
 
 const ALIGN: usize = 64;
 
@@ -38,6 +40,8 @@ pub struct CpuBackend {
     /// Prefill matmuls with bf16 weights round the activations to bf16 and
     /// use bf16 dot products (see `gemm_bf16.rs`); off by default.
     bf16_dot: bool,
+    /// Wall time per op, when asked for ([`CpuBackend::with_op_profile`]).
+    profile: profile::OpProfile,
 }
 
 impl CpuBackend {
@@ -60,6 +64,7 @@ impl CpuBackend {
             pool,
             team,
             bf16_dot: false,
+            profile: profile::OpProfile::default(),
         }
     }
 
@@ -83,6 +88,24 @@ impl CpuBackend {
     /// Whether prefill may use bf16 dot products (asked for, and the CPU has them).
     pub fn bf16_dot_products(&self) -> bool {
         self.bf16_dot && gemm_bf16::available()
+    }
+
+    /// Records the wall time of every op call (read with
+    /// [`CpuBackend::take_op_times`]); off by default.
+    pub fn with_op_profile(self, on: bool) -> Self {
+        self.profile.set(on);
+        self
+    }
+
+    /// Per-op call counts and wall times since the last call, largest first
+    /// (empty unless [`CpuBackend::with_op_profile`] turned them on).
+    pub fn take_op_times(&self) -> Vec<OpTime> {
+        self.profile.take()
+    }
+
+    /// Times one op call until the returned guard drops (when profiling).
+    pub(crate) fn op_timer(&self, op: &'static str) -> Option<profile::OpTimer<'_>> {
+        self.profile.start(op)
     }
 
     /// Number of worker threads ops use.

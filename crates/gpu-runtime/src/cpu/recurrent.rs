@@ -20,7 +20,6 @@ use super::kernels::Weights;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
-use math::silu;
 
 fn shape_err(op: &'static str, detail: String) -> GpuError {
     GpuError::Shape { op, detail }
@@ -263,6 +262,7 @@ impl CpuBackend {
         mode: Mode,
     ) -> Result<()> {
         const OP: &str = "ssd_scan";
+        let _timer = self.op_timer(OP);
         let SsdParams {
             n_heads,
             head_dim,
@@ -367,6 +367,7 @@ impl CpuBackend {
         mode: Mode,
     ) -> Result<()> {
         const OP: &str = "gated_delta_rule";
+        let _timer = self.op_timer(OP);
         let DeltaParams {
             n_k_heads,
             n_v_heads,
@@ -442,6 +443,7 @@ impl RecurrentOps for CpuBackend {
         silu_out: bool,
     ) -> Result<()> {
         const OP: &str = "causal_conv1d";
+        let _timer = self.op_timer(OP);
         if channels == 0 || kernel == 0 {
             return Err(shape_err(
                 OP,
@@ -549,6 +551,7 @@ impl RecurrentOps for CpuBackend {
         order: GateOrder,
     ) -> Result<()> {
         const OP: &str = "gated_rms_norm";
+        let _timer = self.op_timer(OP);
         if dim == 0 || group_size == 0 || !dim.is_multiple_of(group_size) {
             return Err(shape_err(
                 OP,
@@ -566,35 +569,7 @@ impl RecurrentOps for CpuBackend {
         let o = &mut self.write_f32(OP, out, &[x, gate, weight])?[..rows * dim];
         self.team().chunks(o, dim, |i, o| {
             let (x, g) = (&xs[i * dim..(i + 1) * dim], &gs[i * dim..(i + 1) * dim]);
-            {
-                for (((o, x), g), w) in o
-                    .chunks_mut(group_size)
-                    .zip(x.chunks(group_size))
-                    .zip(g.chunks(group_size))
-                    .zip(w.chunks(group_size))
-                {
-                    match order {
-                        GateOrder::BeforeNorm => {
-                            o.iter_mut()
-                                .zip(x)
-                                .zip(g)
-                                .for_each(|((o, x), g)| *o = x * silu(*g));
-                            let r = 1.0
-                                / (super::kernels::dot_f32(o, o) / group_size as f32 + eps).sqrt();
-                            o.iter_mut().zip(w).for_each(|(o, w)| *o *= r * w);
-                        }
-                        GateOrder::AfterNorm => {
-                            let r = 1.0
-                                / (super::kernels::dot_f32(x, x) / group_size as f32 + eps).sqrt();
-                            o.iter_mut()
-                                .zip(x)
-                                .zip(g)
-                                .zip(w)
-                                .for_each(|(((o, x), g), w)| *o = x * r * w * silu(*g));
-                        }
-                    }
-                }
-            }
+            super::elementwise::gated_rms_norm_row(o, x, g, &w, group_size, eps, order);
         });
         Ok(())
     }

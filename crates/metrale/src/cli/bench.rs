@@ -16,7 +16,7 @@ use metrale::core::DType;
 use metrale::engine::config::{ModelConfig, parse_config};
 use metrale::engine::model::{Logits, ModelOptions, Sequence, Step, TransformerModel};
 use metrale::engine::random::write_random_checkpoint;
-use metrale::gpu_runtime::cpu::CpuBackend;
+use metrale::gpu_runtime::cpu::{CpuBackend, OpTime};
 use metrale::gpu_runtime::gpu::GpuBackend;
 use metrale::weights::loader::WeightDType;
 
@@ -76,6 +76,10 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also report the wall time of each op in the prefill and in the
+    /// decode steps (`prefill_ops` / `decode_ops` with --json).
+    #[arg(long)]
+    pub profile: bool,
 }
 
 #[derive(clap::Args)]
@@ -99,6 +103,9 @@ struct Measured {
     ttft_s: f64,
     decode_s: f64,
     decoded: usize,
+    /// Per-op wall times (with --profile; empty otherwise).
+    prefill_ops: Vec<OpTime>,
+    decode_ops: Vec<OpTime>,
 }
 
 pub fn export_random(args: ExportArgs) -> Result<()> {
@@ -120,10 +127,14 @@ pub fn run(args: Args) -> Result<()> {
         bail!("--prompt-len and --batch must be at least 1");
     }
     let (b, n, m) = (args.batch, args.prompt_len, args.gen_len);
-    let cpu = CpuBackend::with_threads(args.threads).with_bf16_dot_products(args.bf16_dot);
+    let cpu = Arc::new(
+        CpuBackend::with_threads(args.threads)
+            .with_bf16_dot_products(args.bf16_dot)
+            .with_op_profile(args.profile),
+    );
     let threads = cpu.threads();
     let bf16_dot = cpu.bf16_dot_products();
-    let gpu: Arc<dyn GpuBackend> = Arc::new(cpu);
+    let gpu: Arc<dyn GpuBackend> = cpu.clone();
     let max_batch_tokens = n.min(2048).max(b);
     let options = ModelOptions {
         max_batch_tokens,
@@ -155,7 +166,7 @@ pub fn run(args: Args) -> Result<()> {
         (None, None) => bail!("give --model DIR or --config FILE"),
     };
     let load_s = start.elapsed().as_secs_f64();
-    let measured = measure(&model, &args, load_s);
+    let measured = measure(&model, &args, load_s, &|| cpu.take_op_times());
     let config = model.config().clone();
     let weight_bytes = model.weight_store().map_or(0, |s| s.bytes());
     let shutdown = model.shutdown();
@@ -184,7 +195,13 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn measure(model: &TransformerModel, args: &Args, load_s: f64) -> Result<Measured> {
+/// `op_times` returns (and resets) the backend's per-op times.
+fn measure(
+    model: &TransformerModel,
+    args: &Args,
+    load_s: f64,
+    op_times: &dyn Fn() -> Vec<OpTime>,
+) -> Result<Measured> {
     let (b, n, m) = (args.batch, args.prompt_len, args.gen_len);
     let vocab = model.config().vocab_size as u64;
     let chunk = model.options().max_batch_tokens;
@@ -228,6 +245,7 @@ fn measure(model: &TransformerModel, args: &Args, load_s: f64) -> Result<Measure
             seqs.push(model.new_sequence()?);
         }
         let mut next: Vec<u32> = vec![0; b];
+        op_times(); // Not the warm-up's.
         let start = Instant::now();
         let mut ttft_s = 0.0;
         for (i, (seq, prompt)) in seqs.iter_mut().zip(&prompts).enumerate() {
@@ -252,6 +270,7 @@ fn measure(model: &TransformerModel, args: &Args, load_s: f64) -> Result<Measure
             }
         }
         let prefill_s = start.elapsed().as_secs_f64();
+        let prefill_ops = op_times();
         let start = Instant::now();
         for _ in 0..m {
             let ids = next.clone();
@@ -276,6 +295,8 @@ fn measure(model: &TransformerModel, args: &Args, load_s: f64) -> Result<Measure
             ttft_s,
             decode_s,
             decoded: b * m,
+            prefill_ops,
+            decode_ops: op_times(),
         })
     })();
     for seq in seqs {
@@ -311,6 +332,8 @@ struct Report {
     bandwidth: Option<f64>,
     decode_bytes: f64,
     bf16_dot: bool,
+    /// (phase, its seconds, its ops) for --profile.
+    ops: Vec<(&'static str, f64, Vec<OpTime>)>,
 }
 
 impl Report {
@@ -344,6 +367,14 @@ impl Report {
             bandwidth,
             decode_bytes: decode_params_per_token(c) * dtype.size_of() as f64,
             bf16_dot: false,
+            ops: [
+                ("prefill", m.prefill_s, &m.prefill_ops),
+                ("decode", m.decode_s, &m.decode_ops),
+            ]
+            .into_iter()
+            .filter(|(_, _, ops)| !ops.is_empty())
+            .map(|(phase, secs, ops)| (phase, secs, ops.clone()))
+            .collect(),
         }
     }
 
@@ -355,7 +386,7 @@ impl Report {
 
     fn json(&self) -> serde_json::Value {
         let roofline = self.roofline();
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "model": self.model,
             "model_type": self.model_type,
             "params": self.params,
@@ -375,7 +406,22 @@ impl Report {
             "decode_bytes_per_step": self.decode_bytes,
             "roofline_decode_tok_s": roofline,
             "roofline_fraction": roofline.map(|r| self.decode_tok_s / r),
-        })
+        });
+        for (phase, secs, ops) in &self.ops {
+            let rows: Vec<_> = ops
+                .iter()
+                .map(|t| {
+                    serde_json::json!({
+                        "op": t.op,
+                        "calls": t.calls,
+                        "ms": t.total.as_secs_f64() * 1e3,
+                        "share": t.total.as_secs_f64() / secs.max(f64::MIN_POSITIVE),
+                    })
+                })
+                .collect();
+            v[format!("{phase}_ops")] = rows.into();
+        }
+        v
     }
 
     fn print(&self) {
@@ -416,6 +462,19 @@ impl Report {
         match self.peak_rss {
             Some(p) => println!("peak memory  {:>10.2} GiB (resident)", gib(p as f64)),
             None => println!("peak memory  unknown on this OS"),
+        }
+        for (phase, secs, ops) in &self.ops {
+            println!("{phase} by op ({:.1} ms in all):", secs * 1e3);
+            for t in ops {
+                let ms = t.total.as_secs_f64() * 1e3;
+                println!(
+                    "  {:<20} {:>9.1} ms {:>5.1}% {:>7} calls",
+                    t.op,
+                    ms,
+                    100.0 * ms / (secs * 1e3).max(f64::MIN_POSITIVE),
+                    t.calls
+                );
+            }
         }
     }
 }

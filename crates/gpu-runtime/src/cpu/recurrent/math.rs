@@ -108,7 +108,7 @@ pub(crate) fn silu(x: f32) -> f32 {
 /// `exp(x)` to about 1 ulp (Cephes `expf` polynomial), branch-free so that
 /// loops over slices vectorise. Inputs below -87 give 0, above 88 are clamped.
 #[inline(always)]
-pub(super) fn exp_fast(x: f32) -> f32 {
+pub(crate) fn exp_fast(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
