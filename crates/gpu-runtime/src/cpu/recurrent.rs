@@ -20,6 +20,7 @@ use super::kernels::Weights;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
+use math::simd_fn;
 
 fn shape_err(op: &'static str, detail: String) -> GpuError {
     GpuError::Shape { op, detail }
@@ -38,33 +39,26 @@ fn need(op: &'static str, s: DeviceSlice, n: usize, what: &str) -> Result<()> {
 /// One past the last row any sequence uses.
 /// One token of a causal conv1d (`x`: `[1, channels]` or empty), taps `w` as
 /// stored (`[channels, km1 + 1]`), state `[channels, km1]` rolled by one.
-fn conv_step(io: SeqIo<'_>, x: &[f32], w: &[f32], bias: &[f32], km1: usize, silu_out: bool) {
-    let taps = km1 + 1;
-    for (ch, &xc) in x.iter().enumerate() {
-        let (w, st) = (
-            &w[ch * taps..(ch + 1) * taps],
-            &mut io.state[ch * km1..(ch + 1) * km1],
-        );
-        // The same order of additions as the prefill path: bias, the taps
-        // on the state, then the new input.
-        let mut acc = bias[ch];
-        for (w, s) in w.iter().zip(st.iter()) {
-            acc += w * s;
+simd_fn! {
+    /// One decode step of the causal conv for one sequence: `w` as stored
+    /// (`[channels, kernel]`, read with stride `kernel`, which vectorises as
+    /// interleaved loads), the state `[km1, channels]`.
+    fn conv_step(out: &mut [f32], state: &mut [f32], x: &[f32], w: &[f32], bias: &[f32], km1: usize) {
+        let (channels, taps) = (x.len(), km1 + 1);
+        // The same order of additions as the prefill path: bias, the taps on
+        // the state (oldest first), then the new input.
+        for (ch, o) in out[..channels].iter_mut().enumerate() {
+            let wc = &w[ch * taps..(ch + 1) * taps];
+            let mut acc = bias[ch];
+            for j in 0..km1 {
+                acc += wc[j] * state[j * channels + ch];
+            }
+            *o = acc + wc[km1] * x[ch];
         }
-        acc += w[km1] * xc;
-        io.out[ch] = acc;
-        // Rolled by hand: `copy_within` calls memmove for three floats.
-        for i in 1..km1 {
-            st[i - 1] = st[i];
+        if km1 > 0 {
+            state.copy_within(channels..km1 * channels, 0);
+            state[(km1 - 1) * channels..km1 * channels].copy_from_slice(x);
         }
-        if let Some(last) = st.last_mut() {
-            *last = xc;
-        }
-    }
-    if silu_out {
-        // Vectorised over the channels (a scalar SiLU per channel cost most
-        // of the step).
-        super::elementwise::silu_in_place(&mut io.out[..x.len()]);
     }
 }
 
@@ -465,11 +459,13 @@ impl RecurrentOps for CpuBackend {
         let km1 = kernel - 1;
         let ios = self.seq_ios(OP, seqs, out, channels, channels * km1, &inputs)?;
         if decode_only(seqs) {
-            // One token per sequence: a few thousand multiply-adds, done here
-            // in one pass over the channels, with the taps as stored.
-            for io in ios {
-                let x = &xs[io.row_start * channels..(io.row_start + io.len) * channels];
-                conv_step(io, x, &w, &bias, km1, silu_out);
+            // One token per sequence: a few thousand multiply-adds, done here.
+            for io in ios.into_iter().filter(|io| io.len == 1) {
+                let x = &xs[io.row_start * channels..(io.row_start + 1) * channels];
+                conv_step(io.out, io.state, x, &w, &bias, km1);
+                if silu_out {
+                    super::elementwise::silu_in_place(&mut io.out[..channels]);
+                }
             }
             return Ok(());
         }
@@ -488,15 +484,14 @@ impl RecurrentOps for CpuBackend {
                 o.copy_from_slice(bias);
                 for (j, wj) in wt.chunks(channels).enumerate() {
                     // Input t + j - km1 of the sequence; negative: from the state.
-                    if t + j >= km1 {
+                    let input = if t + j >= km1 {
                         let i = t + j - km1;
-                        super::elementwise::mul_add(o, wj, &xseq[i * channels..(i + 1) * channels]);
+                        &xseq[i * channels..(i + 1) * channels]
                     } else {
                         let col = t + j;
-                        for (ch, (o, w)) in o.iter_mut().zip(wj).enumerate() {
-                            *o += w * state[ch * km1 + col];
-                        }
-                    }
+                        &state[col * channels..(col + 1) * channels]
+                    };
+                    super::elementwise::mul_add(o, wj, input);
                 }
                 if silu_out {
                     super::elementwise::silu_in_place(o);
@@ -507,15 +502,15 @@ impl RecurrentOps for CpuBackend {
             if km1 == 0 || len == 0 {
                 return;
             }
-            // A few values per channel: not worth spreading over threads.
-            for (ch, st) in io.state.chunks_mut(km1).enumerate() {
-                if len < km1 {
-                    st.copy_within(len.., 0);
-                }
-                let from = km1.saturating_sub(len);
-                for (i, s) in st.iter_mut().enumerate().skip(from) {
-                    *s = xseq[(len + i - km1) * channels + ch];
-                }
+            // Rows of the state, oldest first: shift by `len`, then the last inputs.
+            let st = &mut io.state[..km1 * channels];
+            if len < km1 {
+                st.copy_within(len * channels.., 0);
+            }
+            let from = km1.saturating_sub(len);
+            for i in from..km1 {
+                let src = (len + i - km1) * channels;
+                st[i * channels..(i + 1) * channels].copy_from_slice(&xseq[src..src + channels]);
             }
         };
         ios.into_iter().for_each(conv_seq);

@@ -83,7 +83,9 @@ pub trait RecurrentOps {
     /// `conv1d.weight` `[channels, 1, kernel]`), f32/bf16/f16; `bias`
     /// `[channels]`, same dtypes. `x` and `out` are `[rows, channels]` f32.
     /// HF's cache keeps `kernel` inputs per channel (the newest included);
-    /// this state is those minus the oldest, which the next step drops anyway.
+    /// this state is those minus the oldest, which the next step drops anyway,
+    /// laid out `[kernel - 1, channels]`, oldest first (each tap a contiguous
+    /// row, so that a decode step is a few vector multiply-adds).
     fn causal_conv1d(
         &self,
         x: DeviceSlice,

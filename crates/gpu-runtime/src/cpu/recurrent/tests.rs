@@ -125,10 +125,8 @@ fn conv_ref(
     let mut out = vec![0f64; len * ch];
     let mut new_state = vec![0f64; ch * (k - 1)];
     for c in 0..ch {
-        let mut hist: Vec<f64> = state[c * (k - 1)..(c + 1) * (k - 1)]
-            .iter()
-            .map(|&v| v as f64)
-            .collect();
+        // The state is tap-major: `[k - 1, ch]`, oldest first.
+        let mut hist: Vec<f64> = (0..k - 1).map(|j| state[j * ch + c] as f64).collect();
         hist.extend((0..len).map(|t| x[t * ch + c] as f64));
         for t in 0..len {
             let mut acc = bias.map_or(0.0, |b| b[c] as f64);
@@ -137,7 +135,9 @@ fn conv_ref(
             }
             out[t * ch + c] = if silu { silu64(acc) } else { acc };
         }
-        new_state[c * (k - 1)..(c + 1) * (k - 1)].copy_from_slice(&hist[len..]);
+        for (j, &h) in hist[len..].iter().enumerate() {
+            new_state[j * ch + c] = h;
+        }
     }
     (out, new_state)
 }
