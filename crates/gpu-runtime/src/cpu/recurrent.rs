@@ -11,7 +11,7 @@ mod delta;
 pub(super) mod math;
 mod ssd;
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;
 #[cfg(test)]
 mod tests_scan;
 

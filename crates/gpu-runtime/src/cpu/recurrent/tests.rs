@@ -10,7 +10,7 @@ use crate::gpu::{DeviceSlice, GpuBackend};
 use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
 
 /// Deterministic uniform numbers (xorshift64*).
-pub(super) struct Rng(u64);
+pub(in crate::cpu) struct Rng(u64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
@@ -32,15 +32,19 @@ impl Rng {
 
 /// A CPU backend and the slices a test allocated; `finish` frees them and
 /// checks that nothing leaked.
-pub(super) struct Env {
+pub(in crate::cpu) struct Env {
     pub cpu: CpuBackend,
     slices: Vec<DeviceSlice>,
 }
 
 impl Env {
     pub fn new() -> Self {
+        Self::with_threads(0)
+    }
+
+    pub fn with_threads(threads: usize) -> Self {
         Self {
-            cpu: CpuBackend::new(),
+            cpu: CpuBackend::with_threads(threads),
             slices: Vec::new(),
         }
     }
@@ -85,7 +89,7 @@ impl Env {
 }
 
 /// `|got - want| <= tol * (1 + |want|)` elementwise.
-pub(super) fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
+pub(in crate::cpu) fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         assert!(
