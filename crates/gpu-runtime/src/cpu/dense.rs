@@ -5,7 +5,6 @@ use rayon::prelude::*;
 use super::CpuBackend;
 use super::elementwise as ew;
 use super::kernels::{Weights, dot_f32, gemm_xwt};
-use super::vec;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::dense::{AttnParams, AttnSeq, DenseOps, KvLayer, MatmulDims, RopeParams};
@@ -33,7 +32,7 @@ fn shape_err(op: &'static str, detail: String) -> GpuError {
     GpuError::Shape { op, detail }
 }
 
-fn need(op: &'static str, s: DeviceSlice, n: usize, what: &str) -> Result<()> {
+pub(super) fn need(op: &'static str, s: DeviceSlice, n: usize, what: &str) -> Result<()> {
     if s.len() < n {
         return Err(shape_err(
             op,
@@ -60,8 +59,6 @@ impl CpuBackend {
 }
 
 thread_local! {
-    /// One query's attention scores, per team thread.
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// The widened weight panel of `gemm_widened`, per pool thread.
     static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -271,31 +268,7 @@ impl DenseOps for CpuBackend {
         slots: &[u32],
         kv_width: usize,
     ) -> Result<()> {
-        const OP: &str = "kv_store";
-        let _timer = self.op_timer(OP);
-        need(OP, k, slots.len() * kv_width, "k")?;
-        need(OP, v, slots.len() * kv_width, "v")?;
-        let capacity = cache.k.len() / kv_width.max(1);
-        let (ks, vs) = (self.read_f32(OP, k)?, self.read_f32(OP, v)?);
-        let kc = self.write_f32(OP, cache.k, &[k, v])?;
-        for (i, &slot) in slots.iter().enumerate() {
-            let s = slot as usize;
-            if s >= capacity {
-                return Err(shape_err(
-                    OP,
-                    format!("slot {s} beyond cache capacity {capacity}"),
-                ));
-            }
-            kc[s * kv_width..(s + 1) * kv_width]
-                .copy_from_slice(&ks[i * kv_width..(i + 1) * kv_width]);
-        }
-        let vc = self.write_f32(OP, cache.v, &[k, v])?;
-        for (i, &slot) in slots.iter().enumerate() {
-            let s = slot as usize;
-            vc[s * kv_width..(s + 1) * kv_width]
-                .copy_from_slice(&vs[i * kv_width..(i + 1) * kv_width]);
-        }
-        Ok(())
+        super::attention::kv_store(self, k, v, cache, slots, kv_width)
     }
 
     fn paged_attention(
@@ -306,83 +279,7 @@ impl DenseOps for CpuBackend {
         seqs: &[AttnSeq<'_>],
         p: &AttnParams,
     ) -> Result<()> {
-        const OP: &str = "paged_attention";
-        let _timer = self.op_timer(OP);
-        let (hd, width) = (p.head_dim, p.n_heads * p.head_dim);
-        let kv_width = p.n_kv_heads * hd;
-        if p.n_kv_heads == 0 || !p.n_heads.is_multiple_of(p.n_kv_heads) {
-            return Err(shape_err(
-                OP,
-                format!("{} heads over {} kv heads", p.n_heads, p.n_kv_heads),
-            ));
-        }
-        let rows = seqs.iter().map(|s| s.q_start + s.q_len).max().unwrap_or(0);
-        need(OP, q, rows * width, "q")?;
-        need(OP, out, rows * width, "out")?;
-        // Which sequence and position each query row belongs to.
-        let mut row_of: Vec<Option<(usize, usize)>> = vec![None; rows];
-        for (si, s) in seqs.iter().enumerate() {
-            if s.q_len > s.kv_len || s.block_table.len() * cache.block_size < s.kv_len {
-                return Err(shape_err(
-                    OP,
-                    format!(
-                        "sequence {si}: {} queries, {} cached tokens, {} blocks",
-                        s.q_len,
-                        s.kv_len,
-                        s.block_table.len()
-                    ),
-                ));
-            }
-            for i in 0..s.q_len {
-                row_of[s.q_start + i] = Some((si, s.kv_len - s.q_len + i));
-            }
-        }
-        let (qs, kc, vc) = (
-            self.read_f32(OP, q)?,
-            self.read_f32(OP, cache.k)?,
-            self.read_f32(OP, cache.v)?,
-        );
-        let o = self.write_f32(OP, out, &[q, cache.k, cache.v])?;
-        let group = p.n_heads / p.n_kv_heads;
-        let bs = cache.block_size;
-        let isa = super::gemv::Isa::detect();
-        // One task per (row, head): a decode step (one row) still spreads
-        // over every thread. A head's result does not depend on how the work
-        // is split, nor on the other rows of the step.
-        let head = |(idx, oh): (usize, &mut [f32])| {
-            let (r, h) = (idx / p.n_heads, idx % p.n_heads);
-            let Some((si, pos)) = row_of[r] else { return };
-            let seq = &seqs[si];
-            let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let n_keys = pos + 1 - first;
-            let kvh = h / group;
-            let qh = &qs[r * width + h * hd..r * width + (h + 1) * hd];
-            // Cache offsets of keys `first..=pos`, block by block (no division per key).
-            let offsets = || {
-                (first / bs..=pos / bs).flat_map(move |b| {
-                    let base = seq.block_table[b].index() * bs;
-                    let (lo, hi) = ((b * bs).max(first), ((b + 1) * bs).min(pos + 1));
-                    (lo..hi).map(move |t| (base + t - b * bs) * kv_width + kvh * hd)
-                })
-            };
-            SCORES.with_borrow_mut(|scores| {
-                scores.resize(n_keys, 0.0);
-                let mut max = f32::NEG_INFINITY;
-                for (s, base) in scores.iter_mut().zip(offsets()) {
-                    *s = vec::dot(isa, qh, &kc[base..base + hd]) * p.scale;
-                    max = max.max(*s);
-                }
-                let mut sum = 0f32;
-                ew::exp_sub_sum(scores, max, &mut sum);
-                oh.fill(0.0);
-                for (s, base) in scores.iter().zip(offsets()) {
-                    vec::axpy(isa, oh, s / sum, &vc[base..base + hd]);
-                }
-            })
-        };
-        self.team()
-            .chunks(&mut o[..rows * width], hd, |i, oh| head((i, oh)));
-        Ok(())
+        super::attention::paged_attention(self, q, cache, out, seqs, p)
     }
 
     fn silu_mul(

@@ -5,6 +5,7 @@
 //! and [`CpuBackend::write`], the one place host pointers are made from device
 //! addresses; they check that the range lies inside a live allocation first.
 
+mod attention;
 mod dense;
 mod elementwise;
 mod gemm_bf16;

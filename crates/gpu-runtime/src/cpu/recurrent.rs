@@ -36,9 +36,6 @@ fn need(op: &'static str, s: DeviceSlice, n: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// One past the last row any sequence uses.
-/// One token of a causal conv1d (`x`: `[1, channels]` or empty), taps `w` as
-/// stored (`[channels, km1 + 1]`), state `[channels, km1]` rolled by one.
 simd_fn! {
     /// One decode step of the causal conv for one sequence: `w` as stored
     /// (`[channels, kernel]`, read with stride `kernel`, which vectorises as
@@ -68,6 +65,7 @@ fn decode_only(seqs: &[RecurrentSeq]) -> bool {
     seqs.iter().all(|s| s.len <= 1)
 }
 
+/// One past the last row any sequence uses.
 fn rows_of(seqs: &[RecurrentSeq]) -> usize {
     seqs.iter()
         .filter(|s| s.len > 0)

@@ -299,6 +299,34 @@ impl Team {
         });
     }
 
+    /// `f(i, piece)` for each `chunk`-long piece of `data`, `per_task`
+    /// consecutive pieces per task, the tasks taken last first: for loops
+    /// whose later pieces cost more (causal attention), so that the longest
+    /// start first and the threads finish together.
+    pub(crate) fn chunks_rev<T: Send>(
+        &self,
+        data: &mut [T],
+        chunk: usize,
+        per_task: usize,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
+        let (chunk, per_task) = (chunk.max(1), per_task.max(1));
+        let pieces = data.len().div_ceil(chunk);
+        let tasks = pieces.div_ceil(per_task);
+        let (base, len) = (SendPtr(data.as_mut_ptr()), data.len());
+        self.run(tasks, &|t| {
+            let base = &base;
+            let t = tasks - 1 - t;
+            for i in t * per_task..((t + 1) * per_task).min(pieces) {
+                let (lo, hi) = (i * chunk, ((i + 1) * chunk).min(len));
+                // SAFETY: as in `chunks`: disjoint pieces, one task each,
+                // `data` borrowed mutably until `run` returns.
+                let piece = unsafe { std::slice::from_raw_parts_mut(base.0.add(lo), hi - lo) };
+                f(i, piece);
+            }
+        });
+    }
+
     /// `f(i, a_i, b_i)` for the `i`-th `ca`-long piece of `a` and `cb`-long
     /// piece of `b`, as many as the shorter has (like `zip` over two
     /// `chunks_mut`), one task per pair.
@@ -354,6 +382,21 @@ mod tests {
                 hits[t].fetch_add(1, Ordering::Relaxed);
             });
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn chunks_rev_cover_the_slice() {
+        let team = Team::new(3);
+        for per_task in [1, 4, 7] {
+            let mut v = vec![0usize; 103];
+            team.chunks_rev(&mut v, 5, per_task, |i, c| {
+                c.iter_mut().for_each(|x| *x += i + 1)
+            });
+            assert!(
+                v.iter().enumerate().all(|(j, &x)| x == j / 5 + 1),
+                "{per_task}"
+            );
         }
     }
 

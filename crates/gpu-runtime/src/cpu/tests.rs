@@ -14,35 +14,30 @@ struct SeqCase {
 }
 
 /// Attention of every query row, in f64: softmax over the visible keys.
+/// `keys[c][t]` / `values[c][t]` are token `t`'s rows of sequence `c`.
 fn attention_ref(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    keys: &[Vec<Vec<f32>>],
+    values: &[Vec<Vec<f32>>],
     cases: &[SeqCase],
     p: &AttnParams,
-    block_size: usize,
 ) -> Vec<f64> {
-    let (hd, width, kv_width) = (
-        p.head_dim,
-        p.n_heads * p.head_dim,
-        p.n_kv_heads * p.head_dim,
-    );
+    let (hd, width) = (p.head_dim, p.n_heads * p.head_dim);
     let rows = cases.iter().map(|c| c.q_start + c.q_len).max().unwrap_or(0);
     let mut out = vec![0f64; rows * width];
-    for c in cases {
-        let slot = |t: usize| c.blocks[t / block_size].index() * block_size + t % block_size;
+    for (ci, c) in cases.iter().enumerate() {
         for i in 0..c.q_len {
             let (r, pos) = (c.q_start + i, c.kv_len - c.q_len + i);
             let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
             for h in 0..p.n_heads {
                 let kvh = h / (p.n_heads / p.n_kv_heads);
                 let qh = &q[r * width + h * hd..][..hd];
-                let at = |t: usize| slot(t) * kv_width + kvh * hd;
+                let head = |rows: &[Vec<f32>], t: usize| rows[t][kvh * hd..][..hd].to_vec();
                 let scores: Vec<f64> = (first..=pos)
                     .map(|t| {
-                        let kt = &k[at(t)..][..hd];
+                        let kt = head(&keys[ci], t);
                         qh.iter()
-                            .zip(kt)
+                            .zip(&kt)
                             .map(|(&a, &b)| a as f64 * b as f64)
                             .sum::<f64>()
                             * p.scale as f64
@@ -53,7 +48,7 @@ fn attention_ref(
                 let sum: f64 = e.iter().sum();
                 let o = &mut out[r * width + h * hd..][..hd];
                 for (t, w) in (first..=pos).zip(&e) {
-                    for (o, &vv) in o.iter_mut().zip(&v[at(t)..][..hd]) {
+                    for (o, &vv) in o.iter_mut().zip(&head(&values[ci], t)) {
                         *o += w / sum * vv as f64;
                     }
                 }
@@ -63,15 +58,61 @@ fn attention_ref(
     out
 }
 
+/// Writes every token of every case into a fresh cache through `kv_store`
+/// (random rows); returns the cache and the rows per case and token.
+#[allow(clippy::type_complexity)]
+fn filled_cache(
+    env: &mut Env,
+    rng: &mut Rng,
+    cases: &[SeqCase],
+    blocks: usize,
+    block_size: usize,
+    kv_width: usize,
+) -> (KvLayer, Vec<Vec<Vec<f32>>>, Vec<Vec<Vec<f32>>>) {
+    let zeros = vec![0.0; blocks * block_size * kv_width];
+    let cache = KvLayer {
+        k: env.up(&zeros),
+        v: env.up(&zeros),
+        block_size,
+    };
+    let (mut keys, mut values, mut slots) = (vec![], vec![], vec![]);
+    let (mut kf, mut vf) = (vec![], vec![]);
+    for c in cases {
+        let k: Vec<Vec<f32>> = (0..c.kv_len)
+            .map(|_| rng.vec(kv_width, -2.0, 2.0))
+            .collect();
+        let v: Vec<Vec<f32>> = (0..c.kv_len)
+            .map(|_| rng.vec(kv_width, -1.0, 1.0))
+            .collect();
+        for t in 0..c.kv_len {
+            slots.push((c.blocks[t / block_size].index() * block_size + t % block_size) as u32);
+            kf.extend_from_slice(&k[t]);
+            vf.extend_from_slice(&v[t]);
+        }
+        keys.push(k);
+        values.push(v);
+    }
+    let (ks, vs) = (env.up(&kf), env.up(&vf));
+    env.cpu
+        .kv_store(ks, vs, &cache, &slots, kv_width)
+        .expect("kv_store");
+    (cache, keys, values)
+}
+
 /// A prefill from position 0, a decode step and a chunk after cached
 /// tokens, batched, over scattered blocks; with and without a window.
 #[test]
 fn paged_attention_matches_reference() {
-    let block_size = 4;
     let blocks = |ids: &[u32]| ids.iter().map(|&b| BlockId(b)).collect::<Vec<_>>();
-    for (hd, window) in [(8, None), (64, None), (64, Some(5)), (40, Some(3))] {
+    for (block_size, hd, window) in [
+        (4, 8, None),
+        (4, 64, Some(5)),
+        (16, 64, None),
+        (16, 40, Some(3)),
+        (16, 128, Some(17)),
+    ] {
         let mut env = Env::new();
-        let mut rng = Rng::new(hd as u64 * 31 + window.unwrap_or(0) as u64);
+        let mut rng = Rng::new((block_size * 1000 + hd) as u64 * 31 + window.unwrap_or(0) as u64);
         let p = AttnParams {
             n_heads: 6,
             n_kv_heads: 2,
@@ -102,15 +143,10 @@ fn paged_attention_matches_reference() {
         let (width, kv_width) = (p.n_heads * hd, p.n_kv_heads * hd);
         let rows = 23;
         let q = rng.vec(rows * width, -2.0, 2.0);
-        let k = rng.vec(12 * block_size * kv_width, -2.0, 2.0);
-        let v = rng.vec(12 * block_size * kv_width, -1.0, 1.0);
-        let (qs, ks, vs) = (env.up(&q), env.up(&k), env.up(&v));
+        let qs = env.up(&q);
         let out = env.up(&vec![f32::NAN; rows * width]);
-        let cache = KvLayer {
-            k: ks,
-            v: vs,
-            block_size,
-        };
+        let (cache, keys, values) =
+            filled_cache(&mut env, &mut rng, &cases, 12, block_size, kv_width);
         let seqs: Vec<AttnSeq<'_>> = cases
             .iter()
             .map(|c| AttnSeq {
@@ -123,7 +159,7 @@ fn paged_attention_matches_reference() {
         env.cpu
             .paged_attention(qs, &cache, out, &seqs, &p)
             .expect("attention");
-        let want = attention_ref(&q, &k, &v, &cases, &p, block_size);
+        let want = attention_ref(&q, &keys, &values, &cases, &p);
         assert_close(
             &env.down(out),
             &want,

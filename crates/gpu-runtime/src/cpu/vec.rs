@@ -1,23 +1,8 @@
-//! Short vector loops of attention (a head's `q · k` and `o += w · v`), with
-//! AVX-512 or AVX2+FMA chosen at run time and a portable fallback. The build
+//! The short vector loops of attention (a block's scores, `o += w · v`),
+//! with AVX-512 chosen at run time and a portable fallback. The build
 //! targets baseline x86-64, so without these the loops run on SSE2.
 
 use super::gemv::Isa;
-
-/// `a · b` over `a.len()` elements (`b` at least as long).
-#[inline]
-pub(crate) fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
-    let b = &b[..a.len()];
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::detect` found AVX-512F on this CPU; equal lengths.
-        Isa::Avx512 => unsafe { x86::dot512(a, b) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::detect` found AVX2 and FMA on this CPU; equal lengths.
-        Isa::Avx2 => unsafe { x86::dot256(a, b) },
-        _ => super::kernels::dot_f32(a, b),
-    }
-}
 
 /// `o += w * v` over `o.len()` elements (`v` at least as long).
 #[inline]
@@ -31,70 +16,127 @@ pub(crate) fn axpy(isa: Isa, o: &mut [f32], w: f32, v: &[f32]) {
     }
 }
 
+/// `o += Σ_i w[i] · v[i * stride..][..o.len()]`, the rows added in order
+/// (exactly [`axpy`] row by row; the usual head sizes keep `o` in registers).
+pub(crate) fn axpy_rows(isa: Isa, o: &mut [f32], w: &[f32], v: &[f32], stride: usize) {
+    if let Some(last) = w.len().checked_sub(1) {
+        assert!(v.len() >= last * stride + o.len(), "axpy_rows: v too short");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: `Isa::detect` found AVX-512F; the rows are inside `v` (asserted)
+        // and each kernel handles `o.len() == 16 * N`.
+        unsafe {
+            match o.len() {
+                32 => return x86::axpy_rows512::<2>(o, w, v, stride),
+                64 => return x86::axpy_rows512::<4>(o, w, v, stride),
+                128 => return x86::axpy_rows512::<8>(o, w, v, stride),
+                256 => return x86::axpy_rows512::<16>(o, w, v, stride),
+                _ => {}
+            }
+        }
+    }
+    for (i, &wi) in w.iter().enumerate() {
+        axpy(isa, o, wi, &v[i * stride..]);
+    }
+}
+
+/// Lanes of [`tile_dot`]: one score per key of a 16-token block.
+pub(crate) const TILE_LANES: usize = 16;
+
+/// `out[j] = Σ_d q[d] · tile[d * 16 + j]` for a `[q.len(), 16]` tile, over
+/// four chains of `d` (`d mod 4`, each in order) added as `(c0 + c1) + (c2 + c3)`:
+/// four chains hide the latency of the adds.
+pub(crate) fn tile_dot(isa: Isa, q: &[f32], tile: &[f32], out: &mut [f32; TILE_LANES]) {
+    assert!(
+        tile.len() >= q.len() * TILE_LANES,
+        "tile_dot: tile too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: `Isa::detect` found AVX-512F; the tile holds `q.len()` rows (asserted).
+        unsafe { x86::tile_dot512(q, tile, out) };
+        return;
+    }
+    let mut acc = [[0f32; TILE_LANES]; 4];
+    for (d, (&qd, row)) in q.iter().zip(tile.chunks_exact(TILE_LANES)).enumerate() {
+        for (a, &k) in acc[d % 4].iter_mut().zip(row) {
+            *a += qd * k;
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = (acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j]);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
+    /// [`super::tile_dot`] with fused multiply-adds.
+    ///
     /// # Safety
-    /// AVX-512F; `a.len() == b.len()`.
+    /// AVX-512F; `tile.len() >= q.len() * 16`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn dot512(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len() / 16 * 16;
-        let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let mut c = 0;
-        while c + 32 <= n {
-            // SAFETY: `c + 32 <= n <= len` for both slices.
-            unsafe {
-                s0 = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(a.as_ptr().add(c)),
-                    _mm512_loadu_ps(b.as_ptr().add(c)),
-                    s0,
-                );
-                s1 = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(a.as_ptr().add(c + 16)),
-                    _mm512_loadu_ps(b.as_ptr().add(c + 16)),
-                    s1,
-                );
-            }
-            c += 32;
+    pub(super) unsafe fn tile_dot512(q: &[f32], tile: &[f32], out: &mut [f32; 16]) {
+        let (mut a0, mut a1, mut a2, mut a3) = (
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+        );
+        // SAFETY (every load): row `d < q.len()` of the tile is inside it
+        // (the caller's contract).
+        let row = |d: usize| unsafe { _mm512_loadu_ps(tile.as_ptr().add(d * 16)) };
+        let (quads, rest) = q.as_chunks::<4>();
+        for (i, c) in quads.iter().enumerate() {
+            let d = 4 * i;
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(c[0]), row(d), a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(c[1]), row(d + 1), a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(c[2]), row(d + 2), a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(c[3]), row(d + 3), a3);
         }
-        if c < n {
-            // SAFETY: `c + 16 == n <= len`.
-            unsafe {
-                s0 = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(a.as_ptr().add(c)),
-                    _mm512_loadu_ps(b.as_ptr().add(c)),
-                    s0,
-                )
-            };
+        let d = 4 * quads.len();
+        let acc = [&mut a0, &mut a1, &mut a2];
+        for (i, (&qd, a)) in rest.iter().zip(acc).enumerate() {
+            *a = _mm512_fmadd_ps(_mm512_set1_ps(qd), row(d + i), *a);
         }
-        let tail: f32 = (n..a.len()).map(|i| a[i] * b[i]).sum();
-        _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) + tail
+        let sum = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+        // SAFETY: `out` holds 16 f32.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), sum) };
     }
 
+    /// [`super::axpy_rows`] for `o.len() == 16 * N`, `o` held in `N` registers.
+    ///
     /// # Safety
-    /// AVX2 and FMA; `a.len() == b.len()`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot256(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len() / 8 * 8;
-        let mut s = _mm256_setzero_ps();
-        let mut c = 0;
-        while c < n {
-            // SAFETY: `c + 8 <= n <= len` for both slices.
-            unsafe {
-                s = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(a.as_ptr().add(c)),
-                    _mm256_loadu_ps(b.as_ptr().add(c)),
-                    s,
-                )
-            };
-            c += 8;
+    /// AVX-512F; `o.len() == 16 * N`; row `i < w.len()` of `v` (at `i * stride`)
+    /// holds `o.len()` elements.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn axpy_rows512<const N: usize>(
+        o: &mut [f32],
+        w: &[f32],
+        v: &[f32],
+        stride: usize,
+    ) {
+        debug_assert_eq!(o.len(), 16 * N);
+        let mut acc = [_mm512_setzero_ps(); N];
+        for (j, a) in acc.iter_mut().enumerate() {
+            // SAFETY: `16 * j + 16 <= o.len()`.
+            *a = unsafe { _mm512_loadu_ps(o.as_ptr().add(16 * j)) };
         }
-        let hi = _mm256_extractf128_ps::<1>(s);
-        let q = _mm_add_ps(hi, _mm256_castps256_ps128(s));
-        let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-        let q = _mm_add_ss(q, _mm_shuffle_ps::<1>(q, q));
-        _mm_cvtss_f32(q) + (n..a.len()).map(|i| a[i] * b[i]).sum::<f32>()
+        for (i, &wi) in w.iter().enumerate() {
+            let wv = _mm512_set1_ps(wi);
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: the caller's contract: `v[i * stride..][..16 * N]`.
+                *a = unsafe {
+                    _mm512_fmadd_ps(wv, _mm512_loadu_ps(v.as_ptr().add(i * stride + 16 * j)), *a)
+                };
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            // SAFETY: as for the loads.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * j), *a) };
+        }
     }
 
     /// # Safety
@@ -128,16 +170,34 @@ mod tests {
 
     #[test]
     fn match_the_portable_loops() {
-        for n in [1usize, 7, 16, 33, 64, 128, 131] {
+        for n in [1usize, 7, 16, 32, 33, 64, 128, 131, 256] {
             let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
             let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
             for isa in [Isa::detect(), Isa::Portable] {
-                let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-                assert!((dot(isa, &a, &b) - want).abs() < 1e-4, "{isa:?} dot {n}");
                 let mut o = a.clone();
                 axpy(isa, &mut o, 0.5, &b);
                 for i in 0..n {
                     assert!((o[i] - (a[i] + 0.5 * b[i])).abs() < 1e-6);
+                }
+                // Three rows of `n`, 5 apart beyond `n`: the same bits as axpy row by row.
+                let stride = n + 5;
+                let v: Vec<f32> = (0..3 * stride).map(|i| (i as f32 * 0.23).sin()).collect();
+                let w = [0.25, -1.5, 0.75];
+                let mut rows = a.clone();
+                axpy_rows(isa, &mut rows, &w, &v, stride);
+                let mut one_by_one = a.clone();
+                for (i, &wi) in w.iter().enumerate() {
+                    axpy(isa, &mut one_by_one, wi, &v[i * stride..]);
+                }
+                assert_eq!(rows, one_by_one, "{isa:?} axpy_rows {n}");
+                let tile: Vec<f32> = (0..n * TILE_LANES)
+                    .map(|i| (i as f32 * 0.17).cos())
+                    .collect();
+                let mut got = [0f32; TILE_LANES];
+                tile_dot(isa, &a, &tile, &mut got);
+                for (j, g) in got.iter().enumerate() {
+                    let want: f32 = (0..n).map(|d| a[d] * tile[d * TILE_LANES + j]).sum();
+                    assert!((g - want).abs() < 1e-4, "{isa:?} tile_dot {n} lane {j}");
                 }
             }
         }

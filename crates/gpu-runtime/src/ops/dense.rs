@@ -28,8 +28,12 @@ pub struct RopeParams<'a> {
     pub rotary_dim: usize,
 }
 
-/// One attention layer's paged cache: `k` and `v` each
-/// `[num_blocks, block_size, n_kv_heads, head_dim]` f32.
+/// One attention layer's paged cache, f32: `v` is
+/// `[num_blocks, block_size, n_kv_heads, head_dim]`; `k` is transposed within
+/// each block, `[num_blocks, n_kv_heads, head_dim, block_size]`, so that a
+/// block's keys of one kv head form a `[head_dim, block_size]` tile whose
+/// rows a query multiplies lane-wise (no horizontal sums per key). Only the
+/// backend's `kv_store` and `paged_attention` read or write these bytes.
 #[derive(Clone, Copy, Debug)]
 pub struct KvLayer {
     pub k: DeviceSlice,

@@ -1,0 +1,191 @@
+//! The paged KV cache's writes and grouped-query attention over it, on the CPU.
+//!
+//! Keys are stored transposed within each block (see [`KvLayer`]): a
+//! block's keys of one kv head are a `[head_dim, block_size]` tile, and a
+//! query's scores for the block are `block_size` lanes of one vector loop
+//! (`q[d]` broadcast times row `d` of the tile, no horizontal sums). Values
+//! stay token-major, so the output sums `p_t · v_t` with whole-row vector
+//! operations. One task per (query row, head); the softmax uses the
+//! vectorised `exp`.
+//!
+//! Each (row, head) is computed by the same operations in the same order
+//! whatever else is in the call and however the team splits it, so a row's
+//! result depends on its own sequence only.
+
+use std::cell::RefCell;
+
+use super::CpuBackend;
+use super::dense::need;
+use super::elementwise as ew;
+use super::gemv::Isa;
+use super::recurrent::math::simd_fn;
+use super::vec;
+use crate::error::{GpuError, Result};
+use crate::gpu::DeviceSlice;
+use crate::ops::dense::{AttnParams, AttnSeq, KvLayer};
+
+thread_local! {
+    /// One query's scores (per team thread).
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+fn shape_err(op: &'static str, detail: String) -> GpuError {
+    GpuError::Shape { op, detail }
+}
+
+pub(super) fn kv_store(
+    cpu: &CpuBackend,
+    k: DeviceSlice,
+    v: DeviceSlice,
+    cache: &KvLayer,
+    slots: &[u32],
+    kv_width: usize,
+) -> Result<()> {
+    const OP: &str = "kv_store";
+    let _timer = cpu.op_timer(OP);
+    need(OP, k, slots.len() * kv_width, "k")?;
+    need(OP, v, slots.len() * kv_width, "v")?;
+    let bs = cache.block_size.max(1);
+    let capacity = cache.k.len().min(cache.v.len()) / (kv_width * bs).max(1) * bs;
+    if let Some(&s) = slots.iter().find(|&&s| s as usize >= capacity) {
+        return Err(shape_err(
+            OP,
+            format!("slot {s} beyond cache capacity {capacity}"),
+        ));
+    }
+    let (ks, vs) = (cpu.read_f32(OP, k)?, cpu.read_f32(OP, v)?);
+    let kc = cpu.write_f32(OP, cache.k, &[k, v])?;
+    for (i, &slot) in slots.iter().enumerate() {
+        let (block, off) = (slot as usize / bs, slot as usize % bs);
+        let tile = &mut kc[block * kv_width * bs..(block + 1) * kv_width * bs];
+        for (c, &x) in ks[i * kv_width..(i + 1) * kv_width].iter().enumerate() {
+            tile[c * bs + off] = x;
+        }
+    }
+    let vc = cpu.write_f32(OP, cache.v, &[k, v])?;
+    for (i, &slot) in slots.iter().enumerate() {
+        let s = slot as usize;
+        vc[s * kv_width..(s + 1) * kv_width].copy_from_slice(&vs[i * kv_width..(i + 1) * kv_width]);
+    }
+    Ok(())
+}
+
+/// Which sequence and position each query row belongs to (None: no query).
+fn rows_of(seqs: &[AttnSeq<'_>], block_size: usize) -> Result<Vec<Option<(usize, usize)>>> {
+    let rows = seqs.iter().map(|s| s.q_start + s.q_len).max().unwrap_or(0);
+    let mut row_of = vec![None; rows];
+    for (si, s) in seqs.iter().enumerate() {
+        if s.q_len > s.kv_len || s.block_table.len() * block_size < s.kv_len {
+            return Err(shape_err(
+                "paged_attention",
+                format!(
+                    "sequence {si}: {} queries, {} cached tokens, {} blocks",
+                    s.q_len,
+                    s.kv_len,
+                    s.block_table.len()
+                ),
+            ));
+        }
+        for i in 0..s.q_len {
+            row_of[s.q_start + i] = Some((si, s.kv_len - s.q_len + i));
+        }
+    }
+    Ok(row_of)
+}
+
+pub(super) fn paged_attention(
+    cpu: &CpuBackend,
+    q: DeviceSlice,
+    cache: &KvLayer,
+    out: DeviceSlice,
+    seqs: &[AttnSeq<'_>],
+    p: &AttnParams,
+) -> Result<()> {
+    const OP: &str = "paged_attention";
+    let _timer = cpu.op_timer(OP);
+    let (hd, width) = (p.head_dim, p.n_heads * p.head_dim);
+    let kv_width = p.n_kv_heads * hd;
+    if p.n_kv_heads == 0 || !p.n_heads.is_multiple_of(p.n_kv_heads) {
+        return Err(shape_err(
+            OP,
+            format!("{} heads over {} kv heads", p.n_heads, p.n_kv_heads),
+        ));
+    }
+    let bs = cache.block_size;
+    let row_of = rows_of(seqs, bs)?;
+    let rows = row_of.len();
+    need(OP, q, rows * width, "q")?;
+    need(OP, out, rows * width, "out")?;
+    let (qs, kc, vc) = (
+        cpu.read_f32(OP, q)?,
+        cpu.read_f32(OP, cache.k)?,
+        cpu.read_f32(OP, cache.v)?,
+    );
+    let o = cpu.write_f32(OP, out, &[q, cache.k, cache.v])?;
+    let (isa, group) = (Isa::detect(), p.n_heads / p.n_kv_heads);
+    let tile_len = hd * bs;
+    // One task per (row, head), or per row in a long prefill; the last rows
+    // (the most keys) first.
+    let per_task = if rows >= 4 * cpu.threads() {
+        p.n_heads
+    } else {
+        1
+    };
+    cpu.team()
+        .chunks_rev(&mut o[..rows * width], hd, per_task, |idx, oh| {
+            let (r, h) = (idx / p.n_heads, idx % p.n_heads);
+            let Some((si, pos)) = row_of[r] else { return };
+            let seq = &seqs[si];
+            let kvh = h / group;
+            let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let qh = &qs[r * width + h * hd..][..hd];
+            SCORES.with_borrow_mut(|scores| {
+                // Scores of the whole blocks that hold keys `first..=pos`; the
+                // visible ones are `scores[first - b0 * bs..=pos - b0 * bs]`.
+                let (b0, b1) = (first / bs, pos / bs);
+                scores.resize((b1 + 1 - b0) * bs, 0.0);
+                for (b, sc) in (b0..=b1).zip(scores.chunks_mut(bs)) {
+                    let at = (seq.block_table[b].index() * p.n_kv_heads + kvh) * tile_len;
+                    let tile = &kc[at..at + tile_len];
+                    match <&mut [f32; vec::TILE_LANES]>::try_from(&mut *sc) {
+                        Ok(sc) => vec::tile_dot(isa, qh, tile, sc),
+                        Err(_) => tile_scores_any(qh, tile, sc),
+                    }
+                }
+                let visible = &mut scores[first - b0 * bs..=pos - b0 * bs];
+                let mut max = f32::NEG_INFINITY;
+                for s in visible.iter_mut() {
+                    *s *= p.scale;
+                    max = max.max(*s);
+                }
+                let mut sum = 0f32;
+                ew::exp_sub_sum(visible, max, &mut sum);
+                visible.iter_mut().for_each(|s| *s /= sum);
+                oh.fill(0.0);
+                // The values of keys `first..=pos`, block by block: each block's
+                // run of tokens is rows `kv_width` apart.
+                let mut weights = &*visible;
+                for b in b0..=b1 {
+                    let (lo, hi) = ((b * bs).max(first), ((b + 1) * bs).min(pos + 1));
+                    let at = (seq.block_table[b].index() * bs + lo - b * bs) * kv_width + kvh * hd;
+                    let (w, rest) = weights.split_at(hi - lo);
+                    vec::axpy_rows(isa, oh, w, &vc[at..], kv_width);
+                    weights = rest;
+                }
+            });
+        });
+    Ok(())
+}
+
+simd_fn! {
+    /// `lanes[j] = Σ_d q[d] · tile[d * lanes.len() + j]`, summed over `d` in
+    /// order: blocks of other sizes than the default 16 ([`vec::tile_dot`]).
+    fn tile_scores_any(q: &[f32], tile: &[f32], lanes: &mut [f32]) {
+        lanes.fill(0.0);
+        for (&qd, row) in q.iter().zip(tile.chunks_exact(lanes.len())) {
+            for (a, &k) in lanes.iter_mut().zip(row) {
+                *a += qd * k;
+            }
+        }
+    }
+}
