@@ -121,16 +121,16 @@ simd_fn! {
 }
 
 /// Runs `f` with this thread's scratch for chunks of `cap` tokens.
-fn with_scratch(cap: usize, n: usize, f: impl FnOnce(&mut Scratch)) {
+fn with_scratch(cap: usize, hp: usize, f: impl FnOnce(&mut Scratch)) {
     thread_local! {
-        static SCRATCH: std::cell::RefCell<Option<(usize, usize, Scratch)>> =
+        static SCRATCH: std::cell::RefCell<Option<((usize, usize), Scratch)>> =
             const { std::cell::RefCell::new(None) };
     }
     SCRATCH.with_borrow_mut(|slot| {
-        if !matches!(slot, Some((c, d, _)) if (*c, *d) == (cap, n)) {
-            *slot = Some((cap, n, Scratch::new(cap, n)));
+        if !matches!(slot, Some((key, _)) if *key == (cap, hp)) {
+            *slot = Some(((cap, hp), Scratch::new(cap, hp)));
         }
-        if let Some((_, _, scr)) = slot {
+        if let Some((_, scr)) = slot {
             f(scr)
         }
     })
@@ -138,23 +138,36 @@ fn with_scratch(cap: usize, n: usize, f: impl FnOnce(&mut Scratch)) {
 
 /// Per-task buffers of the chunked form, sized for chunks of `cap` tokens.
 struct Scratch {
-    cum: Vec<f64>,
     /// `[cap, cap]`: the masked, decayed `C·Bᵀ` of one head.
     m: Vec<f32>,
-    /// `[cap, d_state]`: B rows weighted for the state update.
-    bw: Vec<f32>,
     col: Vec<f32>,
+    /// `[HEADS_PER_TASK · hp, cap]`: x of a task's heads, transposed and
+    /// weighted for the state update.
+    xw: Vec<f32>,
 }
 
 impl Scratch {
-    fn new(cap: usize, n: usize) -> Self {
+    fn new(cap: usize, hp: usize) -> Self {
         Self {
-            cum: vec![0.0; cap],
             m: vec![0.0; cap * cap],
-            bw: vec![0.0; cap * n],
             col: vec![0.0; cap],
+            xw: vec![0.0; HEADS_PER_TASK * hp * cap],
         }
     }
+}
+
+/// Heads whose state products one task computes as one matrix product
+/// (fewer, larger products than one per head). Fixed, not derived from the
+/// thread count, so the results do not depend on it.
+const HEADS_PER_TASK: usize = 4;
+
+/// Heads per task: [`HEADS_PER_TASK`] or fewer, never straddling a group.
+fn heads_per_task(p: &SsdParams) -> usize {
+    let per_group = p.n_heads / p.n_groups;
+    (1..=HEADS_PER_TASK)
+        .rev()
+        .find(|h| per_group.is_multiple_of(*h))
+        .unwrap_or(1)
 }
 
 fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [f32], team: &Team) {
@@ -168,85 +181,138 @@ fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [
     } = ctx.p;
     let bc = ctx.bc_stride;
     let cap = chunk_size.min(MAX_CHUNK).min(len);
+    let hpt = heads_per_task(&ctx.p);
     let mut dts = Buf::zeroed(nh * len);
     team.chunks(&mut dts, len, |h, d| {
         d.iter_mut()
             .enumerate()
             .for_each(|(t, v)| *v = ctx.dt(row0 + t, h))
     });
-    let mut gram = Buf::zeroed(ng * cap * cap);
+    let (mut gram, mut y_in) = (Buf::zeroed(ng * cap * cap), Buf::zeroed(nh * hp * cap));
+    let mut cums = vec![0f64; nh * cap];
     for c0 in (0..len).step_by(cap) {
         let q = cap.min(len - c0);
         let r0 = row0 + c0;
+        // cum[h, t] = Σ_{s≤t} dt_s·A_h, in f64.
+        for (h, cum) in cums.chunks_mut(cap).enumerate() {
+            let mut acc = 0f64;
+            for (cu, &d) in cum.iter_mut().zip(&dts[h * len + c0..h * len + c0 + q]) {
+                acc += (d * ctx.neg_a[h]) as f64;
+                *cu = acc;
+            }
+        }
+        let cums = &cums;
         // G = C·Bᵀ per group (heads of a group share it).
         team.chunks(&mut gram, cap * cap, |g, gm| {
             let cv = View::rows(&ctx.c[r0 * bc + g * n..], bc);
             let bt = View::t(&ctx.b[r0 * bc + g * n..], bc);
             matmul(q, q, n, gm, cap, None, cv, bt, 1.0, 1);
         });
-        let (gram, dts) = (&*gram, &*dts);
-        let head = |scr: &mut Scratch, h: usize, s: &mut [f32], yh: &mut [f32]| {
+        // From the state entering the chunk, for a few heads at a time:
+        // y_in[h, p, t] = S_h[p]·C_t (transposed: the heads' state rows are contiguous).
+        team.chunks(&mut y_in, hpt * hp * cap, |task, yt| {
+            let h0 = task * hpt;
+            let g = ctx.group(h0);
+            let s = View::rows(&state[h0 * hp * n..], n);
+            let ct = View::t(&ctx.c[r0 * bc + g * n..], bc);
+            matmul(hpt * hp, q, n, yt, cap, None, s, ct, 1.0, 1);
+        });
+        let (gram, y_in, dts) = (&*gram, &*y_in, &*dts);
+        // Per head: the outputs of the chunk.
+        team.chunks(ys, len * hp, |h, yh| {
             let g = ctx.group(h);
-            let gm = &gram[g * cap * cap..(g + 1) * cap * cap];
-            let dt = &dts[h * len + c0..h * len + c0 + q];
-            let yh = &mut yh[c0 * hp..(c0 + q) * hp];
-            head_chunk(ctx, scr, gm, cap, h, r0, dt, s, yh);
-        };
-        // Each thread keeps its scratch between chunks and calls.
-        team.chunks2(state, hp * n, ys, len * hp, |h, s, yh| {
-            with_scratch(cap, n, |scr| head(scr, h, s, yh))
+            let io = HeadChunk {
+                gm: &gram[g * cap * cap..(g + 1) * cap * cap],
+                ld: cap,
+                h,
+                r0,
+                dt: &dts[h * len + c0..h * len + c0 + q],
+                cum: &cums[h * cap..h * cap + q],
+            };
+            let y_in = &y_in[h * hp * cap..(h + 1) * hp * cap];
+            with_scratch(cap, hp, |scr| {
+                chunk_outputs(ctx, scr, &io, y_in, &mut yh[c0 * hp..(c0 + q) * hp])
+            });
+        });
+        // Per few heads: the state leaving the chunk.
+        team.chunks(state, hpt * hp * n, |task, s| {
+            with_scratch(cap, hp, |scr| {
+                advance_state(ctx, scr, task * hpt, hpt, r0, q, cums, cap, dts, len, c0, s)
+            })
         });
     }
 }
 
+/// One head's view of one chunk.
+struct HeadChunk<'a> {
+    /// The group's `C·Bᵀ`, rows `ld` apart.
+    gm: &'a [f32],
+    ld: usize,
+    h: usize,
+    /// The chunk's first row.
+    r0: usize,
+    /// `dt` and the cumulative `dt·A` of the chunk's rows.
+    dt: &'a [f32],
+    cum: &'a [f64],
+}
+
 simd_fn! {
-    /// One chunk of head `h` (rows `r0..r0 + dt.len()`): writes `yh` (`[q, hp]`)
-    /// and advances `s` (`[hp, n]`). `gm` is the group's `C·Bᵀ`, rows `ld` apart.
-    #[allow(clippy::too_many_arguments)]
-    fn head_chunk(ctx: &Ctx<'_>, scr: &mut Scratch, gm: &[f32], ld: usize, h: usize, r0: usize, dt: &[f32], s: &mut [f32], yh: &mut [f32]) {
-        let (hp, n, q) = (ctx.p.head_dim, ctx.p.d_state, dt.len());
-        let (width, bc, g) = (ctx.x_stride, ctx.bc_stride, ctx.group(h));
-        let a = ctx.neg_a[h];
-        let mut acc = 0f64;
-        for (cu, &d) in scr.cum.iter_mut().zip(dt) {
-            acc += (d * a) as f64;
-            *cu = acc;
-        }
-        let cum = &scr.cum[..q];
-        let xv = &ctx.x[r0 * width + h * hp..];
-        let cv = &ctx.c[r0 * bc + g * n..];
-        let bv = &ctx.b[r0 * bc + g * n..];
-
-        // From the state entering the chunk: y_t = exp(cum_t)·C_t·S (S is [hp, n]).
-        matmul(q, hp, n, yh, hp, None, View::rows(cv, bc), View::t(s, n), 1.0, 1);
-        for (yr, &ct) in yh.chunks_mut(hp).zip(cum) {
+    /// Head `io.h`'s outputs for the chunk (`yh`, `[q, hp]`): the part from
+    /// the entering state (`y_in`, `[hp, cap]`, not yet decayed), the part
+    /// from within the chunk, and the skip connection.
+    fn chunk_outputs(ctx: &Ctx<'_>, scr: &mut Scratch, io: &HeadChunk<'_>, y_in: &[f32], yh: &mut [f32]) {
+        let (hp, q, ld) = (ctx.p.head_dim, io.dt.len(), io.ld);
+        let xv = &ctx.x[io.r0 * ctx.x_stride + io.h * hp..];
+        // y_t = exp(cum_t)·C_t·S, transposed back from `y_in`.
+        for (t, (yr, &ct)) in yh.chunks_mut(hp).zip(io.cum).enumerate() {
             let e = ct.exp() as f32;
-            yr.iter_mut().for_each(|v| *v *= e);
+            for (p, y) in yr.iter_mut().enumerate() {
+                *y = y_in[p * ld + t] * e;
+            }
         }
-
         // Within the chunk: M[t, s] = G[t, s]·exp(cum_t − cum_s)·dt_s for s ≤ t,
         // zero above; then y += M·x.
         let m = &mut scr.m;
-        decay_lower(cum, m, ld, &mut scr.col);
+        decay_lower(io.cum, m, ld, &mut scr.col);
         for t in 0..q {
             let (low, high) = m[t * ld..t * ld + q].split_at_mut(t + 1);
-            low.iter_mut().zip(&gm[t * ld..]).zip(dt).for_each(|((v, gv), d)| *v *= gv * d);
+            low.iter_mut().zip(&io.gm[t * ld..]).zip(io.dt).for_each(|((v, gv), d)| *v *= gv * d);
             high.fill(0.0);
         }
-        matmul(q, hp, q, yh, hp, Some(1.0), View::rows(m, ld), View::rows(xv, width), 1.0, 1);
-
+        matmul(q, hp, q, yh, hp, Some(1.0), View::rows(m, ld), View::rows(xv, ctx.x_stride), 1.0, 1);
         // Skip connection.
-        let dh = ctx.d[h];
+        let dh = ctx.d[io.h];
         for (t, yr) in yh.chunks_mut(hp).enumerate() {
-            yr.iter_mut().zip(&xv[t * width..t * width + hp]).for_each(|(y, x)| *y += dh * x);
+            yr.iter_mut().zip(&xv[t * ctx.x_stride..t * ctx.x_stride + hp]).for_each(|(y, x)| *y += dh * x);
         }
+    }
+}
 
-        // State: S = exp(cum_last)·S + xᵀ·(B_s·exp(cum_last − cum_s)·dt_s).
-        let last = cum[q - 1];
-        for (i, bw) in scr.bw.chunks_mut(n).take(q).enumerate() {
-            let w = ((last - cum[i]) as f32).exp() * dt[i];
-            bw.iter_mut().zip(&bv[i * bc..i * bc + n]).for_each(|(o, b)| *o = b * w);
+simd_fn! {
+    /// The state of heads `h0..h0 + hpt` (`s`, `[hpt, hp, n]`) leaving the
+    /// chunk of rows `r0..r0 + q`:
+    /// `S_h = exp(cum_last)·S_h + Σ_s exp(cum_last − cum_s)·dt_s·x_s ⊗ B_s`,
+    /// the sum as one product over the heads (`xw`: their weighted x, transposed).
+    #[allow(clippy::too_many_arguments)]
+    fn advance_state(ctx: &Ctx<'_>, scr: &mut Scratch, h0: usize, hpt: usize, r0: usize, q: usize, cums: &[f64], cap: usize, dts: &[f32], len: usize, c0: usize, s: &mut [f32]) {
+        let (hp, n, width) = (ctx.p.head_dim, ctx.p.d_state, ctx.x_stride);
+        for (i, sh) in s.chunks_mut(hp * n).enumerate() {
+            let h = h0 + i;
+            let (cum, dt) = (&cums[h * cap..h * cap + q], &dts[h * len + c0..h * len + c0 + q]);
+            let last = cum[q - 1];
+            let decay = last.exp() as f32;
+            sh.iter_mut().for_each(|v| *v *= decay);
+            let xw = &mut scr.xw[i * hp * cap..(i + 1) * hp * cap];
+            for (t, (&ct, &d)) in cum.iter().zip(dt).enumerate() {
+                let w = ((last - ct) as f32).exp() * d;
+                let x = &ctx.x[(r0 + t) * width + h * hp..][..hp];
+                for (p, &xp) in x.iter().enumerate() {
+                    xw[p * cap + t] = xp * w;
+                }
+            }
         }
-        matmul(hp, n, q, s, n, Some(last.exp() as f32), View::t(xv, width), View::rows(&scr.bw, n), 1.0, 1);
+        let g = ctx.group(h0);
+        let b = View::rows(&ctx.b[r0 * ctx.bc_stride + g * n..], ctx.bc_stride);
+        matmul(hpt * hp, n, q, s, n, Some(1.0), View::rows(&scr.xw, cap), b, 1.0, 1);
     }
 }
