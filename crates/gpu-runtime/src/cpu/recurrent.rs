@@ -326,6 +326,7 @@ impl CpuBackend {
             d: dv,
             dt_bias: bias,
             p: *p,
+            bf16_dot: self.bf16_dot_products(),
         };
         let ios = self.seq_ios(
             OP,

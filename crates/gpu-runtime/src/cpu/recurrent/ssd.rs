@@ -12,6 +12,9 @@
 
 use super::math::{Buf, SPAN, View, decay_lower, matmul, simd_fn, softplus};
 use super::{Mode, SeqIo};
+use half::bf16;
+
+use crate::cpu::gemm_bf16;
 use crate::cpu::team::Team;
 use crate::ops::recurrent::SsdParams;
 
@@ -34,6 +37,9 @@ pub(super) struct Ctx<'a> {
     pub d: Vec<f32>,
     pub dt_bias: Vec<f32>,
     pub p: SsdParams,
+    /// The backend's bf16 dot products are on: the chunked form's two
+    /// state products (entering state · C, weighted x · B) use them too.
+    pub bf16_dot: bool,
 }
 
 impl Ctx<'_> {
@@ -121,14 +127,14 @@ simd_fn! {
 }
 
 /// Runs `f` with this thread's scratch for chunks of `cap` tokens.
-fn with_scratch(cap: usize, hp: usize, f: impl FnOnce(&mut Scratch)) {
+fn with_scratch(cap: usize, hp: usize, n: usize, f: impl FnOnce(&mut Scratch)) {
     thread_local! {
-        static SCRATCH: std::cell::RefCell<Option<((usize, usize), Scratch)>> =
+        static SCRATCH: std::cell::RefCell<Option<((usize, usize, usize), Scratch)>> =
             const { std::cell::RefCell::new(None) };
     }
     SCRATCH.with_borrow_mut(|slot| {
-        if !matches!(slot, Some((key, _)) if *key == (cap, hp)) {
-            *slot = Some(((cap, hp), Scratch::new(cap, hp)));
+        if !matches!(slot, Some((key, _)) if *key == (cap, hp, n)) {
+            *slot = Some(((cap, hp, n), Scratch::new(cap, hp, n)));
         }
         if let Some((_, scr)) = slot {
             f(scr)
@@ -141,17 +147,20 @@ struct Scratch {
     /// `[cap, cap]`: the masked, decayed `C·Bᵀ` of one head.
     m: Vec<f32>,
     col: Vec<f32>,
-    /// `[HEADS_PER_TASK · hp, cap]`: x of a task's heads, transposed and
+    /// `[HEADS_PER_TASK · hp, q]`: x of a task's heads, transposed and
     /// weighted for the state update.
     xw: Vec<f32>,
+    /// `[HEADS_PER_TASK · hp, n]`: the update, with bf16 dot products.
+    upd: Vec<f32>,
 }
 
 impl Scratch {
-    fn new(cap: usize, hp: usize) -> Self {
+    fn new(cap: usize, hp: usize, n: usize) -> Self {
         Self {
             m: vec![0.0; cap * cap],
             col: vec![0.0; cap],
             xw: vec![0.0; HEADS_PER_TASK * hp * cap],
+            upd: vec![0.0; HEADS_PER_TASK * hp * n],
         }
     }
 }
@@ -189,6 +198,8 @@ fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [
             .for_each(|(t, v)| *v = ctx.dt(row0 + t, h))
     });
     let (mut gram, mut y_in) = (Buf::zeroed(ng * cap * cap), Buf::zeroed(nh * hp * cap));
+    // With bf16 dot products: per group, C `[q, n]` and Bᵀ `[n, q]` as bf16.
+    let mut cb = vec![bf16::ZERO; if ctx.bf16_dot { 2 * ng * cap * n } else { 0 }];
     let mut cums = vec![0f64; nh * cap];
     for c0 in (0..len).step_by(cap) {
         let q = cap.min(len - c0);
@@ -208,14 +219,32 @@ fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [
             let bt = View::t(&ctx.b[r0 * bc + g * n..], bc);
             matmul(q, q, n, gm, cap, None, cv, bt, 1.0, 1);
         });
+        team.chunks(&mut cb, 2 * cap * n, |g, gb| {
+            let (c16, bt16) = gb.split_at_mut(cap * n);
+            for t in 0..q {
+                let row = (r0 + t) * bc + g * n;
+                let (c, b) = (&ctx.c[row..row + n], &ctx.b[row..row + n]);
+                for i in 0..n {
+                    c16[t * n + i] = bf16::from_f32(c[i]);
+                    bt16[i * q + t] = bf16::from_f32(b[i]);
+                }
+            }
+        });
+        let cb = &cb;
         // From the state entering the chunk, for a few heads at a time:
-        // y_in[h, p, t] = S_h[p]·C_t (transposed: the heads' state rows are contiguous).
-        team.chunks(&mut y_in, hpt * hp * cap, |task, yt| {
+        // y_in[h, p, t] = S_h[p]·C_t (transposed: the heads' state rows are
+        // contiguous), rows `q` apart.
+        team.chunks(&mut y_in[..nh * hp * q], hpt * hp * q, |task, yt| {
             let h0 = task * hpt;
             let g = ctx.group(h0);
-            let s = View::rows(&state[h0 * hp * n..], n);
+            let s = &state[h0 * hp * n..(h0 + hpt) * hp * n];
+            if let Some(c16) = cb.get(2 * g * cap * n..2 * g * cap * n + q * n)
+                && gemm_bf16::gemm(team, s, c16, yt, hpt * hp, q, n)
+            {
+                return;
+            }
             let ct = View::t(&ctx.c[r0 * bc + g * n..], bc);
-            matmul(hpt * hp, q, n, yt, cap, None, s, ct, 1.0, 1);
+            matmul(hpt * hp, q, n, yt, q, None, View::rows(s, n), ct, 1.0, 1);
         });
         let (gram, y_in, dts) = (&*gram, &*y_in, &*dts);
         // Per head: the outputs of the chunk.
@@ -229,15 +258,18 @@ fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [
                 dt: &dts[h * len + c0..h * len + c0 + q],
                 cum: &cums[h * cap..h * cap + q],
             };
-            let y_in = &y_in[h * hp * cap..(h + 1) * hp * cap];
-            with_scratch(cap, hp, |scr| {
+            let y_in = &y_in[h * hp * q..(h + 1) * hp * q];
+            with_scratch(cap, hp, n, |scr| {
                 chunk_outputs(ctx, scr, &io, y_in, &mut yh[c0 * hp..(c0 + q) * hp])
             });
         });
         // Per few heads: the state leaving the chunk.
         team.chunks(state, hpt * hp * n, |task, s| {
-            with_scratch(cap, hp, |scr| {
-                advance_state(ctx, scr, task * hpt, hpt, r0, q, cums, cap, dts, len, c0, s)
+            let g = ctx.group(task * hpt);
+            let bt16 = cb.get((2 * g + 1) * cap * n..(2 * g + 1) * cap * n + n * q);
+            with_scratch(cap, hp, n, |scr| {
+                advance_state(ctx, scr, task * hpt, hpt, r0, q, cums, cap, dts, len, c0, s);
+                update_state(ctx, scr, task * hpt, hpt, r0, q, bt16, team, s);
             })
         });
     }
@@ -258,7 +290,7 @@ struct HeadChunk<'a> {
 
 simd_fn! {
     /// Head `io.h`'s outputs for the chunk (`yh`, `[q, hp]`): the part from
-    /// the entering state (`y_in`, `[hp, cap]`, not yet decayed), the part
+    /// the entering state (`y_in`, `[hp, q]`, not yet decayed), the part
     /// from within the chunk, and the skip connection.
     fn chunk_outputs(ctx: &Ctx<'_>, scr: &mut Scratch, io: &HeadChunk<'_>, y_in: &[f32], yh: &mut [f32]) {
         let (hp, q, ld) = (ctx.p.head_dim, io.dt.len(), io.ld);
@@ -267,7 +299,7 @@ simd_fn! {
         for (t, (yr, &ct)) in yh.chunks_mut(hp).zip(io.cum).enumerate() {
             let e = ct.exp() as f32;
             for (p, y) in yr.iter_mut().enumerate() {
-                *y = y_in[p * ld + t] * e;
+                *y = y_in[p * q + t] * e;
             }
         }
         // Within the chunk: M[t, s] = G[t, s]·exp(cum_t − cum_s)·dt_s for s ≤ t,
@@ -289,30 +321,56 @@ simd_fn! {
 }
 
 simd_fn! {
-    /// The state of heads `h0..h0 + hpt` (`s`, `[hpt, hp, n]`) leaving the
-    /// chunk of rows `r0..r0 + q`:
-    /// `S_h = exp(cum_last)·S_h + Σ_s exp(cum_last − cum_s)·dt_s·x_s ⊗ B_s`,
-    /// the sum as one product over the heads (`xw`: their weighted x, transposed).
+    /// Decays the state of heads `h0..h0 + hpt` (`s`, `[hpt, hp, n]`) by
+    /// `exp(cum_last)` and fills `scr.xw` (`[hpt·hp, q]`) with their
+    /// `x_s·exp(cum_last − cum_s)·dt_s`, transposed, for [`update_state`].
     #[allow(clippy::too_many_arguments)]
     fn advance_state(ctx: &Ctx<'_>, scr: &mut Scratch, h0: usize, hpt: usize, r0: usize, q: usize, cums: &[f64], cap: usize, dts: &[f32], len: usize, c0: usize, s: &mut [f32]) {
         let (hp, n, width) = (ctx.p.head_dim, ctx.p.d_state, ctx.x_stride);
-        for (i, sh) in s.chunks_mut(hp * n).enumerate() {
+        for (i, sh) in s.chunks_mut(hp * n).take(hpt).enumerate() {
             let h = h0 + i;
             let (cum, dt) = (&cums[h * cap..h * cap + q], &dts[h * len + c0..h * len + c0 + q]);
             let last = cum[q - 1];
             let decay = last.exp() as f32;
             sh.iter_mut().for_each(|v| *v *= decay);
-            let xw = &mut scr.xw[i * hp * cap..(i + 1) * hp * cap];
+            let xw = &mut scr.xw[i * hp * q..(i + 1) * hp * q];
             for (t, (&ct, &d)) in cum.iter().zip(dt).enumerate() {
                 let w = ((last - ct) as f32).exp() * d;
                 let x = &ctx.x[(r0 + t) * width + h * hp..][..hp];
                 for (p, &xp) in x.iter().enumerate() {
-                    xw[p * cap + t] = xp * w;
+                    xw[p * q + t] = xp * w;
                 }
             }
         }
-        let g = ctx.group(h0);
-        let b = View::rows(&ctx.b[r0 * ctx.bc_stride + g * n..], ctx.bc_stride);
-        matmul(hpt * hp, n, q, s, n, Some(1.0), View::rows(&scr.xw, cap), b, 1.0, 1);
     }
+}
+
+/// `S += xw · B` for heads `h0..h0 + hpt` (`s`, decayed by [`advance_state`]):
+/// with bf16 dot products when `bt16` (the group's Bᵀ as bf16) is given and
+/// the CPU has them, in f32 otherwise.
+#[allow(clippy::too_many_arguments)]
+fn update_state(
+    ctx: &Ctx<'_>,
+    scr: &mut Scratch,
+    h0: usize,
+    hpt: usize,
+    r0: usize,
+    q: usize,
+    bt16: Option<&[bf16]>,
+    team: &Team,
+    s: &mut [f32],
+) {
+    let (m, n) = (hpt * ctx.p.head_dim, ctx.p.d_state);
+    let xw = &scr.xw[..m * q];
+    if let Some(bt16) = bt16
+        && gemm_bf16::gemm(team, xw, bt16, &mut scr.upd[..m * n], m, n, q)
+    {
+        s.iter_mut()
+            .zip(&scr.upd[..m * n])
+            .for_each(|(s, u)| *s += u);
+        return;
+    }
+    let g = ctx.group(h0);
+    let b = View::rows(&ctx.b[r0 * ctx.bc_stride + g * n..], ctx.bc_stride);
+    matmul(m, n, q, s, n, Some(1.0), View::rows(xw, q), b, 1.0, 1);
 }

@@ -43,8 +43,12 @@ impl Env {
     }
 
     pub fn with_threads(threads: usize) -> Self {
+        Self::with_backend(CpuBackend::with_threads(threads))
+    }
+
+    pub fn with_backend(cpu: CpuBackend) -> Self {
         Self {
-            cpu: CpuBackend::with_threads(threads),
+            cpu,
             slices: Vec::new(),
         }
     }

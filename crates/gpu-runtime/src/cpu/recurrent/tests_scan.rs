@@ -2,6 +2,7 @@
 //! references, chunked against recurrent, and one call against several.
 
 use super::tests::{Env, Rng, assert_close, seqs_of};
+use crate::cpu::CpuBackend;
 use crate::gpu::DeviceSlice;
 use crate::ops::recurrent::{DeltaParams, RecurrentOps, SsdParams};
 
@@ -255,6 +256,32 @@ fn ssd_scan_long_sequences() {
     // Longer than one pass of the kernel (256 rows), chunk_size above its cap.
     let case = SsdCase::new(ssd_params(2, 4, 16, 1, 150), &[(0, 333), (333, 70)], 5, 0.5);
     check_ssd(&case, 2e-4);
+}
+
+#[test]
+fn ssd_scan_with_bf16_dot_products_stays_close() {
+    // The chunked form's state products in bf16 (inputs rounded, f32 sums):
+    // within bf16's precision of the reference, and not the f32 bits (the
+    // path did run). Only where the CPU has AVX512-BF16.
+    let cpu = CpuBackend::with_threads(2).with_bf16_dot_products(true);
+    if !cpu.bf16_dot_products() {
+        eprintln!("no AVX512-BF16 on this CPU: the bf16 path is not exercised");
+        return;
+    }
+    let spans = [(0, 40), (40, 1), (41, 75)];
+    let case = SsdCase::new(ssd_params(8, 16, 32, 2, 16), &spans, 11, 1.0);
+    let (want_y, want_s) = case.reference();
+    let mut env = Env::with_backend(cpu);
+    let (y, states) = case.run(&mut env, &[], false);
+    assert_close(&y, &want_y, 2e-2, "bf16 y");
+    for (got, want) in states.iter().zip(&want_s) {
+        assert_close(got, want, 2e-2, "bf16 state");
+    }
+    env.finish();
+    let mut env = Env::new();
+    let (y32, _) = case.run(&mut env, &[], false);
+    env.finish();
+    assert_ne!(y, y32, "the bf16 products did not run");
 }
 
 /// Inputs of one delta-rule test case, host side.
