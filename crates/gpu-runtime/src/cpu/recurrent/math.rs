@@ -130,6 +130,21 @@ pub(crate) fn exp_fast(x: f32) -> f32 {
     if x < -87.0 { 0.0 } else { e * scale }
 }
 
+/// `x` rounded to bf16 (to nearest, ties to even; NaN stays a quiet NaN),
+/// branch-free so that loops over slices vectorise (`half`'s conversion
+/// does not).
+#[inline(always)]
+pub(crate) fn to_bf16(x: f32) -> half::bf16 {
+    let b = x.to_bits();
+    let rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
+    half::bf16::from_bits(if nan {
+        ((b >> 16) as u16) | 0x0040
+    } else {
+        rounded
+    })
+}
+
 /// A read-only strided matrix: element `(i, j)` at `data[i * rs + j * cs]`.
 #[derive(Clone, Copy)]
 pub(super) struct View<'a> {
@@ -300,6 +315,40 @@ mod tests {
         }
         assert_eq!(exp_fast(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_fast(0.0), 1.0);
+    }
+
+    #[test]
+    fn to_bf16_matches_half() {
+        let specials = [
+            0.0,
+            -0.0,
+            1.0,
+            -1.5,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1e-40,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ];
+        let ties = [
+            f32::from_bits(0x3F80_8000),
+            f32::from_bits(0x3F81_8000),
+            f32::from_bits(0x3F80_7FFF),
+        ];
+        let mut x = -70.0f32;
+        let mut all: Vec<f32> = specials.iter().chain(&ties).copied().collect();
+        while x < 70.0 {
+            all.push(x.exp() * x.signum());
+            x += 0.0137;
+        }
+        for v in all {
+            assert_eq!(
+                to_bf16(v).to_bits(),
+                half::bf16::from_f32(v).to_bits(),
+                "{v:e}"
+            );
+        }
+        assert!(to_bf16(f32::NAN).is_nan() && to_bf16(f32::from_bits(0x7F80_0001)).is_nan());
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //!
 //! `C·Bᵀ` is computed once per group and chunk (heads of a group share it).
 
-use super::math::{Buf, SPAN, View, decay_lower, matmul, simd_fn, softplus};
+use super::math::{Buf, SPAN, View, decay_lower, matmul, simd_fn, softplus, to_bf16};
 use super::{Mode, SeqIo};
 use half::bf16;
 
@@ -225,8 +225,8 @@ fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [
                 let row = (r0 + t) * bc + g * n;
                 let (c, b) = (&ctx.c[row..row + n], &ctx.b[row..row + n]);
                 for i in 0..n {
-                    c16[t * n + i] = bf16::from_f32(c[i]);
-                    bt16[i * q + t] = bf16::from_f32(b[i]);
+                    c16[t * n + i] = to_bf16(c[i]);
+                    bt16[i * q + t] = to_bf16(b[i]);
                 }
             }
         });
