@@ -313,7 +313,7 @@ pub fn write_random_checkpoint(
         serde_json::json!({ "format": "pt", "metrale_random_seed": seed.to_string() }),
     );
     let mut text = serde_json::Value::Object(header).to_string().into_bytes();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let path = dir.join("model.safetensors");
@@ -355,7 +355,10 @@ mod tests {
             7,
             10,
             DType::F32,
-            &mut |bytes, _| Ok(a.extend_from_slice(bytes)),
+            &mut |bytes, _| {
+                a.extend_from_slice(bytes);
+                Ok(())
+            },
         )
         .unwrap();
         generate(
@@ -364,13 +367,17 @@ mod tests {
             7,
             10,
             DType::F32,
-            &mut |bytes, _| Ok(b.extend_from_slice(bytes)),
+            &mut |bytes, _| {
+                b.extend_from_slice(bytes);
+                Ok(())
+            },
         )
         .unwrap();
         assert_eq!(a, b);
         let mut c = Vec::new();
         generate(Fill::ALog, "a", 0, 3, DType::F32, &mut |bytes, _| {
-            Ok(c.extend_from_slice(bytes))
+            c.extend_from_slice(bytes);
+            Ok(())
         })
         .unwrap();
         let v: Vec<f32> = c
@@ -380,7 +387,8 @@ mod tests {
         assert_eq!(v, vec![0.0, 2f32.ln(), 3f32.ln()]);
         let mut d = Vec::new();
         generate(Fill::DtBias, "dt", 1, 1000, DType::F32, &mut |bytes, _| {
-            Ok(d.extend_from_slice(bytes))
+            d.extend_from_slice(bytes);
+            Ok(())
         })
         .unwrap();
         for x in d.chunks(4) {

@@ -129,7 +129,8 @@ simd_fn! {
 /// Runs `f` with this thread's scratch for chunks of `cap` tokens.
 fn with_scratch(cap: usize, hp: usize, n: usize, f: impl FnOnce(&mut Scratch)) {
     thread_local! {
-        static SCRATCH: std::cell::RefCell<Option<((usize, usize, usize), Scratch)>> =
+        /// This thread's scratch and the (cap, hp, n) it was sized for.
+        static SCRATCH: std::cell::RefCell<Option<(ScratchKey, Scratch)>> =
             const { std::cell::RefCell::new(None) };
     }
     SCRATCH.with_borrow_mut(|slot| {
@@ -141,6 +142,8 @@ fn with_scratch(cap: usize, hp: usize, n: usize, f: impl FnOnce(&mut Scratch)) {
         }
     })
 }
+
+type ScratchKey = (usize, usize, usize);
 
 /// Per-task buffers of the chunked form, sized for chunks of `cap` tokens.
 struct Scratch {
