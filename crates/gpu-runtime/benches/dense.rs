@@ -145,7 +145,7 @@ fn streamed_gemvs(
     gpu.free(out.ptr()).expect("free");
 }
 
-fn attention_decode(c: &mut Criterion, cpu: &CpuBackend) {
+fn attention(c: &mut Criterion, cpu: &CpuBackend) {
     let gpu: &dyn GpuBackend = cpu;
     // Granite-4.0-H-350M's attention: 12 heads over 4 KV heads of 64.
     let (heads, kv_heads, hd, len, bs) = (12, 4, 64, 512, 16);
@@ -155,15 +155,24 @@ fn attention_decode(c: &mut Criterion, cpu: &CpuBackend) {
         v: upload(gpu, &values(blocks * bs * kv_heads * hd, 4), DType::F32),
         block_size: bs,
     };
-    let q = upload(gpu, &values(heads * hd, 5), DType::F32);
-    let out = upload(gpu, &vec![0.0; heads * hd], DType::F32);
+    let q = upload(gpu, &values(len * heads * hd, 5), DType::F32);
+    let out = upload(gpu, &vec![0.0; len * heads * hd], DType::F32);
     let table: Vec<BlockId> = (0..blocks as u32).map(BlockId).collect();
-    let seqs = [AttnSeq {
-        q_start: 0,
-        q_len: 1,
-        kv_len: len,
-        block_table: &table,
-    }];
+    // One query at position 511, and a causal prefill of all 512.
+    let (decode, prefill) = (
+        [AttnSeq {
+            q_start: 0,
+            q_len: 1,
+            kv_len: len,
+            block_table: &table,
+        }],
+        [AttnSeq {
+            q_start: 0,
+            q_len: len,
+            kv_len: len,
+            block_table: &table,
+        }],
+    );
     let p = AttnParams {
         n_heads: heads,
         n_kv_heads: kv_heads,
@@ -173,12 +182,17 @@ fn attention_decode(c: &mut Criterion, cpu: &CpuBackend) {
     };
     let mut g = c.benchmark_group("attention");
     g.sample_size(20);
-    g.bench_function("decode_12x64_gqa3_kv512", |b| {
-        b.iter(|| {
-            gpu.paged_attention(q, &kv, out, &seqs, &p)
-                .expect("attention")
-        })
-    });
+    for (name, seqs) in [
+        ("decode_12x64_gqa3_kv512", &decode),
+        ("prefill_12x64_gqa3_512", &prefill),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                gpu.paged_attention(q, &kv, out, seqs, &p)
+                    .expect("attention")
+            })
+        });
+    }
     g.finish();
 }
 
@@ -223,7 +237,7 @@ fn dense(c: &mut Criterion) {
     streamed_gemvs(c, &cpu, "stream_moe_experts_64_bf16", &experts, 64);
     let layers = [(3376, 768), (768, 1536), (4096, 768), (768, 2048)];
     streamed_gemvs(c, &cpu, "stream_granite_layers_16_bf16", &layers, 16);
-    attention_decode(c, &cpu);
+    attention(c, &cpu);
     conv1d(c, &cpu);
 }
 
