@@ -123,58 +123,113 @@ pub(super) fn paged_attention(
     );
     let o = cpu.write_f32(OP, out, &[q, cache.k, cache.v])?;
     let (isa, group) = (Isa::detect(), p.n_heads / p.n_kv_heads);
-    let tile_len = hd * bs;
-    // One task per (row, head), or per row in a long prefill; the last rows
-    // (the most keys) first.
-    let per_task = if rows >= 4 * cpu.threads() {
-        p.n_heads
-    } else {
-        1
-    };
+    // Heads are taken a few at a time (`hpt`, dividing the group): each
+    // block of keys and values is loaded once for all of them. One task per
+    // (row, few heads), or per row in a long prefill; the last rows (the
+    // most keys) first.
+    let hpt = (1..=vec::MAX_HEADS)
+        .rev()
+        .find(|d| group.is_multiple_of(*d))
+        .unwrap_or(1);
+    let pieces = p.n_heads / hpt;
+    let per_task = if rows >= 4 * cpu.threads() { pieces } else { 1 };
     cpu.team()
-        .chunks_rev(&mut o[..rows * width], hd, per_task, |idx, oh| {
-            let (r, h) = (idx / p.n_heads, idx % p.n_heads);
+        .chunks_rev(&mut o[..rows * width], hpt * hd, per_task, |idx, oh| {
+            let (r, h0) = (idx / pieces, idx % pieces * hpt);
             let Some((si, pos)) = row_of[r] else { return };
-            let seq = &seqs[si];
-            let kvh = h / group;
             let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let qh = &qs[r * width + h * hd..][..hd];
-            SCORES.with_borrow_mut(|scores| {
-                // Scores of the whole blocks that hold keys `first..=pos`; the
-                // visible ones are `scores[first - b0 * bs..=pos - b0 * bs]`.
-                let (b0, b1) = (first / bs, pos / bs);
-                scores.resize((b1 + 1 - b0) * bs, 0.0);
-                for (b, sc) in (b0..=b1).zip(scores.chunks_mut(bs)) {
-                    let at = (seq.block_table[b].index() * p.n_kv_heads + kvh) * tile_len;
-                    let tile = &kc[at..at + tile_len];
-                    match <&mut [f32; vec::TILE_LANES]>::try_from(&mut *sc) {
-                        Ok(sc) => vec::tile_dot(isa, qh, tile, sc),
-                        Err(_) => tile_scores_any(qh, tile, sc),
+            let keys = Keys {
+                seq: &seqs[si],
+                kc,
+                vc,
+                kvh: h0 / group,
+                first,
+                pos,
+                bs,
+                hd,
+                kv_width,
+            };
+            let mut qh: [&[f32]; vec::MAX_HEADS] = [&[]; vec::MAX_HEADS];
+            for (j, q) in qh.iter_mut().take(hpt).enumerate() {
+                *q = &qs[r * width + (h0 + j) * hd..][..hd];
+            }
+            keys.attend(isa, &qh[..hpt], p.scale, oh);
+        });
+    Ok(())
+}
+
+/// The keys and values a query row sees, of one kv head.
+struct Keys<'a> {
+    seq: &'a AttnSeq<'a>,
+    kc: &'a [f32],
+    vc: &'a [f32],
+    kvh: usize,
+    /// The visible positions, `first..=pos`.
+    first: usize,
+    pos: usize,
+    bs: usize,
+    hd: usize,
+    kv_width: usize,
+}
+
+impl Keys<'_> {
+    /// Attention of the queries `qs` (at most `MAX_HEADS`) over these keys
+    /// into `out` (`qs.len()` heads of `hd`).
+    fn attend(&self, isa: Isa, qs: &[&[f32]], scale: f32, out: &mut [f32]) {
+        let (bs, hd) = (self.bs, self.hd);
+        let (b0, b1) = (self.first / bs, self.pos / bs);
+        let span = (b1 + 1 - b0) * bs;
+        let tile_len = hd * bs;
+        SCORES.with_borrow_mut(|scores| {
+            // Per head, the scores of the whole blocks that hold keys
+            // `first..=pos`; the visible ones are `first - b0 * bs..=pos - b0 * bs`.
+            scores.resize(qs.len() * span, 0.0);
+            let mut lanes = [[0f32; vec::TILE_LANES]; vec::MAX_HEADS];
+            for (j, b) in (b0..=b1).enumerate() {
+                let at =
+                    (self.seq.block_table[b].index() * (self.kv_width / hd) + self.kvh) * tile_len;
+                let tile = &self.kc[at..at + tile_len];
+                if bs == vec::TILE_LANES {
+                    vec::tile_dot_heads(isa, qs, tile, &mut lanes);
+                    for (h, l) in lanes.iter().take(qs.len()).enumerate() {
+                        scores[h * span + j * bs..][..bs].copy_from_slice(l);
+                    }
+                } else {
+                    for (h, q) in qs.iter().enumerate() {
+                        tile_scores_any(q, tile, &mut scores[h * span + j * bs..][..bs]);
                     }
                 }
-                let visible = &mut scores[first - b0 * bs..=pos - b0 * bs];
+            }
+            let visible = self.first - b0 * bs..self.pos + 1 - b0 * bs;
+            for head in scores.chunks_mut(span) {
+                let v = &mut head[visible.clone()];
                 let mut max = f32::NEG_INFINITY;
-                for s in visible.iter_mut() {
-                    *s *= p.scale;
+                for s in v.iter_mut() {
+                    *s *= scale;
                     max = max.max(*s);
                 }
                 let mut sum = 0f32;
-                ew::exp_sub_sum(visible, max, &mut sum);
-                visible.iter_mut().for_each(|s| *s /= sum);
-                oh.fill(0.0);
-                // The values of keys `first..=pos`, block by block: each block's
-                // run of tokens is rows `kv_width` apart.
-                let mut weights = &*visible;
-                for b in b0..=b1 {
-                    let (lo, hi) = ((b * bs).max(first), ((b + 1) * bs).min(pos + 1));
-                    let at = (seq.block_table[b].index() * bs + lo - b * bs) * kv_width + kvh * hd;
-                    let (w, rest) = weights.split_at(hi - lo);
-                    vec::axpy_rows(isa, oh, w, &vc[at..], kv_width);
-                    weights = rest;
+                ew::exp_sub_sum(v, max, &mut sum);
+                v.iter_mut().for_each(|s| *s /= sum);
+            }
+            out.fill(0.0);
+            // The values of keys `first..=pos`, block by block: each block's
+            // run of tokens is rows `kv_width` apart.
+            let mut done = visible.start;
+            for b in b0..=b1 {
+                let (lo, hi) = ((b * bs).max(self.first), ((b + 1) * bs).min(self.pos + 1));
+                let at = (self.seq.block_table[b].index() * bs + lo - b * bs) * self.kv_width
+                    + self.kvh * hd;
+                let mut ws: [&[f32]; vec::MAX_HEADS] = [&[]; vec::MAX_HEADS];
+                for (w, head) in ws.iter_mut().zip(scores.chunks(span)) {
+                    *w = &head[done..done + hi - lo];
                 }
-            });
+                let ws = &ws[..qs.len()];
+                vec::axpy_rows_heads(isa, out, hd, ws, &self.vc[at..], self.kv_width);
+                done += hi - lo;
+            }
         });
-    Ok(())
+    }
 }
 
 simd_fn! {

@@ -69,9 +69,162 @@ pub(crate) fn tile_dot(isa: Isa, q: &[f32], tile: &[f32], out: &mut [f32; TILE_L
     }
 }
 
+/// Most query heads [`tile_dot_heads`] and [`axpy_rows_heads`] take at once.
+pub(crate) const MAX_HEADS: usize = 4;
+
+/// [`tile_dot`] for several queries (`qs.len() <= MAX_HEADS`) against one
+/// tile, each row of the tile loaded once for all of them; every score the
+/// same bits as [`tile_dot`] gives it alone.
+pub(crate) fn tile_dot_heads(isa: Isa, qs: &[&[f32]], tile: &[f32], out: &mut [[f32; TILE_LANES]]) {
+    assert!(qs.len() <= MAX_HEADS && out.len() >= qs.len());
+    let hd = qs.first().map_or(0, |q| q.len());
+    assert!(qs.iter().all(|q| q.len() == hd) && tile.len() >= hd * TILE_LANES);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: `Isa::detect` found AVX-512F; every query has `hd` elements
+        // and the tile `hd` rows (asserted).
+        unsafe {
+            match qs.len() {
+                2 => return x86::tile_dot_heads512::<2>(qs, tile, out),
+                3 => return x86::tile_dot_heads512::<3>(qs, tile, out),
+                4 => return x86::tile_dot_heads512::<4>(qs, tile, out),
+                _ => {}
+            }
+        }
+    }
+    for (q, o) in qs.iter().zip(out.iter_mut()) {
+        tile_dot(isa, q, tile, o);
+    }
+}
+
+/// [`axpy_rows`] for several heads at once: `os` holds `ws.len()` outputs of
+/// `hd` each, head `i`'s rows weighted by `ws[i]`; each row of `v` loaded
+/// once for all of them, every output the same bits as [`axpy_rows`] gives.
+pub(crate) fn axpy_rows_heads(
+    isa: Isa,
+    os: &mut [f32],
+    hd: usize,
+    ws: &[&[f32]],
+    v: &[f32],
+    stride: usize,
+) {
+    let rows = ws.first().map_or(0, |w| w.len());
+    assert!(
+        ws.len() <= MAX_HEADS && os.len() >= ws.len() * hd && ws.iter().all(|w| w.len() == rows)
+    );
+    if let Some(last) = rows.checked_sub(1) {
+        assert!(
+            v.len() >= last * stride + hd,
+            "axpy_rows_heads: v too short"
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: `Isa::detect` found AVX-512F; `os` holds `ws.len()` heads
+        // of `hd = 16 * N` and the rows are inside `v` (asserted).
+        unsafe {
+            match (hd, ws.len()) {
+                (64, 2) => return x86::axpy_rows_heads512::<4, 2>(os, ws, v, stride),
+                (64, 3) => return x86::axpy_rows_heads512::<4, 3>(os, ws, v, stride),
+                (64, 4) => return x86::axpy_rows_heads512::<4, 4>(os, ws, v, stride),
+                (128, 2) => return x86::axpy_rows_heads512::<8, 2>(os, ws, v, stride),
+                (32, 2) => return x86::axpy_rows_heads512::<2, 2>(os, ws, v, stride),
+                (32, 3) => return x86::axpy_rows_heads512::<2, 3>(os, ws, v, stride),
+                (32, 4) => return x86::axpy_rows_heads512::<2, 4>(os, ws, v, stride),
+                _ => {}
+            }
+        }
+    }
+    for (o, w) in os.chunks_mut(hd).zip(ws) {
+        axpy_rows(isa, o, w, v, stride);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// [`super::tile_dot_heads`] for `H` queries: the same four chains per
+    /// query as [`tile_dot512`], each tile row loaded once.
+    ///
+    /// # Safety
+    /// AVX-512F; `qs.len() == H`, each of `hd` elements; `tile.len() >= hd * 16`;
+    /// `out.len() >= H`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile_dot_heads512<const H: usize>(
+        qs: &[&[f32]],
+        tile: &[f32],
+        out: &mut [[f32; 16]],
+    ) {
+        let hd = qs[0].len();
+        let mut acc = [[_mm512_setzero_ps(); 4]; H];
+        // SAFETY (every load): row `d < hd` of the tile is inside it.
+        let row = |d: usize| unsafe { _mm512_loadu_ps(tile.as_ptr().add(d * 16)) };
+        // SAFETY (every read of a query): `d < hd == qs[h].len()`.
+        let q =
+            |h: usize, d: usize| _mm512_set1_ps(unsafe { *qs.get_unchecked(h).get_unchecked(d) });
+        // Four rows at a time, so that the chains' indices are constants.
+        for d in (0..hd / 4 * 4).step_by(4) {
+            let r = [row(d), row(d + 1), row(d + 2), row(d + 3)];
+            for (h, a) in acc.iter_mut().enumerate() {
+                for (j, (a, r)) in a.iter_mut().zip(&r).enumerate() {
+                    *a = _mm512_fmadd_ps(q(h, d + j), *r, *a);
+                }
+            }
+        }
+        for d in hd / 4 * 4..hd {
+            let r = row(d);
+            for (h, a) in acc.iter_mut().enumerate() {
+                a[d % 4] = _mm512_fmadd_ps(q(h, d), r, a[d % 4]);
+            }
+        }
+        for (a, o) in acc.iter().zip(out.iter_mut()) {
+            let sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+            // SAFETY: `o` holds 16 f32.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), sum) };
+        }
+    }
+
+    /// [`super::axpy_rows_heads`] for `H` heads of `16 * N`, held in registers.
+    ///
+    /// # Safety
+    /// AVX-512F; `os.len() >= H * 16 * N`; `ws.len() == H`, all of one length
+    /// `r`; rows `i < r` of `v` (at `i * stride`) hold `16 * N` elements.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn axpy_rows_heads512<const N: usize, const H: usize>(
+        os: &mut [f32],
+        ws: &[&[f32]],
+        v: &[f32],
+        stride: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); N]; H];
+        for (h, a) in acc.iter_mut().enumerate() {
+            for (j, a) in a.iter_mut().enumerate() {
+                // SAFETY: `16 * (h * N + j) + 16 <= os.len()`.
+                *a = unsafe { _mm512_loadu_ps(os.as_ptr().add(16 * (h * N + j))) };
+            }
+        }
+        for i in 0..ws[0].len() {
+            let mut row = [_mm512_setzero_ps(); N];
+            for (j, r) in row.iter_mut().enumerate() {
+                // SAFETY: the caller's contract: `v[i * stride..][..16 * N]`.
+                *r = unsafe { _mm512_loadu_ps(v.as_ptr().add(i * stride + 16 * j)) };
+            }
+            for (h, a) in acc.iter_mut().enumerate() {
+                // SAFETY: `i < ws[h].len()`.
+                let wv = _mm512_set1_ps(unsafe { *ws.get_unchecked(h).get_unchecked(i) });
+                for (a, r) in a.iter_mut().zip(&row) {
+                    *a = _mm512_fmadd_ps(wv, *r, *a);
+                }
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            for (j, a) in a.iter().enumerate() {
+                // SAFETY: as for the loads.
+                unsafe { _mm512_storeu_ps(os.as_mut_ptr().add(16 * (h * N + j)), *a) };
+            }
+        }
+    }
 
     /// [`super::tile_dot`] with fused multiply-adds.
     ///
@@ -193,6 +346,30 @@ mod tests {
                 let tile: Vec<f32> = (0..n * TILE_LANES)
                     .map(|i| (i as f32 * 0.17).cos())
                     .collect();
+                // Several heads at once: the bits of one at a time.
+                let qs: Vec<Vec<f32>> = (0..MAX_HEADS)
+                    .map(|h| a.iter().map(|x| x * (h as f32 + 0.5)).collect())
+                    .collect();
+                for heads in 1..=MAX_HEADS {
+                    let refs: Vec<&[f32]> = qs[..heads].iter().map(|q| &q[..]).collect();
+                    let mut many = vec![[0f32; TILE_LANES]; heads];
+                    tile_dot_heads(isa, &refs, &tile, &mut many);
+                    let mut ws: Vec<Vec<f32>> = Vec::new();
+                    for (h, q) in refs.iter().enumerate() {
+                        let mut one = [0f32; TILE_LANES];
+                        tile_dot(isa, q, &tile, &mut one);
+                        assert_eq!(one, many[h], "{isa:?} tile_dot_heads {n} x {heads}");
+                        ws.push(vec![0.5 - h as f32, 0.25, 2.0]);
+                    }
+                    let wrefs: Vec<&[f32]> = ws.iter().map(|w| &w[..]).collect();
+                    let mut os: Vec<f32> = (0..heads * n).map(|i| i as f32 * 0.01).collect();
+                    let mut each = os.clone();
+                    axpy_rows_heads(isa, &mut os, n, &wrefs, &v, stride);
+                    for (o, w) in each.chunks_mut(n).zip(&wrefs) {
+                        axpy_rows(isa, o, w, &v, stride);
+                    }
+                    assert_eq!(os, each, "{isa:?} axpy_rows_heads {n} x {heads}");
+                }
                 let mut got = [0f32; TILE_LANES];
                 tile_dot(isa, &a, &tile, &mut got);
                 for (j, g) in got.iter().enumerate() {
