@@ -106,3 +106,26 @@ simd_fn! {
         }
     }
 }
+
+simd_fn! {
+    /// One output row of a causal conv1d with four taps, in one pass:
+    /// `o = bias + Σ_j w[j] · ins[j]` (`w` tap-major, `[4, o.len()]`), added
+    /// in that order as [`mul_add`] tap by tap would, then SiLU if asked.
+    pub(super) fn conv_row4(o: &mut [f32], bias: &[f32], w: &[f32], ins: [&[f32]; 4], silu_out: bool) {
+        let n = o.len();
+        let (b, w) = (&bias[..n], &w[..4 * n]);
+        let (w0, w1, w2, w3) = (&w[..n], &w[n..2 * n], &w[2 * n..3 * n], &w[3 * n..]);
+        let (i0, i1, i2, i3) = (&ins[0][..n], &ins[1][..n], &ins[2][..n], &ins[3][..n]);
+        for c in 0..n {
+            let mut a = b[c];
+            a += w0[c] * i0[c];
+            a += w1[c] * i1[c];
+            a += w2[c] * i2[c];
+            a += w3[c] * i3[c];
+            o[c] = a;
+        }
+        if silu_out {
+            o.iter_mut().for_each(|v| *v = silu(*v));
+        }
+    }
+}

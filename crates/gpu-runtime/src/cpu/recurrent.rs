@@ -480,17 +480,24 @@ impl RecurrentOps for CpuBackend {
             let xseq = &xs[io.row_start * channels..(io.row_start + io.len) * channels];
             let state = &*io.state;
             self.team().chunks(io.out, channels, |t, o| {
-                o.copy_from_slice(bias);
-                for (j, wj) in wt.chunks(channels).enumerate() {
-                    // Input t + j - km1 of the sequence; negative: from the state.
-                    let input = if t + j >= km1 {
+                // Input t + j - km1 of the sequence; negative: from the state.
+                let input = |j: usize| {
+                    if t + j >= km1 {
                         let i = t + j - km1;
                         &xseq[i * channels..(i + 1) * channels]
                     } else {
-                        let col = t + j;
-                        &state[col * channels..(col + 1) * channels]
-                    };
-                    super::elementwise::mul_add(o, wj, input);
+                        &state[(t + j) * channels..(t + j + 1) * channels]
+                    }
+                };
+                if kernel == 4 {
+                    // Mamba's d_conv: one pass over the channels.
+                    let ins = [input(0), input(1), input(2), input(3)];
+                    super::elementwise::conv_row4(o, bias, wt, ins, silu_out);
+                    return;
+                }
+                o.copy_from_slice(bias);
+                for (j, wj) in wt.chunks(channels).enumerate() {
+                    super::elementwise::mul_add(o, wj, input(j));
                 }
                 if silu_out {
                     super::elementwise::silu_in_place(o);
