@@ -59,11 +59,30 @@ impl CpuBackend {
 }
 
 thread_local! {
+    /// The up product of an unfused `matmul_swiglu`, per calling thread.
+    static SWIGLU_UP: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// The widened weight panel of `gemm_widened`, per pool thread.
     static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl CpuBackend {
+    /// `o = x · wᵀ`: the GEMV up to `GEMV_MAX_ROWS` rows, then the bf16-dot
+    /// GEMM where asked for and possible, else the f32 GEMM.
+    fn matmul_into(&self, xs: &[f32], ws: Weights<'_>, o: &mut [f32], d: MatmulDims) {
+        let MatmulDims { m, n, k } = d;
+        if m <= GEMV_MAX_ROWS || k == 0 {
+            // Small ones run here alone, without the team.
+            let team = (n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
+            super::gemv::gemv(team, xs, ws, o, m, n, k)
+        } else if let (true, Weights::BF16(wb)) = (self.bf16_dot, ws)
+            && super::gemm_bf16::gemm(self.team(), xs, wb, o, m, n, k)
+        {
+            // Done with bf16 dot products (opt-in; see gemm_bf16.rs).
+        } else {
+            self.install(|| self.gemm_widened(xs, ws, o, d));
+        }
+    }
+
     fn gemm_widened(&self, x: &[f32], w: Weights<'_>, out: &mut [f32], d: MatmulDims) {
         let MatmulDims { m, n, k } = d;
         let threads = self.threads();
@@ -154,22 +173,53 @@ impl DenseOps for CpuBackend {
             None => None,
         };
         let o = &mut self.write_f32(OP, out, &inputs)?[..m * n];
-        if m <= GEMV_MAX_ROWS || k == 0 {
-            // Small ones run here alone, without the team.
-            let team = (n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
-            super::gemv::gemv(team, xs, ws, o, m, n, k)
-        } else if let (true, Weights::BF16(wb)) = (self.bf16_dot, ws)
-            && super::gemm_bf16::gemm(self.team(), xs, wb, o, m, n, k)
-        {
-            // Done with bf16 dot products (opt-in; see gemm_bf16.rs).
-        } else {
-            self.install(|| self.gemm_widened(xs, ws, o, d));
-        }
+        self.matmul_into(xs, ws, o, d);
         if let Some(b) = b {
             for row in o.chunks_mut(n) {
                 row.iter_mut().zip(b).for_each(|(o, b)| *o += b);
             }
         }
+        Ok(())
+    }
+
+    fn matmul_swiglu(
+        &self,
+        x: DeviceSlice,
+        gate: DeviceSlice,
+        up: DeviceSlice,
+        out: DeviceSlice,
+        d: MatmulDims,
+    ) -> Result<()> {
+        const OP: &str = "matmul_swiglu";
+        let _timer = self.op_timer(OP);
+        let MatmulDims { m, n, k } = d;
+        need(OP, x, m * k, "x")?;
+        need(OP, gate, n * k, "gate")?;
+        need(OP, up, n * k, "up")?;
+        need(OP, out, m * n, "out")?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let xs = &self.read_f32(OP, x)?[..m * k];
+        let wg = Weights::from_bytes(OP, gate.dtype(), self.read(OP, gate, gate.dtype())?)?;
+        let wu = Weights::from_bytes(OP, up.dtype(), self.read(OP, up, up.dtype())?)?;
+        let o = &mut self.write_f32(OP, out, &[x, gate, up])?[..m * n];
+        if m > GEMV_MAX_ROWS
+            && let (true, Weights::BF16(g), Weights::BF16(u)) = (self.bf16_dot, wg, wu)
+            && super::gemm_bf16::gemm_swiglu(self.team(), xs, g, u, o, m, n, k)
+        {
+            return Ok(());
+        }
+        // Unfused: the gate into `out`, the up product into scratch.
+        SWIGLU_UP.with_borrow_mut(|u| {
+            if u.len() < m * n {
+                u.resize(m * n, 0.0);
+            }
+            let u = &mut u[..m * n];
+            self.matmul_into(xs, wg, o, d);
+            self.matmul_into(xs, wu, u, d);
+            self.elementwise(o, |at, o| ew::silu_mul_in_place(o, &u[at..]));
+        });
         Ok(())
     }
 

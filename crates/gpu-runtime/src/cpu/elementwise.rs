@@ -16,6 +16,13 @@ simd_fn! {
 }
 
 simd_fn! {
+    /// `g = silu(g) · u`, in place (the same operations as [`silu_mul`]).
+    pub(super) fn silu_mul_in_place(g: &mut [f32], u: &[f32]) {
+        g.iter_mut().zip(u).for_each(|(g, u)| *g = silu(*g) * u);
+    }
+}
+
+simd_fn! {
     /// `o = x · sigmoid(g)`.
     pub(super) fn sigmoid_mul(o: &mut [f32], x: &[f32], g: &[f32]) {
         o.iter_mut().zip(x).zip(g).for_each(|((o, x), g)| *o = x * sigmoid(*g));

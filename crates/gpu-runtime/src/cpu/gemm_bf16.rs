@@ -29,6 +29,8 @@ const MR: usize = 8;
 thread_local! {
     /// The packed weight panel, per team thread.
     static PANEL: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+    /// The second operand's panel of a fused SwiGLU, per team thread.
+    static PANEL_UP: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
     /// The activations as bf16 pairs, per calling thread.
     static ACTS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
@@ -73,6 +75,39 @@ pub(crate) fn gemm(
     n: usize,
     k: usize,
 ) -> bool {
+    gemm_with(team, x, w, None, out, m, n, k)
+}
+
+/// `out = silu(x·gateᵀ) * (x·upᵀ)`, each product as [`gemm`] computes it
+/// and the SiLU as `silu_mul` does, applied to each tile before it is
+/// stored: the same bits as two [`gemm`] calls and `silu_mul`, without
+/// writing and reading back the two products. False where [`gemm`] is.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_swiglu(
+    team: &Team,
+    x: &[f32],
+    gate: &[bf16],
+    up: &[bf16],
+    out: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> bool {
+    assert!(up.len() >= n * k);
+    gemm_with(team, x, gate, Some(up), out, m, n, k)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_with(
+    team: &Team,
+    x: &[f32],
+    w: &[bf16],
+    up: Option<&[bf16]>,
+    out: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> bool {
     if !available() {
         return false;
     }
@@ -94,7 +129,7 @@ pub(crate) fn gemm(
         team.chunks(&mut xb[..m * kp], kp, |i, dst| {
             to_pairs(&x[i * k..(i + 1) * k], dst)
         });
-        run(team, xb, w, out, m, n, k);
+        run(team, xb, w, up, out, m, n, k);
     });
     true
 }
@@ -122,35 +157,70 @@ fn to_pairs(src: &[f32], dst: &mut [u32]) {
     }
 }
 
-fn run(team: &Team, xb: &[u32], w: &[bf16], out: &mut [f32], m: usize, n: usize, k: usize) {
+#[allow(clippy::too_many_arguments)]
+fn run(
+    team: &Team,
+    xb: &[u32],
+    w: &[bf16],
+    up: Option<&[bf16]>,
+    out: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) {
     let kp = k.div_ceil(2);
     let panels = n.div_ceil(NR);
     let next = AtomicUsize::new(0);
     let ptr = OutPtr(out.as_mut_ptr());
     let work = || {
         PANEL.with_borrow_mut(|panel| {
-            // `pack` overwrites the whole panel: no need to clear it.
-            panel.resize(kp * NR, 0);
-            loop {
-                let t = next.fetch_add(1, Ordering::Relaxed);
-                if t >= panels {
-                    break;
+            PANEL_UP.with_borrow_mut(|panel_up| {
+                // `pack` overwrites the whole panel: no need to clear it.
+                panel.resize(kp * NR, 0);
+                if up.is_some() {
+                    panel_up.resize(kp * NR, 0);
                 }
-                let j0 = t * NR;
-                let cols = NR.min(n - j0);
-                pack(w, k, kp, j0, cols, panel);
-                let mut tile = [[0f32; NR]; MR];
-                for i0 in (0..m).step_by(MR) {
-                    // SAFETY: `available()` found AVX-512F and AVX512-BF16;
-                    // `xb` holds `MR` full rows from `i0` (padded), the panel `kp * NR`.
-                    unsafe { x86::tile(&xb[i0 * kp..(i0 + MR) * kp], panel, kp, &mut tile) };
-                    for (r, row) in tile.iter().enumerate().take(m - i0) {
-                        // SAFETY: `(i0 + r) < m` and `j0 + cols <= n`, inside `out`
-                        // (asserted); this task alone writes columns `j0..j0 + cols`.
-                        unsafe { ptr.write_row((i0 + r) * n + j0, &row[..cols]) };
+                loop {
+                    let t = next.fetch_add(1, Ordering::Relaxed);
+                    if t >= panels {
+                        break;
+                    }
+                    let j0 = t * NR;
+                    let cols = NR.min(n - j0);
+                    pack(w, k, kp, j0, cols, panel);
+                    if let Some(up) = up {
+                        pack(up, k, kp, j0, cols, panel_up);
+                    }
+                    let (mut tile, mut tile_up) = ([[0f32; NR]; MR], [[0f32; NR]; MR]);
+                    let mut row = [0f32; NR];
+                    for i0 in (0..m).step_by(MR) {
+                        let a = &xb[i0 * kp..(i0 + MR) * kp];
+                        // SAFETY: `available()` found AVX-512F and AVX512-BF16;
+                        // `a` holds `MR` full rows (padded), the panels `kp * NR`.
+                        unsafe { x86::tile(a, panel, kp, &mut tile) };
+                        if up.is_some() {
+                            // SAFETY: as above.
+                            unsafe { x86::tile(a, panel_up, kp, &mut tile_up) };
+                        }
+                        for (r, g) in tile.iter().enumerate().take(m - i0) {
+                            let v = if up.is_some() {
+                                super::elementwise::silu_mul(
+                                    &mut row[..cols],
+                                    &g[..cols],
+                                    &tile_up[r][..cols],
+                                );
+                                &row[..cols]
+                            } else {
+                                &g[..cols]
+                            };
+                            // SAFETY: `(i0 + r) < m` and `j0 + cols <= n`, inside
+                            // `out` (asserted); this task alone writes columns
+                            // `j0..j0 + cols`.
+                            unsafe { ptr.write_row((i0 + r) * n + j0, v) };
+                        }
                     }
                 }
-            }
+            })
         })
     };
     // One task per thread, each taking panels from the counter.

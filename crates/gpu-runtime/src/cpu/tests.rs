@@ -220,3 +220,44 @@ fn paged_attention_rows_do_not_depend_on_the_batch() {
     let split = run(3, &[(0, 1, 6), (1, 17, 23), (18, 22, 45)]);
     assert_eq!(whole, split);
 }
+
+/// The fused SwiGLU gives the bits of two matmuls and `silu_mul`, on every
+/// path: the GEMV (few rows), the f32 GEMM, and the bf16-dot GEMM with its
+/// fused epilogue (where the CPU has AVX512-BF16).
+#[test]
+fn matmul_swiglu_equals_two_matmuls_and_silu_mul() {
+    use crate::cpu::CpuBackend;
+    use crate::ops::dense::MatmulDims;
+    let (n, k) = (70, 96);
+    for bf16_dot in [false, true] {
+        for m in [3, 40] {
+            for bf16_weights in [false, true] {
+                let cpu = CpuBackend::with_threads(2).with_bf16_dot_products(bf16_dot);
+                let mut env = Env::with_backend(cpu);
+                let mut rng = Rng::new(m as u64 * 7 + bf16_weights as u64);
+                let x = env.up(&rng.vec(m * k, -1.0, 1.0));
+                let (gv, uv) = (rng.vec(n * k, -0.3, 0.3), rng.vec(n * k, -0.3, 0.3));
+                let (gate, up) = if bf16_weights {
+                    (env.up_bf16(&gv).0, env.up_bf16(&uv).0)
+                } else {
+                    (env.up(&gv), env.up(&uv))
+                };
+                let zeros = vec![0.0; m * n];
+                let (fused, g, u, unfused) = (
+                    env.up(&zeros),
+                    env.up(&zeros),
+                    env.up(&zeros),
+                    env.up(&zeros),
+                );
+                let d = MatmulDims { m, n, k };
+                env.cpu.matmul_swiglu(x, gate, up, fused, d).expect("fused");
+                env.cpu.matmul(x, gate, None, g, d).expect("gate");
+                env.cpu.matmul(x, up, None, u, d).expect("up");
+                env.cpu.silu_mul(g, u, unfused, m * n).expect("silu_mul");
+                let what = format!("m {m}, bf16 weights {bf16_weights}, bf16 dot {bf16_dot}");
+                assert_eq!(env.down(fused), env.down(unfused), "{what}");
+                env.finish();
+            }
+        }
+    }
+}

@@ -37,6 +37,16 @@ impl<B: GpuBackend> DenseOps for FaultInjecting<B> {
     ) -> Result<()> {
         self.inner.rms_norm(x, w, out, rows, dim, eps, off)
     }
+    fn matmul_swiglu(
+        &self,
+        x: DeviceSlice,
+        gate: DeviceSlice,
+        up: DeviceSlice,
+        out: DeviceSlice,
+        d: MatmulDims,
+    ) -> Result<()> {
+        self.inner.matmul_swiglu(x, gate, up, out, d)
+    }
     fn rope(&self, x: DeviceSlice, positions: &[u32], p: &RopeParams<'_>) -> Result<()> {
         self.inner.rope(x, positions, p)
     }

@@ -88,6 +88,19 @@ pub trait DenseOps {
         dims: MatmulDims,
     ) -> Result<()>;
 
+    /// SwiGLU's first half in one op: `out = silu(x · gateᵀ) * (x · upᵀ)`,
+    /// `gate` and `up` `[n, k]` in f32/bf16/f16 (no bias), `out` `[m, n]`.
+    /// The same values, to the bit, as two `matmul`s and `silu_mul`; a
+    /// backend fuses them to skip writing and reading back both products.
+    fn matmul_swiglu(
+        &self,
+        x: DeviceSlice,
+        gate: DeviceSlice,
+        up: DeviceSlice,
+        out: DeviceSlice,
+        dims: MatmulDims,
+    ) -> Result<()>;
+
     /// RMSNorm over rows of `dim`: `out = x / rms(x) * (weight_offset + w)`.
     /// Qwen3-Next's zero-centred norms use `weight_offset = 1`.
     fn rms_norm(

@@ -2,10 +2,11 @@
 //! mixtures of experts with an optional (gated) shared expert.
 
 use metrale_gpu_runtime::DeviceSlice;
+use metrale_gpu_runtime::ops::dense::MatmulDims;
 
 use super::{Cx, dev};
 use crate::error::Result;
-use crate::model::weights::{MlpWeights, MoeWeights};
+use crate::model::weights::{Linear, MlpWeights, MoeWeights};
 
 /// `out[rows, hidden] = mlp(x[rows, hidden])`, using ffn_a / ffn_b as scratch.
 pub(super) fn mlp(
@@ -21,28 +22,13 @@ pub(super) fn mlp(
     let half = |s: DeviceSlice, i: usize| s.slice(i * n, n).map_err(dev("mlp scratch"));
     match w {
         MlpWeights::Split { gate, up, down } => {
-            cx.linear(x, gate, half(cx.s.ffn_a, 0)?, rows)?;
-            cx.linear(x, up, half(cx.s.ffn_b, 0)?, rows)?;
-            gpu.silu_mul(
-                half(cx.s.ffn_a, 0)?,
-                half(cx.s.ffn_b, 0)?,
-                half(cx.s.ffn_a, 1)?,
-                n,
-            )
-            .map_err(dev("silu"))?;
+            swiglu(cx, x, gate, up, half(cx.s.ffn_a, 1)?, rows)?;
             cx.linear(half(cx.s.ffn_a, 1)?, down, out, rows)
         }
         MlpWeights::Fused { gate_up, down } => {
-            // The gate and up halves straight into their buffers (no split copies).
-            cx.linear(x, &gate_up.rows(0, inter)?, half(cx.s.ffn_b, 0)?, rows)?;
-            cx.linear(x, &gate_up.rows(inter, inter)?, half(cx.s.ffn_b, 1)?, rows)?;
-            gpu.silu_mul(
-                half(cx.s.ffn_b, 0)?,
-                half(cx.s.ffn_b, 1)?,
-                half(cx.s.ffn_a, 0)?,
-                n,
-            )
-            .map_err(dev("silu"))?;
+            // The gate and up halves of the fused weight, each used in place.
+            let (gate, up) = (gate_up.rows(0, inter)?, gate_up.rows(inter, inter)?);
+            swiglu(cx, x, &gate, &up, half(cx.s.ffn_a, 0)?, rows)?;
             cx.linear(half(cx.s.ffn_a, 0)?, down, out, rows)
         }
         MlpWeights::Plain { up, down } => {
@@ -52,6 +38,36 @@ pub(super) fn mlp(
             cx.linear(half(cx.s.ffn_b, 0)?, down, out, rows)
         }
     }
+}
+
+/// `out = silu(x·gateᵀ + b_g) * (x·upᵀ + b_u)`: one fused op without biases
+/// (the two products are never written out), else both projections into
+/// ffn_b and `silu_mul`.
+fn swiglu(
+    cx: &Cx<'_>,
+    x: DeviceSlice,
+    gate: &Linear,
+    up: &Linear,
+    out: DeviceSlice,
+    rows: usize,
+) -> Result<()> {
+    let dims = MatmulDims {
+        m: rows,
+        n: gate.n,
+        k: gate.k,
+    };
+    if gate.b.is_none() && up.b.is_none() {
+        return cx
+            .gpu
+            .matmul_swiglu(x, gate.w, up.w, out, dims)
+            .map_err(dev("swiglu"));
+    }
+    let n = rows * gate.n;
+    let g = cx.s.ffn_b.slice(0, n).map_err(dev("mlp scratch"))?;
+    let u = cx.s.ffn_b.slice(n, n).map_err(dev("mlp scratch"))?;
+    cx.linear(x, gate, g, rows)?;
+    cx.linear(x, up, u, rows)?;
+    cx.gpu.silu_mul(g, u, out, n).map_err(dev("silu"))
 }
 
 /// Routed experts plus the shared expert, into `mixed`.
