@@ -5,8 +5,9 @@
 //! query's scores for the block are `block_size` lanes of one vector loop
 //! (`q[d]` broadcast times row `d` of the tile, no horizontal sums). Values
 //! stay token-major, so the output sums `p_t · v_t` with whole-row vector
-//! operations. One task per (query row, head); the softmax uses the
-//! vectorised `exp`.
+//! operations. The heads of a kv group are taken up to four at a time, each
+//! tile row and value row loaded once for all of them; one task per (query
+//! row, those heads); the softmax uses the vectorised `exp`.
 //!
 //! Each (row, head) is computed by the same operations in the same order
 //! whatever else is in the call and however the team splits it, so a row's
@@ -15,22 +16,18 @@
 use std::cell::RefCell;
 
 use super::CpuBackend;
-use super::dense::need;
+use super::dense::{need, shape_err};
 use super::elementwise as ew;
 use super::gemv::Isa;
 use super::recurrent::math::simd_fn;
 use super::vec;
-use crate::error::{GpuError, Result};
+use crate::error::Result;
 use crate::gpu::DeviceSlice;
 use crate::ops::dense::{AttnParams, AttnSeq, KvLayer};
 
 thread_local! {
     /// One query's scores (per team thread).
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-fn shape_err(op: &'static str, detail: String) -> GpuError {
-    GpuError::Shape { op, detail }
 }
 
 pub(super) fn kv_store(
@@ -105,13 +102,16 @@ pub(super) fn paged_attention(
     let _timer = cpu.op_timer(OP);
     let (hd, width) = (p.head_dim, p.n_heads * p.head_dim);
     let kv_width = p.n_kv_heads * hd;
-    if p.n_kv_heads == 0 || !p.n_heads.is_multiple_of(p.n_kv_heads) {
+    let bs = cache.block_size;
+    if p.n_kv_heads == 0 || !p.n_heads.is_multiple_of(p.n_kv_heads) || hd == 0 || bs == 0 {
         return Err(shape_err(
             OP,
-            format!("{} heads over {} kv heads", p.n_heads, p.n_kv_heads),
+            format!(
+                "{} heads over {} kv heads of {hd}, blocks of {bs}",
+                p.n_heads, p.n_kv_heads
+            ),
         ));
     }
-    let bs = cache.block_size;
     let row_of = rows_of(seqs, bs)?;
     let rows = row_of.len();
     need(OP, q, rows * width, "q")?;

@@ -28,7 +28,7 @@ const SERIAL_ELEMENTS: usize = 1 << 15;
 /// and waiting for it costs.
 const GEMV_SERIAL_ELEMENTS: usize = 1 << 16;
 
-fn shape_err(op: &'static str, detail: String) -> GpuError {
+pub(super) fn shape_err(op: &'static str, detail: String) -> GpuError {
     GpuError::Shape { op, detail }
 }
 

@@ -261,3 +261,65 @@ fn matmul_swiglu_equals_two_matmuls_and_silu_mul() {
         }
     }
 }
+
+/// Bad shapes are errors naming the op, not panics: zero block size or head
+/// size, heads that do not divide, a block table too short, a slot beyond
+/// the cache.
+#[test]
+fn paged_attention_and_kv_store_reject_bad_shapes() {
+    let mut env = Env::new();
+    let buf = env.up(&vec![0.0; 4096]);
+    let table = [BlockId(0)];
+    let seqs = [AttnSeq {
+        q_start: 0,
+        q_len: 1,
+        kv_len: 4,
+        block_table: &table,
+    }];
+    let good = AttnParams {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 8,
+        scale: 1.0,
+        sliding_window: None,
+    };
+    let cache = |block_size| KvLayer {
+        k: buf,
+        v: buf,
+        block_size,
+    };
+    let cases = [
+        (cache(0), good),
+        (
+            cache(4),
+            AttnParams {
+                head_dim: 0,
+                ..good
+            },
+        ),
+        (
+            cache(4),
+            AttnParams {
+                n_kv_heads: 3,
+                ..good
+            },
+        ),
+        (cache(2), good), // 4 cached tokens, one block of 2
+    ];
+    for (i, (c, p)) in cases.iter().enumerate() {
+        let err = env
+            .cpu
+            .paged_attention(buf, c, buf, &seqs, p)
+            .expect_err("bad shape");
+        assert!(
+            err.to_string().contains("paged_attention"),
+            "case {i}: {err}"
+        );
+    }
+    let err = env
+        .cpu
+        .kv_store(buf, buf, &cache(4), &[4096], 16)
+        .expect_err("slot beyond the cache");
+    assert!(err.to_string().contains("capacity"), "{err}");
+    env.finish();
+}
