@@ -59,8 +59,6 @@ impl CpuBackend {
 }
 
 thread_local! {
-    /// The up product of an unfused `matmul_swiglu`, per calling thread.
-    static SWIGLU_UP: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// The widened weight panel of `gemm_widened`, per pool thread.
     static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -188,6 +186,7 @@ impl DenseOps for CpuBackend {
         gate: DeviceSlice,
         up: DeviceSlice,
         out: DeviceSlice,
+        scratch: DeviceSlice,
         d: MatmulDims,
     ) -> Result<()> {
         const OP: &str = "matmul_swiglu";
@@ -197,29 +196,26 @@ impl DenseOps for CpuBackend {
         need(OP, gate, n * k, "gate")?;
         need(OP, up, n * k, "up")?;
         need(OP, out, m * n, "out")?;
+        need(OP, scratch, m * n, "scratch")?;
         if m == 0 || n == 0 {
             return Ok(());
         }
         let xs = &self.read_f32(OP, x)?[..m * k];
         let wg = Weights::from_bytes(OP, gate.dtype(), self.read(OP, gate, gate.dtype())?)?;
         let wu = Weights::from_bytes(OP, up.dtype(), self.read(OP, up, up.dtype())?)?;
-        let o = &mut self.write_f32(OP, out, &[x, gate, up])?[..m * n];
+        let o = &mut self.write_f32(OP, out, &[x, gate, up, scratch])?[..m * n];
         if m > GEMV_MAX_ROWS
             && let (true, Weights::BF16(g), Weights::BF16(u)) = (self.bf16_dot, wg, wu)
             && super::gemm_bf16::gemm_swiglu(self.team(), xs, g, u, o, m, n, k)
         {
             return Ok(());
         }
-        // Unfused: the gate into `out`, the up product into scratch.
-        SWIGLU_UP.with_borrow_mut(|u| {
-            if u.len() < m * n {
-                u.resize(m * n, 0.0);
-            }
-            let u = &mut u[..m * n];
-            self.matmul_into(xs, wg, o, d);
-            self.matmul_into(xs, wu, u, d);
-            self.elementwise(o, |at, o| ew::silu_mul_in_place(o, &u[at..]));
-        });
+        // Unfused: the gate into `out`, the up product into the scratch.
+        let u = &mut self.write_f32(OP, scratch, &[x, gate, up, out])?[..m * n];
+        self.matmul_into(xs, wg, o, d);
+        self.matmul_into(xs, wu, u, d);
+        let u = &*u;
+        self.elementwise(o, |at, o| ew::silu_mul_in_place(o, &u[at..]));
         Ok(())
     }
 

@@ -249,8 +249,11 @@ fn matmul_swiglu_equals_two_matmuls_and_silu_mul() {
                     env.up(&zeros),
                     env.up(&zeros),
                 );
+                let scratch = env.up(&zeros);
                 let d = MatmulDims { m, n, k };
-                env.cpu.matmul_swiglu(x, gate, up, fused, d).expect("fused");
+                env.cpu
+                    .matmul_swiglu(x, gate, up, fused, scratch, d)
+                    .expect("fused");
                 env.cpu.matmul(x, gate, None, g, d).expect("gate");
                 env.cpu.matmul(x, up, None, u, d).expect("up");
                 env.cpu.silu_mul(g, u, unfused, m * n).expect("silu_mul");

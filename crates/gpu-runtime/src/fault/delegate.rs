@@ -43,9 +43,10 @@ impl<B: GpuBackend> DenseOps for FaultInjecting<B> {
         gate: DeviceSlice,
         up: DeviceSlice,
         out: DeviceSlice,
+        scratch: DeviceSlice,
         d: MatmulDims,
     ) -> Result<()> {
-        self.inner.matmul_swiglu(x, gate, up, out, d)
+        self.inner.matmul_swiglu(x, gate, up, out, scratch, d)
     }
     fn rope(&self, x: DeviceSlice, positions: &[u32], p: &RopeParams<'_>) -> Result<()> {
         self.inner.rope(x, positions, p)

@@ -92,12 +92,15 @@ pub trait DenseOps {
     /// `gate` and `up` `[n, k]` in f32/bf16/f16 (no bias), `out` `[m, n]`.
     /// The same values, to the bit, as two `matmul`s and `silu_mul`; a
     /// backend fuses them to skip writing and reading back both products.
+    /// `scratch` (`m · n` f32, not aliasing the others) is where a backend
+    /// that does not fuse a case puts the up product.
     fn matmul_swiglu(
         &self,
         x: DeviceSlice,
         gate: DeviceSlice,
         up: DeviceSlice,
         out: DeviceSlice,
+        scratch: DeviceSlice,
         dims: MatmulDims,
     ) -> Result<()>;
 

@@ -40,9 +40,10 @@ pub(super) fn mlp(
     }
 }
 
-/// `out = silu(x·gateᵀ + b_g) * (x·upᵀ + b_u)`: one fused op without biases
-/// (the two products are never written out), else both projections into
-/// ffn_b and `silu_mul`.
+/// `out = silu(x·gateᵀ + b_g) * (x·upᵀ + b_u)`: one op without biases (a
+/// backend that fuses it never writes the two products out; one that does
+/// not puts the up product in ffn_b), else both projections into ffn_b and
+/// `silu_mul`.
 fn swiglu(
     cx: &Cx<'_>,
     x: DeviceSlice,
@@ -56,13 +57,14 @@ fn swiglu(
         n: gate.n,
         k: gate.k,
     };
+    let n = rows * gate.n;
     if gate.b.is_none() && up.b.is_none() {
+        let scratch = cx.s.ffn_b.slice(0, n).map_err(dev("mlp scratch"))?;
         return cx
             .gpu
-            .matmul_swiglu(x, gate.w, up.w, out, dims)
+            .matmul_swiglu(x, gate.w, up.w, out, scratch, dims)
             .map_err(dev("swiglu"));
     }
-    let n = rows * gate.n;
     let g = cx.s.ffn_b.slice(0, n).map_err(dev("mlp scratch"))?;
     let u = cx.s.ffn_b.slice(n, n).map_err(dev("mlp scratch"))?;
     cx.linear(x, gate, g, rows)?;
