@@ -59,8 +59,16 @@ impl OutPtr {
     /// # Safety
     /// `i..i + v.len()` must be inside `out`, and no other task may touch it.
     unsafe fn write_row(self, i: usize, v: &[f32]) {
-        // SAFETY: the caller's contract; `v` is a different allocation.
-        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.0.add(i), v.len()) };
+        // SAFETY: the caller's contract; `v` is a different allocation. A
+        // full panel's row is copied with a constant length (two vector
+        // moves, not a `memmove` call per row).
+        unsafe {
+            if v.len() == NR {
+                std::ptr::copy_nonoverlapping(v.as_ptr(), self.0.add(i), NR)
+            } else {
+                std::ptr::copy_nonoverlapping(v.as_ptr(), self.0.add(i), v.len())
+            }
+        };
     }
 }
 
