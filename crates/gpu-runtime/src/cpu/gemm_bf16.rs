@@ -188,11 +188,22 @@ fn run(
                 if up.is_some() {
                     panel_up.resize(kp * NR, 0);
                 }
-                loop {
-                    let t = next.fetch_add(1, Ordering::Relaxed);
-                    if t >= panels {
-                        break;
-                    }
+                // Each thread claims its next panel one ahead and, during the
+                // last quarter of the current panel's row tiles, prefetches
+                // the weight rows packing will read (32 rows at a time: more
+                // streams than the hardware prefetcher follows).
+                let mut t = next.fetch_add(1, Ordering::Relaxed);
+                while t < panels {
+                    let ahead = next.fetch_add(1, Ordering::Relaxed);
+                    let upcoming = (ahead < panels).then(|| {
+                        let (a0, rows) = (ahead * NR, NR.min(n - ahead * NR));
+                        (
+                            &w[a0 * k..(a0 + rows) * k],
+                            up.map(|u| &u[a0 * k..(a0 + rows) * k]),
+                        )
+                    });
+                    let tiles = m.div_ceil(MR);
+                    let from = tiles - tiles.div_ceil(4);
                     let j0 = t * NR;
                     let cols = NR.min(n - j0);
                     pack(w, k, kp, j0, cols, panel);
@@ -201,7 +212,13 @@ fn run(
                     }
                     let (mut tile, mut tile_up) = ([[0f32; NR]; MR], [[0f32; NR]; MR]);
                     let mut row = [0f32; NR];
-                    for i0 in (0..m).step_by(MR) {
+                    for (ti, i0) in (0..m).step_by(MR).enumerate() {
+                        if let Some((wr, ur)) = upcoming.filter(|_| ti >= from) {
+                            prefetch_part(wr, ti - from, tiles - from);
+                            if let Some(ur) = ur {
+                                prefetch_part(ur, ti - from, tiles - from);
+                            }
+                        }
                         let a = &xb[i0 * kp..(i0 + MR) * kp];
                         // SAFETY: `available()` found AVX-512F and AVX512-BF16;
                         // `a` holds `MR` full rows (padded), the panels `kp * NR`.
@@ -227,12 +244,28 @@ fn run(
                             unsafe { ptr.write_row((i0 + r) * n + j0, v) };
                         }
                     }
+                    t = ahead;
                 }
             })
         })
     };
     // One task per thread, each taking panels from the counter.
     team.run(team.threads().min(panels), &|_| work());
+}
+
+/// Prefetches part `i` of `parts` of `data` (whole cache lines) into L1.
+fn prefetch_part(data: &[bf16], i: usize, parts: usize) {
+    const LINE: usize = 32; // bf16s per 64-byte line
+    let lines = data.len().div_ceil(LINE);
+    let per = lines.div_ceil(parts);
+    for l in (i * per..((i + 1) * per).min(lines)).map(|l| l * LINE) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch never faults, and `l < data.len()` besides.
+        unsafe {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().add(l).cast());
+        }
+    }
 }
 
 /// Packs rows `j0..j0 + cols` of `w` as `panel[p * NR + r] = pair p of row r`
