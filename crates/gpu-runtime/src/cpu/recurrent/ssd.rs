@@ -10,7 +10,7 @@
 //!
 //! `C·Bᵀ` is computed once per group and chunk (heads of a group share it).
 
-use super::math::{Buf, SPAN, View, decay_lower, matmul, simd_fn, softplus, to_bf16};
+use super::math::{Buf, SPAN, View, decay_lower, exp_fast, matmul, simd_fn, softplus, to_bf16};
 use super::{Mode, SeqIo};
 use half::bf16;
 
@@ -298,11 +298,14 @@ simd_fn! {
     fn chunk_outputs(ctx: &Ctx<'_>, scr: &mut Scratch, io: &HeadChunk<'_>, y_in: &[f32], yh: &mut [f32]) {
         let (hp, q, ld) = (ctx.p.head_dim, io.dt.len(), io.ld);
         let xv = &ctx.x[io.r0 * ctx.x_stride + io.h * hp..];
-        // y_t = exp(cum_t)·C_t·S, transposed back from `y_in`.
-        for (t, (yr, &ct)) in yh.chunks_mut(hp).zip(io.cum).enumerate() {
-            let e = ct.exp() as f32;
+        // y_t = exp(cum_t)·C_t·S, transposed back from `y_in` (the factors
+        // in one vectorised pass: cum_t ≤ 0, and f32 keeps exp's relative
+        // error at f32 level).
+        let e = &mut scr.col[..q];
+        e.iter_mut().zip(io.cum).for_each(|(e, &ct)| *e = exp_fast(ct as f32));
+        for (t, (yr, &et)) in yh.chunks_mut(hp).zip(e.iter()).enumerate() {
             for (p, y) in yr.iter_mut().enumerate() {
-                *y = y_in[p * q + t] * e;
+                *y = y_in[p * q + t] * et;
             }
         }
         // Within the chunk: M[t, s] = G[t, s]·exp(cum_t − cum_s)·dt_s for s ≤ t,
@@ -336,12 +339,17 @@ simd_fn! {
             let last = cum[q - 1];
             let decay = last.exp() as f32;
             sh.iter_mut().for_each(|v| *v *= decay);
+            // The weights in one vectorised pass (last − cum_s ≤ 0 is small
+            // enough for f32: a difference within one chunk).
+            let w = &mut scr.col[..q];
+            w.iter_mut()
+                .zip(cum.iter().zip(dt))
+                .for_each(|(w, (&ct, &d))| *w = exp_fast((last - ct) as f32) * d);
             let xw = &mut scr.xw[i * hp * q..(i + 1) * hp * q];
-            for (t, (&ct, &d)) in cum.iter().zip(dt).enumerate() {
-                let w = ((last - ct) as f32).exp() * d;
+            for (t, &wt) in w.iter().enumerate() {
                 let x = &ctx.x[(r0 + t) * width + h * hp..][..hp];
                 for (p, &xp) in x.iter().enumerate() {
-                    xw[p * q + t] = xp * w;
+                    xw[p * q + t] = xp * wt;
                 }
             }
         }
