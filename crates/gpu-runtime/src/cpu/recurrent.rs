@@ -16,25 +16,12 @@ pub(super) mod tests;
 mod tests_scan;
 
 use super::CpuBackend;
+use super::dense::{need, shape_err};
 use super::kernels::Weights;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
 use math::simd_fn;
-
-fn shape_err(op: &'static str, detail: String) -> GpuError {
-    GpuError::Shape { op, detail }
-}
-
-fn need(op: &'static str, s: DeviceSlice, n: usize, what: &str) -> Result<()> {
-    if s.len() < n {
-        return Err(shape_err(
-            op,
-            format!("{what} has {} elements, needs {n}", s.len()),
-        ));
-    }
-    Ok(())
-}
 
 simd_fn! {
     /// One decode step of the causal conv for one sequence: `w` as stored
