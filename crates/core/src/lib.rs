@@ -2,11 +2,13 @@
 //!
 //! Nothing here touches a device. [`scope`] defines how state that owns device
 //! memory is released (explicitly, in order, reporting failures), [`ids`] the
-//! newtype ids, [`dtype`] the element types, [`error`] the shared error enum.
+//! newtype ids, [`dtype`] the element types, [`error`] the shared error enum,
+//! [`json`] the tolerant reading of checkpoints' JSON files.
 
 pub mod dtype;
 pub mod error;
 pub mod ids;
+pub mod json;
 pub mod scope;
 
 pub use dtype::DType;

@@ -250,3 +250,61 @@ fn help_and_errors_are_clear() {
     assert!(!bad.status.success());
     assert!(text(&bad.stderr).contains("top_p"), "{}", text(&bad.stderr));
 }
+
+/// A copy of fixture `name` whose JSON files carry bare non-finite floats,
+/// as Python's `json` writes them in published checkpoints.
+fn with_bare_infinity(name: &str) -> PathBuf {
+    let src = fixture(name);
+    let dir = std::env::temp_dir().join(format!("metrale-bare-inf-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for entry in std::fs::read_dir(&src).expect("fixture") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
+    }
+    let config = std::fs::read_to_string(dir.join("config.json")).expect("config");
+    let wrapped = "[\n    0.0,\n    {\n      \"__float__\": \"Infinity\"\n    }\n  ]";
+    assert!(
+        config.contains(wrapped),
+        "fixture spells time_step_limit as expected"
+    );
+    let bare = config.replace(wrapped, "[0.0, Infinity]");
+    std::fs::write(dir.join("config.json"), bare).expect("write config");
+    for file in ["generation_config.json", "tokenizer_config.json"] {
+        let text = std::fs::read_to_string(dir.join(file)).expect("read");
+        let patched = text.replacen('{', "{\n  \"x_limit\": [-Infinity, NaN],", 1);
+        std::fs::write(dir.join(file), patched).expect("write");
+    }
+    dir
+}
+
+#[test]
+fn generate_and_chat_read_configs_with_bare_infinity() {
+    for name in ["bamba", "granitemoehybrid", "mamba2"] {
+        let dir = with_bare_infinity(name);
+        let model = dir.to_str().expect("utf-8 path");
+        let out = metrale(
+            &[
+                "generate",
+                "--model",
+                model,
+                "--max-tokens",
+                "3",
+                "--temperature",
+                "0",
+                "Hello",
+            ],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "{name} generate: {}",
+            text(&out.stderr)
+        );
+        let out = metrale(
+            &["chat", "--model", model, "--max-tokens", "3"],
+            Some("Hi\n"),
+        );
+        assert!(out.status.success(), "{name} chat: {}", text(&out.stderr));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

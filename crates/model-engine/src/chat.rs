@@ -26,8 +26,9 @@ use minijinja::value::{Kwargs, Serde, Value, ValueKind};
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Output, State};
 use serde::{Deserialize, Serialize};
 
+use crate::config::json::read_json;
 use crate::error::{EngineError, Result};
-use crate::tokenizer::{read_optional_json, special_token_text};
+use crate::tokenizer::special_token_text;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -102,8 +103,7 @@ impl ChatTemplate {
     /// the named template (e.g. "tool_use") where the config holds a list.
     pub fn from_tokenizer_config_named(path: impl AsRef<Path>, name: &str) -> Result<Self> {
         let path = path.as_ref();
-        let config =
-            read_optional_json(path)?.ok_or_else(|| config_error(path, "missing".into()))?;
+        let config = read_json(path)?.ok_or_else(|| config_error(path, "missing".into()))?;
         let source = match config.get("chat_template") {
             Some(value) => pick_template(value, name).map_err(|d| config_error(path, d))?,
             None => return Err(config_error(path, "has no chat_template".into())),
@@ -118,7 +118,7 @@ impl ChatTemplate {
     pub fn from_model_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
         let config_path = dir.join("tokenizer_config.json");
-        let config = read_optional_json(&config_path)?.unwrap_or_default();
+        let config = read_json(&config_path)?.unwrap_or_default();
         let special = special_tokens_of(&config);
         if let Some(value) = config.get("chat_template") {
             let source =
@@ -132,7 +132,7 @@ impl ChatTemplate {
             Err(e) => return Err(config_error(&jinja_path, format!("cannot read: {e}"))),
         }
         let json_path = dir.join("chat_template.json");
-        if let Some(json) = read_optional_json(&json_path)? {
+        if let Some(json) = read_json(&json_path)? {
             let value = json.get("chat_template").unwrap_or(&json);
             let source =
                 pick_template(value, "default").map_err(|d| config_error(&json_path, d))?;

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::config::json::read_json;
 use crate::error::{EngineError, Result};
 
 /// A loaded tokenizer with its special tokens. Cloning is cheap (the
@@ -45,19 +46,6 @@ impl std::fmt::Debug for Tokenizer {
             .field("eos_ids", &self.eos_ids)
             .finish()
     }
-}
-
-/// Reads a JSON file that may be absent: `Ok(None)` when it does not exist, an
-/// error naming the file when it cannot be read or parsed.
-pub(crate) fn read_optional_json(path: &Path) -> Result<Option<Value>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(file_error(path, format!("cannot read: {e}"))),
-    };
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| file_error(path, format!("malformed JSON: {e}")))
 }
 
 fn file_error(path: &Path, detail: String) -> EngineError {
@@ -101,9 +89,9 @@ impl Tokenizer {
         let dir = dir.as_ref();
         let tok_path = dir.join("tokenizer.json");
         let inner = load_tokenizer_json(&tok_path)?;
-        let tok_config = read_optional_json(&dir.join("tokenizer_config.json"))?;
-        let gen_config = read_optional_json(&dir.join("generation_config.json"))?;
-        let model_config = read_optional_json(&dir.join("config.json"))?;
+        let tok_config = read_json(&dir.join("tokenizer_config.json"))?;
+        let gen_config = read_json(&dir.join("generation_config.json"))?;
+        let model_config = read_json(&dir.join("config.json"))?;
         Ok(Self::assemble(
             inner,
             tok_path,

@@ -73,7 +73,7 @@ fn malformed_config_json() {
         parse_config("{\"model_type\": \"llama\", ", Path::new("/m/config.json")).unwrap_err();
     assert!(matches!(err, EngineError::Config { .. }), "{err:?}");
     assert!(
-        err.to_string().contains("/m/config.json") && err.to_string().contains("invalid JSON"),
+        err.to_string().contains("/m/config.json") && err.to_string().contains("malformed JSON"),
         "{err}"
     );
     let err = parse_config("[1, 2]", Path::new("/m/config.json")).unwrap_err();

@@ -1,15 +1,18 @@
-//! Reading config.json as real checkpoints write it.
+//! Reading a checkpoint's JSON files as real checkpoints write them.
 //!
 //! Python's `json` writes non-finite floats as bare `Infinity`, `-Infinity`
 //! and `NaN`, which strict JSON parsers reject; transformers 5 writes them
-//! as `{"__float__": "Infinity"}`. [`parse_json`] accepts both. [`Obj`]
+//! as `{"__float__": "Infinity"}`. Every JSON file of a model directory
+//! (config.json, generation_config.json, tokenizer_config.json,
+//! chat_template.json) is read through [`read_json`] / [`parse_json`], which
+//! accept both (through [`metrale_core::json::wrap_nonfinite`]). [`Obj`]
 //! reads typed values by key, accepting alternative spellings and treating
 //! `null` like a missing key, with errors that name the file and the key.
 
-use std::borrow::Cow;
 use std::path::Path;
 
 use metrale_core::DType;
+use metrale_core::json::wrap_nonfinite;
 use serde_json::{Map, Value};
 
 use crate::error::{EngineError, Result};
@@ -19,14 +22,18 @@ use crate::error::{EngineError, Result};
 /// from overflowing.
 pub const MAX_INT: usize = 1 << 26;
 
+/// Parses `text` (the contents of `path`) into any JSON value, bare
+/// non-finite floats included.
+pub fn parse_value(text: &str, path: &Path) -> Result<Value> {
+    serde_json::from_str(&wrap_nonfinite(text)).map_err(|e| EngineError::Config {
+        path: path.to_path_buf(),
+        detail: format!("malformed JSON: {e}"),
+    })
+}
+
 /// Parses `text` (the contents of `path`) into a JSON object.
 pub fn parse_json(text: &str, path: &Path) -> Result<Map<String, Value>> {
-    let text = wrap_nonfinite(text);
-    let value: Value = serde_json::from_str(&text).map_err(|e| EngineError::Config {
-        path: path.to_path_buf(),
-        detail: format!("invalid JSON: {e}"),
-    })?;
-    match value {
+    match parse_value(text, path)? {
         Value::Object(map) => Ok(map),
         other => Err(EngineError::Config {
             path: path.to_path_buf(),
@@ -35,50 +42,16 @@ pub fn parse_json(text: &str, path: &Path) -> Result<Map<String, Value>> {
     }
 }
 
-/// Rewrites bare `Infinity`, `-Infinity` and `NaN` outside strings as
-/// `{"__float__": "..."}` objects.
-pub fn wrap_nonfinite(text: &str) -> Cow<'_, str> {
-    const TOKENS: [&str; 4] = ["-Infinity", "+Infinity", "Infinity", "NaN"];
-    let bytes = text.as_bytes();
-    let mut out: Option<String> = None;
-    let mut copied = 0;
-    let mut i = 0;
-    let mut in_string = false;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if in_string {
-            match b {
-                b'\\' => i += 1,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            i += 1;
-            continue;
-        }
-        if b == b'"' {
-            in_string = true;
-            i += 1;
-            continue;
-        }
-        if let Some(token) = TOKENS.iter().find(|t| bytes[i..].starts_with(t.as_bytes())) {
-            let o = out.get_or_insert_with(|| String::with_capacity(text.len() + 32));
-            o.push_str(&text[copied..i]);
-            o.push_str(&format!(
-                "{{\"__float__\": \"{}\"}}",
-                token.trim_start_matches('+')
-            ));
-            i += token.len();
-            copied = i;
-            continue;
-        }
-        i += 1;
-    }
-    match out {
-        Some(mut o) => {
-            o.push_str(&text[copied..]);
-            Cow::Owned(o)
-        }
-        None => Cow::Borrowed(text),
+/// Reads and parses a JSON file that may be absent: `Ok(None)` when it does
+/// not exist, an error naming the file when it cannot be read or parsed.
+pub fn read_json(path: &Path) -> Result<Option<Value>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse_value(&text, path).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(EngineError::Config {
+            path: path.to_path_buf(),
+            detail: format!("cannot read: {e}"),
+        }),
     }
 }
 

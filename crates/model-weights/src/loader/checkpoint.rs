@@ -113,8 +113,9 @@ fn read_index(path: &Path) -> Result<BTreeMap<String, String>, WeightsError> {
         path: path.to_path_buf(),
         source,
     })?;
-    let json: Value =
-        serde_json::from_str(&text).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
+    // Through the tolerant reading every checkpoint JSON file gets.
+    let json: Value = serde_json::from_str(&metrale_core::json::wrap_nonfinite(&text))
+        .map_err(|e| invalid(format!("not valid JSON: {e}")))?;
     let Some(map) = json.get("weight_map") else {
         return Err(invalid("key `weight_map` is missing".to_string()));
     };
