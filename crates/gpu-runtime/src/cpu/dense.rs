@@ -162,17 +162,21 @@ impl DenseOps for CpuBackend {
         let xs = &self.read_f32(OP, x)?[..m * k];
         let ws = Weights::from_bytes(OP, w.dtype(), self.read(OP, w, w.dtype())?)?;
         let mut inputs = vec![x, w];
+        // A bias is stored like its weight (f32, bf16 or f16): widened once per call.
         let b = match bias {
             Some(b) => {
                 need(OP, b, n, "bias")?;
                 inputs.push(b);
-                Some(&self.read_f32(OP, b)?[..n])
+                let mut wide = vec![0f32; n];
+                Weights::from_bytes(OP, b.dtype(), self.read(OP, b, b.dtype())?)?
+                    .widen_into(0, &mut wide);
+                Some(wide)
             }
             None => None,
         };
         let o = &mut self.write_f32(OP, out, &inputs)?[..m * n];
         self.matmul_into(xs, ws, o, d);
-        if let Some(b) = b {
+        if let Some(b) = &b {
             for row in o.chunks_mut(n) {
                 row.iter_mut().zip(b).for_each(|(o, b)| *o += b);
             }

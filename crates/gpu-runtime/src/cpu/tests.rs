@@ -265,6 +265,42 @@ fn matmul_swiglu_equals_two_matmuls_and_silu_mul() {
     }
 }
 
+/// A bias is stored like its weight: a bf16 bias (Qwen2's q/k/v biases in
+/// its published bf16 checkpoints) adds the same values as the f32 one.
+#[test]
+fn matmul_adds_a_bias_in_any_stored_dtype() {
+    use crate::ops::dense::MatmulDims;
+    let (m, n, k) = (3, 10, 8);
+    let mut env = Env::new();
+    let mut rng = Rng::new(11);
+    let x = env.up(&rng.vec(m * k, -1.0, 1.0));
+    let (w, wv) = env.up_bf16(&rng.vec(n * k, -0.5, 0.5));
+    let (b16, bv) = env.up_bf16(&rng.vec(n, -1.0, 1.0));
+    let b32 = env.up(&bv);
+    let zeros = vec![0.0; m * n];
+    let (with16, with32) = (env.up(&zeros), env.up(&zeros));
+    let d = MatmulDims { m, n, k };
+    env.cpu
+        .matmul(x, w, Some(b16), with16, d)
+        .expect("bf16 bias");
+    env.cpu
+        .matmul(x, w, Some(b32), with32, d)
+        .expect("f32 bias");
+    let xs = env.down(x);
+    let want: Vec<f64> = (0..m * n)
+        .map(|i| {
+            let (r, c) = (i / n, i % n);
+            let dot: f64 = (0..k)
+                .map(|j| xs[r * k + j] as f64 * wv[c * k + j] as f64)
+                .sum();
+            dot + bv[c] as f64
+        })
+        .collect();
+    assert_eq!(env.down(with16), env.down(with32));
+    assert_close(&env.down(with16), &want, 1e-5, "matmul with bias");
+    env.finish();
+}
+
 /// Bad shapes are errors naming the op, not panics: zero block size or head
 /// size, heads that do not divide, a block table too short, a slot beyond
 /// the cache.
