@@ -107,7 +107,8 @@ fn qwen2_and_mistral() {
         m.insert("sliding_window".into(), json!(4096));
     });
     let a = q2.attention.as_ref().unwrap();
-    assert!(a.qkv_bias && !a.o_bias && a.sliding_window.is_none());
+    assert!(a.qkv_bias && !a.o_bias);
+    assert!(q2.layers.iter().all(|l| l.sliding_window.is_none()));
     let names = q2.expected_tensors();
     assert!(
         names
@@ -119,15 +120,54 @@ fn qwen2_and_mistral() {
     let mistral = variant("llama", |m| {
         m.insert("model_type".into(), json!("mistral"));
     });
-    assert_eq!(
-        mistral.attention.as_ref().unwrap().sliding_window,
-        Some(4096)
-    );
+    let windows = |c: &ModelConfig| {
+        c.layers
+            .iter()
+            .map(|l| l.sliding_window)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(windows(&mistral), vec![Some(4096); 2]);
     let mistral = variant("llama", |m| {
         m.insert("model_type".into(), json!("mistral"));
         m.insert("sliding_window".into(), Value::Null);
     });
-    assert_eq!(mistral.attention.as_ref().unwrap().sliding_window, None);
+    assert_eq!(windows(&mistral), vec![None; 2]);
+
+    // Qwen windows: from max_window_layers on, or where layer_types says so,
+    // and only with use_sliding_window.
+    let qwen = |edit: &dyn Fn(&mut serde_json::Map<String, Value>)| {
+        variant("llama", |m| {
+            m.insert("model_type".into(), json!("qwen3"));
+            m.insert("head_dim".into(), json!(16));
+            m.insert("sliding_window".into(), json!(8));
+            m.insert("max_window_layers".into(), json!(1));
+            edit(m);
+        })
+    };
+    assert_eq!(windows(&qwen(&|_| {})), vec![None; 2]);
+    let on = qwen(&|m| {
+        m.insert("use_sliding_window".into(), json!(true));
+    });
+    assert_eq!(windows(&on), vec![None, Some(8)]);
+    let listed = qwen(&|m| {
+        m.insert("use_sliding_window".into(), json!(true));
+        m.insert(
+            "layer_types".into(),
+            json!(["sliding_attention", "full_attention"]),
+        );
+    });
+    assert_eq!(windows(&listed), vec![Some(8), None]);
+    let text = variant_text("llama", |m| {
+        m.insert("model_type".into(), json!("qwen2"));
+        m.insert(
+            "layer_types".into(),
+            json!(["full_attention", "chunked_attention"]),
+        );
+    });
+    let err = parse_config(&text, Path::new("q/config.json"))
+        .expect_err("an unknown layer type")
+        .to_string();
+    assert!(err.contains("chunked_attention"), "{err}");
 }
 
 #[test]

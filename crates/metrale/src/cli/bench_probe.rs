@@ -121,9 +121,9 @@ pub fn decode_params_per_token(c: &ModelConfig) -> f64 {
 
 fn mlp_names(m: &MlpNames) -> Vec<&str> {
     match m {
-        MlpNames::Split { gate, up, down } => vec![gate, up, down],
+        MlpNames::Split { gate, up, down, .. } => vec![gate, up, down],
         MlpNames::Fused { gate_up, down } => vec![gate_up, down],
-        MlpNames::Plain { up, down } => vec![up, down],
+        MlpNames::Plain { up, down, .. } => vec![up, down],
     }
 }
 

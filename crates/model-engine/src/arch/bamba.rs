@@ -7,11 +7,12 @@
 //! and configs usually do not say). Every layer has a SwiGLU MLP after
 //! `pre_ff_layernorm`. All norms, the Mamba gated norm included, use
 //! `rms_norm_eps`; the gated norm normalises the whole `d_inner` row as one
-//! group (`BambaRMSNormGated`, no group size). No attention or MLP biases.
+//! group (`BambaRMSNormGated`, no group size). Attention projections have
+//! biases when `attention_bias`, MLP projections when `mlp_bias`.
 
 use super::{
-    Common, attention_heads, attention_names, check_mamba, mamba_names, require_act, split_mlp,
-    time_step_limit,
+    Common, attention_heads, attention_names, check_mamba, mamba_names, mlp_bias, require_act,
+    split_mlp, time_step_limit,
 };
 use crate::config::json::Obj;
 use crate::config::rope::{RopeDefaults, parse_rope};
@@ -30,6 +31,7 @@ struct RawBamba {
     rms_norm_eps: f32,
     max_position_embeddings: usize,
     mamba: MambaConfig,
+    mlp_bias: bool,
 }
 
 /// The Mamba-2 settings Bamba and Granite 4.0-H share (`mamba_*` keys).
@@ -57,11 +59,12 @@ pub(super) fn read_mamba_keys(o: &Obj<'_>, hidden: usize, norm_eps: f32) -> Resu
             head_dim * n_heads
         )));
     }
+    let n_groups = o.size_or(&["mamba_n_groups"], 1)?;
     let mamba = MambaConfig {
         n_heads,
         head_dim,
         d_state: o.size_or(&["mamba_d_state"], 256)?,
-        n_groups: o.size_or(&["mamba_n_groups"], 1)?,
+        n_groups,
         conv_kernel: o.size_or(&["mamba_d_conv"], 4)?,
         chunk_size: o.size_or(&["mamba_chunk_size"], 256)?,
         time_step_limit: time_step_limit(o)?,
@@ -96,6 +99,7 @@ impl RawBamba {
             rms_norm_eps,
             max_position_embeddings: o.size_or(&["max_position_embeddings"], 262_144)?,
             mamba,
+            mlp_bias: mlp_bias(o)?,
             common,
         })
     }
@@ -124,7 +128,8 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
             LayerPlan {
                 mixer,
                 ffn: FfnKind::Mlp,
-                names: layer_names(i, mixer, attention.as_ref(), &raw.mamba),
+                names: layer_names(i, mixer, attention.as_ref(), &raw.mamba, raw.mlp_bias),
+                sliding_window: None,
             }
         })
         .collect();
@@ -145,6 +150,7 @@ fn read_attention(o: &Obj<'_>, hidden: usize) -> Result<AttentionConfig> {
         partial_rotary_factor: 0.5,
         ..RopeDefaults::default()
     };
+    let bias = o.bool_or(&["attention_bias"], false)?;
     Ok(AttentionConfig {
         n_heads,
         n_kv_heads,
@@ -153,9 +159,8 @@ fn read_attention(o: &Obj<'_>, hidden: usize) -> Result<AttentionConfig> {
         scale: (head_dim as f32).powf(-0.5),
         qk_norm: false,
         output_gate: false,
-        qkv_bias: false,
-        o_bias: false,
-        sliding_window: None,
+        qkv_bias: bias,
+        o_bias: bias,
     })
 }
 
@@ -167,6 +172,7 @@ fn layer_names(
     mixer: MixerKind,
     a: Option<&AttentionConfig>,
     m: &MambaConfig,
+    mlp_bias: bool,
 ) -> LayerNames {
     let p = format!("model.layers.{i}");
     LayerNames {
@@ -178,7 +184,7 @@ fn layer_names(
             }
             _ => MixerNames::Mamba2(mamba_names(&format!("{p}.mamba"), m)),
         },
-        ffn: FfnNames::Mlp(split_mlp(&format!("{p}.feed_forward"))),
+        ffn: FfnNames::Mlp(split_mlp(&format!("{p}.feed_forward"), mlp_bias)),
     }
 }
 

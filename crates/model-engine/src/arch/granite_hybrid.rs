@@ -143,7 +143,6 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
             output_gate: false,
             qkv_bias: bias,
             o_bias: bias,
-            sliding_window: None,
         })
     } else {
         None
@@ -181,6 +180,7 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
             mixer,
             ffn,
             names: layer_names(i, mixer, ffn, attention.as_ref(), mamba.as_ref()),
+            sliding_window: None,
         })
         .collect();
     config.attention = attention;

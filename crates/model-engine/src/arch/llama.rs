@@ -6,12 +6,15 @@
 //! - Qwen2 (arXiv:2407.10671): biases on q/k/v (not o).
 //! - Qwen3 (arXiv:2505.09388): RMSNorm over each head of q and k before RoPE;
 //!   `head_dim` independent of `hidden_size` (default 128).
-//! - Mistral (arXiv:2310.06825): sliding-window attention (`sliding_window`,
-//!   4096 when the key is absent, none when it is `null`).
+//! - Qwen2/3 with `use_sliding_window`: a sliding window on the layers from
+//!   `max_window_layers` on (or those `layer_types` marks `sliding_attention`).
+//! - Mistral (arXiv:2310.06825): sliding-window attention on every layer
+//!   (`sliding_window`, 4096 when the key is absent, none when it is `null`).
 //!
-//! Layer norms compute `x * rsqrt(mean(x^2) + rms_norm_eps) * w`.
+//! `attention_bias` adds biases to q, k, v and o; `mlp_bias` to the MLP's
+//! three projections. Layer norms compute `x * rsqrt(mean(x^2) + rms_norm_eps) * w`.
 
-use super::{Common, attention_heads, attention_names, refuse_mlp_bias, require_act, split_mlp};
+use super::{Common, attention_heads, attention_names, mlp_bias, require_act, split_mlp};
 use crate::config::json::Obj;
 use crate::config::rope::{RopeDefaults, parse_rope};
 use crate::config::{
@@ -31,7 +34,9 @@ struct RawLlama {
     rms_norm_eps: f32,
     max_position_embeddings: usize,
     attention_bias: bool,
-    sliding_window: Option<usize>,
+    mlp_bias: bool,
+    /// Each layer's sliding window (None: full attention).
+    windows: Vec<Option<usize>>,
 }
 
 impl RawLlama {
@@ -41,37 +46,15 @@ impl RawLlama {
         let (n_heads, n_kv_heads, head_dim) =
             attention_heads(o, common.hidden_size, default_head_dim)?;
         require_act(o, &["hidden_act"], &["silu"], "silu")?;
-        refuse_mlp_bias(o)?;
         let max_pos_default = match t {
             ModelType::Llama => 2048,
             ModelType::Mistral => 4096 * 32,
             _ => 32768,
         };
-        let sliding_window = match t {
-            ModelType::Mistral => match o.raw("sliding_window") {
-                None => Some(4096),
-                Some(v) if v.is_null() => None,
-                Some(_) => Some(o.size(&["sliding_window"])?),
-            },
-            // Qwen windows apply only from `max_window_layers` on, and only
-            // with `use_sliding_window`; refuse rather than silently ignore.
-            ModelType::Qwen2 | ModelType::Qwen3 if o.bool_or(&["use_sliding_window"], false)? => {
-                return Err(o.err("key `use_sliding_window` = true is not supported (layer-dependent sliding windows)"));
-            }
-            _ => None,
-        };
-        if let Some((k, types)) = o.opt_str_list(&["layer_types"])?
-            && let Some((i, bad)) = types
-                .iter()
-                .enumerate()
-                .find(|(_, t)| **t != "full_attention")
-        {
-            return Err(o.err(format!(
-                "key `{k}`[{i}] = {bad:?}: only full_attention layers are supported"
-            )));
-        }
+        let num_layers = super::num_layers(o, &["num_hidden_layers"])?;
+        let windows = windows(t, o, num_layers)?;
         Ok(Self {
-            num_layers: super::num_layers(o, &["num_hidden_layers"])?,
+            num_layers,
             intermediate_size: o.size(&["intermediate_size"])?,
             n_heads,
             n_kv_heads,
@@ -79,7 +62,8 @@ impl RawLlama {
             rms_norm_eps: o.pos_f32_or(&["rms_norm_eps"], 1e-6)?,
             max_position_embeddings: o.size_or(&["max_position_embeddings"], max_pos_default)?,
             attention_bias: o.bool_or(&["attention_bias"], false)?,
-            sliding_window,
+            mlp_bias: mlp_bias(o)?,
+            windows,
             common,
         })
     }
@@ -98,7 +82,6 @@ pub(super) fn build(t: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
         output_gate: false,
         qkv_bias: t == ModelType::Qwen2 || raw.attention_bias,
         o_bias: raw.attention_bias,
-        sliding_window: raw.sliding_window,
     };
     let mut config = raw.common.base(
         t,
@@ -110,7 +93,8 @@ pub(super) fn build(t: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
         .map(|i| LayerPlan {
             mixer: MixerKind::Attention,
             ffn: FfnKind::Mlp,
-            names: layer_names(i, &attention),
+            names: layer_names(i, &attention, raw.mlp_bias),
+            sliding_window: raw.windows[i],
         })
         .collect();
     config.attention = Some(attention);
@@ -121,14 +105,67 @@ pub(super) fn build(t: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
     Ok(config)
 }
 
+/// Each layer's sliding window, as transformers derives it:
+/// - Mistral: `sliding_window` on every layer (4096 when the key is absent,
+///   none when it is `null`).
+/// - Qwen2 / Qwen3: only with `use_sliding_window`, then `sliding_window` on
+///   the layers that `layer_types` marks `sliding_attention`, or when that
+///   list is absent on every layer from `max_window_layers` on.
+/// - Llama: none; `layer_types` may only list `full_attention`.
+fn windows(t: ModelType, o: &Obj<'_>, layers: usize) -> Result<Vec<Option<usize>>> {
+    let window = |o: &Obj<'_>| match o.raw("sliding_window") {
+        Some(v) if !v.is_null() => o.size(&["sliding_window"]).map(Some),
+        _ => Ok(None),
+    };
+    let types = o.opt_str_list(&["layer_types"])?;
+    if let Some((k, types)) = &types {
+        super::check_layer_count(o, k, types.len())?;
+        let known: &[&str] = match t {
+            ModelType::Qwen2 | ModelType::Qwen3 => &["full_attention", "sliding_attention"],
+            _ => &["full_attention"],
+        };
+        if let Some((i, bad)) = types.iter().enumerate().find(|(_, t)| !known.contains(t)) {
+            return Err(super::unknown_layer_type(o, k, i, bad, known));
+        }
+    }
+    Ok(match t {
+        ModelType::Mistral => {
+            let w = if o.raw("sliding_window").is_none() {
+                Some(4096)
+            } else {
+                window(o)?
+            };
+            vec![w; layers]
+        }
+        ModelType::Qwen2 | ModelType::Qwen3 => {
+            let w = if o.bool_or(&["use_sliding_window"], false)? {
+                window(o)?
+            } else {
+                None
+            };
+            let from = o.usize_or(&["max_window_layers"], 28)?;
+            (0..layers)
+                .map(|i| {
+                    let sliding = match &types {
+                        Some((_, types)) => types[i] == "sliding_attention",
+                        None => i >= from,
+                    };
+                    w.filter(|_| sliding)
+                })
+                .collect()
+        }
+        _ => vec![None; layers],
+    })
+}
+
 /// The family's tensor-name table: every layer is attention + SwiGLU MLP.
-fn layer_names(i: usize, a: &AttentionConfig) -> LayerNames {
+fn layer_names(i: usize, a: &AttentionConfig, mlp_bias: bool) -> LayerNames {
     let p = format!("model.layers.{i}");
     LayerNames {
         input_norm: format!("{p}.input_layernorm.weight"),
         ffn_norm: Some(format!("{p}.post_attention_layernorm.weight")),
         mixer: MixerNames::Attention(attention_names(&format!("{p}.self_attn"), a)),
-        ffn: FfnNames::Mlp(split_mlp(&format!("{p}.mlp"))),
+        ffn: FfnNames::Mlp(split_mlp(&format!("{p}.mlp"), mlp_bias)),
     }
 }
 

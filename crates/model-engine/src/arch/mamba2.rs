@@ -92,6 +92,7 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
             mixer: MixerKind::Mamba2,
             ffn: FfnKind::None,
             names: layer_names(i, &mamba),
+            sliding_window: None,
         })
         .collect();
     config.mamba = Some(mamba);

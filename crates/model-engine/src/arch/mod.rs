@@ -200,14 +200,9 @@ pub(crate) fn require_act(
     }
 }
 
-/// Refuses `mlp_bias: true`: no supported checkpoint has MLP biases.
-pub(crate) fn refuse_mlp_bias(o: &Obj<'_>) -> Result<()> {
-    if o.bool_or(&["mlp_bias"], false)? {
-        return Err(
-            o.err("key `mlp_bias` = true is not supported (MLP projections without bias only)")
-        );
-    }
-    Ok(())
+/// `mlp_bias`: biases on every MLP projection (default false).
+pub(crate) fn mlp_bias(o: &Obj<'_>) -> Result<bool> {
+    o.bool_or(&["mlp_bias"], false)
 }
 
 /// `time_step_limit` (alias `mamba_dt_limit`): two numbers, the upper may be infinite.
@@ -253,12 +248,13 @@ pub(crate) fn attention_names(prefix: &str, a: &AttentionConfig) -> AttentionNam
     }
 }
 
-/// `{prefix}.{gate,up,down}_proj.weight`.
-pub(crate) fn split_mlp(prefix: &str) -> MlpNames {
+/// `{prefix}.{gate,up,down}_proj.weight`, and their `.bias` when `bias`.
+pub(crate) fn split_mlp(prefix: &str, bias: bool) -> MlpNames {
     MlpNames::Split {
         gate: format!("{prefix}.gate_proj.weight"),
         up: format!("{prefix}.up_proj.weight"),
         down: format!("{prefix}.down_proj.weight"),
+        bias,
     }
 }
 

@@ -9,15 +9,16 @@
 //! `linear_attention` / `full_attention` / `mlp` / `moe`; older: `mamba` /
 //! `attention`), or the string `hybrid_override_pattern` such as `"M-M*-"`.
 //!
-//! Attention has no positional encoding (no RoPE). The Mamba gated RMSNorm
+//! Attention has no positional encoding (no RoPE) and no biases (transformers
+//! ignores `attention_bias`); MLP projections have biases when `mlp_bias`,
+//! the Mamba projections when `use_bias`. The Mamba gated RMSNorm
 //! normalises each of the `n_groups` groups separately (`group_size =
 //! d_inner / n_groups`) with `layer_norm_epsilon`, the epsilon of every norm
 //! here. In an MLP-only layer the block's norm is `input_norm` and
 //! `ffn_norm` is None: the MLP is the layer's only sub-block.
 
 use super::{
-    Common, attention_heads, attention_names, check_mamba, mamba_names, refuse_mlp_bias,
-    require_act,
+    Common, attention_heads, attention_names, check_mamba, mamba_names, mlp_bias, require_act,
 };
 use crate::config::json::Obj;
 use crate::config::{
@@ -121,7 +122,8 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
     let attention = if has(Block::Attention) {
         let (n_heads, n_kv_heads, head_dim) =
             attention_heads(o, raw.common.hidden_size, Some(128))?;
-        let bias = o.bool_or(&["attention_bias"], false)?;
+        // transformers builds these projections without biases whatever
+        // `attention_bias` says (published configs carry `false`).
         Some(AttentionConfig {
             n_heads,
             n_kv_heads,
@@ -130,9 +132,8 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
             scale: (head_dim as f32).powf(-0.5),
             qk_norm: false,
             output_gate: false,
-            qkv_bias: bias,
-            o_bias: bias,
-            sliding_window: None,
+            qkv_bias: false,
+            o_bias: false,
         })
     } else {
         None
@@ -162,7 +163,6 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
     };
     let mlp = if has(Block::Mlp) {
         require_act(o, &["mlp_hidden_act"], &["relu2"], "relu2")?;
-        refuse_mlp_bias(o)?;
         Some(MlpConfig {
             intermediate_size: o.size(&["intermediate_size"])?,
             activation: Activation::Relu2,
@@ -171,13 +171,17 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
         None
     };
 
-    let names = model_names(raw.common.tie_word_embeddings);
+    let mlp_bias = mlp_bias(o)?;
     let mut config = raw.common.base(
         ModelType::NemotronH,
         raw.layer_norm_epsilon,
         raw.max_position_embeddings,
-        names,
+        model_names(),
     );
+    // transformers never ties Nemotron-H's head to its embedding (its model
+    // declares no tied weights): `lm_head.weight` is read whatever
+    // `tie_word_embeddings` says (published configs say false).
+    config.tie_word_embeddings = false;
     config.layers = raw
         .blocks
         .iter()
@@ -191,7 +195,8 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
             LayerPlan {
                 mixer,
                 ffn,
-                names: layer_names(i, b, attention.as_ref(), mamba.as_ref()),
+                names: layer_names(i, b, attention.as_ref(), mamba.as_ref(), mlp_bias),
+                sliding_window: None,
             }
         })
         .collect();
@@ -207,6 +212,7 @@ fn layer_names(
     block: Block,
     a: Option<&AttentionConfig>,
     m: Option<&MambaConfig>,
+    mlp_bias: bool,
 ) -> LayerNames {
     let p = format!("backbone.layers.{i}");
     let (mixer, ffn) = match (block, a, m) {
@@ -223,6 +229,7 @@ fn layer_names(
             FfnNames::Mlp(MlpNames::Plain {
                 up: format!("{p}.mixer.up_proj.weight"),
                 down: format!("{p}.mixer.down_proj.weight"),
+                bias: mlp_bias,
             }),
         ),
     };
@@ -234,10 +241,10 @@ fn layer_names(
     }
 }
 
-fn model_names(tied: bool) -> ModelNames {
+fn model_names() -> ModelNames {
     ModelNames {
         embed: "backbone.embeddings.weight".into(),
         final_norm: "backbone.norm_f.weight".into(),
-        lm_head: (!tied).then(|| "lm_head.weight".into()),
+        lm_head: Some("lm_head.weight".into()),
     }
 }

@@ -136,7 +136,6 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
             output_gate: true,
             qkv_bias: bias,
             o_bias: bias,
-            sliding_window: None,
         })
     } else {
         None
@@ -203,6 +202,7 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
             mixer,
             ffn,
             names: layer_names(i, mixer, ffn, attention.as_ref(), &raw),
+            sliding_window: None,
         })
         .collect();
     config.attention = attention;
@@ -261,14 +261,14 @@ fn layer_names(
                 router: format!("{p}.mlp.gate.weight"),
                 experts: ExpertNames::Separate(
                     (0..raw.num_experts)
-                        .map(|e| split_mlp(&format!("{p}.mlp.experts.{e}")))
+                        .map(|e| split_mlp(&format!("{p}.mlp.experts.{e}"), false))
                         .collect(),
                 ),
-                shared: shared.then(|| split_mlp(&format!("{p}.mlp.shared_expert"))),
+                shared: shared.then(|| split_mlp(&format!("{p}.mlp.shared_expert"), false)),
                 shared_gate: shared.then(|| format!("{p}.mlp.shared_expert_gate.weight")),
             })
         }
-        _ => FfnNames::Mlp(split_mlp(&format!("{p}.mlp"))),
+        _ => FfnNames::Mlp(split_mlp(&format!("{p}.mlp"), false)),
     };
     LayerNames {
         input_norm: format!("{p}.input_layernorm.weight"),

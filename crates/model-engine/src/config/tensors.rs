@@ -3,7 +3,7 @@
 
 use super::{
     AttentionNames, DeltaNetNames, ExpertNames, FfnNames, LayerNames, MambaNames, MixerNames,
-    MlpNames, ModelConfig, MoeNames, TensorSpec,
+    MlpNames, ModelConfig, MoeNames, TensorSpec, bias_of,
 };
 
 impl ModelConfig {
@@ -150,18 +150,32 @@ impl ModelConfig {
 
 fn mlp_tensors(n: &MlpNames, h: usize, inter: usize, push: &mut impl FnMut(&str, Vec<usize>)) {
     match n {
-        MlpNames::Split { gate, up, down } => {
+        MlpNames::Split {
+            gate,
+            up,
+            down,
+            bias,
+        } => {
             push(gate, vec![inter, h]);
             push(up, vec![inter, h]);
             push(down, vec![h, inter]);
+            if *bias {
+                push(&bias_of(gate), vec![inter]);
+                push(&bias_of(up), vec![inter]);
+                push(&bias_of(down), vec![h]);
+            }
         }
         MlpNames::Fused { gate_up, down } => {
             push(gate_up, vec![2 * inter, h]);
             push(down, vec![h, inter]);
         }
-        MlpNames::Plain { up, down } => {
+        MlpNames::Plain { up, down, bias } => {
             push(up, vec![inter, h]);
             push(down, vec![h, inter]);
+            if *bias {
+                push(&bias_of(up), vec![inter]);
+                push(&bias_of(down), vec![h]);
+            }
         }
     }
 }

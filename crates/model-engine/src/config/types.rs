@@ -117,9 +117,6 @@ pub struct AttentionConfig {
     /// Biases on q/k/v (qwen2) and on o.
     pub qkv_bias: bool,
     pub o_bias: bool,
-    /// Each query attends only to the last this-many positions, itself
-    /// included (Mistral's `sliding_window`); None: the whole prefix.
-    pub sliding_window: Option<usize>,
 }
 
 impl AttentionConfig {
@@ -234,21 +231,37 @@ pub struct LayerPlan {
     pub mixer: MixerKind,
     pub ffn: FfnKind,
     pub names: LayerNames,
+    /// An attention layer's sliding window: each query attends only to the
+    /// last this-many positions, itself included (Mistral's
+    /// `sliding_window` on every layer, Qwen's from `max_window_layers` on);
+    /// None: the whole prefix.
+    pub sliding_window: Option<usize>,
 }
 
 /// How an MLP's weights are stored.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MlpNames {
-    /// Separate gate, up and down projections (llama).
+    /// Separate gate, up and down projections (llama), each with a bias
+    /// beside its weight (`….bias`) when `bias` (`mlp_bias: true`).
     Split {
         gate: String,
         up: String,
         down: String,
+        bias: bool,
     },
     /// gate and up stacked in one `[2 * inter, hidden]` tensor, gate first (granite).
     Fused { gate_up: String, down: String },
-    /// No gate (relu2): up and down.
-    Plain { up: String, down: String },
+    /// No gate (relu2): up and down, with biases when `bias`.
+    Plain {
+        up: String,
+        down: String,
+        bias: bool,
+    },
+}
+
+/// The bias beside a projection's weight: `x.weight` -> `x.bias`.
+pub fn bias_of(weight: &str) -> String {
+    format!("{}.bias", weight.strip_suffix(".weight").unwrap_or(weight))
 }
 
 /// How the routed experts are stored.

@@ -52,6 +52,8 @@ pub(crate) struct AttnWeights {
     pub k_norm: Option<DeviceSlice>,
     /// Index among attention layers (the KV cache layer).
     pub cache_layer: usize,
+    /// The layer's sliding window, from its plan.
+    pub sliding_window: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -190,19 +192,30 @@ impl Resolver<'_> {
 
     fn mlp(&self, names: &MlpNames, hidden: usize, inter: usize) -> Result<MlpWeights> {
         Ok(match names {
-            MlpNames::Split { gate, up, down } => MlpWeights::Split {
-                gate: self.linear(gate, None, inter, hidden)?,
-                up: self.linear(up, None, inter, hidden)?,
-                down: self.linear(down, None, hidden, inter)?,
-            },
+            MlpNames::Split {
+                gate,
+                up,
+                down,
+                bias,
+            } => {
+                let b = |w: &String| bias.then(|| bias_of(w));
+                MlpWeights::Split {
+                    gate: self.linear(gate, b(gate).as_ref(), inter, hidden)?,
+                    up: self.linear(up, b(up).as_ref(), inter, hidden)?,
+                    down: self.linear(down, b(down).as_ref(), hidden, inter)?,
+                }
+            }
             MlpNames::Fused { gate_up, down } => MlpWeights::Fused {
                 gate_up: self.linear(gate_up, None, 2 * inter, hidden)?,
                 down: self.linear(down, None, hidden, inter)?,
             },
-            MlpNames::Plain { up, down } => MlpWeights::Plain {
-                up: self.linear(up, None, inter, hidden)?,
-                down: self.linear(down, None, hidden, inter)?,
-            },
+            MlpNames::Plain { up, down, bias } => {
+                let b = |w: &String| bias.then(|| bias_of(w));
+                MlpWeights::Plain {
+                    up: self.linear(up, b(up).as_ref(), inter, hidden)?,
+                    down: self.linear(down, b(down).as_ref(), hidden, inter)?,
+                }
+            }
         })
     }
 }
@@ -243,7 +256,9 @@ pub(crate) fn resolve(
                     .as_ref()
                     .ok_or_else(|| missing("attention"))?;
                 attn_i += 1;
-                MixerWeights::Attention(attention(&r, derived, gpu, a, n, h, attn_i - 1)?)
+                let mut w = attention(&r, derived, gpu, a, n, h, attn_i - 1)?;
+                w.sliding_window = plan.sliding_window;
+                MixerWeights::Attention(w)
             }
             (MixerNames::Mamba2(n), MixerKind::Mamba2) => {
                 let m = config.mamba.as_ref().ok_or_else(|| missing("mamba"))?;
@@ -350,6 +365,7 @@ fn attention(
         q_norm: n.q_norm.as_ref().map(|x| r.vector(x, hd)).transpose()?,
         k_norm: n.k_norm.as_ref().map(|x| r.vector(x, hd)).transpose()?,
         cache_layer,
+        sliding_window: None,
     })
 }
 

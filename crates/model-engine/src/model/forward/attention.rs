@@ -77,7 +77,7 @@ pub(super) fn forward(cx: &Cx<'_>, w: &AttnWeights, rope: Option<&(Vec<f32>, f32
         n_kv_heads: c.n_kv_heads,
         head_dim: hd,
         scale: c.scale,
-        sliding_window: c.sliding_window,
+        sliding_window: w.sliding_window,
     };
     gpu.paged_attention(q, cache, out, &cx.batch.attn, &params)
         .map_err(dev("attention"))?;

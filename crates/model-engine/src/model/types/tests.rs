@@ -50,7 +50,6 @@ fn hybrid_config() -> ModelConfig {
             output_gate: false,
             qkv_bias: false,
             o_bias: false,
-            sliding_window: None,
         }),
         mamba: Some(MambaConfig {
             n_heads: 2,
@@ -81,11 +80,13 @@ fn hybrid_config() -> ModelConfig {
                 mixer: MixerKind::Mamba2,
                 ffn: FfnKind::Mlp,
                 names: names(),
+                sliding_window: None,
             },
             LayerPlan {
                 mixer: MixerKind::Attention,
                 ffn: FfnKind::Mlp,
                 names: names(),
+                sliding_window: None,
             },
         ],
     }
