@@ -42,8 +42,12 @@ pub struct GoldenCase {
 }
 
 pub fn golden(name: &str) -> Result<Vec<GoldenCase>> {
-    let path = fixture_dir(name).join("golden.safetensors");
-    let bytes = std::fs::read(&path).with_context(|| path.display().to_string())?;
+    golden_file(&fixture_dir(name).join("golden.safetensors"))
+}
+
+/// The golden cases of a `golden.safetensors` file.
+pub fn golden_file(path: &Path) -> Result<Vec<GoldenCase>> {
+    let bytes = std::fs::read(path).with_context(|| path.display().to_string())?;
     let st = SafeTensors::deserialize(&bytes)?;
     let ids = |key: String| -> Result<Vec<u32>> {
         let t = st.tensor(&key)?;
