@@ -6,8 +6,8 @@
 //! half of each head (`partial_rotary_factor` 0.5: transformers hard-codes it
 //! and configs usually do not say). Every layer has a SwiGLU MLP after
 //! `pre_ff_layernorm`. All norms, the Mamba gated norm included, use
-//! `rms_norm_eps`; the gated norm normalises the whole `d_inner` row as one
-//! group (`BambaRMSNormGated`, no group size). Attention projections have
+//! `rms_norm_eps`; the gated norm normalises each of the `mamba_n_groups`
+//! groups of the `d_inner` row on its own. Attention projections have
 //! biases when `attention_bias`, MLP projections when `mlp_bias`.
 
 use super::{
@@ -71,7 +71,10 @@ pub(super) fn read_mamba_keys(o: &Obj<'_>, hidden: usize, norm_eps: f32) -> Resu
         conv_bias: o.bool_or(&["mamba_conv_bias"], true)?,
         proj_bias: o.bool_or(&["mamba_proj_bias"], false)?,
         norm_eps,
-        norm_groups: 1,
+        // The gated norm normalises each group's `d_inner / n_groups`
+        // channels on their own (`BambaRMSNormGated(group_size=...)`, as
+        // mamba_ssm's kernel does).
+        norm_groups: n_groups,
     };
     check_mamba(o, &mamba)?;
     Ok(mamba)

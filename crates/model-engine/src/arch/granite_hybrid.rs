@@ -19,8 +19,9 @@
 //! `block_sparse_moe.router.layer` `[E, H]` picks the top k logits and
 //! softmaxes over those k (the same as softmax over all, renormalised); the
 //! shared MLP `shared_mlp.input_linear` `[2Is, H]` (gate first) and
-//! `output_linear` `[H, Is]`. The Mamba gated norm is Bamba's: one group over
-//! the whole row, epsilon `rms_norm_eps` like every other norm.
+//! `output_linear` `[H, Is]`. The Mamba gated norm is Bamba's: per group of
+//! `d_inner / mamba_n_groups` channels, epsilon `rms_norm_eps` like every
+//! other norm.
 
 use super::bamba::read_mamba_keys;
 use super::{
