@@ -347,13 +347,14 @@ fn attention(
             })
             .collect();
         let w = derived.permute_rows(gpu, &format!("{}#query_then_gate", n.q), raw.w, h, &order)?;
-        if raw.b.is_some() {
-            return Err(EngineError::Request(format!(
-                "{}: a q bias with an output gate is not supported",
-                n.q
-            )));
-        }
-        Linear { w, ..raw }
+        let b = match raw.b {
+            Some(b) => {
+                let name = format!("{}#bias_query_then_gate", n.q);
+                Some(derived.permute_rows(gpu, &name, b, 1, &order)?)
+            }
+            None => None,
+        };
+        Linear { w, b, ..raw }
     } else {
         r.linear(&n.q, n.q_bias.as_ref(), qw, h)?
     };
