@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use metrale_core::DType;
 use metrale_core::scope::ModelResource;
 use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_model_engine::config::{MixerKind, ModelConfig, RopeScaling, load_config};
@@ -23,7 +24,8 @@ pub struct Args {
     #[arg(long)]
     pub context: Option<usize>,
     /// Read only the safetensors headers instead of loading the weights
-    /// (for checkpoints larger than this machine's memory).
+    /// (for checkpoints larger than this machine's memory); with no weight
+    /// files in the directory, only config.json (sizes from the config).
     #[arg(long)]
     pub no_load: bool,
 }
@@ -33,12 +35,19 @@ struct Totals {
     parameters: usize,
     bytes: usize,
     dtypes: Vec<String>,
+    /// The sizes come from config.json alone (no weight files were read).
+    from_config: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
     let budget = args.memory.as_deref().map(parse_bytes).transpose()?;
     let config = load_config(&args.model_dir)?;
-    let totals = if args.no_load {
+    let has_weights = ["model.safetensors", "model.safetensors.index.json"]
+        .iter()
+        .any(|f| args.model_dir.join(f).is_file());
+    let totals = if args.no_load && !has_weights {
+        from_config(&config)
+    } else if args.no_load {
         from_headers(&args, &config)?
     } else {
         load(&args, &config)?
@@ -96,6 +105,7 @@ fn load(args: &Args, config: &ModelConfig) -> Result<Totals> {
         parameters: store.parameters(),
         bytes: store.bytes(),
         dtypes,
+        from_config: false,
     };
     store.release(&gpu).context("freeing the weights")?;
     Ok(totals)
@@ -108,6 +118,7 @@ fn from_headers(args: &Args, config: &ModelConfig) -> Result<Totals> {
         parameters: 0,
         bytes: 0,
         dtypes: Vec::new(),
+        from_config: false,
     };
     for spec in config.expected_tensors() {
         let Some(t) = stored.iter().find(|t| t.name == spec.name) else {
@@ -134,6 +145,23 @@ fn from_headers(args: &Args, config: &ModelConfig) -> Result<Totals> {
     }
     totals.dtypes.sort();
     Ok(totals)
+}
+
+/// Counts from config.json alone: every tensor the plan expects, in the
+/// dtype the config declares (bf16 when it declares none).
+fn from_config(config: &ModelConfig) -> Totals {
+    let dtype = config.declared_dtype.unwrap_or(DType::BF16);
+    let parameters: usize = config
+        .expected_tensors()
+        .iter()
+        .map(|t| t.shape.iter().product::<usize>())
+        .sum();
+    Totals {
+        parameters,
+        bytes: parameters * dtype.size_of(),
+        dtypes: vec![dtype.to_string()],
+        from_config: true,
+    }
 }
 
 fn report(args: &Args, c: &ModelConfig, t: &Totals, budget: Option<u64>) -> String {
@@ -203,10 +231,15 @@ fn report(args: &Args, c: &ModelConfig, t: &Totals, budget: Option<u64>) -> Stri
         "parameters",
         format!("{} ({})", t.parameters, human_count(t.parameters)),
     );
+    let stored = if t.from_config {
+        "as config.json declares (no weight files read)"
+    } else {
+        "as stored"
+    };
     line(
         "weights",
         format!(
-            "{} bytes ({}), {} as stored",
+            "{} bytes ({}), {} {stored}",
             t.bytes,
             human_bytes(t.bytes as u64),
             t.dtypes.join("/")

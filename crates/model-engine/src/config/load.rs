@@ -32,6 +32,15 @@ pub fn parse_config(json: &str, path: &Path) -> Result<ModelConfig> {
     let map = parse_json(json, path)?;
     let o = Obj::new(&map, path);
     let Some(name) = o.opt_str(&["model_type"])? else {
+        // state-spaces/mamba2-* publish mamba_ssm's own config (and
+        // pytorch_model.bin weights), not a transformers checkpoint.
+        if o.has("ssm_cfg") && o.has("d_model") {
+            return Err(o.err(
+                "key `model_type` is missing: this is a mamba_ssm config (d_model, n_layer, \
+                 ssm_cfg), not a Hugging Face transformers one; use a transformers conversion \
+                 of the checkpoint (model_type mamba2, safetensors weights)",
+            ));
+        }
         return Err(o.err("key `model_type` is missing"));
     };
     let Some(model_type) = ModelType::from_model_type(name) else {
