@@ -157,8 +157,28 @@ fn missing_and_mistyped_keys() {
     );
     config_err(
         "nemotron_h",
-        |m| drop(m.insert("layers_block_type".into(), json!(["moe"]))),
-        &["moe", "not supported"],
+        |m| {
+            m.insert("layers_block_type".into(), json!(["moe"]));
+            m.insert("moe_latent_size".into(), json!(64));
+        },
+        &["moe_latent_size", "not supported"],
+    );
+    config_err(
+        "nemotron_h",
+        |m| {
+            m.insert("layers_block_type".into(), json!(["moe"]));
+            m.insert("n_group".into(), json!(3));
+        },
+        &["8 experts in 3 groups"],
+    );
+    config_err(
+        "nemotron_h",
+        |m| {
+            m.insert("layers_block_type".into(), json!(["moe"]));
+            m.insert("n_group".into(), json!(4));
+            m.insert("num_experts_per_tok".into(), json!(3));
+        },
+        &["num_experts_per_tok (3)"],
     );
     config_err(
         "granitemoehybrid",

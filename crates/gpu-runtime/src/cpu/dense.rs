@@ -7,7 +7,9 @@ use super::elementwise as ew;
 use super::kernels::{Weights, dot_f32, gemm_xwt};
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
-use crate::ops::dense::{AttnParams, AttnSeq, DenseOps, KvLayer, MatmulDims, RopeParams};
+use crate::ops::dense::{
+    AttnParams, AttnSeq, DenseOps, GroupedTopK, KvLayer, MatmulDims, RopeParams,
+};
 
 /// Rows of W widened per GEMM panel when weights are not f32.
 const WIDEN_PANEL_ROWS: usize = 256;
@@ -567,5 +569,31 @@ impl DenseOps for CpuBackend {
             out.extend(top.iter().map(|&e| (e, probs[e as usize] / denom)));
         }
         Ok(out)
+    }
+
+    fn sigmoid_topk(
+        &self,
+        logits: DeviceSlice,
+        bias: Option<DeviceSlice>,
+        rows: usize,
+        n: usize,
+        p: &GroupedTopK,
+    ) -> Result<Vec<(u32, f32)>> {
+        const OP: &str = "sigmoid_topk";
+        let _timer = self.op_timer(OP);
+        need(OP, logits, rows * n, "logits")?;
+        // The correction bias is stored like the checkpoint's weights.
+        let bias = match bias {
+            Some(b) => {
+                need(OP, b, n, "correction bias")?;
+                let mut wide = vec![0f32; n];
+                Weights::from_bytes(OP, b.dtype(), self.read(OP, b, b.dtype())?)?
+                    .widen_into(0, &mut wide);
+                Some(wide)
+            }
+            None => None,
+        };
+        let l = &self.read_f32(OP, logits)?[..rows * n];
+        super::routing::sigmoid_topk(l, bias.as_deref(), n, p).map_err(|d| shape_err(OP, d))
     }
 }

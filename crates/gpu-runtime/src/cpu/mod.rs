@@ -13,6 +13,7 @@ mod gemv;
 mod kernels;
 mod profile;
 mod recurrent;
+mod routing;
 mod team;
 mod vec;
 

@@ -3,7 +3,9 @@
 use super::FaultInjecting;
 use crate::error::Result;
 use crate::gpu::{DeviceSlice, GpuBackend};
-use crate::ops::dense::{AttnParams, AttnSeq, DenseOps, KvLayer, MatmulDims, RopeParams};
+use crate::ops::dense::{
+    AttnParams, AttnSeq, DenseOps, GroupedTopK, KvLayer, MatmulDims, RopeParams,
+};
 
 impl<B: GpuBackend> DenseOps for FaultInjecting<B> {
     fn embedding(
@@ -148,5 +150,15 @@ impl<B: GpuBackend> DenseOps for FaultInjecting<B> {
         renorm: bool,
     ) -> Result<Vec<(u32, f32)>> {
         self.inner.softmax_topk(logits, rows, n, k, renorm)
+    }
+    fn sigmoid_topk(
+        &self,
+        logits: DeviceSlice,
+        bias: Option<DeviceSlice>,
+        rows: usize,
+        n: usize,
+        p: &GroupedTopK,
+    ) -> Result<Vec<(u32, f32)>> {
+        self.inner.sigmoid_topk(logits, bias, rows, n, p)
     }
 }

@@ -14,6 +14,22 @@ pub struct MatmulDims {
     pub k: usize,
 }
 
+/// Sigmoid routing with expert groups (DeepSeek-V3's, Nemotron-H's MoE): see
+/// [`DenseOps::sigmoid_topk`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GroupedTopK {
+    /// Experts per token.
+    pub k: usize,
+    /// Experts fall into this many equal groups (1: no grouping).
+    pub n_group: usize,
+    /// Only experts of the best this-many groups can be chosen.
+    pub topk_group: usize,
+    /// Divide the chosen weights by their sum.
+    pub renormalize: bool,
+    /// Multiplies every weight at the end (`routed_scaling_factor`).
+    pub scale: f32,
+}
+
 /// Rotary embedding, Hugging Face `rotate_half` convention: within the first
 /// `rotary_dim` channels of each head, channel `i` pairs with `i + rotary_dim/2`.
 #[derive(Clone, Copy, Debug)]
@@ -222,5 +238,22 @@ pub trait DenseOps {
         n: usize,
         k: usize,
         renormalize: bool,
+    ) -> Result<Vec<(u32, f32)>>;
+
+    /// Router: per row of `logits` (`[rows, n]`), `s = sigmoid(logits)`; the
+    /// choice scores `s + bias` (`bias` `[n]`, f32: the correction bias;
+    /// none is zero) rank the experts: each of the `n_group` groups scores
+    /// the sum of its best two, only the best `topk_group` groups stay, and
+    /// the top `k` experts among them are chosen (ties to the lower index).
+    /// Their weights are `s` (not the choice scores), renormalised to sum 1
+    /// when asked, times `scale`. Returns `rows * k` (expert, weight) pairs on
+    /// the host, row-major.
+    fn sigmoid_topk(
+        &self,
+        logits: DeviceSlice,
+        bias: Option<DeviceSlice>,
+        rows: usize,
+        n: usize,
+        p: &GroupedTopK,
     ) -> Result<Vec<(u32, f32)>>;
 }

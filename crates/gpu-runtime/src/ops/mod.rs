@@ -12,5 +12,5 @@
 pub mod dense;
 pub mod recurrent;
 
-pub use dense::{AttnParams, AttnSeq, DenseOps, KvLayer, MatmulDims, RopeParams};
+pub use dense::{AttnParams, AttnSeq, DenseOps, GroupedTopK, KvLayer, MatmulDims, RopeParams};
 pub use recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};

@@ -33,7 +33,7 @@ use crate::config::rope::{RopeDefaults, parse_rope};
 use crate::config::{
     Activation, AttentionConfig, ExpertNames, FfnKind, FfnNames, LayerNames, LayerPlan,
     MambaConfig, MixerKind, MixerNames, MlpConfig, MlpNames, ModelConfig, ModelNames, ModelType,
-    MoeConfig, MoeNames,
+    MoeConfig, MoeNames, Routing,
 };
 use crate::error::Result;
 
@@ -190,6 +190,7 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
         config.moe = Some(MoeConfig {
             n_experts: raw.num_local_experts,
             top_k: raw.num_experts_per_tok,
+            routing: Routing::Softmax,
             expert_intermediate: raw.intermediate_size,
             norm_topk_prob: true,
             shared_intermediate: Some(raw.shared_intermediate_size),
@@ -230,6 +231,7 @@ fn layer_names(
         ffn: match ffn {
             FfnKind::Moe => FfnNames::Moe(MoeNames {
                 router: format!("{p}.block_sparse_moe.router.layer.weight"),
+                router_bias: None,
                 experts: ExpertNames::Fused {
                     gate_up: format!("{p}.block_sparse_moe.input_linear.weight"),
                     down: format!("{p}.block_sparse_moe.output_linear.weight"),

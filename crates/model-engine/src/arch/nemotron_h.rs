@@ -4,8 +4,8 @@
 //!
 //! Each layer is a single residual block `x + mixer(rmsnorm(x))` whose mixer
 //! is one of: Mamba-2 (`M`), attention (`*`), a squared-ReLU MLP (`-`:
-//! `down(relu(up(x))^2)`, no gate), or a mixture of experts (`E`, not
-//! supported yet). The layer list is `layers_block_type` (transformers 5:
+//! `down(relu(up(x))^2)`, no gate), or a mixture of squared-ReLU experts
+//! (`E`, Nemotron 3: sigmoid routing over expert groups, see [`read_moe`]). The layer list is `layers_block_type` (transformers 5:
 //! `linear_attention` / `full_attention` / `mlp` / `moe`; older: `mamba` /
 //! `attention`), or the string `hybrid_override_pattern` such as `"M-M*-"`.
 //!
@@ -22,8 +22,9 @@ use super::{
 };
 use crate::config::json::Obj;
 use crate::config::{
-    Activation, AttentionConfig, FfnKind, FfnNames, LayerNames, LayerPlan, MambaConfig, MixerKind,
-    MixerNames, MlpConfig, MlpNames, ModelConfig, ModelNames, ModelType,
+    Activation, AttentionConfig, ExpertNames, FfnKind, FfnNames, LayerNames, LayerPlan,
+    MambaConfig, MixerKind, MixerNames, MlpConfig, MlpNames, ModelConfig, ModelNames, ModelType,
+    MoeConfig, MoeNames, Routing,
 };
 use crate::error::Result;
 
@@ -33,6 +34,7 @@ enum Block {
     Mamba,
     Attention,
     Mlp,
+    Moe,
 }
 
 /// config.json of `nemotron_h`, as read (both spellings).
@@ -53,8 +55,6 @@ const KNOWN: [&str; 6] = [
 ];
 
 fn blocks(o: &Obj<'_>) -> Result<Vec<Block>> {
-    let moe =
-        || o.err("mixture-of-experts layers (`moe` / `E`) of nemotron_h are not supported yet");
     if let Some((key, types)) = o.opt_str_list(&["layers_block_type", "layer_types"])? {
         return types
             .iter()
@@ -63,7 +63,7 @@ fn blocks(o: &Obj<'_>) -> Result<Vec<Block>> {
                 "mamba" | "linear_attention" => Ok(Block::Mamba),
                 "attention" | "full_attention" => Ok(Block::Attention),
                 "mlp" => Ok(Block::Mlp),
-                "moe" => Err(moe()),
+                "moe" => Ok(Block::Moe),
                 other => Err(super::unknown_layer_type(o, key, i, other, &KNOWN)),
             })
             .collect();
@@ -78,7 +78,7 @@ fn blocks(o: &Obj<'_>) -> Result<Vec<Block>> {
             'M' => Ok(Block::Mamba),
             '*' => Ok(Block::Attention),
             '-' => Ok(Block::Mlp),
-            'E' => Err(moe()),
+            'E' => Ok(Block::Moe),
             other => Err(o.err(format!(
                 "key `hybrid_override_pattern`[{i}] = {other:?} is not one of M * - E"
             ))),
@@ -171,7 +171,14 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
         None
     };
 
+    let moe = if has(Block::Moe) {
+        Some(read_moe(o)?)
+    } else {
+        None
+    };
+
     let mlp_bias = mlp_bias(o)?;
+    let experts = moe.as_ref().map_or(0, |m| m.n_experts);
     let mut config = raw.common.base(
         ModelType::NemotronH,
         raw.layer_norm_epsilon,
@@ -191,11 +198,12 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
                 Block::Mamba => (MixerKind::Mamba2, FfnKind::None),
                 Block::Attention => (MixerKind::Attention, FfnKind::None),
                 Block::Mlp => (MixerKind::None, FfnKind::Mlp),
+                Block::Moe => (MixerKind::None, FfnKind::Moe),
             };
             LayerPlan {
                 mixer,
                 ffn,
-                names: layer_names(i, b, attention.as_ref(), mamba.as_ref(), mlp_bias),
+                names: layer_names(i, b, attention.as_ref(), mamba.as_ref(), mlp_bias, experts),
                 sliding_window: None,
             }
         })
@@ -203,7 +211,48 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
     config.attention = attention;
     config.mamba = mamba;
     config.mlp = mlp;
+    config.moe = moe;
     Ok(config)
+}
+
+/// The MoE layers' settings: `n_routed_experts` squared-ReLU experts (no
+/// gate) chosen by sigmoid routing with a correction bias over expert groups
+/// (`n_group`, `topk_group`), weights renormalised when `norm_topk_prob` and
+/// scaled by `routed_scaling_factor`, plus one always-on shared expert of
+/// `moe_shared_expert_intermediate_size` (transformers builds exactly one,
+/// whatever `n_shared_experts` says).
+fn read_moe(o: &Obj<'_>) -> Result<MoeConfig> {
+    require_act(o, &["mlp_hidden_act"], &["relu2"], "relu2")?;
+    if o.opt_usize(&["moe_latent_size"])?.is_some() {
+        return Err(o.err("key `moe_latent_size`: latent MoE projections are not supported"));
+    }
+    let n_experts = o.size_or(&["n_routed_experts", "num_local_experts"], 8)?;
+    let top_k = o.size_or(&["num_experts_per_tok"], 2)?;
+    let n_group = o.size_or(&["n_group"], 1)?;
+    let topk_group = o.size_or(&["topk_group"], 1)?;
+    if !n_experts.is_multiple_of(n_group) || topk_group > n_group {
+        return Err(o.err(format!(
+            "{n_experts} experts in {n_group} groups, of which the best {topk_group} are kept: not a valid grouping"
+        )));
+    }
+    if top_k > topk_group * (n_experts / n_group) {
+        return Err(o.err(format!(
+            "num_experts_per_tok ({top_k}) exceeds the experts of the {topk_group} kept groups"
+        )));
+    }
+    Ok(MoeConfig {
+        n_experts,
+        top_k,
+        routing: Routing::SigmoidGrouped {
+            n_group,
+            topk_group,
+            scale: o.f32_or(&["routed_scaling_factor"], 1.0)?,
+        },
+        expert_intermediate: o.size_or(&["moe_intermediate_size"], 7688)?,
+        norm_topk_prob: o.bool_or(&["norm_topk_prob"], true)?,
+        shared_intermediate: Some(o.size_or(&["moe_shared_expert_intermediate_size"], 7688)?),
+        shared_expert_gate: false,
+    })
 }
 
 /// The family's tensor-name table: one `norm` and one `mixer` per layer.
@@ -213,6 +262,7 @@ fn layer_names(
     a: Option<&AttentionConfig>,
     m: Option<&MambaConfig>,
     mlp_bias: bool,
+    experts: usize,
 ) -> LayerNames {
     let p = format!("backbone.layers.{i}");
     let (mixer, ffn) = match (block, a, m) {
@@ -224,6 +274,25 @@ fn layer_names(
             MixerNames::Mamba2(mamba_names(&format!("{p}.mixer"), m)),
             FfnNames::None,
         ),
+        (Block::Moe, ..) => {
+            let plain = |q: &str, bias: bool| MlpNames::Plain {
+                up: format!("{q}.up_proj.weight"),
+                down: format!("{q}.down_proj.weight"),
+                bias,
+            };
+            let moe = MoeNames {
+                router: format!("{p}.mixer.gate.weight"),
+                router_bias: Some(format!("{p}.mixer.gate.e_score_correction_bias")),
+                experts: ExpertNames::Separate(
+                    (0..experts)
+                        .map(|e| plain(&format!("{p}.mixer.experts.{e}"), false))
+                        .collect(),
+                ),
+                shared: Some(plain(&format!("{p}.mixer.shared_experts"), mlp_bias)),
+                shared_gate: None,
+            };
+            (MixerNames::None, FfnNames::Moe(moe))
+        }
         _ => (
             MixerNames::None,
             FfnNames::Mlp(MlpNames::Plain {

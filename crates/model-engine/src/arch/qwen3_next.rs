@@ -33,7 +33,7 @@ use crate::config::rope::{RopeDefaults, parse_rope};
 use crate::config::{
     Activation, AttentionConfig, DeltaNetConfig, DeltaNetNames, ExpertNames, FfnKind, FfnNames,
     LayerNames, LayerPlan, MixerKind, MixerNames, MlpConfig, ModelConfig, ModelNames, ModelType,
-    MoeConfig, MoeNames,
+    MoeConfig, MoeNames, Routing,
 };
 use crate::error::Result;
 
@@ -213,6 +213,7 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
         config.moe = Some(MoeConfig {
             n_experts: raw.num_experts,
             top_k: raw.num_experts_per_tok,
+            routing: Routing::Softmax,
             expert_intermediate: raw.moe_intermediate_size,
             norm_topk_prob: raw.norm_topk_prob,
             shared_intermediate: shared,
@@ -259,6 +260,7 @@ fn layer_names(
             let shared = raw.shared_expert_intermediate_size > 0;
             FfnNames::Moe(MoeNames {
                 router: format!("{p}.mlp.gate.weight"),
+                router_bias: None,
                 experts: ExpertNames::Separate(
                     (0..raw.num_experts)
                         .map(|e| split_mlp(&format!("{p}.mlp.experts.{e}"), false))

@@ -130,6 +130,9 @@ impl ModelConfig {
         let e = m.n_experts;
         let inter = m.expert_intermediate;
         push(&n.router, vec![e, h]);
+        if let Some(b) = &n.router_bias {
+            push(b, vec![e]);
+        }
         match &n.experts {
             ExpertNames::Separate(experts) => {
                 experts.iter().for_each(|x| mlp_tensors(x, h, inter, push))

@@ -216,6 +216,7 @@ pub struct MlpConfig {
 pub struct MoeConfig {
     pub n_experts: usize,
     pub top_k: usize,
+    pub routing: Routing,
     pub expert_intermediate: usize,
     /// Renormalise the top-k routing weights to sum to one.
     pub norm_topk_prob: bool,
@@ -223,6 +224,21 @@ pub struct MoeConfig {
     pub shared_intermediate: Option<usize>,
     /// The shared expert's output is scaled by `sigmoid(shared_expert_gate(x))` (qwen3_next).
     pub shared_expert_gate: bool,
+}
+
+/// How the router chooses and weighs a token's experts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Routing {
+    /// Softmax over every expert's logit, the top k (granite, qwen3_next).
+    Softmax,
+    /// Sigmoid scores, ranked with a per-expert correction bias within the
+    /// best `topk_group` of `n_group` expert groups; weights are the scores
+    /// times `scale` (DeepSeek-V3's; Nemotron-H's MoE layers).
+    SigmoidGrouped {
+        n_group: usize,
+        topk_group: usize,
+        scale: f32,
+    },
 }
 
 /// One decoder layer in the plan.
@@ -277,6 +293,8 @@ pub enum ExpertNames {
 #[derive(Clone, Debug, PartialEq)]
 pub struct MoeNames {
     pub router: String,
+    /// The router's per-expert correction bias (sigmoid routing).
+    pub router_bias: Option<String>,
     pub experts: ExpertNames,
     pub shared: Option<MlpNames>,
     pub shared_gate: Option<String>,

@@ -113,6 +113,7 @@ impl MlpWeights {
 #[derive(Clone, Debug)]
 pub(crate) struct MoeWeights {
     pub router: Linear,
+    pub router_bias: Option<DeviceSlice>,
     pub experts: Vec<MlpWeights>,
     pub shared: Option<MlpWeights>,
     pub shared_gate: Option<Linear>,
@@ -492,6 +493,11 @@ fn moe(r: &Resolver<'_>, m: &MoeConfig, n: &MoeNames, h: usize) -> Result<MoeWei
     }
     Ok(MoeWeights {
         router: r.linear(&n.router, None, m.n_experts, h)?,
+        router_bias: n
+            .router_bias
+            .as_ref()
+            .map(|b| r.vector(b, m.n_experts))
+            .transpose()?,
         experts,
         shared: match (&n.shared, m.shared_intermediate) {
             (Some(s), Some(si)) => Some(r.mlp(s, h, si)?),

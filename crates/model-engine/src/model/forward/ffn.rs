@@ -2,9 +2,10 @@
 //! mixtures of experts with an optional (gated) shared expert.
 
 use metrale_gpu_runtime::DeviceSlice;
-use metrale_gpu_runtime::ops::dense::MatmulDims;
+use metrale_gpu_runtime::ops::dense::{GroupedTopK, MatmulDims};
 
 use super::{Cx, dev};
+use crate::config::Routing;
 use crate::error::Result;
 use crate::model::weights::{Linear, MlpWeights, MoeWeights};
 
@@ -84,9 +85,26 @@ pub(super) fn moe(cx: &Cx<'_>, w: &MoeWeights) -> Result<()> {
         .slice(0, t * moe.n_experts)
         .map_err(dev("router scratch"))?;
     cx.linear(s.normed, &w.router, logits, t)?;
-    let routes = gpu
-        .softmax_topk(logits, t, moe.n_experts, moe.top_k, moe.norm_topk_prob)
-        .map_err(dev("router"))?;
+    let routes = match moe.routing {
+        Routing::Softmax => {
+            gpu.softmax_topk(logits, t, moe.n_experts, moe.top_k, moe.norm_topk_prob)
+        }
+        Routing::SigmoidGrouped {
+            n_group,
+            topk_group,
+            scale,
+        } => {
+            let p = GroupedTopK {
+                k: moe.top_k,
+                n_group,
+                topk_group,
+                renormalize: moe.norm_topk_prob,
+                scale,
+            };
+            gpu.sigmoid_topk(logits, w.router_bias, t, moe.n_experts, &p)
+        }
+    }
+    .map_err(dev("router"))?;
     // Rows and weights per expert.
     let mut per_expert: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); moe.n_experts];
     for (i, &(e, weight)) in routes.iter().enumerate() {
