@@ -3,8 +3,8 @@
 //!
 //! Llama-style decoder layers whose mixer is Mamba-2, except at
 //! `attn_layer_indices`, where it is grouped-query attention with RoPE over
-//! half of each head (`partial_rotary_factor` 0.5: transformers hard-codes it
-//! and configs usually do not say). Every layer has a SwiGLU MLP after
+//! half of each head (`partial_rotary_factor` 0.5: transformers hard-codes it,
+//! overriding a top-level key; only one inside `rope_parameters` counts). Every layer has a SwiGLU MLP after
 //! `pre_ff_layernorm`. All norms, the Mamba gated norm included, use
 //! `rms_norm_eps`; the gated norm normalises each of the `mamba_n_groups`
 //! groups of the `d_inner` row on its own. Attention projections have
@@ -151,6 +151,7 @@ fn read_attention(o: &Obj<'_>, hidden: usize) -> Result<AttentionConfig> {
     let (n_heads, n_kv_heads, head_dim) = attention_heads(o, hidden, None)?;
     let defaults = RopeDefaults {
         partial_rotary_factor: 0.5,
+        top_level_partial: false,
         ..RopeDefaults::default()
     };
     let bias = o.bool_or(&["attention_bias"], false)?;

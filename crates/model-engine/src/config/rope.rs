@@ -16,6 +16,10 @@ pub struct RopeDefaults {
     pub theta: f32,
     /// Fraction of each head's channels that are rotated (Bamba 0.5, Qwen3-Next 0.25).
     pub partial_rotary_factor: f32,
+    /// Whether a top-level `partial_rotary_factor` counts. transformers'
+    /// Bamba overwrites it with 0.5 (only one inside `rope_parameters`
+    /// survives).
+    pub top_level_partial: bool,
 }
 
 impl Default for RopeDefaults {
@@ -23,6 +27,7 @@ impl Default for RopeDefaults {
         Self {
             theta: 10_000.0,
             partial_rotary_factor: 1.0,
+            top_level_partial: true,
         }
     }
 }
@@ -42,7 +47,10 @@ pub fn parse_rope(o: &Obj<'_>, head_dim: usize, defaults: RopeDefaults) -> Resul
         Some(p) if p.get(&["partial_rotary_factor"]).is_some() => {
             p.f32_or(&["partial_rotary_factor"], 1.0)?
         }
-        _ => o.f32_or(&["partial_rotary_factor"], defaults.partial_rotary_factor)?,
+        _ if defaults.top_level_partial => {
+            o.f32_or(&["partial_rotary_factor"], defaults.partial_rotary_factor)?
+        }
+        _ => defaults.partial_rotary_factor,
     };
     if !(partial > 0.0 && partial <= 1.0) {
         return Err(o.err(format!(
