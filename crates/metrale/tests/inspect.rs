@@ -138,3 +138,33 @@ fn clear_failures() {
     assert!(!ok);
     assert!(stderr.contains("lots"), "{stderr}");
 }
+
+#[test]
+fn a_config_alone() {
+    // config.json without weights: --no-load reports from the config, a
+    // full inspect says what is missing and points at --no-load.
+    let dir = std::env::temp_dir().join(format!("metrale-config-only-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        fixture("bamba").join("config.json"),
+        dir.join("config.json"),
+    )
+    .unwrap();
+    let (ok, full, stderr) = inspect(&[fixture("bamba").to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let (ok, stdout, stderr) = inspect(&[dir.to_str().unwrap(), "--no-load"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(field(&stdout, "parameters"), field(&full, "parameters"));
+    assert_eq!(field(&stdout, "layer plan"), "M * M");
+    assert!(
+        field(&stdout, "weights").contains("no weight files read"),
+        "{stdout}"
+    );
+    let (ok, _, stderr) = inspect(&[dir.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("no weights found") && stderr.contains("--no-load"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -45,7 +45,14 @@ pub fn run(args: Args) -> Result<()> {
     let has_weights = ["model.safetensors", "model.safetensors.index.json"]
         .iter()
         .any(|f| args.model_dir.join(f).is_file());
-    let totals = if args.no_load && !has_weights {
+    if !args.no_load && !has_weights {
+        bail!(
+            "{}: no weights found (model.safetensors or model.safetensors.index.json); \
+             `metrale inspect --no-load` reports the plan and sizes from config.json alone",
+            args.model_dir.display()
+        );
+    }
+    let totals = if !has_weights {
         from_config(&config)
     } else if args.no_load {
         from_headers(&args, &config)?
