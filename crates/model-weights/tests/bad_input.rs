@@ -373,3 +373,38 @@ fn broken_shard_index() {
     );
     assert!(matches!(err, WeightsError::InvalidIndex { .. }), "{err:?}");
 }
+
+/// A file truncated after its header was checked (another process rewriting
+/// the checkpoint while it loads): an error naming the file and the tensor
+/// whose bytes are gone, never a signal, and nothing left allocated.
+#[test]
+fn a_file_truncated_while_loading() {
+    let dir = scratch("truncated-while-loading");
+    let file = dir.join("model.safetensors");
+    let bytes = image(&[
+        f32_spec("a.weight", vec![256, 64]),
+        f32_spec("b.weight", vec![64]),
+    ]);
+    write_model(&dir, &bytes);
+    let expected = [
+        expected("a.weight", vec![256, 64]),
+        expected("b.weight", vec![64]),
+    ];
+    let gpu = CpuBackend::new();
+    let mut truncate = |p: LoadProgress| {
+        if matches!(p, LoadProgress::Start { .. }) {
+            // The header has been read and checked; cut the data short.
+            let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+            f.set_len(bytes.len() as u64 / 4).unwrap();
+        }
+    };
+    let err = match load_safetensors(&dir, &expected, &gpu, WeightDType::AsStored, &mut truncate) {
+        Ok(_) => panic!("a truncated file should not load"),
+        Err(e) => e,
+    };
+    let message = err.to_string();
+    assert!(message.contains("model.safetensors"), "{message}");
+    assert!(message.contains("a.weight"), "{message}");
+    assert!(message.contains("changed while loading"), "{message}");
+    assert_eq!(gpu.live_bytes(), 0, "{message}");
+}

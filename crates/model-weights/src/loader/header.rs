@@ -1,4 +1,5 @@
-//! One safetensors file: memory-mapped, its header parsed and checked.
+//! One safetensors file: its header parsed and checked, its tensors read on
+//! demand with positioned reads.
 //!
 //! Layout (<https://github.com/huggingface/safetensors>): an 8-byte
 //! little-endian header length `N`, `N` bytes of JSON mapping each tensor
@@ -8,11 +9,14 @@
 //! errors do not say which tensor is wrong, so the header is checked here:
 //! every entry well formed, each tensor's byte range matching its shape,
 //! inside the file, and overlapping no other.
+//!
+//! The file is read, not memory-mapped: a file that shrinks while it is
+//! loaded (another process rewriting a checkpoint) must be an error naming
+//! it, and through a map it would be a SIGBUS that kills the process.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use metrale_core::DType;
 use serde_json::Value;
 
@@ -95,16 +99,16 @@ pub struct TensorEntry {
     pub end: usize,
 }
 
-/// A memory-mapped safetensors file with a checked header.
+/// A safetensors file with a checked header.
 pub struct SafetensorsFile {
     pub path: PathBuf,
-    mmap: Mmap,
+    file: File,
     data_start: usize,
     pub tensors: Vec<TensorEntry>,
 }
 
 impl SafetensorsFile {
-    /// Maps and checks `path`.
+    /// Opens `path` and reads and checks its header.
     pub fn open(path: &Path) -> Result<Self, WeightsError> {
         let io = |source| WeightsError::Io {
             path: path.to_path_buf(),
@@ -112,79 +116,97 @@ impl SafetensorsFile {
         };
         let file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
-        if len < 8 {
-            return Err(WeightsError::Truncated {
-                path: path.to_path_buf(),
-                detail: format!("{len} bytes, shorter than the 8-byte header length field"),
-            });
+        let mut prefix = vec![0u8; len.min(8) as usize];
+        read_at(&file, &mut prefix, 0).map_err(io)?;
+        if let Some(field) = prefix.get(..8) {
+            let header_len = u64::from_le_bytes(field.try_into().unwrap_or([0; 8]));
+            if header_len <= (len - 8).min(MAX_HEADER_BYTES) {
+                prefix.resize(8 + header_len as usize, 0);
+                read_at(&file, &mut prefix[8..], 8).map_err(io)?;
+            }
         }
-        // SAFETY: the map is read-only and lives as long as `self`. As with
-        // every memory-mapped loader, another process truncating or
-        // rewriting the file while it is mapped is outside what we can guard
-        // against; we never write through the map.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let (data_start, tensors) = parse(path, &mmap)?;
+        let (data_start, tensors) = parse_prefix(path, &prefix, len)?;
         Ok(Self {
             path: path.to_path_buf(),
-            mmap,
+            file,
             data_start,
             tensors,
         })
     }
 
-    /// Tells the kernel this process is done with `entry`'s bytes: their
-    /// pages of the map leave the resident set (they stay in the page cache
-    /// and would be read back on a later access). Called once a tensor is
-    /// uploaded, so that a load's peak memory is the backend's copy plus one
-    /// tensor, not that plus the whole checkpoint.
-    pub fn release(&self, entry: &TensorEntry) {
-        #[cfg(unix)]
-        {
-            let (at, len) = (self.data_start + entry.start, entry.end - entry.start);
-            if len > 0 && at + len <= self.mmap.len() {
-                // SAFETY: the map is a read-only shared file mapping
-                // (`Mmap::map`) that we never write. MADV_DONTNEED only drops
-                // this process's page-table entries for the range; a later
-                // read faults the same file contents back in, so nothing read
-                // through the map changes (the same caveat as mapping at all:
-                // another process rewriting the file). A failure only leaves
-                // the pages resident.
-                let _ = unsafe {
-                    self.mmap
-                        .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, at, len)
-                };
+    /// Reads `buf.len()` bytes of `entry`'s data (an entry of this file),
+    /// starting `offset` bytes into it. A file that has become shorter than
+    /// its header said is an error naming the file and the tensor.
+    pub fn read(
+        &self,
+        entry: &TensorEntry,
+        offset: usize,
+        buf: &mut [u8],
+    ) -> Result<(), WeightsError> {
+        let at = self.data_start + entry.start + offset;
+        read_at(&self.file, buf, at as u64).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                WeightsError::Truncated {
+                    path: self.path.clone(),
+                    detail: format!(
+                        "the file ends before the bytes of tensor {:?} (it changed while loading)",
+                        entry.name
+                    ),
+                }
+            } else {
+                WeightsError::Io {
+                    path: self.path.clone(),
+                    source: e,
+                }
+            }
+        })
+    }
+}
+
+/// Fills `buf` from `file` at `offset`; a short file is `UnexpectedEof`.
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+    }
+    #[cfg(windows)]
+    {
+        use std::os::windows::fs::FileExt;
+        let mut done = 0;
+        while done < buf.len() {
+            match file.seek_read(&mut buf[done..], offset + done as u64)? {
+                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                n => done += n,
             }
         }
-        #[cfg(not(unix))]
-        let _ = entry;
-    }
-
-    /// The stored bytes of `entry` (an entry of this file).
-    pub fn bytes(&self, entry: &TensorEntry) -> &[u8] {
-        // In range: `parse` checked every entry against the file's length.
-        self.mmap
-            .get(self.data_start + entry.start..self.data_start + entry.end)
-            .unwrap_or(&[])
+        Ok(())
     }
 }
 
 /// Parses and checks a whole file image; returns where the data section
 /// starts and the tensor entries.
 pub fn parse(path: &Path, file: &[u8]) -> Result<(usize, Vec<TensorEntry>), WeightsError> {
+    parse_prefix(path, file, file.len() as u64)
+}
+
+/// Parses and checks the header of a file of `file_len` bytes from the
+/// file's first bytes (`prefix`: at least the length field and the header).
+fn parse_prefix(
+    path: &Path,
+    prefix: &[u8],
+    file_len: u64,
+) -> Result<(usize, Vec<TensorEntry>), WeightsError> {
     let path_buf = || path.to_path_buf();
-    let Some(len_bytes) = file.get(..8) else {
+    let Some(len_bytes) = prefix.get(..8) else {
         return Err(WeightsError::Truncated {
             path: path_buf(),
-            detail: format!(
-                "{} bytes, shorter than the 8-byte header length field",
-                file.len()
-            ),
+            detail: format!("{file_len} bytes, shorter than the 8-byte header length field"),
         });
     };
     let mut raw = [0u8; 8];
     raw.copy_from_slice(len_bytes);
     let header_len = u64::from_le_bytes(raw);
-    let available = (file.len() - 8) as u64;
+    let available = file_len.saturating_sub(8);
     if header_len > available || header_len > MAX_HEADER_BYTES {
         return Err(WeightsError::HeaderTooLarge {
             path: path_buf(),
@@ -193,8 +215,13 @@ pub fn parse(path: &Path, file: &[u8]) -> Result<(usize, Vec<TensorEntry>), Weig
         });
     }
     let data_start = 8 + header_len as usize;
-    let header = &file[8..data_start];
-    let data_len = file.len() - data_start;
+    let Some(header) = prefix.get(8..data_start) else {
+        return Err(WeightsError::Truncated {
+            path: path_buf(),
+            detail: "the header could not be read whole".to_string(),
+        });
+    };
+    let data_len = usize::try_from(file_len).unwrap_or(usize::MAX) - data_start;
     let invalid = |detail: String| WeightsError::InvalidHeader {
         path: path_buf(),
         detail,

@@ -24,7 +24,7 @@ pub use header::{
 };
 
 use crate::error::WeightsError;
-use crate::weights::WeightStore;
+use crate::weights::{DeviceTensor, WeightStore};
 
 /// A tensor the caller expects, with its shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -147,20 +147,17 @@ pub fn load_safetensors(
     });
     let mut store = WeightStore::new();
     let mut done = 0u64;
+    let mut buf = Vec::new();
     for (index, &(file, entry, stored)) in plan.iter().enumerate() {
-        let bytes = convert(file.bytes(entry), stored, policy.target(stored));
-        if let Err(e) = store.upload(
-            gpu,
-            &entry.name,
-            policy.target(stored),
-            entry.shape.clone(),
-            &bytes,
-        ) {
-            discard(store, gpu);
-            return Err(e);
+        match upload(gpu, file, entry, stored, policy.target(stored), &mut buf) {
+            Ok(tensor) => {
+                store.insert(entry.name.clone(), tensor);
+            }
+            Err(e) => {
+                discard(store, gpu);
+                return Err(e);
+            }
         }
-        drop(bytes);
-        file.release(entry);
         done += (entry.end - entry.start) as u64;
         progress(LoadProgress::Tensor {
             name: entry.name.clone(),
@@ -175,6 +172,54 @@ pub fn load_safetensors(
         bytes: total_bytes,
     });
     Ok(store)
+}
+
+/// Bytes of a tensor read, converted and uploaded at a time: a load's peak
+/// memory is the backend's copy of the weights plus this, however large a
+/// tensor is.
+const CHUNK_BYTES: usize = 16 << 20;
+
+/// Reads `entry` from `file` chunk by chunk (through `buf`), converts it from
+/// `stored` to `target` and uploads it into a new allocation; on failure
+/// that allocation is freed again.
+fn upload(
+    gpu: &dyn GpuBackend,
+    file: &SafetensorsFile,
+    entry: &TensorEntry,
+    stored: metrale_core::DType,
+    target: metrale_core::DType,
+    buf: &mut Vec<u8>,
+) -> Result<DeviceTensor, WeightsError> {
+    let device = |source| WeightsError::Device {
+        name: entry.name.clone(),
+        source,
+    };
+    let elements: usize = entry.shape.iter().product();
+    let slice = gpu
+        .alloc_slice(target, elements, &format!("weights: {}", entry.name))
+        .map_err(device)?;
+    let len = entry.end - entry.start;
+    let step = (CHUNK_BYTES / stored.size_of()).max(1) * stored.size_of();
+    let filled = (|| {
+        let (mut read, mut written) = (0, 0);
+        while read < len {
+            let n = step.min(len - read);
+            buf.resize(n, 0);
+            file.read(entry, read, buf)?;
+            let chunk = convert(buf, stored, target);
+            gpu.copy_h2d(&chunk, slice.ptr(), written).map_err(device)?;
+            (read, written) = (read + n, written + chunk.len());
+        }
+        Ok(())
+    })();
+    if let Err(e) = filled {
+        let _ = gpu.free(slice.ptr());
+        return Err(e);
+    }
+    Ok(DeviceTensor {
+        slice,
+        shape: entry.shape.clone(),
+    })
 }
 
 /// Frees every tensor of a partly built store (attempting all).
