@@ -28,12 +28,17 @@ impl ArenaPlan {
 
     /// Adds a region of `len` f32 elements (rounded up to 16 for alignment).
     pub fn region(mut self, name: &str, len: usize) -> Self {
-        self.regions.push((name.to_string(), len.div_ceil(16) * 16));
+        self.regions
+            .push((name.to_string(), len.div_ceil(16).saturating_mul(16)));
         self
     }
 
+    /// Elements of all regions (saturating: a plan this large cannot be
+    /// allocated, and the allocation says so).
     pub fn total_elements(&self) -> usize {
-        self.regions.iter().map(|(_, l)| l).sum()
+        self.regions
+            .iter()
+            .fold(0usize, |a, (_, l)| a.saturating_add(*l))
     }
 }
 

@@ -147,9 +147,25 @@ pub trait GpuBackend: DenseOps + RecurrentOps + Send + Sync {
     /// Waits for all queued work to finish.
     fn synchronize(&self) -> Result<()>;
 
+    /// Bytes this backend can still allocate, where it can tell (the host's
+    /// available memory and cgroup limit for the CPU, free device memory for
+    /// a GPU, and any limit the backend was given): what a model's memory
+    /// plan is checked against before anything is allocated.
+    fn available_memory(&self) -> Option<usize> {
+        None
+    }
+
     /// Allocates and records the allocation with its owner and call site.
     fn alloc_at(&self, bytes: usize, owner: &str, site: CallSite) -> Result<DevicePtr> {
-        let ptr = self.alloc_raw(bytes.max(1))?;
+        // The raw allocation does not know its owner; its error names it.
+        let ptr = self.alloc_raw(bytes.max(1)).map_err(|e| match e {
+            GpuError::OutOfMemory { bytes, live, .. } => GpuError::OutOfMemory {
+                bytes,
+                owner: owner.to_string(),
+                live,
+            },
+            other => other,
+        })?;
         self.ledger().insert(ptr, bytes.max(1), owner, site);
         Ok(ptr)
     }
@@ -198,7 +214,14 @@ impl dyn GpuBackend + '_ {
     /// Allocates a zeroed slice of `len` elements of `dtype` for `owner`.
     #[track_caller]
     pub fn alloc_slice(&self, dtype: DType, len: usize, owner: &str) -> Result<DeviceSlice> {
-        let ptr = self.alloc_at(len * dtype.size_of(), owner, Location::caller())?;
+        let bytes = len
+            .checked_mul(dtype.size_of())
+            .ok_or_else(|| GpuError::OutOfMemory {
+                bytes: usize::MAX,
+                owner: owner.to_string(),
+                live: self.live_bytes(),
+            })?;
+        let ptr = self.alloc_at(bytes, owner, Location::caller())?;
         Ok(DeviceSlice::new(ptr, dtype, len))
     }
 

@@ -39,6 +39,10 @@ pub struct LoadOptions {
     pub dtype: WeightDType,
     /// KV cache, SSM slots and step size.
     pub model: ModelOptions,
+    /// The most bytes the backend may hold (None: what the host has). The
+    /// model's memory plan is checked against it before anything is
+    /// allocated.
+    pub memory_limit: Option<usize>,
 }
 
 impl Default for LoadOptions {
@@ -47,6 +51,7 @@ impl Default for LoadOptions {
             threads: 0,
             dtype: WeightDType::AsStored,
             model: ModelOptions::default(),
+            memory_limit: None,
         }
     }
 }
@@ -65,7 +70,11 @@ impl Model {
         options: &LoadOptions,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self> {
-        let gpu: Arc<dyn GpuBackend> = Arc::new(CpuBackend::with_threads(options.threads));
+        let mut cpu = CpuBackend::try_with_threads(options.threads)?;
+        if let Some(limit) = options.memory_limit {
+            cpu = cpu.with_memory_limit(limit);
+        }
+        let gpu: Arc<dyn GpuBackend> = Arc::new(cpu);
         Self::load_on(dir, gpu, options, progress)
     }
 
@@ -101,7 +110,38 @@ impl Model {
     /// Logits `[ids.len(), vocab]` for every position of `ids`, computed by
     /// prefilling the first `decode_from` ids in one pass (all of them when
     /// `None`) and feeding the rest one token at a time through the decode path.
+    /// More ids than the model's context (`max_position_embeddings`, the
+    /// limit `generate` applies too) are refused, and so are logits that come
+    /// out NaN or infinite (the error names the position).
     pub fn logits(&self, ids: &[u32], decode_from: Option<usize>) -> Result<Vec<f32>> {
+        let config = self.model.config();
+        let limit = config.max_position_embeddings;
+        if ids.len() > limit {
+            anyhow::bail!(
+                "{} ids are more than the model's context of {limit} positions (max_position_embeddings)",
+                ids.len()
+            );
+        }
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= config.vocab_size) {
+            anyhow::bail!(
+                "token id {bad} is outside the vocabulary of {}",
+                config.vocab_size
+            );
+        }
+        let logits = self.compute_logits(ids, decode_from)?;
+        let vocab = config.vocab_size.max(1);
+        if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
+            anyhow::bail!(
+                "the logits at position {} (token id {}) are {}: the weights or the arithmetic overflowed",
+                i / vocab,
+                i % vocab,
+                logits[i]
+            );
+        }
+        Ok(logits)
+    }
+
+    fn compute_logits(&self, ids: &[u32], decode_from: Option<usize>) -> Result<Vec<f32>> {
         let prefill = decode_from.unwrap_or(ids.len()).min(ids.len());
         let chunk = self.model.options().max_batch_tokens;
         let mut seq = self.model.new_sequence()?;

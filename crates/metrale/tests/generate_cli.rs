@@ -11,6 +11,10 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn metrale(args: &[&str], stdin: Option<&str>) -> Output {
+    metrale_bytes(args, stdin.map(str::as_bytes))
+}
+
+fn metrale_bytes(args: &[&str], stdin: Option<&[u8]>) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_metrale"))
         .args(args)
         .env_remove("METRALE_MODEL")
@@ -24,8 +28,8 @@ fn metrale(args: &[&str], stdin: Option<&str>) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("the metrale binary runs");
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(text.as_bytes()).expect("write stdin");
+    if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(bytes).expect("write stdin");
     }
     child.wait_with_output().expect("metrale finishes")
 }
@@ -307,4 +311,27 @@ fn generate_and_chat_read_configs_with_bare_infinity() {
         assert!(out.status.success(), "{name} chat: {}", text(&out.stderr));
         std::fs::remove_dir_all(&dir).ok();
     }
+}
+
+#[test]
+fn chat_reports_a_bad_line_and_goes_on() {
+    // A line that is not UTF-8, a line longer than the whole context, then
+    // a good one: two errors on stderr, one reply, exit status 0.
+    let long = "word ".repeat(3000);
+    let mut input: Vec<u8> = b"caf\xe9 au lait\n".to_vec();
+    input.extend_from_slice(long.as_bytes());
+    input.extend_from_slice(b"\nHello there\n");
+    let out = metrale_bytes(
+        &["chat", "--max-tokens", "4", "--temperature", "0"],
+        Some(&input),
+    );
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "stderr: {stderr}");
+    assert!(stderr.contains("line 1 is not valid UTF-8"), "{stderr}");
+    assert!(stderr.contains("error:"), "{stderr}");
+    assert_eq!(
+        stderr.matches("generated:").count(),
+        1,
+        "one reply, for the good line: {stderr}"
+    );
 }

@@ -64,6 +64,11 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
+/// Instructions one rendering may run. Published templates render a long
+/// conversation with tools in well under a million; a runaway loop stops
+/// after about a second.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
 impl ChatTemplate {
     /// Compiles `source`. `special_tokens` are `(name, text)` pairs such as
     /// `("bos_token", "<s>")`, made available to the template as variables.
@@ -81,6 +86,9 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.set_formatter(python_formatter);
+        // A template is code from the checkpoint: bound what one rendering may
+        // execute, so a loop that does not end is an error, not a hang.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| {
                 EngineError::ChatTemplate(format!("does not compile: {}", describe(&e)))
@@ -188,9 +196,16 @@ impl ChatTemplate {
             Value::from(add_generation_prompt),
         ));
         let ctx = Value::from_pairs(ctx);
-        template
-            .render(ctx)
-            .map_err(|e| EngineError::ChatTemplate(describe(&e)))
+        template.render(ctx).map_err(|e| {
+            if e.kind() == ErrorKind::OutOfFuel {
+                EngineError::ChatTemplate(format!(
+                    "rendering stopped after {TEMPLATE_FUEL} instructions (a loop that \
+                     does not end, or one far larger than any conversation needs)"
+                ))
+            } else {
+                EngineError::ChatTemplate(describe(&e))
+            }
+        })
     }
 }
 

@@ -34,6 +34,8 @@ pub struct Tokenizer {
     eos_token: Option<String>,
     add_bos_token: bool,
     vocab_size: usize,
+    /// Ids below `vocab_size` that name no token (holes in the vocabulary).
+    holes: Arc<[u32]>,
     source: PathBuf,
 }
 
@@ -156,6 +158,11 @@ impl Tokenizer {
             .max()
             .unwrap_or(0)
             .max(vocab.len());
+        let mut named = vec![false; vocab_size];
+        vocab.values().for_each(|&id| named[id as usize] = true);
+        let holes: Arc<[u32]> = (0..vocab_size as u32)
+            .filter(|&id| !named[id as usize])
+            .collect();
 
         Self {
             inner: Arc::new(inner),
@@ -165,6 +172,7 @@ impl Tokenizer {
             eos_token,
             add_bos_token,
             vocab_size,
+            holes,
             source,
         }
     }
@@ -230,6 +238,12 @@ impl Tokenizer {
     /// largest id. A model's `vocab_size` may be larger (padded).
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
+    }
+
+    /// Ids below [`vocab_size`](Self::vocab_size) that name no token: with
+    /// the ids from `vocab_size` on, the ids sampling must never pick.
+    pub fn holes(&self) -> &Arc<[u32]> {
+        &self.holes
     }
 
     /// The id of a token's exact text (added tokens included).

@@ -287,3 +287,29 @@ fn qwen_style_template_with_tools_namespace_and_thinking() {
          <|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nU2<|im_end|>\nlast user: 3"
     );
 }
+
+#[test]
+fn a_template_that_runs_away_is_stopped() {
+    // Nested loops that would run 10^12 times: an error in about a second,
+    // not a hang.
+    let source = "{% for a in range(10000) %}{% for b in range(10000) %}{% for c in range(10000) %}x{% endfor %}{% endfor %}{% endfor %}";
+    let t = ChatTemplate::new(source, vec![]).expect("compiles");
+    let start = std::time::Instant::now();
+    let err = t
+        .render(&conversation(), true)
+        .expect_err("a runaway template fails")
+        .to_string();
+    assert!(err.contains("instructions"), "{err}");
+    eprintln!("stopped after {:?}", start.elapsed());
+    // A real conversation is far from the bound.
+    let chatml = ChatTemplate::from_model_dir(fixtures().join("llama")).expect("template");
+    let long: Vec<ChatMessage> = (0..2000)
+        .map(|i| {
+            ChatMessage::new(
+                if i % 2 == 0 { "user" } else { "assistant" },
+                "some words here",
+            )
+        })
+        .collect();
+    chatml.render(&long, true).expect("2000 messages render");
+}

@@ -10,6 +10,7 @@ mod dense;
 mod elementwise;
 mod gemm_bf16;
 mod gemv;
+mod host_memory;
 mod kernels;
 mod profile;
 mod recurrent;
@@ -46,28 +47,51 @@ pub struct CpuBackend {
     profile: profile::OpProfile,
 }
 
+/// The most CPU threads per core [`CpuBackend::try_with_threads`] accepts.
+pub const MAX_THREADS_PER_CORE: usize = 4;
+
 impl CpuBackend {
     /// A backend using every core.
     pub fn new() -> Self {
         Self::with_threads(0)
     }
 
-    /// A backend with `threads` worker threads (0: one per core).
+    /// A backend with `threads` worker threads (0: one per core). Panics
+    /// where [`try_with_threads`](Self::try_with_threads) errs.
     pub fn with_threads(threads: usize) -> Self {
+        match Self::try_with_threads(threads) {
+            Ok(cpu) => cpu,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A backend with `threads` worker threads (0: one per core), refusing
+    /// more than [`MAX_THREADS_PER_CORE`] per core the system reports (the
+    /// team's threads spin between ops: beyond the cores they only take
+    /// turns) and threads the system cannot spawn.
+    pub fn try_with_threads(threads: usize) -> Result<Self> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let most = cores.saturating_mul(MAX_THREADS_PER_CORE);
+        if threads > most {
+            return Err(GpuError::Unavailable(format!(
+                "{threads} threads asked for, but this machine runs {cores} at a time; \
+                 at most {most} ({MAX_THREADS_PER_CORE} per core) are allowed"
+            )));
+        }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("metrale-cpu-{i}"))
             .build()
-            .expect("building a rayon pool only fails if threads cannot be spawned");
+            .map_err(|e| GpuError::Unavailable(format!("starting {threads} CPU threads: {e}")))?;
         let team = team::Team::new(pool.current_num_threads());
-        Self {
+        Ok(Self {
             ledger: Ledger::new(),
             memory_limit: None,
             pool,
             team,
             bf16_dot: false,
             profile: profile::OpProfile::default(),
-        }
+        })
     }
 
     /// Makes allocations fail once `limit` bytes are live (for out-of-memory tests
@@ -213,7 +237,7 @@ impl CpuBackend {
     fn layout(bytes: usize) -> Result<Layout> {
         Layout::from_size_align(bytes, ALIGN).map_err(|_| GpuError::OutOfMemory {
             bytes,
-            owner: "layout".into(),
+            owner: String::new(),
             live: 0,
         })
     }
@@ -238,6 +262,16 @@ impl GpuBackend for CpuBackend {
 
     fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    fn available_memory(&self) -> Option<usize> {
+        let limit = self
+            .memory_limit
+            .map(|l| l.saturating_sub(self.ledger.live_bytes()));
+        match (host_memory::available(), limit) {
+            (Some(host), Some(limit)) => Some(host.min(limit)),
+            (host, limit) => host.or(limit),
+        }
     }
 
     fn alloc_raw(&self, bytes: usize) -> Result<DevicePtr> {

@@ -362,3 +362,41 @@ fn paged_attention_and_kv_store_reject_bad_shapes() {
     assert!(err.to_string().contains("capacity"), "{err}");
     env.finish();
 }
+
+/// Out-of-memory errors name the allocation's owner (they read `for ""`),
+/// a size that overflows is one too, and the backend reports what it has
+/// left under its limit.
+#[test]
+fn out_of_memory_names_the_owner() {
+    use crate::cpu::CpuBackend;
+    use crate::gpu::GpuBackend;
+    use metrale_core::DType;
+    let cpu = CpuBackend::with_threads(1).with_memory_limit(4096);
+    let g: &dyn GpuBackend = &cpu;
+    let err = g
+        .alloc_slice(DType::F32, 2048, "kv cache")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("for \"kv cache\""), "{err}");
+    let err = g
+        .alloc_slice(DType::F32, usize::MAX / 2, "huge")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("huge"), "{err}");
+    let s = g.alloc_slice(DType::F32, 256, "some").expect("fits");
+    assert!(g.available_memory().is_some_and(|a| a <= 4096 - 1024));
+    g.free(s.ptr()).unwrap();
+    assert_eq!(g.live_bytes(), 0);
+}
+
+#[test]
+fn thread_counts_beyond_the_machine_are_refused() {
+    use crate::cpu::{CpuBackend, MAX_THREADS_PER_CORE};
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let err = CpuBackend::try_with_threads(cores * MAX_THREADS_PER_CORE + 1)
+        .err()
+        .expect("too many threads")
+        .to_string();
+    assert!(err.contains("per core"), "{err}");
+    assert!(CpuBackend::try_with_threads(cores).is_ok());
+}

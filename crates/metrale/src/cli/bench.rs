@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use metrale::core::DType;
-use metrale::engine::config::{ModelConfig, parse_config};
+use metrale::engine::config::{ModelConfig, load_config, parse_config};
 use metrale::engine::model::{Logits, ModelOptions, Sequence, Step, TransformerModel};
 use metrale::engine::random::write_random_checkpoint;
 use metrale::gpu_runtime::cpu::{CpuBackend, OpTime};
@@ -56,9 +56,13 @@ pub struct Args {
     /// Sequences run together (decode steps batch them).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
-    /// CPU worker threads (0: one per core).
+    /// CPU worker threads (0: one per core; at most 4 per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// The most memory the model may take, e.g. 8GiB (default: what the
+    /// host and its cgroup have available); checked before loading.
+    #[arg(long, value_parser = super::parse_memory)]
+    pub memory_limit: Option<usize>,
     /// How weights are held in memory.
     #[arg(long, value_enum, default_value_t = BenchDType::Bf16)]
     pub dtype: BenchDType,
@@ -122,16 +126,51 @@ pub fn export_random(args: ExportArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn run(args: Args) -> Result<()> {
-    if args.prompt_len == 0 || args.batch == 0 {
+/// The most sequences `bench --batch` runs together.
+const MAX_BATCH: usize = 4096;
+
+/// Refuses lengths and batches that are zero, would overflow, or do not fit
+/// the model's context (`max_position_embeddings`, the limit `generate`
+/// applies too); returns the KV blocks the run needs.
+fn check_sizes(args: &Args, config: &ModelConfig, block_size: usize) -> Result<usize> {
+    let (b, n, m) = (args.batch, args.prompt_len, args.gen_len);
+    if n == 0 || b == 0 {
         bail!("--prompt-len and --batch must be at least 1");
     }
-    let (b, n, m) = (args.batch, args.prompt_len, args.gen_len);
-    let cpu = Arc::new(
-        CpuBackend::with_threads(args.threads)
-            .with_bf16_dot_products(args.bf16_dot)
-            .with_op_profile(args.profile),
-    );
+    if b > MAX_BATCH {
+        bail!("--batch {b} is more than {MAX_BATCH} sequences");
+    }
+    let limit = config.max_position_embeddings;
+    match n.checked_add(m) {
+        Some(len) if len <= limit => {}
+        _ => bail!(
+            "--prompt-len {n} plus --gen-len {m} tokens is more than the model's context of \
+             {limit} positions (max_position_embeddings)"
+        ),
+    }
+    // Within the context, so these products cannot overflow.
+    Ok(b * ((n + m).div_ceil(block_size) + 1))
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let (b, n) = (args.batch, args.prompt_len);
+    let config = match (&args.model, &args.config) {
+        (Some(dir), _) => load_config(dir)?,
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            parse_config(&text, path)?
+        }
+        (None, None) => bail!("give --model DIR or --config FILE"),
+    };
+    let kv_blocks = check_sizes(&args, &config, ModelOptions::default().kv_block_size)?;
+    let mut cpu = CpuBackend::try_with_threads(args.threads)?
+        .with_bf16_dot_products(args.bf16_dot)
+        .with_op_profile(args.profile);
+    if let Some(limit) = args.memory_limit {
+        cpu = cpu.with_memory_limit(limit);
+    }
+    let cpu = Arc::new(cpu);
     let threads = cpu.threads();
     let bf16_dot = cpu.bf16_dot_products();
     let gpu: Arc<dyn GpuBackend> = cpu.clone();
@@ -139,7 +178,7 @@ pub fn run(args: Args) -> Result<()> {
     let options = ModelOptions {
         max_batch_tokens,
         max_seqs: b,
-        kv_blocks: b * ((n + m).div_ceil(ModelOptions::default().kv_block_size) + 1),
+        kv_blocks,
         ..ModelOptions::default()
     };
     let dtype = args.dtype.dtype();
@@ -154,15 +193,10 @@ pub fn run(args: Args) -> Result<()> {
                 .with_context(|| format!("loading {}", dir.display()))?;
             (model, dir.display().to_string())
         }
-        (None, Some(path)) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let config = parse_config(&text, path)?;
-            (
-                TransformerModel::random(gpu.clone(), config, options, args.seed, dtype)?,
-                path.display().to_string(),
-            )
-        }
+        (None, Some(path)) => (
+            TransformerModel::random(gpu.clone(), config, options, args.seed, dtype)?,
+            path.display().to_string(),
+        ),
         (None, None) => bail!("give --model DIR or --config FILE"),
     };
     let load_s = start.elapsed().as_secs_f64();

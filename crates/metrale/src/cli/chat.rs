@@ -45,13 +45,23 @@ fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
         .map(|s| ChatMessage::new("system", s.as_str()))
         .collect();
     let mut messages = start.clone();
-    let mut lines = std::io::stdin().lock().lines();
-    loop {
+    let mut input = std::io::stdin().lock();
+    let mut raw = Vec::new();
+    for number in 1.. {
         if interactive {
             eprint!("> ");
         }
-        let Some(line) = lines.next().transpose()? else {
+        raw.clear();
+        if input.read_until(b'\n', &mut raw)? == 0 {
             break;
+        }
+        // A bad line is reported and the session goes on.
+        let line = match std::str::from_utf8(&raw) {
+            Ok(text) => text.trim_end_matches(['\n', '\r']).to_string(),
+            Err(e) => {
+                eprintln!("line {number} is not valid UTF-8 ({e}); skipped");
+                continue;
+            }
         };
         match line.trim() {
             "" => continue,
@@ -63,10 +73,26 @@ fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
             _ => {}
         }
         messages.push(ChatMessage::new("user", line));
-        let reply = turn(generator, &template, &mut messages, args)?;
-        messages.push(ChatMessage::new("assistant", reply));
+        match turn(generator, &template, &mut messages, args) {
+            Ok(reply) => messages.push(ChatMessage::new("assistant", reply)),
+            Err(e) if is_broken_pipe(&e) => return Err(e),
+            Err(e) => {
+                // The message is dropped again, so the next turn starts from
+                // a conversation the model could answer.
+                eprintln!("error: {e:#}");
+                messages.pop();
+            }
+        }
     }
     Ok(())
+}
+
+/// Whether `e` is a write to a closed stdout: the session cannot go on.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// One reply: renders the conversation (dropping its oldest turns if it no

@@ -18,9 +18,13 @@ const DEFAULT_MODEL_NOTE: &str = "Model directory (config.json, *.safetensors, t
 pub struct ModelArgs {
     #[arg(long, help = DEFAULT_MODEL_NOTE)]
     pub model: Option<PathBuf>,
-    /// CPU worker threads (0: one per core).
+    /// CPU worker threads (0: one per core; at most 4 per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// The most memory the model may take, e.g. 8GiB (default: what the
+    /// host and its cgroup have available); checked before loading.
+    #[arg(long, value_parser = super::parse_memory)]
+    pub memory_limit: Option<usize>,
 }
 
 impl ModelArgs {
@@ -36,6 +40,7 @@ impl ModelArgs {
         }
         let mut options = LoadOptions {
             threads: self.threads,
+            memory_limit: self.memory_limit,
             ..LoadOptions::default()
         };
         options.model.max_seqs = 1;

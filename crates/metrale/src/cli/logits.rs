@@ -22,9 +22,13 @@ pub struct Args {
     /// Where to write the logits.
     #[arg(long)]
     pub out: PathBuf,
-    /// Worker threads (0: one per core).
+    /// Worker threads (0: one per core; at most 4 per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// The most memory the model may take, e.g. 8GiB (default: what the
+    /// host and its cgroup have available); checked before loading.
+    #[arg(long, value_parser = super::parse_memory)]
+    pub memory_limit: Option<usize>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -38,6 +42,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let mut options = LoadOptions {
         threads: args.threads,
+        memory_limit: args.memory_limit,
         ..LoadOptions::default()
     };
     options.model.max_batch_tokens = args.ids.len().clamp(1, 4096);

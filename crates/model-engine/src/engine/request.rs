@@ -1,8 +1,9 @@
 //! One request's state inside the engine, and the events a step reports.
 
 use std::fmt;
+use std::sync::Arc;
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::model::Sequence;
 use crate::sampling::{Finish, Sampled, Sampler, SamplingParams, StopChecker};
 use crate::tokenizer::{Detokenizer, Tokenizer};
@@ -73,6 +74,9 @@ pub(crate) struct Request {
     pub max_new: usize,
     pub params: SamplingParams,
     sampler: Sampler,
+    /// Ids the tokenizer can decode: those below the count, less the holes
+    /// (a checkpoint's vocabulary is often padded beyond its tokenizer's).
+    decodable: Option<(usize, Arc<[u32]>)>,
     text: Option<TextState>,
     /// The model state; `None` while waiting (or after a preemption).
     pub seq: Option<Sequence>,
@@ -104,6 +108,7 @@ impl Request {
             max_new,
             params,
             sampler,
+            decodable: tokenizer.map(|t| (t.vocab_size(), t.holes().clone())),
             text,
             seq: None,
         })
@@ -136,9 +141,32 @@ impl Request {
         }
     }
 
-    /// Samples the next token from the logits of the last token fed.
+    /// Samples the next token from the logits of the last token fed, among
+    /// the ids the tokenizer can decode. Logits that are not finite are an
+    /// error naming the position, never sampled from.
     pub fn sample(&mut self, logits: &[f32]) -> Result<Sampled> {
-        self.sampler.sample(logits, &self.tokens)
+        if let Some(bad) = logits.iter().position(|v| !v.is_finite()) {
+            return Err(EngineError::Sampling(format!(
+                "the model's logits after position {} are not finite (token id {bad}: {}); \
+                 the weights or the arithmetic overflowed",
+                self.position().saturating_sub(1),
+                logits[bad]
+            )));
+        }
+        let Some((count, holes)) = &self.decodable else {
+            return self.sampler.sample(logits, &self.tokens);
+        };
+        let logits = &logits[..(*count).min(logits.len())];
+        if holes.is_empty() {
+            return self.sampler.sample(logits, &self.tokens);
+        }
+        let mut masked = logits.to_vec();
+        for &id in holes.iter() {
+            if let Some(v) = masked.get_mut(id as usize) {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+        self.sampler.sample(&masked, &self.tokens)
     }
 
     /// Appends a sampled token; returns the text it lets out and whether
@@ -176,5 +204,72 @@ impl Request {
             text: out.text,
             finish,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fixture tokenizer (ids 0..512) with its last model token moved
+    /// from id 511 to 600: ids 511..600 are holes.
+    fn tokenizer_with_holes(tag: &str) -> Tokenizer {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        let text = std::fs::read_to_string(dir.join("tokenizer/tokenizer.json")).unwrap();
+        let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+        let last = vocab
+            .iter()
+            .find(|(_, id)| id.as_u64() == Some(511))
+            .map(|(k, _)| k.clone())
+            .unwrap();
+        vocab.insert(last, serde_json::json!(600));
+        let path =
+            std::env::temp_dir().join(format!("metrale-holes-{tag}-{}.json", std::process::id()));
+        std::fs::write(&path, json.to_string()).unwrap();
+        let t = Tokenizer::from_file(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        t
+    }
+
+    fn greedy_request(tokenizer: &Tokenizer) -> Request {
+        let params = SamplingParams::greedy();
+        Request::new(RequestId(0), vec![5, 6], params, 4, Some(tokenizer)).unwrap()
+    }
+
+    #[test]
+    fn ids_the_tokenizer_cannot_decode_are_never_sampled() {
+        let t = tokenizer_with_holes("mask");
+        assert_eq!(t.vocab_size(), 601);
+        assert_eq!(t.holes().len(), 600 - 511);
+        let mut r = greedy_request(&t);
+        // A model vocabulary padded to 700: the best logit is beyond the
+        // tokenizer, the second best in a hole, the third a real token.
+        let mut logits = vec![0f32; 700];
+        logits[650] = 9.0;
+        logits[550] = 8.0;
+        logits[10] = 7.0;
+        assert_eq!(r.sample(&logits).unwrap().token, 10);
+        logits[600] = 7.5;
+        assert_eq!(
+            r.sample(&logits).unwrap().token,
+            600,
+            "the moved token counts"
+        );
+    }
+
+    #[test]
+    fn logits_that_are_not_finite_are_an_error() {
+        let t = tokenizer_with_holes("nan");
+        let mut r = greedy_request(&t);
+        let mut logits = vec![0f32; 601];
+        logits[3] = f32::NAN;
+        let err = r.sample(&logits).unwrap_err().to_string();
+        assert!(
+            err.contains("not finite") && err.contains("token id 3"),
+            "{err}"
+        );
+        logits[3] = f32::INFINITY;
+        assert!(r.sample(&logits).is_err());
     }
 }

@@ -7,8 +7,9 @@ use metrale_core::scope::ModelResource;
 use metrale_gpu_runtime::gpu::GpuBackend;
 use metrale_model_weights::loader::{LoadProgress, WeightDType};
 
+use super::memory::MemoryPlan;
 use super::{ModelOptions, TransformerModel};
-use crate::config::load_config;
+use crate::config::{ModelConfig, load_config};
 use crate::error::Result;
 use crate::loader::load_weights;
 
@@ -23,6 +24,7 @@ impl TransformerModel {
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self> {
         let config = load_config(model_dir)?;
+        check_plan(model_dir, &config, &options, dtype, gpu.as_ref())?;
         let mut store = load_weights(model_dir, &config, gpu.as_ref(), dtype, progress)?;
         let mut model = match TransformerModel::new(gpu.clone(), config, options) {
             Ok(m) => m,
@@ -36,4 +38,32 @@ impl TransformerModel {
         model.attach_weights(store)?;
         Ok(model)
     }
+}
+
+/// Checks the model's memory plan against what `gpu` has left, with each
+/// tensor held as the checkpoint's headers and `dtype` say. Headers that
+/// cannot be read are left to the loader, which names what is wrong.
+fn check_plan(
+    dir: &Path,
+    config: &ModelConfig,
+    options: &ModelOptions,
+    dtype: WeightDType,
+    gpu: &dyn GpuBackend,
+) -> Result<()> {
+    let Ok(stored) = metrale_model_weights::loader::scan_safetensors(dir) else {
+        return Ok(());
+    };
+    let stored: std::collections::HashMap<&str, &str> = stored
+        .iter()
+        .map(|t| (t.name.as_str(), t.dtype.as_str()))
+        .collect();
+    let held = |spec: &crate::config::TensorSpec| {
+        let as_stored = match stored.get(spec.name.as_str()) {
+            Some(&"BF16") => metrale_core::DType::BF16,
+            Some(&"F16") => metrale_core::DType::F16,
+            _ => metrale_core::DType::F32,
+        };
+        dtype.target(as_stored)
+    };
+    MemoryPlan::new(config, options, &held).check(gpu)
 }

@@ -4,9 +4,11 @@
 pub mod derived;
 pub mod forward;
 mod load;
+pub mod memory;
 pub mod rope;
 pub mod types;
 pub(crate) mod weights;
 
 pub use forward::{Logits, Sequence, Step};
+pub use memory::MemoryPlan;
 pub use types::{ModelOptions, TransformerModel};

@@ -237,20 +237,23 @@ pub fn widest_ffn(config: &ModelConfig) -> usize {
 }
 
 /// Activation scratch for steps of up to `tokens` rows.
+/// Sizes saturate: absurd options give a plan too large to allocate (and
+/// refused by the memory plan), never an overflow.
 pub fn arena_plan(config: &ModelConfig, tokens: usize) -> ArenaPlan {
     let t = tokens.max(1);
+    let rows = |width: usize| t.saturating_mul(width);
     let h = config.hidden_size;
     let (widest, inter) = (widest_intermediate(config), widest_ffn(config));
     let mut plan = ArenaPlan::new()
-        .region("residual", t * h)
-        .region("normed", t * h)
-        .region("mixed", t * h);
+        .region("residual", rows(h))
+        .region("normed", rows(h))
+        .region("mixed", rows(h));
     for r in SCRATCH_REGIONS {
-        plan = plan.region(r, t * widest);
+        plan = plan.region(r, rows(widest));
     }
-    plan.region("ffn_a", t * 2 * inter)
-        .region("ffn_b", t * 2 * inter)
-        .region("ffn_out", t * h)
-        .region("expert_in", t * h)
+    plan.region("ffn_a", rows(2 * inter))
+        .region("ffn_b", rows(2 * inter))
+        .region("ffn_out", rows(h))
+        .region("expert_in", rows(h))
         .region("logits", t.min(LOGIT_ROWS) * config.vocab_size)
 }

@@ -1,0 +1,164 @@
+//! A model's memory plan: every byte it will allocate on its backend, by
+//! owner, known from the config and the options before anything is
+//! allocated, and checked against what the backend has left. A model that
+//! cannot fit is refused at once with the sizes involved, instead of filling
+//! memory for minutes and then failing (or meeting the OOM killer).
+
+use metrale_core::DType;
+use metrale_gpu_runtime::gpu::GpuBackend;
+
+use super::types::{ModelOptions, arena_plan, recurrent_state_shapes};
+use crate::config::{MixerKind, MixerNames, ModelConfig, TensorSpec};
+use crate::error::{EngineError, Result};
+
+/// Bytes per owner. Sizes saturate instead of overflowing, so an absurd
+/// config or option gives a plan that is simply too large.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryPlan {
+    pub weights: usize,
+    /// Row-permuted copies made at load (`derived.rs`).
+    pub derived: usize,
+    pub kv_cache: usize,
+    pub ssm_state: usize,
+    pub activations: usize,
+}
+
+impl MemoryPlan {
+    /// The plan of `config` with `options`; `weight_dtype` gives the dtype the
+    /// backend holds each expected tensor in.
+    pub fn new(
+        config: &ModelConfig,
+        options: &ModelOptions,
+        weight_dtype: &dyn Fn(&TensorSpec) -> DType,
+    ) -> Self {
+        let derived_names = derived_tensors(config);
+        let (mut weights, mut derived) = (0usize, 0usize);
+        let mut seen = std::collections::HashSet::new();
+        for spec in config.expected_tensors() {
+            if !seen.insert(spec.name.clone()) {
+                continue;
+            }
+            let bytes = spec
+                .shape
+                .iter()
+                .fold(weight_dtype(&spec).size_of(), |a, &d| a.saturating_mul(d));
+            weights = weights.saturating_add(bytes);
+            if derived_names.contains(&spec.name) {
+                derived = derived.saturating_add(bytes);
+            }
+        }
+        let f32s = |n: usize| n.saturating_mul(4);
+        let kv_width = config.attention.as_ref().map_or(0, |a| a.kv_width());
+        let kv_cache = f32s(
+            [
+                2,
+                config.attention_layers().count(),
+                options.kv_blocks,
+                options.kv_block_size,
+                kv_width,
+            ]
+            .iter()
+            .fold(1usize, |a, &b| a.saturating_mul(b)),
+        );
+        let ssm_state = recurrent_state_shapes(config)
+            .iter()
+            .map(|s| {
+                let per_slot = s.conv.max(1).saturating_add(s.ssm.max(1));
+                f32s(per_slot.saturating_mul(options.max_seqs))
+            })
+            .fold(0usize, usize::saturating_add);
+        Self {
+            weights,
+            derived,
+            kv_cache,
+            ssm_state,
+            activations: f32s(arena_plan(config, options.max_batch_tokens).total_elements()),
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        [
+            self.weights,
+            self.derived,
+            self.kv_cache,
+            self.ssm_state,
+            self.activations,
+        ]
+        .iter()
+        .fold(0usize, |a, &b| a.saturating_add(b))
+    }
+
+    /// Refuses the plan when the backend says it has less memory left.
+    pub fn check(&self, gpu: &dyn GpuBackend) -> Result<()> {
+        let Some(available) = gpu.available_memory() else {
+            return Ok(());
+        };
+        if self.total() <= available {
+            return Ok(());
+        }
+        Err(EngineError::Exhausted {
+            resource: "memory",
+            detail: format!(
+                "the model needs {} ({}), but {} has {} available (the lower of the \
+                 host's available memory, its cgroup limit and any --memory-limit); \
+                 fewer KV blocks, sequences or batch tokens, or a smaller dtype, need less",
+                human(self.total()),
+                self.breakdown(),
+                gpu.name(),
+                human(available)
+            ),
+        })
+    }
+
+    /// "weights 1.2 GiB, KV cache 64.0 MiB, ..." (owners with any bytes).
+    pub fn breakdown(&self) -> String {
+        [
+            ("weights", self.weights),
+            ("derived weights", self.derived),
+            ("KV cache", self.kv_cache),
+            ("SSM state", self.ssm_state),
+            ("activations", self.activations),
+        ]
+        .iter()
+        .filter(|(_, b)| *b > 0)
+        .map(|(what, b)| format!("{what} {}", human(*b)))
+        .collect::<Vec<_>>()
+        .join(", ")
+    }
+}
+
+/// The expected tensors that `derived.rs` copies at load (row-permuted).
+fn derived_tensors(config: &ModelConfig) -> Vec<String> {
+    let gated = config.attention.as_ref().is_some_and(|a| a.output_gate);
+    let mut names = Vec::new();
+    for layer in &config.layers {
+        match (&layer.names.mixer, layer.mixer) {
+            (MixerNames::Attention(a), MixerKind::Attention) if gated => {
+                names.push(a.q.clone());
+                names.extend(a.q_bias.clone());
+            }
+            (MixerNames::GatedDeltaNet(d), MixerKind::GatedDeltaNet) => {
+                names.push(d.in_proj_qkvz.clone());
+                names.push(d.in_proj_ba.clone());
+            }
+            _ => {}
+        }
+    }
+    names
+}
+
+/// Bytes in binary units, e.g. "1.5 GiB".
+pub fn human(bytes: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
