@@ -8,7 +8,7 @@ use metrale_core::scope::ModelResource;
 use metrale_gpu_runtime::GpuBackend;
 use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_model_weights::loader::{
-    ExpectedTensor, WeightDType, load_safetensors, parse_safetensors,
+    ExpectedTensor, LoadProgress, WeightDType, load_safetensors, parse_safetensors,
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -160,11 +160,22 @@ proptest! {
     fn loading_never_panics_nor_leaks(
         mutations in prop::collection::vec(mutation(), 1..4),
         policy in prop::sample::select(vec![WeightDType::AsStored, WeightDType::F32, WeightDType::BF16, WeightDType::F16]),
+        cut_while_loading in prop::option::of(any::<usize>()),
     ) {
         let dir = scratch("fuzz");
-        write_model(&dir, &mutated(&mutations));
+        let file = write_model(&dir, &mutated(&mutations));
         let gpu = CpuBackend::new();
-        match load_safetensors(&dir, &expected_all(), &gpu, policy, &mut |_| {}) {
+        // Optionally the file is cut short once its header has been checked
+        // (another process rewriting it): an error, never a signal.
+        let mut progress = |p: LoadProgress| {
+            if let (LoadProgress::Start { .. }, Some(cut)) = (p, cut_while_loading) {
+                let len = std::fs::metadata(&file).map_or(0, |m| m.len());
+                if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&file) {
+                    let _ = f.set_len(cut as u64 % (len + 1));
+                }
+            }
+        };
+        match load_safetensors(&dir, &expected_all(), &gpu, policy, &mut progress) {
             Ok(mut store) => {
                 prop_assert_eq!(store.len(), 3);
                 store.release(&gpu).unwrap();

@@ -272,4 +272,48 @@ mod tests {
         logits[3] = f32::INFINITY;
         assert!(r.sample(&logits).is_err());
     }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+        /// Whatever the logits and the sampling settings: a token the
+        /// tokenizer can decode, or an error when a logit is not finite.
+        #[test]
+        fn samples_are_decodable_or_errors(
+            logits in prop::collection::vec(
+                prop_oneof![
+                    20 => -30f32..30.0,
+                    1 => Just(f32::NAN),
+                    1 => Just(f32::INFINITY),
+                    1 => Just(f32::NEG_INFINITY),
+                ],
+                700,
+            ),
+            temperature in prop_oneof![Just(0f32), 0.1f32..2.0],
+            top_k in 0usize..50,
+            seed in any::<u64>(),
+        ) {
+            let t = tokenizer_with_holes("prop");
+            let params = SamplingParams {
+                temperature,
+                top_k,
+                seed: Some(seed),
+                ..SamplingParams::default()
+            };
+            let mut r = Request::new(RequestId(0), vec![1], params, 4, Some(&t)).unwrap();
+            match r.sample(&logits) {
+                Ok(s) => {
+                    prop_assert!(logits.iter().all(|v| v.is_finite()));
+                    prop_assert!((s.token as usize) < t.vocab_size());
+                    prop_assert!(!t.holes().contains(&s.token));
+                }
+                Err(e) => prop_assert!(
+                    logits.iter().any(|v| !v.is_finite()),
+                    "failed on finite logits: {}", e
+                ),
+            }
+        }
+    }
 }
