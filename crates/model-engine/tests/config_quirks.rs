@@ -206,6 +206,65 @@ fn nemotron_h_hybrid_override_pattern() {
 }
 
 #[test]
+fn nemotron_h_stale_num_hidden_layers_warns_and_the_list_wins() {
+    // transformers 5 takes the layer count from the block list and ignores
+    // `num_hidden_layers`; metrale does the same and says so.
+    let c = variant("nemotron_h", |m| {
+        m.insert("num_hidden_layers".into(), json!(9));
+    });
+    assert_eq!(c.plan_line(), "M * M -");
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    let w = &c.warnings[0];
+    for needle in [
+        "variant/config.json: ",
+        "num_hidden_layers is 9",
+        "`layers_block_type` describes 4 layers",
+    ] {
+        assert!(w.contains(needle), "{needle:?} missing from {w:?}");
+    }
+    let c = variant("nemotron_h", |m| {
+        m.remove("layers_block_type");
+        m.insert("hybrid_override_pattern".into(), json!("M*M-E"));
+        m.insert("num_hidden_layers".into(), json!(4));
+    });
+    assert_eq!(c.plan_line(), "M * M - E");
+    assert!(
+        c.warnings.len() == 1 && c.warnings[0].contains("`hybrid_override_pattern` describes 5"),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn unknown_dtype_is_a_warning() {
+    let c = variant("llama", |m| {
+        m.insert("dtype".into(), json!("float8_e4m3fn"));
+    });
+    assert_eq!(c.declared_dtype, None);
+    assert!(
+        c.warnings.len() == 1 && c.warnings[0].contains("float8_e4m3fn"),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn fixtures_have_no_warnings() {
+    for name in [
+        "llama",
+        "qwen3",
+        "mamba2",
+        "bamba",
+        "nemotron_h",
+        "granitemoehybrid",
+        "qwen3_next",
+    ] {
+        let c = load_config(&fixture(name)).unwrap();
+        assert!(c.warnings.is_empty(), "{name}: {:?}", c.warnings);
+    }
+}
+
+#[test]
 fn granite_older_spelling_nope_and_bare_infinity() {
     let c = variant("granitemoehybrid", |m| {
         m.insert("layer_types".into(), json!(["mamba", "attention", "mamba"]));

@@ -107,17 +107,21 @@ pub(crate) struct Common {
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub declared_dtype: Option<DType>,
+    /// Warnings found while reading these keys (for [`ModelConfig::warnings`]).
+    pub warnings: Vec<String>,
 }
 
 impl Common {
     pub fn read(o: &Obj<'_>) -> Result<Self> {
+        let mut warnings = Vec::new();
         Ok(Self {
             hidden_size: o.size(&["hidden_size", "d_model"])?,
             vocab_size: o.size(&["vocab_size"])?,
             tie_word_embeddings: o.bool_or(&["tie_word_embeddings"], false)?,
             bos_token_id: o.token_ids("bos_token_id")?.first().copied(),
             eos_token_ids: o.token_ids("eos_token_id")?,
-            declared_dtype: o.declared_dtype()?,
+            declared_dtype: o.declared_dtype(&mut warnings)?,
+            warnings,
         })
     }
 
@@ -151,6 +155,7 @@ impl Common {
             moe: None,
             names,
             layers: Vec::new(),
+            warnings: self.warnings.clone(),
         }
     }
 }

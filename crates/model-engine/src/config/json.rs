@@ -126,6 +126,12 @@ impl<'a> Obj<'a> {
         }
     }
 
+    /// A warning about this file: something the user should know that does
+    /// not stop the load (collected in `ModelConfig::warnings`).
+    pub fn warning(&self, detail: impl std::fmt::Display) -> String {
+        format!("{}: {detail}", self.path.display())
+    }
+
     fn key_err(&self, key: &str, v: &Value, expected: &str) -> EngineError {
         self.err(format!(
             "key `{}{key}`: expected {expected}, found {}",
@@ -325,20 +331,22 @@ impl<'a> Obj<'a> {
     }
 
     /// The declared weight dtype (`dtype`, or the older `torch_dtype`).
-    /// Unknown names are reported in the log and ignored: the weight files
-    /// say what they hold.
-    pub fn declared_dtype(&self) -> Result<Option<DType>> {
-        let Some(name) = self.opt_str(&["dtype", "torch_dtype"])? else {
+    /// Unknown names are ignored with a warning pushed on `warnings`: the
+    /// weight files say what they hold.
+    pub fn declared_dtype(&self, warnings: &mut Vec<String>) -> Result<Option<DType>> {
+        let Some((key, _)) = self.get(&["dtype", "torch_dtype"]) else {
+            return Ok(None);
+        };
+        let Some(name) = self.opt_str(&[key])? else {
             return Ok(None);
         };
         let name = name.trim_start_matches("torch.");
         match name.parse::<DType>() {
             Ok(d) => Ok(Some(d)),
             Err(_) => {
-                tracing::warn!(
-                    "{}: dtype {name:?} is not one metrale knows; the weight files decide",
-                    self.path.display()
-                );
+                warnings.push(self.warning(format_args!(
+                    "{key} {name:?} is not one metrale knows; the weight files decide"
+                )));
                 Ok(None)
             }
         }
