@@ -197,6 +197,179 @@ fn missing_and_mistyped_keys() {
     );
 }
 
+// Two keys that describe the layers twice must agree, and layer indices
+// must name layers that exist: each case below is an error naming the file
+// and both keys (transformers silently uses one key, or errors itself).
+
+#[test]
+fn nemotron_h_pattern_against_block_list() {
+    // transformers 5 lets the list win silently; the two describe different models.
+    config_err(
+        "nemotron_h",
+        |m| drop(m.insert("hybrid_override_pattern".into(), json!("M*--"))),
+        &["hybrid_override_pattern", "layers_block_type", "layer 2"],
+    );
+    // A pattern of another length.
+    config_err(
+        "nemotron_h",
+        |m| drop(m.insert("hybrid_override_pattern".into(), json!("M*M-M"))),
+        &["hybrid_override_pattern", "layers_block_type", "5", "4"],
+    );
+}
+
+#[test]
+fn nemotron_h_layer_types_against_layers_block_type() {
+    // `layer_types` is transformers' alias of `layers_block_type` (and the
+    // one it keeps when both are given).
+    config_err(
+        "nemotron_h",
+        |m| {
+            drop(m.insert(
+                "layer_types".into(),
+                json!(["linear_attention", "mlp", "linear_attention", "mlp"]),
+            ))
+        },
+        &["layer_types", "layers_block_type", "layer 1"],
+    );
+    config_err(
+        "nemotron_h",
+        |m| {
+            m.remove("layers_block_type");
+            m.insert(
+                "layer_types".into(),
+                json!(["mamba", "attention", "mamba", "mlp"]),
+            );
+            m.insert("hybrid_override_pattern".into(), json!("M*M*"));
+        },
+        &["layer_types", "hybrid_override_pattern", "layer 3"],
+    );
+}
+
+#[test]
+fn granite_layer_types_against_layers_block_type() {
+    // transformers keeps `layers_block_type` (its alias), metrale read `layer_types`.
+    config_err(
+        "granitemoehybrid",
+        |m| {
+            drop(m.insert(
+                "layers_block_type".into(),
+                json!(["attention", "mamba", "mamba"]),
+            ))
+        },
+        &["layer_types", "layers_block_type", "layer 0"],
+    );
+    config_err(
+        "granitemoehybrid",
+        |m| {
+            m.remove("layer_types");
+            m.insert("layers_block_type".into(), json!(["mamba", "attention"]));
+        },
+        &["layers_block_type", "num_hidden_layers"],
+    );
+}
+
+#[test]
+fn qwen3_next_layer_types_against_full_attention_interval() {
+    // The fixture's layer_types put attention on layer 3 (interval 4).
+    config_err(
+        "qwen3_next",
+        |m| drop(m.insert("full_attention_interval".into(), json!(2))),
+        &["layer_types", "full_attention_interval", "layer 1"],
+    );
+    config_err(
+        "qwen3_next",
+        |m| drop(m.insert("layer_types".into(), json!(["linear_attention"]))),
+        &["layer_types", "num_hidden_layers"],
+    );
+}
+
+#[test]
+fn qwen3_next_layer_indices_out_of_range() {
+    config_err(
+        "qwen3_next",
+        |m| drop(m.insert("mlp_only_layers".into(), json!([1, 4]))),
+        &["mlp_only_layers", "4", "num_hidden_layers"],
+    );
+    config_err(
+        "qwen3_next",
+        |m| drop(m.insert("decoder_sparse_step".into(), json!(0))),
+        &["decoder_sparse_step", "positive"],
+    );
+    config_err(
+        "qwen3_next",
+        |m| {
+            m.remove("layer_types");
+            m.insert("full_attention_interval".into(), json!(0));
+        },
+        &["full_attention_interval", "positive"],
+    );
+}
+
+#[test]
+fn qwen_layer_types_against_max_window_layers() {
+    // With sliding windows on, `max_window_layers` says which layers slide;
+    // transformers silently keeps `layer_types` when both are given.
+    for model_type in ["qwen2", "qwen3"] {
+        config_err(
+            "qwen3",
+            |m| {
+                m.insert("model_type".into(), json!(model_type));
+                m.insert("use_sliding_window".into(), json!(true));
+                m.insert("sliding_window".into(), json!(8));
+                m.insert("max_window_layers".into(), json!(1));
+                m.insert(
+                    "layer_types".into(),
+                    json!(["sliding_attention", "full_attention"]),
+                );
+            },
+            &["layer_types", "max_window_layers", "layer 0"],
+        );
+    }
+    config_err(
+        "qwen3",
+        |m| drop(m.insert("layer_types".into(), json!(["full_attention"]))),
+        &["layer_types", "num_hidden_layers"],
+    );
+}
+
+#[test]
+fn bamba_layer_list_against_attn_layer_indices() {
+    // transformers refuses any `layer_types` / `layers_block_type` key here
+    // (a read-only property derived from attn_layer_indices).
+    for key in ["layer_types", "layers_block_type"] {
+        config_err(
+            "bamba",
+            |m| drop(m.insert(key.into(), json!(["attention", "mamba", "mamba"]))),
+            &[key, "attn_layer_indices", "layer 0"],
+        );
+    }
+    config_err(
+        "bamba",
+        |m| drop(m.insert("attn_layer_indices".into(), json!([1, 3]))),
+        &["attn_layer_indices", "3", "num_hidden_layers"],
+    );
+}
+
+#[test]
+fn mamba2_layer_count_and_types() {
+    config_err(
+        "mamba2",
+        |m| drop(m.insert("n_layer".into(), json!(5))),
+        &["num_hidden_layers", "n_layer"],
+    );
+    // transformers refuses a `layer_types` key (every layer is Mamba-2).
+    config_err(
+        "mamba2",
+        |m| drop(m.insert("layer_types".into(), json!(["mamba", "attention"]))),
+        &["layer_types", "[1]", "attention"],
+    );
+    config_err(
+        "mamba2",
+        |m| drop(m.insert("layer_types".into(), json!(["mamba"]))),
+        &["layer_types", "num_hidden_layers"],
+    );
+}
+
 #[test]
 fn a_config_that_disagrees_with_the_weights() {
     let mut map = config_map("llama");

@@ -7,7 +7,10 @@
 //! `down(relu(up(x))^2)`, no gate), or a mixture of squared-ReLU experts
 //! (`E`, Nemotron 3: sigmoid routing over expert groups, see [`read_moe`]). The layer list is `layers_block_type` (transformers 5:
 //! `linear_attention` / `full_attention` / `mlp` / `moe`; older: `mamba` /
-//! `attention`), or the string `hybrid_override_pattern` such as `"M-M*-"`.
+//! `attention`), its alias `layer_types`, or the string
+//! `hybrid_override_pattern` such as `"M-M*-"`. A config may carry more than
+//! one of them only if they describe the same layers (transformers keeps
+//! `layer_types` over `layers_block_type` over the pattern without a word).
 //! The list sets the layer count: a `num_hidden_layers` that disagrees is
 //! ignored, as in transformers, with a warning.
 //!
@@ -39,6 +42,18 @@ enum Block {
     Moe,
 }
 
+impl Block {
+    /// transformers 5's name of the block.
+    fn name(&self) -> &'static str {
+        match self {
+            Block::Mamba => "linear_attention",
+            Block::Attention => "full_attention",
+            Block::Mlp => "mlp",
+            Block::Moe => "moe",
+        }
+    }
+}
+
 /// config.json of `nemotron_h`, as read (both spellings).
 struct RawNemotronH {
     common: Common,
@@ -56,9 +71,15 @@ const KNOWN: [&str; 6] = [
     "moe",
 ];
 
-/// The block list, with the key it was read from.
+/// The block list, with the key it was read from: every spelling present
+/// (`layers_block_type`, `layer_types`, `hybrid_override_pattern`) is read,
+/// and they must agree.
 fn blocks<'a>(o: &Obj<'a>) -> Result<(&'a str, Vec<Block>)> {
-    if let Some((key, types)) = o.opt_str_list(&["layers_block_type", "layer_types"])? {
+    let mut found: Vec<(&'a str, Vec<Block>)> = Vec::new();
+    for key in ["layers_block_type", "layer_types"] {
+        let Some((key, types)) = o.opt_str_list(&[key])? else {
+            continue;
+        };
         let blocks = types
             .iter()
             .enumerate()
@@ -70,25 +91,32 @@ fn blocks<'a>(o: &Obj<'a>) -> Result<(&'a str, Vec<Block>)> {
                 other => Err(super::unknown_layer_type(o, key, i, other, &KNOWN)),
             })
             .collect::<Result<Vec<_>>>()?;
-        return Ok((key, blocks));
+        found.push((key, blocks));
     }
-    let Some(pattern) = o.opt_str(&["hybrid_override_pattern"])? else {
+    if let Some(pattern) = o.opt_str(&["hybrid_override_pattern"])? {
+        let blocks = pattern
+            .chars()
+            .enumerate()
+            .map(|(i, c)| match c {
+                'M' => Ok(Block::Mamba),
+                '*' => Ok(Block::Attention),
+                '-' => Ok(Block::Mlp),
+                'E' => Ok(Block::Moe),
+                other => Err(o.err(format!(
+                    "key `hybrid_override_pattern`[{i}] = {other:?} is not one of M * - E"
+                ))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        found.push(("hybrid_override_pattern", blocks));
+    }
+    let mut found = found.into_iter();
+    let Some((key, blocks)) = found.next() else {
         return Err(o.err("key `layers_block_type` / `hybrid_override_pattern` is missing"));
     };
-    let blocks = pattern
-        .chars()
-        .enumerate()
-        .map(|(i, c)| match c {
-            'M' => Ok(Block::Mamba),
-            '*' => Ok(Block::Attention),
-            '-' => Ok(Block::Mlp),
-            'E' => Ok(Block::Moe),
-            other => Err(o.err(format!(
-                "key `hybrid_override_pattern`[{i}] = {other:?} is not one of M * - E"
-            ))),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(("hybrid_override_pattern", blocks))
+    for (other, theirs) in found {
+        super::check_same_layers(o, (key, &blocks), (other, &theirs), Block::name)?;
+    }
+    Ok((key, blocks))
 }
 
 impl RawNemotronH {
