@@ -372,6 +372,43 @@ fn mamba2_layer_count_and_types() {
 }
 
 #[test]
+fn two_spellings_of_one_setting_that_disagree() {
+    // Nemotron-H's `mamba_*` spellings: transformers lets them override the
+    // short keys, metrale read the short keys first.
+    config_err(
+        "nemotron_h",
+        |m| drop(m.insert("mamba_n_groups".into(), json!(4))),
+        &["n_groups", "mamba_n_groups", "(2)", "(4)"],
+    );
+    // `num_local_experts` is transformers' alias of `n_routed_experts`
+    // (and the one it keeps).
+    config_err(
+        "nemotron_h",
+        |m| {
+            m.insert("layers_block_type".into(), json!(["moe"]));
+            m.insert("num_local_experts".into(), json!(4));
+        },
+        &["n_routed_experts", "num_local_experts"],
+    );
+    config_err(
+        "nemotron_h",
+        |m| drop(m.insert("attention_head_dim".into(), json!(8))),
+        &["head_dim", "attention_head_dim"],
+    );
+    // mamba_ssm's spellings, which transformers does not read at all.
+    config_err(
+        "mamba2",
+        |m| drop(m.insert("d_state".into(), json!(8))),
+        &["state_size", "d_state"],
+    );
+    config_err(
+        "mamba2",
+        |m| drop(m.insert("d_model".into(), json!(128))),
+        &["hidden_size", "d_model"],
+    );
+}
+
+#[test]
 fn a_config_that_disagrees_with_the_weights() {
     let mut map = config_map("llama");
     map.insert("intermediate_size".into(), json!(96));
@@ -626,6 +663,20 @@ fn names_all(result: &Result<ModelConfig, String>, keys: &[&str]) -> Result<(), 
     Ok(())
 }
 
+/// Fixture, key, and another spelling of it that metrale also reads.
+const SPELLINGS: [(&str, &str, &str); 10] = [
+    ("nemotron_h", "n_groups", "mamba_n_groups"),
+    ("nemotron_h", "conv_kernel", "mamba_d_conv"),
+    ("nemotron_h", "chunk_size", "mamba_chunk_size"),
+    ("nemotron_h", "layer_norm_epsilon", "rms_norm_eps"),
+    ("nemotron_h", "head_dim", "attention_head_dim"),
+    ("mamba2", "state_size", "d_state"),
+    ("mamba2", "n_groups", "ngroups"),
+    ("mamba2", "conv_kernel", "d_conv"),
+    ("mamba2", "hidden_size", "d_model"),
+    ("mamba2", "num_hidden_layers", "n_layer"),
+];
+
 const BLOCKS: [(&str, &str, char); 4] = [
     ("linear_attention", "mamba", 'M'),
     ("full_attention", "attention", '*'),
@@ -753,6 +804,21 @@ proptest! {
             let windows: Vec<Option<usize>> = c.layers.iter().map(|l| l.sliding_window).collect();
             let expected: Vec<Option<usize>> = a.iter().map(|&s| (on && s).then_some(8)).collect();
             prop_assert_eq!(windows, expected);
+        }
+    }
+
+    /// Two spellings of one setting: accepted when they agree (however the
+    /// number is written), an error naming both otherwise.
+    #[test]
+    fn two_spellings(pair in 0usize..SPELLINGS.len(), same in any::<bool>(), delta in 1u32..4) {
+        let (name, a, b) = SPELLINGS[pair];
+        let x = config_map(name)[a].as_f64().expect("a number");
+        let y = if same { x } else { x + f64::from(delta) };
+        let result = parse_edited(name, |m| drop(m.insert(b.into(), json!(y))));
+        if same {
+            prop_assert!(result.is_ok(), "{:?}", result.err());
+        } else {
+            names_all(&result, &[a, b])?;
         }
     }
 

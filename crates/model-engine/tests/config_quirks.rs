@@ -378,6 +378,26 @@ fn fixtures_have_no_warnings() {
 }
 
 #[test]
+fn two_spellings_of_one_setting_that_agree() {
+    // Published Nemotron-H configs carry both epsilons; values are compared
+    // as numbers, however written.
+    let c = variant("nemotron_h", |m| {
+        m.insert("rms_norm_eps".into(), json!(0.00001));
+        m.insert("mamba_n_groups".into(), json!(2.0));
+        m.insert("mamba_dt_limit".into(), json!([0.0, "Infinity"]));
+        m.insert("attention_head_dim".into(), json!(16));
+    });
+    assert_eq!(c.norm_eps, 1e-5);
+    assert_eq!(c.mamba.as_ref().unwrap().n_groups, 2);
+    let c = variant("mamba2", |m| {
+        m.insert("d_state".into(), json!(16));
+        m.insert("ngroups".into(), json!(2));
+        m.insert("d_model".into(), json!(64));
+    });
+    assert_eq!(c.mamba.as_ref().unwrap().d_state, 16);
+}
+
+#[test]
 fn granite_older_spelling_nope_and_bare_infinity() {
     let c = variant("granitemoehybrid", |m| {
         m.insert("layer_types".into(), json!(["mamba", "attention", "mamba"]));

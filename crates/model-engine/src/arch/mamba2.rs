@@ -43,8 +43,7 @@ impl RawMamba2 {
     fn read(o: &Obj<'_>) -> Result<Self> {
         require_act(o, &["hidden_act"], &["silu"], "silu")?;
         // transformers reads only `num_hidden_layers`; metrale also takes
-        // mamba_ssm's `n_layer`, so the two must not disagree.
-        super::check_spellings_agree(o, &["num_hidden_layers", "n_layer"])?;
+        // mamba_ssm's `n_layer` (the two must agree, as any two spellings).
         let num_layers = super::num_layers(o, &["num_hidden_layers", "n_layer"])?;
         check_layer_types(o, num_layers)?;
         Ok(Self {

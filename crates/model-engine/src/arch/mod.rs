@@ -420,32 +420,3 @@ pub(crate) fn layer_indices(
     }
     Ok(indices)
 }
-
-/// Keys that spell one value twice (`num_hidden_layers` / `n_layer`) must
-/// agree when both are given: transformers reads only one of them, and
-/// which one differs between families.
-pub(crate) fn check_spellings_agree(o: &Obj<'_>, keys: &[&str]) -> Result<()> {
-    let given: Vec<(&str, &serde_json::Value)> = keys
-        .iter()
-        .filter_map(|&k| o.raw(k).filter(|v| !v.is_null()).map(|v| (k, v)))
-        .collect();
-    if let [(a, x), rest @ ..] = given.as_slice()
-        && let Some((b, y)) = rest.iter().find(|(_, y)| !same_value(x, y))
-    {
-        return Err(o.err(format!(
-            "keys `{a}` ({x}) and `{b}` ({y}) spell the same setting with different values"
-        )));
-    }
-    Ok(())
-}
-
-/// JSON equality with numbers compared by value (`1e-05` = `0.00001`, `4` = `4.0`).
-fn same_value(x: &serde_json::Value, y: &serde_json::Value) -> bool {
-    match (
-        crate::config::json::as_f64(x).filter(|_| !x.is_string()),
-        crate::config::json::as_f64(y).filter(|_| !y.is_string()),
-    ) {
-        (Some(a), Some(b)) => a == b || (a.is_nan() && b.is_nan()),
-        _ => x == y,
-    }
-}

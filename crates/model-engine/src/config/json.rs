@@ -6,8 +6,9 @@
 //! (config.json, generation_config.json, tokenizer_config.json,
 //! chat_template.json) is read through [`read_json`] / [`parse_json`], which
 //! accept both (through [`metrale_core::json::wrap_nonfinite`]). [`Obj`]
-//! reads typed values by key, accepting alternative spellings and treating
-//! `null` like a missing key, with errors that name the file and the key.
+//! reads typed values by key, accepting alternative spellings (which must
+//! agree when more than one is given) and treating `null` like a missing
+//! key, with errors that name the file and the key.
 
 use std::path::Path;
 
@@ -76,6 +77,21 @@ fn parse_float_str(s: &str) -> Option<f64> {
         "-infinity" | "-inf" => Some(f64::NEG_INFINITY),
         "nan" => Some(f64::NAN),
         other => other.parse().ok(),
+    }
+}
+
+/// JSON equality with numbers compared by value, however written (`1e-05`
+/// and `0.00001`, `4` and `4.0`, `Infinity` and `{"__float__": "Infinity"}`).
+fn same_value(x: &Value, y: &Value) -> bool {
+    match (x, y) {
+        (Value::Array(a), Value::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| same_value(x, y))
+        }
+        (Value::String(a), Value::String(b)) => a == b,
+        _ => match (as_f64(x), as_f64(y)) {
+            (Some(a), Some(b)) => a == b || (a.is_nan() && b.is_nan()),
+            _ => x == y,
+        },
     }
 }
 
@@ -156,6 +172,27 @@ impl<'a> Obj<'a> {
             .find_map(|&k| self.map.get(k).filter(|v| !v.is_null()).map(|v| (k, v)))
     }
 
+    /// Like [`Obj::get`], for the typed readers: `keys` are spellings of one
+    /// setting, and two of them given with different values are an error
+    /// naming both (transformers reads one of them, not always the first).
+    fn pick(&self, keys: &[&'a str]) -> Result<Option<(&'a str, &'a Value)>> {
+        let mut given = keys
+            .iter()
+            .filter_map(|&k| self.map.get(k).filter(|v| !v.is_null()).map(|v| (k, v)));
+        let Some((a, x)) = given.next() else {
+            return Ok(None);
+        };
+        if let Some((b, y)) = given.find(|(_, y)| !same_value(x, y)) {
+            return Err(self.err(format!(
+                "keys `{p}{a}` ({}) and `{p}{b}` ({}) spell the same setting with different values",
+                show(x),
+                show(y),
+                p = self.prefix
+            )));
+        }
+        Ok(Some((a, x)))
+    }
+
     fn missing(&self, keys: &[&str]) -> EngineError {
         let names: Vec<String> = keys
             .iter()
@@ -165,7 +202,7 @@ impl<'a> Obj<'a> {
     }
 
     pub fn opt_usize(&self, keys: &[&'a str]) -> Result<Option<usize>> {
-        let Some((k, v)) = self.get(keys) else {
+        let Some((k, v)) = self.pick(keys)? else {
             return Ok(None);
         };
         let n = match v {
@@ -212,7 +249,7 @@ impl<'a> Obj<'a> {
     }
 
     pub fn opt_f64(&self, keys: &[&'a str]) -> Result<Option<f64>> {
-        let Some((k, v)) = self.get(keys) else {
+        let Some((k, v)) = self.pick(keys)? else {
             return Ok(None);
         };
         as_f64(v)
@@ -249,7 +286,7 @@ impl<'a> Obj<'a> {
     }
 
     pub fn bool_or(&self, keys: &[&'a str], default: bool) -> Result<bool> {
-        match self.get(keys) {
+        match self.pick(keys)? {
             None => Ok(default),
             Some((_, Value::Bool(b))) => Ok(*b),
             Some((k, v)) => Err(self.key_err(k, v, "true or false")),
@@ -257,7 +294,7 @@ impl<'a> Obj<'a> {
     }
 
     pub fn opt_str(&self, keys: &[&'a str]) -> Result<Option<&'a str>> {
-        match self.get(keys) {
+        match self.pick(keys)? {
             None => Ok(None),
             Some((_, Value::String(s))) => Ok(Some(s.as_str())),
             Some((k, v)) => Err(self.key_err(k, v, "a string")),
@@ -277,7 +314,7 @@ impl<'a> Obj<'a> {
     }
 
     pub fn opt_list(&self, keys: &[&'a str]) -> Result<Option<(&'a str, &'a Vec<Value>)>> {
-        match self.get(keys) {
+        match self.pick(keys)? {
             None => Ok(None),
             Some((k, Value::Array(a))) => Ok(Some((k, a))),
             Some((k, v)) => Err(self.key_err(k, v, "a list")),
