@@ -324,7 +324,7 @@ fn layer_lists_beside_what_they_could_be_derived_from() {
 #[test]
 fn layer_indices_listed_twice_count_once_with_a_warning() {
     let c = variant("bamba", |m| {
-        m.insert("attn_layer_indices".into(), json!([1, 1]));
+        m.insert("attn_layer_indices".into(), json!([1, 1, 1]));
     });
     assert_eq!(c.plan_line(), "M * M");
     assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);

@@ -404,18 +404,20 @@ pub(crate) fn layer_indices(
     warnings: &mut Vec<String>,
 ) -> Result<Vec<usize>> {
     let listed = o.opt_usize_list(&[key])?.unwrap_or_default();
-    let mut indices: Vec<usize> = Vec::with_capacity(listed.len());
+    let mut times = vec![0usize; layers];
+    let mut indices = Vec::new();
     for i in listed {
-        if i >= layers {
+        let Some(n) = times.get_mut(i) else {
             return Err(o.err(format!(
                 "key `{key}` names layer {i}, but the model has {layers} layers \
                  (num_hidden_layers, numbered from 0)"
             )));
-        }
-        if indices.contains(&i) {
-            warnings.push(o.warning(format_args!("key `{key}` lists layer {i} more than once")));
-        } else {
+        };
+        *n += 1;
+        if *n == 1 {
             indices.push(i);
+        } else if *n == 2 {
+            warnings.push(o.warning(format_args!("key `{key}` lists layer {i} more than once")));
         }
     }
     Ok(indices)
