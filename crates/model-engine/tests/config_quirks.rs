@@ -151,12 +151,50 @@ fn qwen2_and_mistral() {
     assert_eq!(windows(&on), vec![None, Some(8)]);
     let listed = qwen(&|m| {
         m.insert("use_sliding_window".into(), json!(true));
+        m.remove("max_window_layers");
         m.insert(
             "layer_types".into(),
             json!(["sliding_attention", "full_attention"]),
         );
     });
     assert_eq!(windows(&listed), vec![Some(8), None]);
+    // Both keys, agreeing.
+    let both = qwen(&|m| {
+        m.insert("use_sliding_window".into(), json!(true));
+        m.insert(
+            "layer_types".into(),
+            json!(["full_attention", "sliding_attention"]),
+        );
+    });
+    assert_eq!(windows(&both), vec![None, Some(8)]);
+    // Without windows neither key has an effect, so they cannot contradict.
+    let off = qwen(&|m| {
+        m.insert(
+            "layer_types".into(),
+            json!(["sliding_attention", "full_attention"]),
+        );
+    });
+    assert_eq!(windows(&off), vec![None; 2]);
+    assert!(on.warnings.is_empty() && both.warnings.is_empty());
+
+    // Mistral applies its window to every layer whatever `layer_types`
+    // says; transformers warns that it ignores the list, and so do we.
+    let mistral = variant("llama", |m| {
+        m.insert("model_type".into(), json!("mistral"));
+        m.insert(
+            "layer_types".into(),
+            json!(["full_attention", "sliding_attention"]),
+        );
+    });
+    assert_eq!(windows(&mistral), vec![Some(4096); 2]);
+    assert_eq!(mistral.warnings.len(), 1, "{:?}", mistral.warnings);
+    let w = &mistral.warnings[0];
+    assert!(
+        w.starts_with("variant/config.json: ")
+            && w.contains("layer_types")
+            && w.contains("ignored"),
+        "{w}"
+    );
     let text = variant_text("llama", |m| {
         m.insert("model_type".into(), json!("qwen2"));
         m.insert(
@@ -203,6 +241,160 @@ fn nemotron_h_hybrid_override_pattern() {
         );
     });
     assert_eq!(c.plan_line(), "M * M -");
+}
+
+#[test]
+fn nemotron_h_spellings_that_agree() {
+    // All three spellings at once, old and new names: they describe the
+    // same layers, so the config is fine.
+    let c = variant("nemotron_h", |m| {
+        m.insert(
+            "layer_types".into(),
+            json!(["mamba", "attention", "mamba", "mlp"]),
+        );
+        m.insert("hybrid_override_pattern".into(), json!("M*M-"));
+        m.insert("num_hidden_layers".into(), json!(4));
+    });
+    assert_eq!(c.plan_line(), "M * M -");
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+}
+
+#[test]
+fn nemotron_h_stale_num_hidden_layers_warns_and_the_list_wins() {
+    // transformers 5 takes the layer count from the block list and ignores
+    // `num_hidden_layers`; metrale does the same and says so.
+    let c = variant("nemotron_h", |m| {
+        m.insert("num_hidden_layers".into(), json!(9));
+    });
+    assert_eq!(c.plan_line(), "M * M -");
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    let w = &c.warnings[0];
+    for needle in [
+        "variant/config.json: ",
+        "num_hidden_layers is 9",
+        "`layers_block_type` describes 4 layers",
+    ] {
+        assert!(w.contains(needle), "{needle:?} missing from {w:?}");
+    }
+    let c = variant("nemotron_h", |m| {
+        m.remove("layers_block_type");
+        m.insert("hybrid_override_pattern".into(), json!("M*M-E"));
+        m.insert("num_hidden_layers".into(), json!(4));
+    });
+    assert_eq!(c.plan_line(), "M * M - E");
+    assert!(
+        c.warnings.len() == 1 && c.warnings[0].contains("`hybrid_override_pattern` describes 5"),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn layer_lists_beside_what_they_could_be_derived_from() {
+    // granitemoehybrid: `layer_types` and its alias, agreeing.
+    let c = variant("granitemoehybrid", |m| {
+        m.insert(
+            "layers_block_type".into(),
+            json!(["mamba", "attention", "mamba"]),
+        );
+    });
+    assert_eq!(c.plan_line(), "M * M");
+    // qwen3_next: the list and the interval it follows.
+    let c = variant("qwen3_next", |m| {
+        m.insert("full_attention_interval".into(), json!(4));
+    });
+    assert_eq!(c.plan_line(), "G G G *");
+    // bamba: a list saying what attn_layer_indices says.
+    let c = variant("bamba", |m| {
+        m.insert(
+            "layers_block_type".into(),
+            json!(["linear_attention", "full_attention", "linear_attention"]),
+        );
+    });
+    assert_eq!(c.plan_line(), "M * M");
+    // mamba2: mamba_ssm's layer count beside transformers', and a list of Mamba layers.
+    let c = variant("mamba2", |m| {
+        m.insert("n_layer".into(), json!(2));
+        m.insert("layer_types".into(), json!(["mamba", "linear_attention"]));
+    });
+    assert_eq!(c.plan_line(), "M M");
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+}
+
+#[test]
+fn layer_indices_listed_twice_count_once_with_a_warning() {
+    let c = variant("bamba", |m| {
+        m.insert("attn_layer_indices".into(), json!([1, 1, 1]));
+    });
+    assert_eq!(c.plan_line(), "M * M");
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    assert!(
+        c.warnings[0].contains("attn_layer_indices") && c.warnings[0].contains("layer 1"),
+        "{:?}",
+        c.warnings
+    );
+    let c = variant("qwen3_next", |m| {
+        m.insert("mlp_only_layers".into(), json!([3, 1, 3]));
+    });
+    let ffns: Vec<FfnKind> = c.layers.iter().map(|l| l.ffn).collect();
+    assert_eq!(
+        ffns,
+        vec![FfnKind::Moe, FfnKind::Mlp, FfnKind::Moe, FfnKind::Mlp]
+    );
+    assert!(
+        c.warnings.len() == 1 && c.warnings[0].contains("mlp_only_layers"),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn unknown_dtype_is_a_warning() {
+    let c = variant("llama", |m| {
+        m.insert("dtype".into(), json!("float8_e4m3fn"));
+    });
+    assert_eq!(c.declared_dtype, None);
+    assert!(
+        c.warnings.len() == 1 && c.warnings[0].contains("float8_e4m3fn"),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn fixtures_have_no_warnings() {
+    for name in [
+        "llama",
+        "qwen3",
+        "mamba2",
+        "bamba",
+        "nemotron_h",
+        "granitemoehybrid",
+        "qwen3_next",
+    ] {
+        let c = load_config(&fixture(name)).unwrap();
+        assert!(c.warnings.is_empty(), "{name}: {:?}", c.warnings);
+    }
+}
+
+#[test]
+fn two_spellings_of_one_setting_that_agree() {
+    // Published Nemotron-H configs carry both epsilons; values are compared
+    // as numbers, however written.
+    let c = variant("nemotron_h", |m| {
+        m.insert("rms_norm_eps".into(), json!(0.00001));
+        m.insert("mamba_n_groups".into(), json!(2.0));
+        m.insert("mamba_dt_limit".into(), json!([0.0, "Infinity"]));
+        m.insert("attention_head_dim".into(), json!(16));
+    });
+    assert_eq!(c.norm_eps, 1e-5);
+    assert_eq!(c.mamba.as_ref().unwrap().n_groups, 2);
+    let c = variant("mamba2", |m| {
+        m.insert("d_state".into(), json!(16));
+        m.insert("ngroups".into(), json!(2));
+        m.insert("d_model".into(), json!(64));
+    });
+    assert_eq!(c.mamba.as_ref().unwrap().d_state, 16);
 }
 
 #[test]

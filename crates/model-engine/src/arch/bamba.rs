@@ -2,7 +2,9 @@
 //! hybrid Mamba2 model", model card ibm-ai-platform/Bamba-9B.
 //!
 //! Llama-style decoder layers whose mixer is Mamba-2, except at
-//! `attn_layer_indices`, where it is grouped-query attention with RoPE over
+//! `attn_layer_indices` (each below `num_hidden_layers`; one listed twice
+//! counts once, with a warning; a `layer_types` / `layers_block_type` list
+//! beside it must agree), where it is grouped-query attention with RoPE over
 //! half of each head (`partial_rotary_factor` 0.5: transformers hard-codes it,
 //! overriding a top-level key; only one inside `rope_parameters` counts). Every layer has a SwiGLU MLP after
 //! `pre_ff_layernorm`. All norms, the Mamba gated norm included, use
@@ -82,18 +84,13 @@ pub(super) fn read_mamba_keys(o: &Obj<'_>, hidden: usize, norm_eps: f32) -> Resu
 
 impl RawBamba {
     fn read(o: &Obj<'_>) -> Result<Self> {
-        let common = Common::read(o)?;
+        let mut common = Common::read(o)?;
         require_act(o, &["hidden_act"], &["silu"], "silu")?;
         let rms_norm_eps = o.pos_f32_or(&["rms_norm_eps"], 1e-5)?;
         let num_layers = super::num_layers(o, &["num_hidden_layers"])?;
-        let attn_layer_indices = o
-            .opt_usize_list(&["attn_layer_indices"])?
-            .unwrap_or_default();
-        if let Some(bad) = attn_layer_indices.iter().find(|&&i| i >= num_layers) {
-            return Err(o.err(format!(
-                "key `attn_layer_indices` names layer {bad}, but the model has {num_layers} layers"
-            )));
-        }
+        let attn_layer_indices =
+            super::layer_indices(o, "attn_layer_indices", num_layers, &mut common.warnings)?;
+        check_layer_lists(o, num_layers, &attn_layer_indices)?;
         let mamba = read_mamba_keys(o, common.hidden_size, rms_norm_eps)?;
         Ok(Self {
             num_layers,
@@ -106,6 +103,50 @@ impl RawBamba {
             common,
         })
     }
+}
+
+/// A `layer_types` or `layers_block_type` list in a Bamba config (which
+/// transformers refuses outright: both name a read-only property derived
+/// from `attn_layer_indices`) is accepted only if it says the same as
+/// `attn_layer_indices`.
+fn check_layer_lists(o: &Obj<'_>, num_layers: usize, attn: &[usize]) -> Result<()> {
+    let derived: Vec<MixerKind> = (0..num_layers)
+        .map(|i| {
+            if attn.contains(&i) {
+                MixerKind::Attention
+            } else {
+                MixerKind::Mamba2
+            }
+        })
+        .collect();
+    for key in ["layer_types", "layers_block_type"] {
+        let Some((key, types)) = o.opt_str_list(&[key])? else {
+            continue;
+        };
+        super::check_layer_count(o, key, types.len())?;
+        let listed = types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match *t {
+                "mamba" | "linear_attention" => Ok(MixerKind::Mamba2),
+                "attention" | "full_attention" => Ok(MixerKind::Attention),
+                other => Err(super::unknown_layer_type(
+                    o,
+                    key,
+                    i,
+                    other,
+                    &["mamba", "attention", "linear_attention", "full_attention"],
+                )),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        super::check_same_layers(
+            o,
+            (key, &listed),
+            ("attn_layer_indices", &derived),
+            super::mixer_name,
+        )?;
+    }
+    Ok(())
 }
 
 pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {

@@ -4,7 +4,9 @@
 //!
 //! Decoder layers whose mixer is Mamba-2 or attention (`layer_types`:
 //! `mamba` / `attention`, or transformers 5's `linear_attention` /
-//! `full_attention`; all Mamba when absent), then a feed-forward: a sparse
+//! `full_attention`; all Mamba when absent; its alias `layers_block_type`
+//! may stand beside it only if the two agree, and either must list
+//! `num_hidden_layers` layers), then a feed-forward: a sparse
 //! mixture of experts plus an always-on shared MLP when `num_local_experts >
 //! 0`, else only the shared MLP (dense Granite 4.0-H Micro).
 //!
@@ -25,8 +27,8 @@
 
 use super::bamba::read_mamba_keys;
 use super::{
-    Common, attention_heads, attention_names, check_layer_count, mamba_names, require_act,
-    unknown_layer_type,
+    Common, attention_heads, attention_names, check_layer_count, check_same_layers, mamba_names,
+    mixer_name, require_act, unknown_layer_type,
 };
 use crate::config::json::Obj;
 use crate::config::rope::{RopeDefaults, parse_rope};
@@ -59,25 +61,21 @@ impl RawGranite {
         let common = Common::read(o)?;
         require_act(o, &["hidden_act"], &["silu"], "silu")?;
         let num_layers = super::num_layers(o, &["num_hidden_layers"])?;
-        let mixers = match o.opt_str_list(&["layer_types", "layers_block_type"])? {
-            None => vec![MixerKind::Mamba2; num_layers],
-            Some((key, types)) => {
-                check_layer_count(o, key, types.len())?;
-                types
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| match *t {
-                        "mamba" | "linear_attention" => Ok(MixerKind::Mamba2),
-                        "attention" | "full_attention" => Ok(MixerKind::Attention),
-                        other => Err(unknown_layer_type(
-                            o,
-                            key,
-                            i,
-                            other,
-                            &["mamba", "attention", "linear_attention", "full_attention"],
-                        )),
-                    })
-                    .collect::<Result<Vec<_>>>()?
+        let mut lists = Vec::new();
+        for key in ["layer_types", "layers_block_type"] {
+            if let Some((key, types)) = o.opt_str_list(&[key])? {
+                lists.push((key, mixers(o, key, &types)?));
+            }
+        }
+        let mixers = match lists.as_slice() {
+            [] => vec![MixerKind::Mamba2; num_layers],
+            [(key, mixers), rest @ ..] => {
+                // transformers keeps `layers_block_type` (its alias of
+                // `layer_types`) when both are given.
+                for (other, theirs) in rest {
+                    check_same_layers(o, (key, mixers), (other, theirs), mixer_name)?;
+                }
+                mixers.clone()
             }
         };
         let rope = match o.opt_str(&["position_embedding_type"])? {
@@ -114,6 +112,27 @@ impl RawGranite {
             common,
         })
     }
+}
+
+/// The mixers a layer list (`layer_types` or `layers_block_type`) names;
+/// its length must match `num_hidden_layers`.
+fn mixers(o: &Obj<'_>, key: &str, types: &[&str]) -> Result<Vec<MixerKind>> {
+    check_layer_count(o, key, types.len())?;
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match *t {
+            "mamba" | "linear_attention" => Ok(MixerKind::Mamba2),
+            "attention" | "full_attention" => Ok(MixerKind::Attention),
+            other => Err(unknown_layer_type(
+                o,
+                key,
+                i,
+                other,
+                &["mamba", "attention", "linear_attention", "full_attention"],
+            )),
+        })
+        .collect()
 }
 
 pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {

@@ -7,9 +7,11 @@
 //! - Qwen3 (arXiv:2505.09388): RMSNorm over each head of q and k before RoPE;
 //!   `head_dim` independent of `hidden_size` (default 128).
 //! - Qwen2/3 with `use_sliding_window`: a sliding window on the layers from
-//!   `max_window_layers` on (or those `layer_types` marks `sliding_attention`).
+//!   `max_window_layers` on (or those `layer_types` marks `sliding_attention`;
+//!   given both, they must agree).
 //! - Mistral (arXiv:2310.06825): sliding-window attention on every layer
-//!   (`sliding_window`, 4096 when the key is absent, none when it is `null`).
+//!   (`sliding_window`, 4096 when the key is absent, none when it is `null`;
+//!   a `layer_types` list is ignored with a warning, as transformers does).
 //!
 //! `attention_bias` adds biases to q, k, v and o; `mlp_bias` to the MLP's
 //! three projections. Layer norms compute `x * rsqrt(mean(x^2) + rms_norm_eps) * w`.
@@ -41,7 +43,7 @@ struct RawLlama {
 
 impl RawLlama {
     fn read(t: ModelType, o: &Obj<'_>) -> Result<Self> {
-        let common = Common::read(o)?;
+        let mut common = Common::read(o)?;
         let default_head_dim = (t == ModelType::Qwen3).then_some(128);
         let (n_heads, n_kv_heads, head_dim) =
             attention_heads(o, common.hidden_size, default_head_dim)?;
@@ -52,7 +54,7 @@ impl RawLlama {
             _ => 32768,
         };
         let num_layers = super::num_layers(o, &["num_hidden_layers"])?;
-        let windows = windows(t, o, num_layers)?;
+        let windows = windows(t, o, num_layers, &mut common.warnings)?;
         Ok(Self {
             num_layers,
             intermediate_size: o.size(&["intermediate_size"])?,
@@ -107,12 +109,19 @@ pub(super) fn build(t: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
 
 /// Each layer's sliding window, as transformers derives it:
 /// - Mistral: `sliding_window` on every layer (4096 when the key is absent,
-///   none when it is `null`).
+///   none when it is `null`); transformers ignores `layer_types` here with a
+///   warning, and so does metrale.
 /// - Qwen2 / Qwen3: only with `use_sliding_window`, then `sliding_window` on
 ///   the layers that `layer_types` marks `sliding_attention`, or when that
-///   list is absent on every layer from `max_window_layers` on.
+///   list is absent on every layer from `max_window_layers` on. When both
+///   keys are given they must agree (transformers keeps the list silently).
 /// - Llama: none; `layer_types` may only list `full_attention`.
-fn windows(t: ModelType, o: &Obj<'_>, layers: usize) -> Result<Vec<Option<usize>>> {
+fn windows(
+    t: ModelType,
+    o: &Obj<'_>,
+    layers: usize,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<Option<usize>>> {
     let window = |o: &Obj<'_>| match o.raw("sliding_window") {
         Some(v) if !v.is_null() => o.size(&["sliding_window"]).map(Some),
         _ => Ok(None),
@@ -121,7 +130,9 @@ fn windows(t: ModelType, o: &Obj<'_>, layers: usize) -> Result<Vec<Option<usize>
     if let Some((k, types)) = &types {
         super::check_layer_count(o, k, types.len())?;
         let known: &[&str] = match t {
-            ModelType::Qwen2 | ModelType::Qwen3 => &["full_attention", "sliding_attention"],
+            ModelType::Qwen2 | ModelType::Qwen3 | ModelType::Mistral => {
+                &["full_attention", "sliding_attention"]
+            }
             _ => &["full_attention"],
         };
         if let Some((i, bad)) = types.iter().enumerate().find(|(_, t)| !known.contains(t)) {
@@ -135,6 +146,12 @@ fn windows(t: ModelType, o: &Obj<'_>, layers: usize) -> Result<Vec<Option<usize>
             } else {
                 window(o)?
             };
+            if let Some((k, _)) = &types {
+                warnings.push(o.warning(format_args!(
+                    "key `{k}` is ignored: a mistral model applies `sliding_window` to every \
+                     layer (transformers ignores it too, with a warning)"
+                )));
+            }
             vec![w; layers]
         }
         ModelType::Qwen2 | ModelType::Qwen3 => {
@@ -144,18 +161,39 @@ fn windows(t: ModelType, o: &Obj<'_>, layers: usize) -> Result<Vec<Option<usize>
                 None
             };
             let from = o.usize_or(&["max_window_layers"], 28)?;
-            (0..layers)
-                .map(|i| {
-                    let sliding = match &types {
-                        Some((_, types)) => types[i] == "sliding_attention",
-                        None => i >= from,
-                    };
-                    w.filter(|_| sliding)
-                })
-                .collect()
+            let from_max = |i: usize| i >= from;
+            let sliding: Vec<bool> = match &types {
+                Some((k, types)) => {
+                    let listed: Vec<bool> =
+                        types.iter().map(|t| *t == "sliding_attention").collect();
+                    // The two keys only matter, and so only contradict, when
+                    // windows are on.
+                    if w.is_some() && o.get(&["max_window_layers"]).is_some() {
+                        let derived: Vec<bool> = (0..layers).map(from_max).collect();
+                        super::check_same_layers(
+                            o,
+                            (k, &listed),
+                            ("max_window_layers", &derived),
+                            attention_name,
+                        )?;
+                    }
+                    listed
+                }
+                None => (0..layers).map(from_max).collect(),
+            };
+            sliding.iter().map(|&s| w.filter(|_| s)).collect()
         }
         _ => vec![None; layers],
     })
+}
+
+/// The `layer_types` name of a layer that slides or not, for messages.
+fn attention_name(sliding: &bool) -> &'static str {
+    if *sliding {
+        "sliding_attention"
+    } else {
+        "full_attention"
+    }
 }
 
 /// The family's tensor-name table: every layer is attention + SwiGLU MLP.

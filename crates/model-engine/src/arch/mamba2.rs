@@ -2,7 +2,9 @@
 //! Models and Efficient Algorithms Through Structured State Space Duality",
 //! arXiv:2405.21060; checkpoints such as mistralai/Mamba-Codestral-7B-v0.1.
 //!
-//! Every layer is `x + mixer(rmsnorm(x))` with no feed-forward. The mixer's
+//! Every layer is `x + mixer(rmsnorm(x))` with no feed-forward (a
+//! `layer_types` key may only say so; `n_layer`, mamba_ssm's spelling of
+//! `num_hidden_layers`, must agree with it when both are given). The mixer's
 //! gated RMSNorm normalises each of the `n_groups` groups of `d_inner /
 //! n_groups` channels separately (transformers 5 `MambaRMSNormGated` with
 //! `group_size = intermediate_size // n_groups`; checked against the golden
@@ -40,9 +42,13 @@ struct RawMamba2 {
 impl RawMamba2 {
     fn read(o: &Obj<'_>) -> Result<Self> {
         require_act(o, &["hidden_act"], &["silu"], "silu")?;
+        // transformers reads only `num_hidden_layers`; metrale also takes
+        // mamba_ssm's `n_layer` (the two must agree, as any two spellings).
+        let num_layers = super::num_layers(o, &["num_hidden_layers", "n_layer"])?;
+        check_layer_types(o, num_layers)?;
         Ok(Self {
             common: Common::read(o)?,
-            num_layers: super::num_layers(o, &["num_hidden_layers", "n_layer"])?,
+            num_layers,
             num_heads: o.size(&["num_heads"])?,
             head_dim: o.size(&["head_dim"])?,
             state_size: o.size(&["state_size", "d_state"])?,
@@ -56,6 +62,25 @@ impl RawMamba2 {
             time_step_limit: time_step_limit(o)?,
         })
     }
+}
+
+/// Every layer is Mamba-2, so a `layer_types` list (which transformers
+/// refuses: it is a read-only property there) may only say so, once per layer.
+fn check_layer_types(o: &Obj<'_>, num_layers: usize) -> Result<()> {
+    let Some((key, types)) = o.opt_str_list(&["layer_types"])? else {
+        return Ok(());
+    };
+    let known = ["mamba", "linear_attention"];
+    if let Some((i, bad)) = types.iter().enumerate().find(|(_, t)| !known.contains(t)) {
+        return Err(super::unknown_layer_type(o, key, i, bad, &known));
+    }
+    if types.len() != num_layers {
+        return Err(o.err(format!(
+            "key `{key}` lists {} layers, but num_hidden_layers is {num_layers}",
+            types.len()
+        )));
+    }
+    Ok(())
 }
 
 pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {

@@ -14,6 +14,18 @@
 //! validation into a [`ModelConfig`] with derived sizes, and one table (a
 //! function) from plan entries to Hugging Face tensor names. The helpers
 //! here are the pieces the tables share.
+//!
+//! The same rules hold in every family: two keys that describe the layers
+//! twice (a pattern string and a list, a list and its alias, a list and the
+//! interval or index list it could be derived from) must agree
+//! ([`check_same_layers`]), a list's length must match `num_hidden_layers`
+//! ([`check_layer_count`]), and layer indices must name layers that exist
+//! ([`layer_indices`]); otherwise the config is refused with an error naming
+//! the file and both keys. transformers often keeps one of two
+//! contradicting keys without a word, so which model it builds depends on
+//! details of its attribute handling; metrale does not guess. Where
+//! transformers accepts a config and only warns (or should), metrale keeps
+//! its reading and adds a warning to [`ModelConfig::warnings`].
 
 mod bamba;
 mod granite_hybrid;
@@ -26,8 +38,8 @@ use metrale_core::DType;
 
 use crate::config::json::Obj;
 use crate::config::{
-    AttentionConfig, AttentionNames, MambaConfig, MambaNames, MlpNames, ModelConfig, ModelNames,
-    ModelType,
+    AttentionConfig, AttentionNames, MambaConfig, MambaNames, MixerKind, MlpNames, ModelConfig,
+    ModelNames, ModelType,
 };
 use crate::error::Result;
 
@@ -107,17 +119,21 @@ pub(crate) struct Common {
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub declared_dtype: Option<DType>,
+    /// Warnings found while reading these keys (for [`ModelConfig::warnings`]).
+    pub warnings: Vec<String>,
 }
 
 impl Common {
     pub fn read(o: &Obj<'_>) -> Result<Self> {
+        let mut warnings = Vec::new();
         Ok(Self {
             hidden_size: o.size(&["hidden_size", "d_model"])?,
             vocab_size: o.size(&["vocab_size"])?,
             tie_word_embeddings: o.bool_or(&["tie_word_embeddings"], false)?,
             bos_token_id: o.token_ids("bos_token_id")?.first().copied(),
             eos_token_ids: o.token_ids("eos_token_id")?,
-            declared_dtype: o.declared_dtype()?,
+            declared_dtype: o.declared_dtype(&mut warnings)?,
+            warnings,
         })
     }
 
@@ -151,6 +167,7 @@ impl Common {
             moe: None,
             names,
             layers: Vec::new(),
+            warnings: self.warnings.clone(),
         }
     }
 }
@@ -337,4 +354,71 @@ pub(crate) fn check_layer_count(o: &Obj<'_>, key: &str, len: usize) -> Result<()
         )));
     }
     Ok(())
+}
+
+/// The name transformers 5 gives a layer whose mixer is `m`, for messages.
+pub(crate) fn mixer_name(m: &MixerKind) -> &'static str {
+    match m {
+        MixerKind::Attention => "full_attention",
+        MixerKind::Mamba2 | MixerKind::GatedDeltaNet => "linear_attention",
+        MixerKind::None => "no mixer",
+    }
+}
+
+/// Two keys that each describe every layer (`a` and `b`, with what each
+/// says layer by layer, named by `name`) must describe the same layers.
+/// transformers keeps one of them without a word; a config whose two
+/// descriptions differ is refused, naming both keys and the first layer
+/// where they part.
+pub(crate) fn check_same_layers<T: PartialEq>(
+    o: &Obj<'_>,
+    (a, xs): (&str, &[T]),
+    (b, ys): (&str, &[T]),
+    name: impl Fn(&T) -> &'static str,
+) -> Result<()> {
+    if xs.len() != ys.len() {
+        return Err(o.err(format!(
+            "keys `{a}` and `{b}` disagree: `{a}` describes {} layers, `{b}` {}",
+            xs.len(),
+            ys.len()
+        )));
+    }
+    match xs.iter().zip(ys).position(|(x, y)| x != y) {
+        None => Ok(()),
+        Some(i) => Err(o.err(format!(
+            "keys `{a}` and `{b}` disagree at layer {i}: `{a}` makes it {}, `{b}` {}",
+            name(&xs[i]),
+            name(&ys[i])
+        ))),
+    }
+}
+
+/// A list of layer indices under `key` (`attn_layer_indices`,
+/// `mlp_only_layers`), absent meaning none. Every index must name one of the
+/// model's `layers` layers (transformers skips the others without a word);
+/// an index listed twice counts once, with a warning on `warnings`.
+pub(crate) fn layer_indices(
+    o: &Obj<'_>,
+    key: &str,
+    layers: usize,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<usize>> {
+    let listed = o.opt_usize_list(&[key])?.unwrap_or_default();
+    let mut times = vec![0usize; layers];
+    let mut indices = Vec::new();
+    for i in listed {
+        let Some(n) = times.get_mut(i) else {
+            return Err(o.err(format!(
+                "key `{key}` names layer {i}, but the model has {layers} layers \
+                 (num_hidden_layers, numbered from 0)"
+            )));
+        };
+        *n += 1;
+        if *n == 1 {
+            indices.push(i);
+        } else if *n == 2 {
+            warnings.push(o.warning(format_args!("key `{key}` lists layer {i} more than once")));
+        }
+    }
+    Ok(indices)
 }

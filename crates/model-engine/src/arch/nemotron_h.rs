@@ -7,7 +7,12 @@
 //! `down(relu(up(x))^2)`, no gate), or a mixture of squared-ReLU experts
 //! (`E`, Nemotron 3: sigmoid routing over expert groups, see [`read_moe`]). The layer list is `layers_block_type` (transformers 5:
 //! `linear_attention` / `full_attention` / `mlp` / `moe`; older: `mamba` /
-//! `attention`), or the string `hybrid_override_pattern` such as `"M-M*-"`.
+//! `attention`), its alias `layer_types`, or the string
+//! `hybrid_override_pattern` such as `"M-M*-"`. A config may carry more than
+//! one of them only if they describe the same layers (transformers keeps
+//! `layer_types` over `layers_block_type` over the pattern without a word).
+//! The list sets the layer count: a `num_hidden_layers` that disagrees is
+//! ignored, as in transformers, with a warning.
 //!
 //! Attention has no positional encoding (no RoPE) and no biases (transformers
 //! ignores `attention_bias`); MLP projections have biases when `mlp_bias`,
@@ -37,6 +42,18 @@ enum Block {
     Moe,
 }
 
+impl Block {
+    /// transformers 5's name of the block.
+    fn name(&self) -> &'static str {
+        match self {
+            Block::Mamba => "linear_attention",
+            Block::Attention => "full_attention",
+            Block::Mlp => "mlp",
+            Block::Moe => "moe",
+        }
+    }
+}
+
 /// config.json of `nemotron_h`, as read (both spellings).
 struct RawNemotronH {
     common: Common,
@@ -54,9 +71,16 @@ const KNOWN: [&str; 6] = [
     "moe",
 ];
 
-fn blocks(o: &Obj<'_>) -> Result<Vec<Block>> {
-    if let Some((key, types)) = o.opt_str_list(&["layers_block_type", "layer_types"])? {
-        return types
+/// The block list, with the key it was read from: every spelling present
+/// (`layers_block_type`, `layer_types`, `hybrid_override_pattern`) is read,
+/// and they must agree.
+fn blocks<'a>(o: &Obj<'a>) -> Result<(&'a str, Vec<Block>)> {
+    let mut found: Vec<(&'a str, Vec<Block>)> = Vec::new();
+    for key in ["layers_block_type", "layer_types"] {
+        let Some((key, types)) = o.opt_str_list(&[key])? else {
+            continue;
+        };
+        let blocks = types
             .iter()
             .enumerate()
             .map(|(i, t)| match *t {
@@ -66,29 +90,38 @@ fn blocks(o: &Obj<'_>) -> Result<Vec<Block>> {
                 "moe" => Ok(Block::Moe),
                 other => Err(super::unknown_layer_type(o, key, i, other, &KNOWN)),
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
+        found.push((key, blocks));
     }
-    let Some(pattern) = o.opt_str(&["hybrid_override_pattern"])? else {
+    if let Some(pattern) = o.opt_str(&["hybrid_override_pattern"])? {
+        let blocks = pattern
+            .chars()
+            .enumerate()
+            .map(|(i, c)| match c {
+                'M' => Ok(Block::Mamba),
+                '*' => Ok(Block::Attention),
+                '-' => Ok(Block::Mlp),
+                'E' => Ok(Block::Moe),
+                other => Err(o.err(format!(
+                    "key `hybrid_override_pattern`[{i}] = {other:?} is not one of M * - E"
+                ))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        found.push(("hybrid_override_pattern", blocks));
+    }
+    let mut found = found.into_iter();
+    let Some((key, blocks)) = found.next() else {
         return Err(o.err("key `layers_block_type` / `hybrid_override_pattern` is missing"));
     };
-    pattern
-        .chars()
-        .enumerate()
-        .map(|(i, c)| match c {
-            'M' => Ok(Block::Mamba),
-            '*' => Ok(Block::Attention),
-            '-' => Ok(Block::Mlp),
-            'E' => Ok(Block::Moe),
-            other => Err(o.err(format!(
-                "key `hybrid_override_pattern`[{i}] = {other:?} is not one of M * - E"
-            ))),
-        })
-        .collect()
+    for (other, theirs) in found {
+        super::check_same_layers(o, (key, &blocks), (other, &theirs), Block::name)?;
+    }
+    Ok((key, blocks))
 }
 
 impl RawNemotronH {
     fn read(o: &Obj<'_>) -> Result<Self> {
-        let blocks = blocks(o)?;
+        let (key, blocks) = blocks(o)?;
         if blocks.len() > super::MAX_LAYERS {
             return Err(o.err(format!(
                 "{} layers: more than {} is not supported",
@@ -96,19 +129,21 @@ impl RawNemotronH {
                 super::MAX_LAYERS
             )));
         }
-        // transformers 5 derives the layer count from the block list and only
-        // warns about a stale `num_hidden_layers`; so do we.
+        let mut common = Common::read(o)?;
+        // transformers 5 derives the layer count from the block list and
+        // ignores `num_hidden_layers` (its check against the list compares
+        // the list with itself, so it never warns); so do we, but we say so.
         if let Some(n) = o.opt_usize(&["num_hidden_layers"])?
             && n != blocks.len()
         {
-            tracing::warn!(
-                "{}: num_hidden_layers is {n} but the block list has {} layers; using the list",
-                o.path.display(),
+            common.warnings.push(o.warning(format_args!(
+                "num_hidden_layers is {n}, but `{key}` describes {} layers; using `{key}`, \
+                 as transformers does",
                 blocks.len()
-            );
+            )));
         }
         Ok(Self {
-            common: Common::read(o)?,
+            common,
             blocks,
             layer_norm_epsilon: o.pos_f32_or(&["layer_norm_epsilon", "rms_norm_eps"], 1e-5)?,
             max_position_embeddings: o.size_or(&["max_position_embeddings"], 4096)?,

@@ -7,7 +7,10 @@
 //! (`full_attention`; by default every `full_attention_interval`-th = 4th
 //! layer), each followed by a sparse MoE with a sigmoid-gated shared expert,
 //! or by a dense SwiGLU MLP for layers in `mlp_only_layers` or off the
-//! `decoder_sparse_step` grid.
+//! `decoder_sparse_step` grid. `layer_types` and `full_attention_interval`
+//! may both be given only if they agree; `mlp_only_layers` must name layers
+//! that exist (transformers skips the others); `decoder_sparse_step` and
+//! `full_attention_interval` must be positive (transformers divides by them).
 //!
 //! Details the forward pass needs:
 //! - Layer, final and q/k norms are zero-centred: `x * rsqrt(mean(x^2) +
@@ -25,8 +28,8 @@
 //!   renormalises them when `norm_topk_prob`.
 
 use super::{
-    Common, attention_heads, attention_names, check_layer_count, require_act, split_mlp,
-    unknown_layer_type,
+    Common, attention_heads, attention_names, check_layer_count, check_same_layers, layer_indices,
+    mixer_name, require_act, split_mlp, unknown_layer_type,
 };
 use crate::config::json::Obj;
 use crate::config::rope::{RopeDefaults, parse_rope};
@@ -55,25 +58,24 @@ struct RawQwen3Next {
 
 impl RawQwen3Next {
     fn read(o: &Obj<'_>) -> Result<Self> {
-        let common = Common::read(o)?;
+        let mut common = Common::read(o)?;
         require_act(o, &["hidden_act"], &["silu"], "silu")?;
         let num_layers = super::num_layers(o, &["num_hidden_layers"])?;
+        let interval = o.size_or(&["full_attention_interval"], 4)?;
+        let from_interval: Vec<MixerKind> = (0..num_layers)
+            .map(|i| {
+                if (i + 1) % interval == 0 {
+                    MixerKind::Attention
+                } else {
+                    MixerKind::GatedDeltaNet
+                }
+            })
+            .collect();
         let mixers = match o.opt_str_list(&["layer_types"])? {
-            None => {
-                let interval = o.size_or(&["full_attention_interval"], 4)?;
-                (0..num_layers)
-                    .map(|i| {
-                        if (i + 1) % interval == 0 {
-                            MixerKind::Attention
-                        } else {
-                            MixerKind::GatedDeltaNet
-                        }
-                    })
-                    .collect()
-            }
+            None => from_interval,
             Some((key, types)) => {
                 check_layer_count(o, key, types.len())?;
-                types
+                let mixers = types
                     .iter()
                     .enumerate()
                     .map(|(i, t)| match *t {
@@ -87,9 +89,21 @@ impl RawQwen3Next {
                             &["linear_attention", "full_attention"],
                         )),
                     })
-                    .collect::<Result<Vec<_>>>()?
+                    .collect::<Result<Vec<_>>>()?;
+                // transformers ignores the interval when the list is given.
+                if o.get(&["full_attention_interval"]).is_some() {
+                    check_same_layers(
+                        o,
+                        (key, &mixers),
+                        ("full_attention_interval", &from_interval),
+                        mixer_name,
+                    )?;
+                }
+                mixers
             }
         };
+        let mlp_only_layers =
+            layer_indices(o, "mlp_only_layers", num_layers, &mut common.warnings)?;
         let num_experts = o.usize_or(&["num_experts"], 512)?;
         Ok(Self {
             mixers,
@@ -103,7 +117,7 @@ impl RawQwen3Next {
                 .usize_or(&["shared_expert_intermediate_size"], 512)?,
             norm_topk_prob: o.bool_or(&["norm_topk_prob"], true)?,
             decoder_sparse_step: o.size_or(&["decoder_sparse_step"], 1)?,
-            mlp_only_layers: o.opt_usize_list(&["mlp_only_layers"])?.unwrap_or_default(),
+            mlp_only_layers,
             common,
         })
     }

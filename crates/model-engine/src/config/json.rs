@@ -6,8 +6,9 @@
 //! (config.json, generation_config.json, tokenizer_config.json,
 //! chat_template.json) is read through [`read_json`] / [`parse_json`], which
 //! accept both (through [`metrale_core::json::wrap_nonfinite`]). [`Obj`]
-//! reads typed values by key, accepting alternative spellings and treating
-//! `null` like a missing key, with errors that name the file and the key.
+//! reads typed values by key, accepting alternative spellings (which must
+//! agree when more than one is given) and treating `null` like a missing
+//! key, with errors that name the file and the key.
 
 use std::path::Path;
 
@@ -79,6 +80,21 @@ fn parse_float_str(s: &str) -> Option<f64> {
     }
 }
 
+/// JSON equality with numbers compared by value, however written (`1e-05`
+/// and `0.00001`, `4` and `4.0`, `Infinity` and `{"__float__": "Infinity"}`).
+fn same_value(x: &Value, y: &Value) -> bool {
+    match (x, y) {
+        (Value::Array(a), Value::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| same_value(x, y))
+        }
+        (Value::String(a), Value::String(b)) => a == b,
+        _ => match (as_f64(x), as_f64(y)) {
+            (Some(a), Some(b)) => a == b || (a.is_nan() && b.is_nan()),
+            _ => x == y,
+        },
+    }
+}
+
 fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -126,6 +142,12 @@ impl<'a> Obj<'a> {
         }
     }
 
+    /// A warning about this file: something the user should know that does
+    /// not stop the load (collected in `ModelConfig::warnings`).
+    pub fn warning(&self, detail: impl std::fmt::Display) -> String {
+        format!("{}: {detail}", self.path.display())
+    }
+
     fn key_err(&self, key: &str, v: &Value, expected: &str) -> EngineError {
         self.err(format!(
             "key `{}{key}`: expected {expected}, found {}",
@@ -150,6 +172,27 @@ impl<'a> Obj<'a> {
             .find_map(|&k| self.map.get(k).filter(|v| !v.is_null()).map(|v| (k, v)))
     }
 
+    /// Like [`Obj::get`], for the typed readers: `keys` are spellings of one
+    /// setting, and two of them given with different values are an error
+    /// naming both (transformers reads one of them, not always the first).
+    fn pick(&self, keys: &[&'a str]) -> Result<Option<(&'a str, &'a Value)>> {
+        let mut given = keys
+            .iter()
+            .filter_map(|&k| self.map.get(k).filter(|v| !v.is_null()).map(|v| (k, v)));
+        let Some((a, x)) = given.next() else {
+            return Ok(None);
+        };
+        if let Some((b, y)) = given.find(|(_, y)| !same_value(x, y)) {
+            return Err(self.err(format!(
+                "keys `{p}{a}` ({}) and `{p}{b}` ({}) spell the same setting with different values",
+                show(x),
+                show(y),
+                p = self.prefix
+            )));
+        }
+        Ok(Some((a, x)))
+    }
+
     fn missing(&self, keys: &[&str]) -> EngineError {
         let names: Vec<String> = keys
             .iter()
@@ -159,7 +202,7 @@ impl<'a> Obj<'a> {
     }
 
     pub fn opt_usize(&self, keys: &[&'a str]) -> Result<Option<usize>> {
-        let Some((k, v)) = self.get(keys) else {
+        let Some((k, v)) = self.pick(keys)? else {
             return Ok(None);
         };
         let n = match v {
@@ -206,7 +249,7 @@ impl<'a> Obj<'a> {
     }
 
     pub fn opt_f64(&self, keys: &[&'a str]) -> Result<Option<f64>> {
-        let Some((k, v)) = self.get(keys) else {
+        let Some((k, v)) = self.pick(keys)? else {
             return Ok(None);
         };
         as_f64(v)
@@ -243,7 +286,7 @@ impl<'a> Obj<'a> {
     }
 
     pub fn bool_or(&self, keys: &[&'a str], default: bool) -> Result<bool> {
-        match self.get(keys) {
+        match self.pick(keys)? {
             None => Ok(default),
             Some((_, Value::Bool(b))) => Ok(*b),
             Some((k, v)) => Err(self.key_err(k, v, "true or false")),
@@ -251,7 +294,7 @@ impl<'a> Obj<'a> {
     }
 
     pub fn opt_str(&self, keys: &[&'a str]) -> Result<Option<&'a str>> {
-        match self.get(keys) {
+        match self.pick(keys)? {
             None => Ok(None),
             Some((_, Value::String(s))) => Ok(Some(s.as_str())),
             Some((k, v)) => Err(self.key_err(k, v, "a string")),
@@ -271,7 +314,7 @@ impl<'a> Obj<'a> {
     }
 
     pub fn opt_list(&self, keys: &[&'a str]) -> Result<Option<(&'a str, &'a Vec<Value>)>> {
-        match self.get(keys) {
+        match self.pick(keys)? {
             None => Ok(None),
             Some((k, Value::Array(a))) => Ok(Some((k, a))),
             Some((k, v)) => Err(self.key_err(k, v, "a list")),
@@ -325,20 +368,22 @@ impl<'a> Obj<'a> {
     }
 
     /// The declared weight dtype (`dtype`, or the older `torch_dtype`).
-    /// Unknown names are reported in the log and ignored: the weight files
-    /// say what they hold.
-    pub fn declared_dtype(&self) -> Result<Option<DType>> {
-        let Some(name) = self.opt_str(&["dtype", "torch_dtype"])? else {
+    /// Unknown names are ignored with a warning pushed on `warnings`: the
+    /// weight files say what they hold.
+    pub fn declared_dtype(&self, warnings: &mut Vec<String>) -> Result<Option<DType>> {
+        let Some((key, _)) = self.get(&["dtype", "torch_dtype"]) else {
+            return Ok(None);
+        };
+        let Some(name) = self.opt_str(&[key])? else {
             return Ok(None);
         };
         let name = name.trim_start_matches("torch.");
         match name.parse::<DType>() {
             Ok(d) => Ok(Some(d)),
             Err(_) => {
-                tracing::warn!(
-                    "{}: dtype {name:?} is not one metrale knows; the weight files decide",
-                    self.path.display()
-                );
+                warnings.push(self.warning(format_args!(
+                    "{key} {name:?} is not one metrale knows; the weight files decide"
+                )));
                 Ok(None)
             }
         }

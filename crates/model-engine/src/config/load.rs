@@ -27,7 +27,9 @@ pub fn load_config(model_dir: &Path) -> Result<ModelConfig> {
     Ok(config)
 }
 
-/// Parses the text of a config.json; `path` is named in errors.
+/// Parses the text of a config.json; `path` is named in errors. What the
+/// user should know but does not stop the load is logged (`warn`) and kept
+/// in [`ModelConfig::warnings`].
 pub fn parse_config(json: &str, path: &Path) -> Result<ModelConfig> {
     let map = parse_json(json, path)?;
     let o = Obj::new(&map, path);
@@ -54,6 +56,9 @@ pub fn parse_config(json: &str, path: &Path) -> Result<ModelConfig> {
     let config = arch::build(model_type, &o)?;
     if config.vocab_size > u32::MAX as usize {
         return Err(o.err("key `vocab_size` is larger than token ids can address"));
+    }
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
     }
     Ok(config)
 }

@@ -411,6 +411,13 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
     pub names: ModelNames,
     pub layers: Vec<LayerPlan>,
+    /// What the user should know about config.json that does not stop the
+    /// load, each naming the file (a stale `num_hidden_layers` that
+    /// transformers ignores, a key transformers ignores, a layer index listed
+    /// twice, an unknown dtype). Parsing logs them (`warn`);
+    /// `TransformerModel::load` also reports them through its progress
+    /// callback as `LoadProgress::Warning`, like the weight loader's.
+    pub warnings: Vec<String>,
 }
 
 impl ModelConfig {

@@ -15,7 +15,10 @@ use crate::loader::load_weights;
 
 impl TransformerModel {
     /// Reads `model_dir`'s config and weights onto `gpu` and builds the
-    /// model's pools. On failure nothing stays allocated.
+    /// model's pools. On failure nothing stays allocated. The config's
+    /// warnings ([`ModelConfig::warnings`](crate::config::ModelConfig::warnings),
+    /// already in the log) come first through `progress`, as
+    /// `LoadProgress::Warning` like the weight loader's.
     pub fn load(
         model_dir: &Path,
         gpu: Arc<dyn GpuBackend>,
@@ -24,6 +27,9 @@ impl TransformerModel {
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self> {
         let config = load_config(model_dir)?;
+        for warning in &config.warnings {
+            progress(LoadProgress::Warning(warning.clone()));
+        }
         check_plan(model_dir, &config, &options, dtype, gpu.as_ref())?;
         let mut store = load_weights(model_dir, &config, gpu.as_ref(), dtype, progress)?;
         let mut model = match TransformerModel::new(gpu.clone(), config, options) {

@@ -58,7 +58,8 @@ pub enum LoadProgress {
         bytes_total: u64,
     },
     /// Something the user should know that does not stop the load
-    /// (a tensor in the checkpoint that the model does not use).
+    /// (a tensor in the checkpoint that the model does not use; the engine
+    /// sends its config's warnings this way too).
     Warning(String),
     /// Every tensor is on the device.
     Done { tensors: usize, bytes: u64 },
