@@ -266,3 +266,45 @@ fn stop_token_ids_and_max_tokens_end_requests() {
     assert_eq!(got, tokens[..=first]);
     teardown(&cpu, e);
 }
+
+#[test]
+fn requests_prepared_on_other_threads_queue_in_id_order() {
+    // One slot: requests run one after the other, in queue order.
+    let (cpu, mut e) = engine("llama", options(64, 1), EngineConfig::default(), false);
+    let intake = e.intake();
+    let (first, second) = std::thread::spawn(move || {
+        let first = intake.prepare(prompt(5, 1), greedy(3)).expect("prepare");
+        let err = intake
+            .prepare(vec![600], greedy(1))
+            .expect_err("outside the vocabulary");
+        assert!(err.to_string().contains("vocabulary"), "{err}");
+        let second = intake.prepare(prompt(6, 2), greedy(3)).expect("prepare");
+        (first, second)
+    })
+    .join()
+    .expect("thread");
+    let (a, b) = (first.id(), second.id());
+    assert_eq!(b.0, a.0 + 1, "a rejected request uses up no id");
+    assert_eq!(e.enqueue(second).expect("enqueue"), b);
+    assert_eq!(e.enqueue(first).expect("enqueue"), a);
+    let events = e.step().expect("step");
+    assert!(
+        events.iter().all(|ev| ev.id() == a),
+        "the older request runs first"
+    );
+    assert!(!events.is_empty());
+
+    // A request prepared for another engine is refused, not queued.
+    let (other_cpu, other) = engine("llama", options(64, 1), EngineConfig::default(), false);
+    let foreign = other
+        .intake()
+        .prepare(prompt(5, 3), greedy(3))
+        .expect("prepare");
+    let err = e.enqueue(foreign).expect_err("foreign");
+    assert!(err.to_string().contains("another engine"), "{err}");
+    teardown(&other_cpu, other);
+
+    let out = drain(&mut e, |_, _| {});
+    assert_eq!(out.len(), 2);
+    teardown(&cpu, e);
+}
