@@ -5,14 +5,16 @@
 //! ```text
 //! cargo run --release -p metrale --example latency -- \
 //!     [--config benches/configs/granite-4.0-h-350m.json] [--threads 2] \
-//!     [--decoders 8] [--prompt-len 2000] [--rounds 3] [--step-tokens N]
+//!     [--decoders 8] [--prompt-len 2000] [--rounds 3] [--step-tokens N] \
+//!     [--mixed-prefill-tokens N]
 //! ```
 //!
 //! The config's random-weight model (seed 0, bf16) is written once as a
 //! checkpoint under `target/latency-bench/` with the bundled default model's
 //! tokenizer, then loaded with the default `LoadOptions` (but `--threads`
-//! and enough KV blocks) and the default `EngineConfig` (`--step-tokens`
-//! overrides its `step_tokens`), and spawned on its thread. Each round:
+//! and enough KV blocks) and the default `EngineConfig` (`--step-tokens` and
+//! `--mixed-prefill-tokens` override its fields), and spawned on its
+//! thread. Each round:
 //!
 //! 1. `--decoders` requests with 16-token prompts start decoding (greedy,
 //!    EOS ignored); once all of them decode, 32 tokens of each are the
@@ -61,6 +63,9 @@ struct Args {
     /// `EngineConfig::step_tokens` (default: `EngineConfig::default()`'s).
     #[arg(long)]
     step_tokens: Option<usize>,
+    /// `EngineConfig::mixed_prefill_tokens` (default: `EngineConfig::default()`'s).
+    #[arg(long)]
+    mixed_prefill_tokens: Option<usize>,
 }
 
 /// Decode gaps measured before the long prompt.
@@ -93,18 +98,22 @@ fn main() -> Result<()> {
     if let Some(n) = args.step_tokens {
         config.step_tokens = n;
     }
+    if let Some(n) = args.mixed_prefill_tokens {
+        config.mixed_prefill_tokens = n;
+    }
     eprintln!("loading {} ({:?})", dir.display(), config);
     let generator = Generator::load(&dir, &options, config, &mut |_| {})?;
     let step_tokens = generator.engine().step_tokens();
     let vocab = generator.engine().model().config().vocab_size as u32;
     let handle = Arc::new(generator.spawn()?);
     println!(
-        "shape {}, {} threads, {} decoders, a {}-token prompt, step_tokens {}",
+        "shape {}, {} threads, {} decoders, a {}-token prompt, step_tokens {}, mixed_prefill_tokens {}",
         config_path.display(),
         args.threads,
         args.decoders,
         args.prompt_len,
-        step_tokens
+        step_tokens,
+        config.mixed_prefill_tokens
     );
     println!(
         "round | baseline gap p50 / p99 ms | during prefill gap p50 / p99 / max ms (n) | p99 / p50 base | submit p50 / p99 / max ms (n) | long prompt TTFT s"

@@ -5,8 +5,11 @@
 //! failed or [`Engine::cancel`]led) between steps. Each [`Engine::step`] runs
 //! one batched forward pass under a token budget: running decodes first, then
 //! chunks of prompts being prefilled, then new requests as the memory plan
-//! admits them (see `scheduler.rs`). A request that does not fit yet waits
-//! in the queue; one that can never fit is rejected with an error that says why.
+//! admits them (see `scheduler.rs`). A step that decodes feeds at most
+//! [`EngineConfig::mixed_prefill_tokens`] prompt tokens besides, so the
+//! sequences that are decoding get a token every step and a step stays short
+//! while long prompts arrive. A request that does not fit yet waits in the
+//! queue; one that can never fit is rejected with an error that says why.
 //! Whenever a request leaves, its KV blocks and SSM slot are freed at once.
 
 mod intake;
@@ -27,16 +30,47 @@ use crate::tokenizer::Tokenizer;
 use request::Request;
 use scheduler::Scheduled;
 
+/// The default of [`EngineConfig::mixed_prefill_tokens`]. On the
+/// Granite-4.0-H-350M shape with 2 CPU threads, a step that decodes 8
+/// sequences takes about 100 ms and each prompt token fed beside them about
+/// 6.5 ms more (decode-sized matmuls cost per row), so 12 prompt tokens
+/// keep the decoding sequences' p99 inter-token latency under 3x its p50
+/// without a prompt arriving (1.8-2.9x over eight rounds; 16 gave 2.1-3.4x,
+/// over 3x in two rounds of seven, for a 2,000-token prompt's time to first
+/// token about 15% shorter). With up to 20 decodes such a step stays
+/// within the CPU's matrix-vector path (32 rows), past which small matmuls
+/// cost twice as much. See docs/PERFORMANCE.md, "Latency isolation".
+pub const DEFAULT_MIXED_PREFILL_TOKENS: usize = 12;
+
 /// How the engine batches.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
     /// Most tokens one step feeds the model, decodes and prefill chunks
     /// together; 0 (or more than the model's `max_batch_tokens`) means the
-    /// model's `max_batch_tokens`.
+    /// model's `max_batch_tokens`. The default is 0.
     pub step_tokens: usize,
-    /// Most prompt tokens of one request per step (chunked prefill); 0: only
-    /// the step's budget limits a chunk.
+    /// Most prompt tokens of one request per step (chunked prefill); 0 (the
+    /// default): only the step's budgets limit a chunk.
     pub prefill_chunk: usize,
+    /// Most prompt tokens (prefill chunks, recomputation after a preemption)
+    /// a step feeds when it also decodes, all requests together. A decoding
+    /// sequence gets a token every step, so this bounds its inter-token
+    /// latency while prompts arrive: about a decode step plus this many
+    /// prompt tokens. A step that decodes nothing (an idle engine taking a
+    /// prompt) is limited by `step_tokens` alone, so a lone prompt is
+    /// prefilled at full speed. 0: no limit but `step_tokens`. Default:
+    /// [`DEFAULT_MIXED_PREFILL_TOKENS`].
+    pub mixed_prefill_tokens: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            step_tokens: 0,
+            prefill_chunk: 0,
+            mixed_prefill_tokens: DEFAULT_MIXED_PREFILL_TOKENS,
+        }
+    }
 }
 
 /// Counters since the engine started.
