@@ -162,6 +162,7 @@ fn greedy_parity(name: &str) -> Result<()> {
     let chunked = EngineConfig {
         step_tokens: 64,
         prefill_chunk: 7,
+        ..EngineConfig::default()
     };
     let (cpu, mut engine) = load(name, roomy(), chunked)?;
     check_greedy(name, &mut engine, 1, 4)?;
@@ -218,6 +219,7 @@ fn seeded_sampling_is_reproducible_through_the_engine() -> Result<()> {
         EngineConfig {
             step_tokens: 32,
             prefill_chunk: 5,
+            ..EngineConfig::default()
         },
     )?;
     let prompt = golden("granitemoehybrid")?[1].prompt.clone();
@@ -515,6 +517,7 @@ fn stress(name: &str) -> Result<()> {
         EngineConfig {
             step_tokens: 48,
             prefill_chunk: 16,
+            ..EngineConfig::default()
         },
     )?;
     let mut rng = Rng(0x5EED ^ name.len() as u64);

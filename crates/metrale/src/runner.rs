@@ -2,6 +2,13 @@
 //! concurrently (a server): each request's events arrive over its own
 //! channel while the thread runs the engine loop, batching every request in
 //! flight. Dropping a request's stream (or its receiver) cancels it.
+//!
+//! Submitting and cancelling never wait for the engine thread, which reads
+//! its commands only between steps: a request is checked, numbered and set
+//! up on the caller's thread by the engine's [`Intake`] (everything it
+//! checks is fixed when the engine is made) and sent; the engine thread
+//! queues it at its next step boundary, and a cancel frees the request's KV
+//! blocks and SSM slot there too.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -9,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
-use metrale_model_engine::engine::RequestId;
+use metrale_model_engine::engine::{Intake, NewRequest, RequestId};
 use metrale_model_engine::sampling::SamplingParams;
 use metrale_model_engine::tokenizer::Tokenizer;
 
@@ -18,10 +25,10 @@ use crate::generate::{StreamEvent, Tracker};
 
 enum Command {
     Submit {
-        prompt: Vec<u32>,
-        params: SamplingParams,
+        /// Boxed: a request (sampler, detokenizer) is large beside a cancel.
+        request: Box<NewRequest>,
+        tracker: Tracker,
         events: Sender<Result<StreamEvent>>,
-        reply: Sender<Result<RequestId>>,
     },
     Cancel(RequestId),
     Shutdown,
@@ -31,12 +38,14 @@ enum Command {
 /// is not offered; share it behind an `Arc` (it is `Sync`).
 pub struct GeneratorHandle {
     commands: Sender<Command>,
+    intake: Intake,
     tokenizer: Tokenizer,
     thread: Option<JoinHandle<Result<()>>>,
 }
 
 /// One request's events, in order, ending after `Finished` or an error.
-/// Dropping it cancels the request if it is still running.
+/// Dropping it cancels the request if it is still running: without waiting;
+/// the engine thread frees its memory at its next step boundary.
 pub struct RequestStream {
     id: RequestId,
     events: Receiver<Result<StreamEvent>>,
@@ -48,12 +57,14 @@ impl Generator {
     /// Moves the generator to a thread that runs the engine loop.
     pub fn spawn(self) -> Result<GeneratorHandle> {
         let tokenizer = self.tokenizer().clone();
+        let intake = self.engine.intake();
         let (commands, inbox) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("metrale-engine".into())
             .spawn(move || serve(self, inbox))?;
         Ok(GeneratorHandle {
             commands,
+            intake,
             tokenizer,
             thread: Some(thread),
         })
@@ -65,26 +76,31 @@ impl GeneratorHandle {
         &self.tokenizer
     }
 
-    /// Submits a text prompt (encoded with the tokenizer's special tokens).
+    /// Submits a text prompt (encoded with the tokenizer's special tokens,
+    /// on the calling thread). See [`submit_ids`](Self::submit_ids).
     pub fn submit(&self, prompt: &str, params: SamplingParams) -> Result<RequestStream> {
         self.submit_ids(self.tokenizer.encode(prompt, true)?, params)
     }
 
-    /// Submits prompt token ids. Fails when the engine rejects the request
-    /// (it can never fit, a parameter is out of range) or has stopped.
+    /// Submits prompt token ids. Returns without waiting for the engine
+    /// thread (not even for the step it is running): the request is checked
+    /// and set up here by the engine's [`Intake`]. Fails when the request is
+    /// invalid (an empty prompt, an id outside the vocabulary, a parameter
+    /// out of range) or can never fit, or when the engine thread has
+    /// stopped; whatever the engine thread itself fails the request with
+    /// arrives as an error on the stream.
     pub fn submit_ids(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<RequestStream> {
+        let tracker = Tracker::new(prompt.len());
+        let request = self.intake.prepare(prompt, params)?;
+        let id = request.id();
         let (events_tx, events) = mpsc::channel();
-        let (reply, answer) = mpsc::channel();
-        let gone = || anyhow!("the engine thread has stopped");
         self.commands
             .send(Command::Submit {
-                prompt,
-                params,
+                request: Box::new(request),
+                tracker,
                 events: events_tx,
-                reply,
             })
-            .map_err(|_| gone())?;
-        let id = answer.recv().map_err(|_| gone())??;
+            .map_err(|_| anyhow!("the engine thread has stopped"))?;
         Ok(RequestStream {
             id,
             events,
@@ -118,6 +134,7 @@ impl Drop for GeneratorHandle {
 }
 
 impl RequestStream {
+    /// The request's id (its engine's, from [`Intake::prepare`]).
     pub fn id(&self) -> RequestId {
         self.id
     }
@@ -193,20 +210,19 @@ fn serve(mut generator: Generator, inbox: Receiver<Command>) -> Result<()> {
                     clients.remove(&id);
                 }
                 Command::Submit {
-                    prompt,
-                    params,
+                    request,
+                    tracker,
                     events,
-                    reply,
                 } => {
-                    let tracker = Tracker::new(prompt.len());
-                    let added = generator
-                        .engine
-                        .add_request(prompt, params)
-                        .map_err(anyhow::Error::from);
-                    if let Ok(id) = &added {
-                        clients.insert(*id, Client { events, tracker });
+                    let id = request.id();
+                    match generator.engine.enqueue(*request) {
+                        Ok(id) => {
+                            clients.insert(id, Client { events, tracker });
+                        }
+                        Err(e) => {
+                            let _ = events.send(Err(anyhow!("{id}: {e}")));
+                        }
                     }
-                    let _ = reply.send(added);
                 }
             }
             next = take(&inbox);

@@ -24,6 +24,7 @@ fn load() -> (Arc<CpuBackend>, Generator) {
     let config = EngineConfig {
         step_tokens: 32,
         prefill_chunk: 8,
+        ..EngineConfig::default()
     };
     (cpu, model.into_generator(config).expect("tokenizer loads"))
 }

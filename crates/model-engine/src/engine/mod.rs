@@ -1,13 +1,18 @@
 //! The engine loop: continuous batching over a [`TransformerModel`].
 //!
-//! Requests join ([`Engine::add_request`]) and leave (finished, failed or
-//! [`Engine::cancel`]led) between steps. Each [`Engine::step`] runs one batched
-//! forward pass under a token budget: running decodes first, then chunks of
-//! prompts being prefilled, then new requests as the memory plan admits them
-//! (see `scheduler.rs`). A request that does not fit yet waits in the queue; one
-//! that can never fit is rejected by `add_request` with an error that says why.
+//! Requests join ([`Engine::add_request`], or prepared on another thread by
+//! an [`Intake`] and queued by [`Engine::enqueue`]) and leave (finished,
+//! failed or [`Engine::cancel`]led) between steps. Each [`Engine::step`] runs
+//! one batched forward pass under a token budget: running decodes first, then
+//! chunks of prompts being prefilled, then new requests as the memory plan
+//! admits them (see `scheduler.rs`). A step that decodes feeds at most
+//! [`EngineConfig::mixed_prefill_tokens`] prompt tokens besides, so the
+//! sequences that are decoding get a token every step and a step stays short
+//! while long prompts arrive. A request that does not fit yet waits in the
+//! queue; one that can never fit is rejected with an error that says why.
 //! Whenever a request leaves, its KV blocks and SSM slot are freed at once.
 
+mod intake;
 mod request;
 mod scheduler;
 #[cfg(test)]
@@ -15,6 +20,7 @@ mod tests;
 
 use std::collections::VecDeque;
 
+pub use intake::{Intake, NewRequest};
 pub use request::{Event, RequestId, Usage};
 
 use crate::error::{EngineError, Result};
@@ -24,16 +30,47 @@ use crate::tokenizer::Tokenizer;
 use request::Request;
 use scheduler::Scheduled;
 
+/// The default of [`EngineConfig::mixed_prefill_tokens`]. On the
+/// Granite-4.0-H-350M shape with 2 CPU threads, a step that decodes 8
+/// sequences takes about 100 ms and each prompt token fed beside them about
+/// 6.5 ms more (decode-sized matmuls cost per row), so 12 prompt tokens
+/// keep the decoding sequences' p99 inter-token latency under 3x its p50
+/// without a prompt arriving (1.8-2.9x over eight rounds; 16 gave 2.1-3.4x,
+/// over 3x in two rounds of seven, for a 2,000-token prompt's time to first
+/// token about 15% shorter). With up to 20 decodes such a step stays
+/// within the CPU's matrix-vector path (32 rows), past which small matmuls
+/// cost twice as much. See docs/PERFORMANCE.md, "Latency isolation".
+pub const DEFAULT_MIXED_PREFILL_TOKENS: usize = 12;
+
 /// How the engine batches.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
     /// Most tokens one step feeds the model, decodes and prefill chunks
     /// together; 0 (or more than the model's `max_batch_tokens`) means the
-    /// model's `max_batch_tokens`.
+    /// model's `max_batch_tokens`. The default is 0.
     pub step_tokens: usize,
-    /// Most prompt tokens of one request per step (chunked prefill); 0: only
-    /// the step's budget limits a chunk.
+    /// Most prompt tokens of one request per step (chunked prefill); 0 (the
+    /// default): only the step's budgets limit a chunk.
     pub prefill_chunk: usize,
+    /// Most prompt tokens (prefill chunks, recomputation after a preemption)
+    /// a step feeds when it also decodes, all requests together. A decoding
+    /// sequence gets a token every step, so this bounds its inter-token
+    /// latency while prompts arrive: about a decode step plus this many
+    /// prompt tokens. A step that decodes nothing (an idle engine taking a
+    /// prompt) is limited by `step_tokens` alone, so a lone prompt is
+    /// prefilled at full speed. 0: no limit but `step_tokens`. Default:
+    /// [`DEFAULT_MIXED_PREFILL_TOKENS`].
+    pub mixed_prefill_tokens: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            step_tokens: 0,
+            prefill_chunk: 0,
+            mixed_prefill_tokens: DEFAULT_MIXED_PREFILL_TOKENS,
+        }
+    }
 }
 
 /// Counters since the engine started.
@@ -52,12 +89,12 @@ pub struct EngineStats {
 /// A model serving many requests at once.
 pub struct Engine {
     model: TransformerModel,
-    tokenizer: Option<Tokenizer>,
+    /// Request checks and ids (and the tokenizer).
+    intake: Intake,
     eos_ids: Vec<u32>,
     config: EngineConfig,
     /// Whether the model has attention layers (KV blocks to plan for).
     paged: bool,
-    next_id: u64,
     /// Requests without a sequence, oldest first.
     waiting: VecDeque<Request>,
     /// Requests with a sequence, oldest first.
@@ -79,13 +116,14 @@ impl Engine {
             _ => model.config().eos_token_ids.clone(),
         };
         let paged = model.config().attention_layers().next().is_some();
+        let step_tokens = step_tokens(&model, &config);
+        let intake = Intake::new(&model, tokenizer, step_tokens, paged);
         Self {
             model,
-            tokenizer,
+            intake,
             eos_ids,
             config,
             paged,
-            next_id: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
             stats: EngineStats::default(),
@@ -97,7 +135,13 @@ impl Engine {
     }
 
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
-        self.tokenizer.as_ref()
+        self.intake.tokenizer()
+    }
+
+    /// The engine's intake: checks, numbers and sets up requests on any
+    /// thread (it needs no access to the engine), for [`enqueue`](Self::enqueue).
+    pub fn intake(&self) -> Intake {
+        self.intake.clone()
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -115,23 +159,14 @@ impl Engine {
 
     /// Tokens one step feeds at most.
     pub fn step_tokens(&self) -> usize {
-        let max = self.model.options().max_batch_tokens;
-        match self.config.step_tokens {
-            0 => max,
-            n => n.min(max),
-        }
+        step_tokens(&self.model, &self.config)
     }
 
     /// The longest sequence (prompt plus output) a request may have: the
     /// model's `max_position_embeddings`, and the whole KV cache for models
     /// with attention layers.
     pub fn context_limit(&self) -> usize {
-        let positions = self.model.config().max_position_embeddings;
-        if !self.paged {
-            return positions;
-        }
-        let kv = self.model.kv_cache();
-        positions.min(kv.num_blocks() * kv.block_size())
+        self.intake.context_limit()
     }
 
     /// Requests waiting for memory.
@@ -154,77 +189,31 @@ impl Engine {
         self.running.iter().chain(&self.waiting).any(|r| r.id == id)
     }
 
-    /// Queues a request. Fails, queueing nothing, when the prompt is empty
-    /// or holds an id outside the vocabulary, when a parameter is out of
-    /// range, or when the request could never fit: prompt plus `max_tokens`
-    /// beyond [`context_limit`](Self::context_limit), or a model with
-    /// recurrent layers and no SSM slots.
+    /// Checks and queues a request (its [`Intake::prepare`], then
+    /// [`enqueue`](Self::enqueue)). Fails, queueing nothing, when the prompt
+    /// is empty or holds an id outside the vocabulary, when a parameter is
+    /// out of range, or when the request could never fit: prompt plus
+    /// `max_tokens` beyond [`context_limit`](Self::context_limit), or a
+    /// model with recurrent layers and no SSM slots.
     pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<RequestId> {
-        let max_new = self.check_request(&prompt, &params)?;
-        let id = RequestId(self.next_id);
-        let request = Request::new(id, prompt, params, max_new, self.tokenizer.as_ref())?;
-        self.next_id += 1;
-        self.waiting.push_back(request);
+        let request = self.intake.prepare(prompt, params)?;
+        self.enqueue(request)
+    }
+
+    /// Queues a request prepared by this engine's [`Intake`] (on any
+    /// thread). Requests wait in the order of their ids, which is the order
+    /// they were prepared in, whatever order they arrive in. Fails only for
+    /// a request prepared by another engine's intake.
+    pub fn enqueue(&mut self, request: NewRequest) -> Result<RequestId> {
+        let id = request.id();
+        if !self.intake.owns(&request) {
+            return Err(EngineError::Request(format!(
+                "{id} was prepared by another engine's intake"
+            )));
+        }
+        let at = self.waiting.partition_point(|r| r.id < id);
+        self.waiting.insert(at, request.request);
         Ok(id)
-    }
-
-    /// Validates a request; returns how many tokens it may generate.
-    fn check_request(&self, prompt: &[u32], params: &SamplingParams) -> Result<usize> {
-        let bad = |msg: String| Err(EngineError::Request(msg));
-        if prompt.is_empty() {
-            return bad("the prompt has no tokens".into());
-        }
-        let vocab = self.model.config().vocab_size;
-        if let Some(id) = prompt.iter().find(|&&id| id as usize >= vocab) {
-            return bad(format!(
-                "prompt token id {id} is outside the vocabulary of {vocab}"
-            ));
-        }
-        params.validate()?;
-        if !params.stop.is_empty() && self.tokenizer.is_none() {
-            return bad("stop strings need a tokenizer; this engine has none".into());
-        }
-        if self.step_tokens() == 0 {
-            return bad("the model's max_batch_tokens is 0: no step can run".into());
-        }
-        if self.model.ssm_pool().layers() > 0 && self.model.ssm_pool().capacity() == 0 {
-            return bad(
-                "the model has recurrent layers but no SSM state slots (max_seqs is 0)".into(),
-            );
-        }
-        let limit = self.context_limit();
-        let room = limit.saturating_sub(prompt.len());
-        if room == 0 {
-            return bad(format!(
-                "the prompt has {} tokens; {}",
-                prompt.len(),
-                self.limit_reason(limit)
-            ));
-        }
-        match params.max_tokens {
-            Some(n) if n > room => bad(format!(
-                "the prompt ({}) plus max_tokens ({n}) is {} tokens; {}",
-                prompt.len(),
-                prompt.len() + n,
-                self.limit_reason(limit)
-            )),
-            Some(n) => Ok(n),
-            None => Ok(room),
-        }
-    }
-
-    fn limit_reason(&self, limit: usize) -> String {
-        let positions = self.model.config().max_position_embeddings;
-        if limit == positions {
-            format!("the model takes at most {positions} positions (max_position_embeddings)")
-        } else {
-            let kv = self.model.kv_cache();
-            format!(
-                "the whole KV cache holds {limit} tokens ({} blocks of {})",
-                kv.num_blocks(),
-                kv.block_size()
-            )
-        }
     }
 
     /// Ends a request at once, freeing its KV blocks and SSM slot. Returns
@@ -374,5 +363,14 @@ impl Engine {
     /// `TransformerModel::shutdown`), reporting any failure.
     pub fn shutdown(self) -> anyhow::Result<()> {
         self.into_model().shutdown()
+    }
+}
+
+/// Tokens one step of `model` feeds at most under `config`.
+fn step_tokens(model: &TransformerModel, config: &EngineConfig) -> usize {
+    let max = model.options().max_batch_tokens;
+    match config.step_tokens {
+        0 => max,
+        n => n.min(max),
     }
 }

@@ -1,6 +1,10 @@
 //! Choosing what one step runs: a token budget shared by running decodes
 //! (first), prefill chunks of running requests, then new requests admitted by
-//! the memory plan (an SSM slot free, KV blocks for their first chunk).
+//! the memory plan (an SSM slot free, KV blocks for their first chunk). A
+//! step with decodes takes at most `mixed_prefill_tokens` prompt tokens
+//! besides, so that it stays short: every running decode is in every step
+//! (at most as many requests run as a step has tokens), and the step's
+//! length is the decoding sequences' time between tokens.
 //!
 //! When a running decode finds no free KV block, the youngest running request
 //! is preempted: its sequence is freed and it goes back to the queue with its
@@ -65,6 +69,9 @@ impl Engine {
             let mut budget = self.budget();
             let mut plan = Vec::new();
             let preempted = self.schedule_decodes(&mut budget, &mut plan);
+            if !plan.is_empty() && self.config.mixed_prefill_tokens > 0 {
+                budget.tokens = budget.tokens.min(self.config.mixed_prefill_tokens);
+            }
             self.schedule_prefills(&mut budget, &mut plan);
             if !preempted {
                 self.admit(&mut budget, &mut plan, events);

@@ -133,6 +133,7 @@ fn waits_for_slots_and_keeps_the_step_budget() {
     let config = EngineConfig {
         step_tokens: 16,
         prefill_chunk: 6,
+        ..EngineConfig::default()
     };
     let (cpu, mut e) = engine("granitemoehybrid", options(64, 2), config, false);
     let ids: Vec<_> = (0..5)
@@ -171,6 +172,7 @@ fn chunked_prefill_and_batching_give_the_tokens_of_one_request_alone() {
         let config = EngineConfig {
             step_tokens: 12,
             prefill_chunk: 5,
+            ..EngineConfig::default()
         };
         let (cpu, mut batched) = engine(name, options(64, 4), config, false);
         let ids: Vec<_> = prompts
@@ -226,6 +228,7 @@ fn cancel_frees_blocks_and_slot_at_once() {
     let config = EngineConfig {
         step_tokens: 8,
         prefill_chunk: 4,
+        ..EngineConfig::default()
     };
     let (cpu, mut e) = engine("bamba", options(32, 2), config, false);
     let a = e.add_request(prompt(30, 1), greedy(10)).expect("add");
@@ -264,5 +267,94 @@ fn stop_token_ids_and_max_tokens_end_requests() {
     let (got, finish) = drain(&mut e, |_, _| {}).remove(&id).expect("done");
     assert_eq!(finish, Finish::StopToken(stop));
     assert_eq!(got, tokens[..=first]);
+    teardown(&cpu, e);
+}
+
+#[test]
+fn decoding_requests_get_a_token_every_step_while_a_long_prompt_is_prefilled() {
+    let config = EngineConfig {
+        mixed_prefill_tokens: 6,
+        ..EngineConfig::default()
+    };
+    let (cpu, mut e) = engine("granitemoehybrid", options(64, 4), config, false);
+    // Nothing decodes yet: the three prompts go in one step, whole.
+    let decoders: Vec<_> = (0..3)
+        .map(|i| {
+            e.add_request(prompt(4 + i, i as u32), greedy(40))
+                .expect("add")
+        })
+        .collect();
+    let events = e.step().expect("step");
+    assert_eq!(e.stats().tokens_fed, 15);
+    assert_eq!(events.len(), 3, "a first token each");
+    let long = e.add_request(prompt(100, 7), greedy(2)).expect("add");
+    let mut steps = 0;
+    loop {
+        let fed = e.stats().tokens_fed;
+        let events = e.step().expect("step");
+        steps += 1;
+        assert!(
+            e.stats().tokens_fed - fed <= 3 + 6,
+            "a step fed {} tokens",
+            e.stats().tokens_fed - fed
+        );
+        for id in &decoders {
+            assert!(
+                events
+                    .iter()
+                    .any(|ev| matches!(ev, Event::Token { id: t, .. } if t == id)),
+                "{id} got no token in step {steps}"
+            );
+        }
+        if events.iter().any(|ev| ev.id() == long) {
+            break;
+        }
+        assert!(steps < 100, "the long prompt never finished its prefill");
+    }
+    assert_eq!(steps, 100usize.div_ceil(6), "6 prompt tokens a step");
+    let out = drain(&mut e, |_, _| {});
+    assert_eq!(out[&long].0.len(), 1, "its second token");
+    teardown(&cpu, e);
+}
+
+#[test]
+fn requests_prepared_on_other_threads_queue_in_id_order() {
+    // One slot: requests run one after the other, in queue order.
+    let (cpu, mut e) = engine("llama", options(64, 1), EngineConfig::default(), false);
+    let intake = e.intake();
+    let (first, second) = std::thread::spawn(move || {
+        let first = intake.prepare(prompt(5, 1), greedy(3)).expect("prepare");
+        let err = intake
+            .prepare(vec![600], greedy(1))
+            .expect_err("outside the vocabulary");
+        assert!(err.to_string().contains("vocabulary"), "{err}");
+        let second = intake.prepare(prompt(6, 2), greedy(3)).expect("prepare");
+        (first, second)
+    })
+    .join()
+    .expect("thread");
+    let (a, b) = (first.id(), second.id());
+    assert_eq!(b.0, a.0 + 1, "a rejected request uses up no id");
+    assert_eq!(e.enqueue(second).expect("enqueue"), b);
+    assert_eq!(e.enqueue(first).expect("enqueue"), a);
+    let events = e.step().expect("step");
+    assert!(
+        events.iter().all(|ev| ev.id() == a),
+        "the older request runs first"
+    );
+    assert!(!events.is_empty());
+
+    // A request prepared for another engine is refused, not queued.
+    let (other_cpu, other) = engine("llama", options(64, 1), EngineConfig::default(), false);
+    let foreign = other
+        .intake()
+        .prepare(prompt(5, 3), greedy(3))
+        .expect("prepare");
+    let err = e.enqueue(foreign).expect_err("foreign");
+    assert!(err.to_string().contains("another engine"), "{err}");
+    teardown(&other_cpu, other);
+
+    let out = drain(&mut e, |_, _| {});
+    assert_eq!(out.len(), 2);
     teardown(&cpu, e);
 }
