@@ -1,8 +1,11 @@
 //! The memory plan is what the model allocates, byte for byte, and a model
 //! that does not fit is refused before anything is allocated.
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::sync::Arc;
+
+use common::{FIXTURES, fixture};
 
 use metrale_core::DType;
 use metrale_gpu_runtime::cpu::CpuBackend;
@@ -11,22 +14,6 @@ use metrale_model_engine::EngineError;
 use metrale_model_engine::config::load_config;
 use metrale_model_engine::model::{MemoryPlan, ModelOptions, TransformerModel};
 use metrale_model_weights::loader::{WeightDType, scan_safetensors};
-
-const FIXTURES: [&str; 7] = [
-    "llama",
-    "qwen3",
-    "mamba2",
-    "bamba",
-    "nemotron_h",
-    "granitemoehybrid",
-    "qwen3_next",
-];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
 
 fn options() -> ModelOptions {
     ModelOptions {
