@@ -1,18 +1,17 @@
 //! The spellings real configs use: older keys, bare non-finite numbers,
 //! left-out defaults, and the per-family options the fixtures do not cover.
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use std::path::Path;
+
+use common::{FIXTURES, fixture};
 use metrale_core::DType;
 use metrale_model_engine::config::{
     Activation, ExpertNames, FfnKind, FfnNames, MixerKind, MlpNames, ModelConfig, RopeScaling,
     load_config, parse_config,
 };
 use serde_json::{Map, Value, json};
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(name)
-}
 
 /// A fixture's config.json with `edit` applied, as text. The string
 /// `"__INF__"` becomes a bare `Infinity` and `"__NAN__"` a bare `NaN`.
@@ -363,15 +362,7 @@ fn unknown_dtype_is_a_warning() {
 
 #[test]
 fn fixtures_have_no_warnings() {
-    for name in [
-        "llama",
-        "qwen3",
-        "mamba2",
-        "bamba",
-        "nemotron_h",
-        "granitemoehybrid",
-        "qwen3_next",
-    ] {
+    for name in FIXTURES {
         let c = load_config(&fixture(name)).unwrap();
         assert!(c.warnings.is_empty(), "{name}: {:?}", c.warnings);
     }

@@ -167,12 +167,8 @@ impl DenseOps for CpuBackend {
         // A bias is stored like its weight (f32, bf16 or f16): widened once per call.
         let b = match bias {
             Some(b) => {
-                need(OP, b, n, "bias")?;
                 inputs.push(b);
-                let mut wide = vec![0f32; n];
-                Weights::from_bytes(OP, b.dtype(), self.read(OP, b, b.dtype())?)?
-                    .widen_into(0, &mut wide);
-                Some(wide)
+                Some(self.param_vec(OP, b, n, "bias")?)
             }
             None => None,
         };
@@ -241,9 +237,7 @@ impl DenseOps for CpuBackend {
         need(OP, w, dim, "weight")?;
         need(OP, out, rows * dim, "out")?;
         let xs = self.read_f32(OP, x)?;
-        let ws = Weights::from_bytes(OP, w.dtype(), self.read(OP, w, w.dtype())?)?;
-        let mut wf = vec![0f32; dim];
-        ws.widen_into(0, &mut wf);
+        let mut wf = self.param_vec(OP, w, dim, "weight")?;
         wf.iter_mut().for_each(|v| *v += weight_offset);
         let o = self.write_f32(OP, out, &[x, w])?;
         let norm = |(o, x): (&mut [f32], &[f32])| {
@@ -583,16 +577,9 @@ impl DenseOps for CpuBackend {
         let _timer = self.op_timer(OP);
         need(OP, logits, rows * n, "logits")?;
         // The correction bias is stored like the checkpoint's weights.
-        let bias = match bias {
-            Some(b) => {
-                need(OP, b, n, "correction bias")?;
-                let mut wide = vec![0f32; n];
-                Weights::from_bytes(OP, b.dtype(), self.read(OP, b, b.dtype())?)?
-                    .widen_into(0, &mut wide);
-                Some(wide)
-            }
-            None => None,
-        };
+        let bias = bias
+            .map(|b| self.param_vec(OP, b, n, "correction bias"))
+            .transpose()?;
         let l = &self.read_f32(OP, logits)?[..rows * n];
         super::routing::sigmoid_topk(l, bias.as_deref(), n, p).map_err(|d| shape_err(OP, d))
     }

@@ -22,6 +22,9 @@ use std::alloc::{Layout, alloc_zeroed, dealloc};
 
 use metrale_core::DType;
 
+use dense::need;
+use kernels::Weights;
+
 use crate::error::{GpuError, Result};
 use crate::gpu::{DevicePtr, DeviceSlice, GpuBackend};
 use crate::ledger::Ledger;
@@ -208,6 +211,21 @@ impl CpuBackend {
         // SAFETY: as in `read`; in addition the output range was checked to
         // be disjoint from every input the op reads.
         Ok(unsafe { std::slice::from_raw_parts_mut(s.ptr().raw() as *mut u8, s.bytes()) })
+    }
+
+    /// A small parameter vector (`[n]`, f32/bf16/f16) widened to f32.
+    pub(crate) fn param_vec(
+        &self,
+        op: &'static str,
+        s: DeviceSlice,
+        n: usize,
+        what: &str,
+    ) -> Result<Vec<f32>> {
+        need(op, s, n, what)?;
+        let w = Weights::from_bytes(op, s.dtype(), self.read(op, s, s.dtype())?)?;
+        let mut v = vec![0f32; n];
+        w.widen_into(0, &mut v);
+        Ok(v)
     }
 
     pub(crate) fn read_f32<'a>(&'a self, op: &'static str, s: DeviceSlice) -> Result<&'a [f32]> {

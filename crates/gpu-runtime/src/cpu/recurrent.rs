@@ -17,7 +17,6 @@ mod tests_scan;
 
 use super::CpuBackend;
 use super::dense::{need, shape_err};
-use super::kernels::Weights;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
@@ -158,21 +157,6 @@ impl CpuBackend {
             });
         }
         Ok(ios)
-    }
-
-    /// A small parameter vector (`[n]`, f32/bf16/f16) widened to f32.
-    fn param_vec(
-        &self,
-        op: &'static str,
-        s: DeviceSlice,
-        n: usize,
-        what: &str,
-    ) -> Result<Vec<f32>> {
-        need(op, s, n, what)?;
-        let w = Weights::from_bytes(op, s.dtype(), self.read(op, s, s.dtype())?)?;
-        let mut v = vec![0f32; n];
-        w.widen_into(0, &mut v);
-        Ok(v)
     }
 
     /// [`RecurrentOps::ssd_scan`] with the per-token recurrence for every

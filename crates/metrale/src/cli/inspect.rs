@@ -158,11 +158,7 @@ fn from_headers(args: &Args, config: &ModelConfig) -> Result<Totals> {
 /// dtype the config declares (bf16 when it declares none).
 fn from_config(config: &ModelConfig) -> Totals {
     let dtype = config.declared_dtype.unwrap_or(DType::BF16);
-    let parameters: usize = config
-        .expected_tensors()
-        .iter()
-        .map(|t| t.shape.iter().product::<usize>())
-        .sum();
+    let parameters = config.parameter_count();
     Totals {
         parameters,
         bytes: parameters * dtype.size_of(),

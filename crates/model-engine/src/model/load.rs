@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use metrale_core::scope::ModelResource;
 use metrale_gpu_runtime::gpu::GpuBackend;
-use metrale_model_weights::loader::{LoadProgress, WeightDType};
+use metrale_model_weights::loader::{LoadProgress, StoredDType, WeightDType};
 
 use super::memory::MemoryPlan;
 use super::{ModelOptions, TransformerModel};
@@ -64,11 +64,10 @@ fn check_plan(
         .map(|t| (t.name.as_str(), t.dtype.as_str()))
         .collect();
     let held = |spec: &crate::config::TensorSpec| {
-        let as_stored = match stored.get(spec.name.as_str()) {
-            Some(&"BF16") => metrale_core::DType::BF16,
-            Some(&"F16") => metrale_core::DType::F16,
-            _ => metrale_core::DType::F32,
-        };
+        let as_stored = stored
+            .get(spec.name.as_str())
+            .and_then(|name| StoredDType::parse(name).weight_dtype())
+            .unwrap_or(metrale_core::DType::F32);
         dtype.target(as_stored)
     };
     MemoryPlan::new(config, options, &held).check(gpu)
