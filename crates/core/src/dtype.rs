@@ -12,6 +12,8 @@ pub enum DType {
     BF16,
     F16,
     I64,
+    /// Device addresses (tables of expert weights, read by grouped ops).
+    U64,
     I32,
     U32,
     U8,
@@ -23,7 +25,7 @@ impl DType {
         match self {
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::BF16 | DType::F16 => 2,
-            DType::I64 => 8,
+            DType::I64 | DType::U64 => 8,
             DType::U8 => 1,
         }
     }
@@ -39,6 +41,7 @@ impl DType {
             DType::BF16 => "bf16",
             DType::F16 => "f16",
             DType::I64 => "i64",
+            DType::U64 => "u64",
             DType::I32 => "i32",
             DType::U32 => "u32",
             DType::U8 => "u8",
@@ -61,6 +64,7 @@ impl FromStr for DType {
             "bf16" | "bfloat16" => DType::BF16,
             "f16" | "float16" | "half" => DType::F16,
             "i64" | "int64" => DType::I64,
+            "u64" | "uint64" => DType::U64,
             "i32" | "int32" => DType::I32,
             "u32" | "uint32" => DType::U32,
             "u8" | "uint8" => DType::U8,

@@ -8,7 +8,7 @@ use metrale_core::DType;
 
 use crate::error::{GpuError, Result};
 use crate::ledger::{Ledger, LedgerReport};
-use crate::ops::{DenseOps, RecurrentOps};
+use crate::ops::{DenseOps, MoeOps, RecurrentOps};
 
 /// An opaque device address. Model code passes these around but never
 /// dereferences them; only the backend that allocated one gives it meaning.
@@ -112,7 +112,7 @@ pub type CallSite = &'static Location<'static>;
 /// Object safe; held as `Box<dyn GpuBackend>` / `&dyn GpuBackend`. Backends
 /// implement the `*_raw` memory primitives; the ledger bookkeeping around them
 /// is provided here once, for every backend.
-pub trait GpuBackend: DenseOps + RecurrentOps + Send + Sync {
+pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
     /// "cpu", "cuda:0", ...
     fn name(&self) -> &str;
 

@@ -22,6 +22,9 @@ pub enum EngineError {
     Device { context: String, source: GpuError },
     #[error("invalid request: {0}")]
     Request(String),
+    /// A broken internal invariant (a bug in metrale, not in the input).
+    #[error("internal error (a bug in metrale; please report it): {0}")]
+    Internal(String),
     #[error("out of {resource}: {detail}")]
     Exhausted {
         resource: &'static str,

@@ -23,7 +23,8 @@ use super::recurrent::math::simd_fn;
 use super::vec;
 use crate::error::Result;
 use crate::gpu::DeviceSlice;
-use crate::ops::dense::{AttnParams, AttnSeq, KvLayer};
+use crate::ops::dense::{AttnParams, KvLayer};
+use crate::ops::step::{ATTN_SEQ_WORDS, AttnBatch, AttnSeqDesc};
 
 thread_local! {
     /// One query's scores (per team thread).
@@ -35,11 +36,12 @@ pub(super) fn kv_store(
     k: DeviceSlice,
     v: DeviceSlice,
     cache: &KvLayer,
-    slots: &[u32],
+    slots: DeviceSlice,
     kv_width: usize,
 ) -> Result<()> {
     const OP: &str = "kv_store";
     let _timer = cpu.op_timer(OP);
+    let slots = cpu.read_u32(OP, slots)?;
     need(OP, k, slots.len() * kv_width, "k")?;
     need(OP, v, slots.len() * kv_width, "v")?;
     let bs = cache.block_size.max(1);
@@ -67,27 +69,66 @@ pub(super) fn kv_store(
     Ok(())
 }
 
+/// One sequence of an attention call, decoded from device memory.
+struct SeqView<'a> {
+    q_start: usize,
+    q_len: usize,
+    kv_len: usize,
+    /// Block ids, in order; covers `kv_len` tokens.
+    table: &'a [u32],
+}
+
+/// The sequences of `batch`, checked against the cache's block size and
+/// the block tables' length.
+fn decode_seqs<'a>(
+    cpu: &'a CpuBackend,
+    batch: &AttnBatch,
+    block_size: usize,
+) -> Result<Vec<SeqView<'a>>> {
+    const OP: &str = "paged_attention";
+    need(OP, batch.seqs, batch.n_seqs * ATTN_SEQ_WORDS, "sequences")?;
+    let words = cpu.read_u32(OP, batch.seqs)?;
+    let tables = cpu.read_u32(OP, batch.block_tables)?;
+    (0..batch.n_seqs)
+        .map(|i| {
+            let d = AttnSeqDesc::decode(&words[i * ATTN_SEQ_WORDS..]);
+            let (start, kv_len) = (d.table_start as usize, d.kv_len as usize);
+            let blocks = kv_len.div_ceil(block_size.max(1));
+            let table = tables.get(start..start + blocks).ok_or_else(|| {
+                shape_err(
+                    OP,
+                    format!(
+                        "sequence {i}: a table of {blocks} blocks at {start} lies outside {} entries",
+                        tables.len()
+                    ),
+                )
+            })?;
+            if d.q_len > d.kv_len {
+                return Err(shape_err(
+                    OP,
+                    format!("sequence {i}: {} queries, {kv_len} cached tokens", d.q_len),
+                ));
+            }
+            Ok(SeqView {
+                q_start: d.q_start as usize,
+                q_len: d.q_len as usize,
+                kv_len,
+                table,
+            })
+        })
+        .collect()
+}
+
 /// Which sequence and position each query row belongs to (None: no query).
-fn rows_of(seqs: &[AttnSeq<'_>], block_size: usize) -> Result<Vec<Option<(usize, usize)>>> {
+fn rows_of(seqs: &[SeqView<'_>]) -> Vec<Option<(usize, usize)>> {
     let rows = seqs.iter().map(|s| s.q_start + s.q_len).max().unwrap_or(0);
     let mut row_of = vec![None; rows];
     for (si, s) in seqs.iter().enumerate() {
-        if s.q_len > s.kv_len || s.block_table.len() * block_size < s.kv_len {
-            return Err(shape_err(
-                "paged_attention",
-                format!(
-                    "sequence {si}: {} queries, {} cached tokens, {} blocks",
-                    s.q_len,
-                    s.kv_len,
-                    s.block_table.len()
-                ),
-            ));
-        }
         for i in 0..s.q_len {
             row_of[s.q_start + i] = Some((si, s.kv_len - s.q_len + i));
         }
     }
-    Ok(row_of)
+    row_of
 }
 
 pub(super) fn paged_attention(
@@ -95,7 +136,7 @@ pub(super) fn paged_attention(
     q: DeviceSlice,
     cache: &KvLayer,
     out: DeviceSlice,
-    seqs: &[AttnSeq<'_>],
+    batch: &AttnBatch,
     p: &AttnParams,
 ) -> Result<()> {
     const OP: &str = "paged_attention";
@@ -112,7 +153,19 @@ pub(super) fn paged_attention(
             ),
         ));
     }
-    let row_of = rows_of(seqs, bs)?;
+    let seqs = decode_seqs(cpu, batch, bs)?;
+    let blocks = cache.k.len().min(cache.v.len()) / (kv_width * bs);
+    if let Some(b) = seqs
+        .iter()
+        .flat_map(|s| s.table)
+        .find(|&&b| b as usize >= blocks)
+    {
+        return Err(shape_err(
+            OP,
+            format!("block {b} beyond a cache of {blocks}"),
+        ));
+    }
+    let row_of = rows_of(&seqs);
     let rows = row_of.len();
     need(OP, q, rows * width, "q")?;
     need(OP, out, rows * width, "out")?;
@@ -160,7 +213,7 @@ pub(super) fn paged_attention(
 
 /// The keys and values a query row sees, of one kv head.
 struct Keys<'a> {
-    seq: &'a AttnSeq<'a>,
+    seq: &'a SeqView<'a>,
     kc: &'a [f32],
     vc: &'a [f32],
     kvh: usize,
@@ -186,8 +239,7 @@ impl Keys<'_> {
             scores.resize(qs.len() * span, 0.0);
             let mut lanes = [[0f32; vec::TILE_LANES]; vec::MAX_HEADS];
             for (j, b) in (b0..=b1).enumerate() {
-                let at =
-                    (self.seq.block_table[b].index() * (self.kv_width / hd) + self.kvh) * tile_len;
+                let at = (self.seq.table[b] as usize * (self.kv_width / hd) + self.kvh) * tile_len;
                 let tile = &self.kc[at..at + tile_len];
                 if bs == vec::TILE_LANES {
                     vec::tile_dot_heads(isa, qs, tile, &mut lanes);
@@ -218,8 +270,8 @@ impl Keys<'_> {
             let mut done = visible.start;
             for b in b0..=b1 {
                 let (lo, hi) = ((b * bs).max(self.first), ((b + 1) * bs).min(self.pos + 1));
-                let at = (self.seq.block_table[b].index() * bs + lo - b * bs) * self.kv_width
-                    + self.kvh * hd;
+                let at =
+                    (self.seq.table[b] as usize * bs + lo - b * bs) * self.kv_width + self.kvh * hd;
                 let mut ws: [&[f32]; vec::MAX_HEADS] = [&[]; vec::MAX_HEADS];
                 for (w, head) in ws.iter_mut().zip(scores.chunks(span)) {
                     *w = &head[done..done + hi - lo];

@@ -7,9 +7,8 @@ use super::elementwise as ew;
 use super::kernels::{Weights, dot_f32, gemm_xwt};
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
-use crate::ops::dense::{
-    AttnParams, AttnSeq, DenseOps, GroupedTopK, KvLayer, MatmulDims, RopeParams,
-};
+use crate::ops::dense::{AttnParams, DenseOps, KvLayer, MatmulDims, RopeParams};
+use crate::ops::step::AttnBatch;
 
 /// Rows of W widened per GEMM panel when weights are not f32.
 const WIDEN_PANEL_ROWS: usize = 256;
@@ -50,7 +49,7 @@ const ELEMENTWISE_PIECE: usize = 1 << 13;
 impl CpuBackend {
     /// `f(offset, piece)` over pieces of `out`: on the calling thread when
     /// `out` is short, on the team otherwise (prefill's activations).
-    fn elementwise(&self, out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+    pub(super) fn elementwise(&self, out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
         if out.len() < SERIAL_ELEMENTS {
             f(0, out)
         } else {
@@ -68,7 +67,7 @@ thread_local! {
 impl CpuBackend {
     /// `o = x · wᵀ`: the GEMV up to `GEMV_MAX_ROWS` rows, then the bf16-dot
     /// GEMM where asked for and possible, else the f32 GEMM.
-    fn matmul_into(&self, xs: &[f32], ws: Weights<'_>, o: &mut [f32], d: MatmulDims) {
+    pub(super) fn matmul_into(&self, xs: &[f32], ws: Weights<'_>, o: &mut [f32], d: MatmulDims) {
         let MatmulDims { m, n, k } = d;
         if m <= GEMV_MAX_ROWS || k == 0 {
             // Small ones run here alone, without the team.
@@ -81,6 +80,30 @@ impl CpuBackend {
         } else {
             self.install(|| self.gemm_widened(xs, ws, o, d));
         }
+    }
+
+    /// `o = silu(x · gᵀ) * (x · uᵀ)`: fused bf16 dot products where asked for
+    /// and possible, else the gate into `o`, the up product into `u`.
+    pub(super) fn swiglu_into(
+        &self,
+        xs: &[f32],
+        wg: Weights<'_>,
+        wu: Weights<'_>,
+        o: &mut [f32],
+        u: &mut [f32],
+        d: MatmulDims,
+    ) {
+        let MatmulDims { m, n, k } = d;
+        if m > GEMV_MAX_ROWS
+            && let (true, Weights::BF16(g), Weights::BF16(up)) = (self.bf16_dot, wg, wu)
+            && super::gemm_bf16::gemm_swiglu(self.team(), xs, g, up, o, m, n, k)
+        {
+            return;
+        }
+        self.matmul_into(xs, wg, o, d);
+        self.matmul_into(xs, wu, u, d);
+        let u = &*u;
+        self.elementwise(o, |at, o| ew::silu_mul_in_place(o, &u[at..]));
     }
 
     fn gemm_widened(&self, x: &[f32], w: Weights<'_>, out: &mut [f32], d: MatmulDims) {
@@ -122,12 +145,13 @@ impl DenseOps for CpuBackend {
     fn embedding(
         &self,
         table: DeviceSlice,
-        ids: &[u32],
+        ids: DeviceSlice,
         hidden: usize,
         out: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "embedding";
         let _timer = self.op_timer(OP);
+        let ids = self.read_u32(OP, ids)?;
         need(OP, out, ids.len() * hidden, "out")?;
         let vocab = table.len() / hidden.max(1);
         let w = Weights::from_bytes(OP, table.dtype(), self.read(OP, table, table.dtype())?)?;
@@ -206,18 +230,8 @@ impl DenseOps for CpuBackend {
         let wg = Weights::from_bytes(OP, gate.dtype(), self.read(OP, gate, gate.dtype())?)?;
         let wu = Weights::from_bytes(OP, up.dtype(), self.read(OP, up, up.dtype())?)?;
         let o = &mut self.write_f32(OP, out, &[x, gate, up, scratch])?[..m * n];
-        if m > GEMV_MAX_ROWS
-            && let (true, Weights::BF16(g), Weights::BF16(u)) = (self.bf16_dot, wg, wu)
-            && super::gemm_bf16::gemm_swiglu(self.team(), xs, g, u, o, m, n, k)
-        {
-            return Ok(());
-        }
-        // Unfused: the gate into `out`, the up product into the scratch.
         let u = &mut self.write_f32(OP, scratch, &[x, gate, up, out])?[..m * n];
-        self.matmul_into(xs, wg, o, d);
-        self.matmul_into(xs, wu, u, d);
-        let u = &*u;
-        self.elementwise(o, |at, o| ew::silu_mul_in_place(o, &u[at..]));
+        self.swiglu_into(xs, wg, wu, o, u, d);
         Ok(())
     }
 
@@ -260,25 +274,27 @@ impl DenseOps for CpuBackend {
         Ok(())
     }
 
-    fn rope(&self, x: DeviceSlice, positions: &[u32], p: &RopeParams<'_>) -> Result<()> {
+    fn rope(&self, x: DeviceSlice, positions: DeviceSlice, p: &RopeParams) -> Result<()> {
         const OP: &str = "rope";
         let _timer = self.op_timer(OP);
+        let positions = self.read_u32(OP, positions)?;
+        let inv_freq = self.read_f32(OP, p.inv_freq)?;
         let width = p.n_heads * p.head_dim;
         need(OP, x, positions.len() * width, "x")?;
         let half = p.rotary_dim / 2;
-        if p.rotary_dim > p.head_dim || !p.rotary_dim.is_multiple_of(2) || p.inv_freq.len() < half {
+        if p.rotary_dim > p.head_dim || !p.rotary_dim.is_multiple_of(2) || inv_freq.len() < half {
             return Err(shape_err(
                 OP,
                 format!(
                     "rotary_dim {} with head_dim {} and {} frequencies",
                     p.rotary_dim,
                     p.head_dim,
-                    p.inv_freq.len()
+                    inv_freq.len()
                 ),
             ));
         }
         let xs = self.write_f32(OP, x, &[])?;
-        let (inv_freq, scaling, head_dim) = (&p.inv_freq[..half], p.attention_scaling, p.head_dim);
+        let (inv_freq, scaling, head_dim) = (&inv_freq[..half], p.attention_scaling, p.head_dim);
         let rotate = |(row, &pos): (&mut [f32], &u32)| {
             let mut cs = [(0f32, 0f32); 256];
             let cs = &mut cs[..half.min(256)];
@@ -311,7 +327,7 @@ impl DenseOps for CpuBackend {
         k: DeviceSlice,
         v: DeviceSlice,
         cache: &KvLayer,
-        slots: &[u32],
+        slots: DeviceSlice,
         kv_width: usize,
     ) -> Result<()> {
         super::attention::kv_store(self, k, v, cache, slots, kv_width)
@@ -322,7 +338,7 @@ impl DenseOps for CpuBackend {
         q: DeviceSlice,
         cache: &KvLayer,
         out: DeviceSlice,
-        seqs: &[AttnSeq<'_>],
+        seqs: &AttnBatch,
         p: &AttnParams,
     ) -> Result<()> {
         super::attention::paged_attention(self, q, cache, out, seqs, p)
@@ -461,24 +477,37 @@ impl DenseOps for CpuBackend {
     fn gather_rows(
         &self,
         src: DeviceSlice,
-        rows: &[u32],
+        rows: DeviceSlice,
         width: usize,
         out: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "gather_rows";
         let _timer = self.op_timer(OP);
+        let rows = self.read_u32(OP, rows)?;
         need(OP, out, rows.len() * width, "out")?;
-        let s = self.read_f32(OP, src)?;
-        let o = self.write_f32(OP, out, &[src])?;
+        if out.dtype() != src.dtype() {
+            return Err(shape_err(
+                OP,
+                format!("{} rows gathered into {}", src.dtype(), out.dtype()),
+            ));
+        }
+        // Any dtype: rows are moved as bytes.
+        let row_bytes = width * src.dtype().size_of();
+        let s = self.read(OP, src, src.dtype())?;
+        let o = self.write(OP, out, &[src])?;
         for (i, &r) in rows.iter().enumerate() {
             let r = r as usize;
-            if (r + 1) * width > s.len() {
+            if (r + 1) * row_bytes > s.len() {
                 return Err(shape_err(
                     OP,
-                    format!("row {r} beyond source of {} rows", s.len() / width.max(1)),
+                    format!(
+                        "row {r} beyond source of {} rows",
+                        s.len() / row_bytes.max(1)
+                    ),
                 ));
             }
-            o[i * width..(i + 1) * width].copy_from_slice(&s[r * width..(r + 1) * width]);
+            o[i * row_bytes..(i + 1) * row_bytes]
+                .copy_from_slice(&s[r * row_bytes..(r + 1) * row_bytes]);
         }
         Ok(())
     }
@@ -486,101 +515,14 @@ impl DenseOps for CpuBackend {
     fn scatter_add_rows(
         &self,
         src: DeviceSlice,
-        rows: &[u32],
-        weights: &[f32],
+        rows: DeviceSlice,
+        weights: DeviceSlice,
         width: usize,
         dst: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "scatter_add_rows";
         let _timer = self.op_timer(OP);
-        if weights.len() != rows.len() {
-            return Err(shape_err(
-                OP,
-                format!("{} rows but {} weights", rows.len(), weights.len()),
-            ));
-        }
-        need(OP, src, rows.len() * width, "src")?;
-        let s = self.read_f32(OP, src)?;
-        let d = self.write_f32(OP, dst, &[src])?;
-        for (i, (&r, &wgt)) in rows.iter().zip(weights).enumerate() {
-            let r = r as usize;
-            if (r + 1) * width > d.len() {
-                return Err(shape_err(
-                    OP,
-                    format!(
-                        "row {r} beyond destination of {} rows",
-                        d.len() / width.max(1)
-                    ),
-                ));
-            }
-            d[r * width..(r + 1) * width]
-                .iter_mut()
-                .zip(&s[i * width..(i + 1) * width])
-                .for_each(|(d, s)| *d += wgt * s);
-        }
-        Ok(())
-    }
-
-    fn softmax_topk(
-        &self,
-        logits: DeviceSlice,
-        rows: usize,
-        n: usize,
-        k: usize,
-        renormalize: bool,
-    ) -> Result<Vec<(u32, f32)>> {
-        const OP: &str = "softmax_topk";
-        let _timer = self.op_timer(OP);
-        if k == 0 || k > n {
-            return Err(shape_err(OP, format!("top-{k} of {n}")));
-        }
-        need(OP, logits, rows * n, "logits")?;
-        let l = self.read_f32(OP, logits)?;
-        let mut out = Vec::with_capacity(rows * k);
-        let mut probs = vec![0f32; n];
-        let mut order: Vec<u32> = Vec::with_capacity(n);
-        for row in l[..rows * n].chunks(n) {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for (p, x) in probs.iter_mut().zip(row) {
-                *p = (x - max).exp();
-                sum += *p;
-            }
-            probs.iter_mut().for_each(|p| *p /= sum);
-            order.clear();
-            order.extend(0..n as u32);
-            order.sort_by(|&a, &b| {
-                probs[b as usize]
-                    .total_cmp(&probs[a as usize])
-                    .then(a.cmp(&b))
-            });
-            let top = &order[..k];
-            let denom = if renormalize {
-                top.iter().map(|&e| probs[e as usize]).sum::<f32>()
-            } else {
-                1.0
-            };
-            out.extend(top.iter().map(|&e| (e, probs[e as usize] / denom)));
-        }
-        Ok(out)
-    }
-
-    fn sigmoid_topk(
-        &self,
-        logits: DeviceSlice,
-        bias: Option<DeviceSlice>,
-        rows: usize,
-        n: usize,
-        p: &GroupedTopK,
-    ) -> Result<Vec<(u32, f32)>> {
-        const OP: &str = "sigmoid_topk";
-        let _timer = self.op_timer(OP);
-        need(OP, logits, rows * n, "logits")?;
-        // The correction bias is stored like the checkpoint's weights.
-        let bias = bias
-            .map(|b| self.param_vec(OP, b, n, "correction bias"))
-            .transpose()?;
-        let l = &self.read_f32(OP, logits)?[..rows * n];
-        super::routing::sigmoid_topk(l, bias.as_deref(), n, p).map_err(|d| shape_err(OP, d))
+        let (rows, weights) = (self.read_u32(OP, rows)?, self.read_f32(OP, weights)?);
+        super::moe::scatter_add(self, src, rows, weights, width, dst)
     }
 }

@@ -12,6 +12,7 @@ mod gemm_bf16;
 mod gemv;
 mod host_memory;
 mod kernels;
+mod moe;
 mod profile;
 mod recurrent;
 mod routing;
@@ -226,6 +227,33 @@ impl CpuBackend {
         let mut v = vec![0f32; n];
         w.widen_into(0, &mut v);
         Ok(v)
+    }
+
+    /// The `u32` elements of `s` (step metadata, routes), read-only.
+    pub(crate) fn read_u32<'a>(&'a self, op: &'static str, s: DeviceSlice) -> Result<&'a [u32]> {
+        let b = self.read(op, s, DType::U32)?;
+        // SAFETY: as `bytemuck_f32`: aligned (64-byte allocations, 4-byte
+        // element offsets), whole elements, any bits a valid u32.
+        Ok(unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<u32>(), b.len() / 4) })
+    }
+
+    /// Mutable `u32` elements of `s`.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) fn write_u32<'a>(
+        &'a self,
+        op: &'static str,
+        s: DeviceSlice,
+        inputs: &[DeviceSlice],
+    ) -> Result<&'a mut [u32]> {
+        if s.dtype() != DType::U32 {
+            return Err(GpuError::UnsupportedDType {
+                op,
+                dtype: s.dtype(),
+            });
+        }
+        let b = self.write(op, s, inputs)?;
+        // SAFETY: as `write_f32`.
+        Ok(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u32>(), b.len() / 4) })
     }
 
     pub(crate) fn read_f32<'a>(&'a self, op: &'static str, s: DeviceSlice) -> Result<&'a [f32]> {

@@ -20,6 +20,7 @@ use super::dense::{need, shape_err};
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
+use crate::ops::step::{RECURRENT_SEQ_WORDS, RecurrentBatch, RecurrentSeqDesc, StateSlots};
 use math::simd_fn;
 
 simd_fn! {
@@ -394,8 +395,35 @@ impl CpuBackend {
     }
 }
 
-impl RecurrentOps for CpuBackend {
-    fn causal_conv1d(
+impl CpuBackend {
+    /// The sequences of `batch` with their states in `states`.
+    fn decode_recurrent(
+        &self,
+        op: &'static str,
+        states: StateSlots,
+        batch: &RecurrentBatch,
+    ) -> Result<Vec<RecurrentSeq>> {
+        need(
+            op,
+            batch.seqs,
+            batch.n_seqs * RECURRENT_SEQ_WORDS,
+            "sequences",
+        )?;
+        let words = self.read_u32(op, batch.seqs)?;
+        (0..batch.n_seqs)
+            .map(|i| {
+                let d = RecurrentSeqDesc::decode(&words[i * RECURRENT_SEQ_WORDS..]);
+                Ok(RecurrentSeq {
+                    row_start: d.row_start as usize,
+                    len: d.len as usize,
+                    state: states.slot(op, d.slot)?,
+                })
+            })
+            .collect()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn conv_impl(
         &self,
         x: DeviceSlice,
         weight: DeviceSlice,
@@ -493,6 +521,24 @@ impl RecurrentOps for CpuBackend {
         ios.into_iter().for_each(conv_seq);
         Ok(())
     }
+}
+
+impl RecurrentOps for CpuBackend {
+    fn causal_conv1d(
+        &self,
+        x: DeviceSlice,
+        weight: DeviceSlice,
+        bias: Option<DeviceSlice>,
+        out: DeviceSlice,
+        states: StateSlots,
+        seqs: &RecurrentBatch,
+        channels: usize,
+        kernel: usize,
+        silu_out: bool,
+    ) -> Result<()> {
+        let seqs = self.decode_recurrent("causal_conv1d", states, seqs)?;
+        self.conv_impl(x, weight, bias, out, &seqs, channels, kernel, silu_out)
+    }
 
     fn ssd_scan(
         &self,
@@ -504,10 +550,12 @@ impl RecurrentOps for CpuBackend {
         d: DeviceSlice,
         dt_bias: DeviceSlice,
         y: DeviceSlice,
-        seqs: &[RecurrentSeq],
+        states: StateSlots,
+        seqs: &RecurrentBatch,
         p: &SsdParams,
     ) -> Result<()> {
-        self.ssd_impl(x, dt_raw, b, c, a_log, d, dt_bias, y, seqs, p, Mode::Auto)
+        let seqs = self.decode_recurrent("ssd_scan", states, seqs)?;
+        self.ssd_impl(x, dt_raw, b, c, a_log, d, dt_bias, y, &seqs, p, Mode::Auto)
     }
 
     fn gated_rms_norm(
@@ -556,9 +604,11 @@ impl RecurrentOps for CpuBackend {
         a_log: DeviceSlice,
         dt_bias: DeviceSlice,
         out: DeviceSlice,
-        seqs: &[RecurrentSeq],
+        states: StateSlots,
+        seqs: &RecurrentBatch,
         p: &DeltaParams,
     ) -> Result<()> {
-        self.delta_impl(q, k, v, a, b, a_log, dt_bias, out, seqs, p, Mode::Auto)
+        let seqs = self.decode_recurrent("gated_delta_rule", states, seqs)?;
+        self.delta_impl(q, k, v, a, b, a_log, dt_bias, out, &seqs, p, Mode::Auto)
     }
 }

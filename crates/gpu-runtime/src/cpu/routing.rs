@@ -1,10 +1,10 @@
 //! MoE routers on the host: sigmoid scores with a correction bias and expert
 //! groups (DeepSeek-V3, arXiv:2412.19437 §2.1.2; Nemotron-H's MoE layers).
 
-use crate::ops::dense::GroupedTopK;
+use crate::ops::moe::GroupedTopK;
 
 /// The routes of every row of `logits` (`[rows, n]`), as
-/// [`DenseOps::sigmoid_topk`](crate::ops::DenseOps::sigmoid_topk) specifies:
+/// [`MoeOps::sigmoid_topk`](crate::ops::MoeOps::sigmoid_topk) specifies:
 /// `rows * k` (expert, weight) pairs; an error text for an impossible shape.
 pub(super) fn sigmoid_topk(
     logits: &[f32],

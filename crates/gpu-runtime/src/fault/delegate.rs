@@ -3,15 +3,14 @@
 use super::FaultInjecting;
 use crate::error::Result;
 use crate::gpu::{DeviceSlice, GpuBackend};
-use crate::ops::dense::{
-    AttnParams, AttnSeq, DenseOps, GroupedTopK, KvLayer, MatmulDims, RopeParams,
-};
+use crate::ops::dense::{AttnParams, DenseOps, KvLayer, MatmulDims, RopeParams};
+use crate::ops::moe::{ExpertGroups, ExpertTable, GroupedTopK, Routes};
 
 impl<B: GpuBackend> DenseOps for FaultInjecting<B> {
     fn embedding(
         &self,
         table: DeviceSlice,
-        ids: &[u32],
+        ids: DeviceSlice,
         hidden: usize,
         out: DeviceSlice,
     ) -> Result<()> {
@@ -50,7 +49,7 @@ impl<B: GpuBackend> DenseOps for FaultInjecting<B> {
     ) -> Result<()> {
         self.inner.matmul_swiglu(x, gate, up, out, scratch, d)
     }
-    fn rope(&self, x: DeviceSlice, positions: &[u32], p: &RopeParams<'_>) -> Result<()> {
+    fn rope(&self, x: DeviceSlice, positions: DeviceSlice, p: &RopeParams) -> Result<()> {
         self.inner.rope(x, positions, p)
     }
     fn kv_store(
@@ -58,7 +57,7 @@ impl<B: GpuBackend> DenseOps for FaultInjecting<B> {
         k: DeviceSlice,
         v: DeviceSlice,
         cache: &KvLayer,
-        slots: &[u32],
+        slots: DeviceSlice,
         kv_width: usize,
     ) -> Result<()> {
         self.inner.kv_store(k, v, cache, slots, kv_width)
@@ -68,7 +67,7 @@ impl<B: GpuBackend> DenseOps for FaultInjecting<B> {
         q: DeviceSlice,
         cache: &KvLayer,
         out: DeviceSlice,
-        seqs: &[AttnSeq<'_>],
+        seqs: &crate::ops::step::AttnBatch,
         p: &AttnParams,
     ) -> Result<()> {
         self.inner.paged_attention(q, cache, out, seqs, p)
@@ -125,7 +124,7 @@ impl<B: GpuBackend> DenseOps for FaultInjecting<B> {
     fn gather_rows(
         &self,
         src: DeviceSlice,
-        rows: &[u32],
+        rows: DeviceSlice,
         width: usize,
         out: DeviceSlice,
     ) -> Result<()> {
@@ -134,31 +133,60 @@ impl<B: GpuBackend> DenseOps for FaultInjecting<B> {
     fn scatter_add_rows(
         &self,
         src: DeviceSlice,
-        rows: &[u32],
-        weights: &[f32],
+        rows: DeviceSlice,
+        weights: DeviceSlice,
         width: usize,
         dst: DeviceSlice,
     ) -> Result<()> {
         self.inner.scatter_add_rows(src, rows, weights, width, dst)
     }
-    fn softmax_topk(
-        &self,
-        logits: DeviceSlice,
-        rows: usize,
-        n: usize,
-        k: usize,
-        renorm: bool,
-    ) -> Result<Vec<(u32, f32)>> {
-        self.inner.softmax_topk(logits, rows, n, k, renorm)
+}
+
+impl<B: GpuBackend> crate::ops::MoeOps for FaultInjecting<B> {
+    fn softmax_topk(&self, l: DeviceSlice, n: usize, r: bool, routes: &Routes) -> Result<()> {
+        self.inner.softmax_topk(l, n, r, routes)
     }
     fn sigmoid_topk(
         &self,
-        logits: DeviceSlice,
-        bias: Option<DeviceSlice>,
-        rows: usize,
+        l: DeviceSlice,
+        b: Option<DeviceSlice>,
         n: usize,
         p: &GroupedTopK,
-    ) -> Result<Vec<(u32, f32)>> {
-        self.inner.sigmoid_topk(logits, bias, rows, n, p)
+        routes: &Routes,
+    ) -> Result<()> {
+        self.inner.sigmoid_topk(l, b, n, p, routes)
+    }
+    fn moe_group(&self, routes: &Routes, g: &ExpertGroups) -> Result<()> {
+        self.inner.moe_group(routes, g)
+    }
+    fn grouped_matmul(
+        &self,
+        x: DeviceSlice,
+        w: &ExpertTable,
+        g: &ExpertGroups,
+        o: DeviceSlice,
+    ) -> Result<()> {
+        self.inner.grouped_matmul(x, w, g, o)
+    }
+    fn grouped_matmul_swiglu(
+        &self,
+        x: DeviceSlice,
+        gate: &ExpertTable,
+        up: &ExpertTable,
+        g: &ExpertGroups,
+        o: DeviceSlice,
+        s: DeviceSlice,
+    ) -> Result<()> {
+        self.inner.grouped_matmul_swiglu(x, gate, up, g, o, s)
+    }
+    fn sigmoid_gate_add(
+        &self,
+        a: DeviceSlice,
+        x: DeviceSlice,
+        g: DeviceSlice,
+        rows: usize,
+        w: usize,
+    ) -> Result<()> {
+        self.inner.sigmoid_gate_add(a, x, g, rows, w)
     }
 }

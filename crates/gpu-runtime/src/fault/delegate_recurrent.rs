@@ -3,7 +3,7 @@
 use super::FaultInjecting;
 use crate::error::Result;
 use crate::gpu::{DeviceSlice, GpuBackend};
-use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
+use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, SsdParams};
 
 impl<B: GpuBackend> RecurrentOps for FaultInjecting<B> {
     fn causal_conv1d(
@@ -12,13 +12,14 @@ impl<B: GpuBackend> RecurrentOps for FaultInjecting<B> {
         weight: DeviceSlice,
         bias: Option<DeviceSlice>,
         out: DeviceSlice,
-        seqs: &[RecurrentSeq],
+        states: crate::ops::step::StateSlots,
+        seqs: &crate::ops::step::RecurrentBatch,
         channels: usize,
         kernel: usize,
         silu: bool,
     ) -> Result<()> {
         self.inner
-            .causal_conv1d(x, weight, bias, out, seqs, channels, kernel, silu)
+            .causal_conv1d(x, weight, bias, out, states, seqs, channels, kernel, silu)
     }
 
     fn ssd_scan(
@@ -31,11 +32,12 @@ impl<B: GpuBackend> RecurrentOps for FaultInjecting<B> {
         d: DeviceSlice,
         dt_bias: DeviceSlice,
         y: DeviceSlice,
-        seqs: &[RecurrentSeq],
+        states: crate::ops::step::StateSlots,
+        seqs: &crate::ops::step::RecurrentBatch,
         p: &SsdParams,
     ) -> Result<()> {
         self.inner
-            .ssd_scan(x, dt_raw, b, c, a_log, d, dt_bias, y, seqs, p)
+            .ssd_scan(x, dt_raw, b, c, a_log, d, dt_bias, y, states, seqs, p)
     }
 
     fn gated_rms_norm(
@@ -64,10 +66,11 @@ impl<B: GpuBackend> RecurrentOps for FaultInjecting<B> {
         a_log: DeviceSlice,
         dt_bias: DeviceSlice,
         out: DeviceSlice,
-        seqs: &[RecurrentSeq],
+        states: crate::ops::step::StateSlots,
+        seqs: &crate::ops::step::RecurrentBatch,
         p: &DeltaParams,
     ) -> Result<()> {
         self.inner
-            .gated_delta_rule(q, k, v, a, b, a_log, dt_bias, out, seqs, p)
+            .gated_delta_rule(q, k, v, a, b, a_log, dt_bias, out, states, seqs, p)
     }
 }

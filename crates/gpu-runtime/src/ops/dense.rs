@@ -1,10 +1,9 @@
 //! Ops of dense transformer layers: GEMM, norms, RoPE, paged attention,
-//! activations, MoE routing helpers.
-
-use metrale_core::BlockId;
+//! activations, row gathers.
 
 use crate::error::Result;
 use crate::gpu::DeviceSlice;
+use crate::ops::step::AttnBatch;
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` (the Hugging Face `Linear` layout).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,28 +13,13 @@ pub struct MatmulDims {
     pub k: usize,
 }
 
-/// Sigmoid routing with expert groups (DeepSeek-V3's, Nemotron-H's MoE): see
-/// [`DenseOps::sigmoid_topk`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct GroupedTopK {
-    /// Experts per token.
-    pub k: usize,
-    /// Experts fall into this many equal groups (1: no grouping).
-    pub n_group: usize,
-    /// Only experts of the best this-many groups can be chosen.
-    pub topk_group: usize,
-    /// Divide the chosen weights by their sum.
-    pub renormalize: bool,
-    /// Multiplies every weight at the end (`routed_scaling_factor`).
-    pub scale: f32,
-}
-
 /// Rotary embedding, Hugging Face `rotate_half` convention: within the first
 /// `rotary_dim` channels of each head, channel `i` pairs with `i + rotary_dim/2`.
 #[derive(Clone, Copy, Debug)]
-pub struct RopeParams<'a> {
-    /// `rotary_dim / 2` inverse frequencies (scaling such as llama3/yarn already applied).
-    pub inv_freq: &'a [f32],
+pub struct RopeParams {
+    /// `rotary_dim / 2` inverse frequencies, f32 in device memory (scaling
+    /// such as llama3/yarn already applied).
+    pub inv_freq: DeviceSlice,
     /// Multiplies cos and sin (yarn's attention factor; 1.0 otherwise).
     pub attention_scaling: f32,
     pub n_heads: usize,
@@ -57,20 +41,6 @@ pub struct KvLayer {
     pub block_size: usize,
 }
 
-/// One sequence of a batched attention call.
-#[derive(Clone, Copy, Debug)]
-pub struct AttnSeq<'a> {
-    /// First row of this sequence's queries in `q` / `out`.
-    pub q_start: usize,
-    /// Number of new query tokens.
-    pub q_len: usize,
-    /// Tokens in the cache after this step (including the `q_len` new ones).
-    /// Query `i` sits at position `kv_len - q_len + i` and attends causally.
-    pub kv_len: usize,
-    /// The sequence's blocks, in order; covers `kv_len` tokens.
-    pub block_table: &'a [BlockId],
-}
-
 /// Shape of a grouped-query attention call.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnParams {
@@ -85,11 +55,12 @@ pub struct AttnParams {
 
 /// Dense-transformer operations.
 pub trait DenseOps {
-    /// `out[i, :] = table[ids[i], :]`; `table` is `[vocab, hidden]` in f32/bf16/f16.
+    /// `out[i, :] = table[ids[i], :]`; `table` is `[vocab, hidden]` in
+    /// f32/bf16/f16, `ids` u32 (one row per id).
     fn embedding(
         &self,
         table: DeviceSlice,
-        ids: &[u32],
+        ids: DeviceSlice,
         hidden: usize,
         out: DeviceSlice,
     ) -> Result<()>;
@@ -133,28 +104,30 @@ pub trait DenseOps {
         weight_offset: f32,
     ) -> Result<()>;
 
-    /// Applies RoPE in place to `x` = `[positions.len(), n_heads, head_dim]`.
-    fn rope(&self, x: DeviceSlice, positions: &[u32], p: &RopeParams<'_>) -> Result<()>;
+    /// Applies RoPE in place to `x` = `[positions.len(), n_heads, head_dim]`;
+    /// `positions` u32.
+    fn rope(&self, x: DeviceSlice, positions: DeviceSlice, p: &RopeParams) -> Result<()>;
 
     /// Writes `k`, `v` (`[slots.len(), n_kv_heads * head_dim]`) into the cache;
-    /// row `i` goes to cache slot `slots[i]` (= block * block_size + offset).
+    /// row `i` goes to cache slot `slots[i]` (u32; = block * block_size + offset).
     fn kv_store(
         &self,
         k: DeviceSlice,
         v: DeviceSlice,
         cache: &KvLayer,
-        slots: &[u32],
+        slots: DeviceSlice,
         kv_width: usize,
     ) -> Result<()>;
 
     /// Causal grouped-query attention of `q` (`[tokens, n_heads, head_dim]`)
-    /// over the paged cache; writes `out` with q's shape.
+    /// over the paged cache, for the sequences of `seqs`; writes `out` with
+    /// q's shape.
     fn paged_attention(
         &self,
         q: DeviceSlice,
         cache: &KvLayer,
         out: DeviceSlice,
-        seqs: &[AttnSeq<'_>],
+        seqs: &AttnBatch,
         p: &AttnParams,
     ) -> Result<()>;
 
@@ -209,51 +182,24 @@ pub trait DenseOps {
         rows: usize,
     ) -> Result<()>;
 
-    /// `out[i, :] = src[rows[i], :]` for rows of `width`.
+    /// `out[i, :] = src[rows[i], :]` for rows of `width` (`rows` u32; `src`
+    /// and `out` of one dtype, any of them: weights are permuted with it).
     fn gather_rows(
         &self,
         src: DeviceSlice,
-        rows: &[u32],
+        rows: DeviceSlice,
         width: usize,
         out: DeviceSlice,
     ) -> Result<()>;
 
-    /// `dst[rows[i], :] += weights[i] * src[i, :]` for rows of `width`.
+    /// `dst[rows[i], :] += weights[i] * src[i, :]` for rows of `width`, in
+    /// order of `i` (`rows` u32, `weights` f32).
     fn scatter_add_rows(
         &self,
         src: DeviceSlice,
-        rows: &[u32],
-        weights: &[f32],
+        rows: DeviceSlice,
+        weights: DeviceSlice,
         width: usize,
         dst: DeviceSlice,
     ) -> Result<()>;
-
-    /// Router: per row of `logits` (`[rows, n]`), softmax then the top `k`
-    /// (ties to the lower index), renormalised to sum 1 when `renormalize`.
-    /// Returns `rows * k` (expert, weight) pairs on the host, row-major.
-    fn softmax_topk(
-        &self,
-        logits: DeviceSlice,
-        rows: usize,
-        n: usize,
-        k: usize,
-        renormalize: bool,
-    ) -> Result<Vec<(u32, f32)>>;
-
-    /// Router: per row of `logits` (`[rows, n]`), `s = sigmoid(logits)`; the
-    /// choice scores `s + bias` (`bias` `[n]`, f32: the correction bias;
-    /// none is zero) rank the experts: each of the `n_group` groups scores
-    /// the sum of its best two, only the best `topk_group` groups stay, and
-    /// the top `k` experts among them are chosen (ties to the lower index).
-    /// Their weights are `s` (not the choice scores), renormalised to sum 1
-    /// when asked, times `scale`. Returns `rows * k` (expert, weight) pairs on
-    /// the host, row-major.
-    fn sigmoid_topk(
-        &self,
-        logits: DeviceSlice,
-        bias: Option<DeviceSlice>,
-        rows: usize,
-        n: usize,
-        p: &GroupedTopK,
-    ) -> Result<Vec<(u32, f32)>>;
 }

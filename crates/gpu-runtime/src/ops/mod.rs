@@ -6,11 +6,17 @@
 //! - Weights may be f32, bf16 or f16 where an op says so; they are widened to
 //!   f32 inside the kernel.
 //! - Outputs never alias inputs unless an op says "in place".
-//! - Small per-step metadata (token ids, positions, block tables) is passed as
-//!   host slices; the backend uploads it if it needs to.
+//! - No op takes a host slice: per-step metadata (token ids, positions, KV
+//!   slots, block tables, state slots) lives in device memory, in the
+//!   layouts of [`step`], uploaded once per step; MoE routes are written and
+//!   read on the device ([`moe`]). Scalars (shapes, epsilons) are arguments.
 
 pub mod dense;
+pub mod moe;
 pub mod recurrent;
+pub mod step;
 
-pub use dense::{AttnParams, AttnSeq, DenseOps, GroupedTopK, KvLayer, MatmulDims, RopeParams};
+pub use dense::{AttnParams, DenseOps, KvLayer, MatmulDims, RopeParams};
+pub use moe::{ExpertGroups, ExpertTable, GroupedTopK, MoeOps, Routes};
 pub use recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
+pub use step::{AttnBatch, RecurrentBatch, StateSlots};

@@ -1,20 +1,19 @@
 //! Ops of recurrent mixers: causal conv1d, the Mamba-2 SSD scan and step,
 //! the gated delta rule, gated RMSNorm.
 //!
-//! Recurrent state lives in device memory owned by the caller (one slice per
-//! sequence and layer); every op here reads it at the start of a sequence's
-//! rows and leaves it updated for the next call, so a prompt can be fed in
-//! any number of calls (prefill in pieces, then one token at a time) with the
-//! same result as a single call.
+//! Recurrent state lives in device memory owned by the caller (one pool of
+//! slots per layer, [`StateSlots`]); every op here reads a sequence's slot at
+//! the start of its rows and leaves it updated for the next call, so a prompt
+//! can be fed in any number of calls (prefill in pieces, then one token at a
+//! time) with the same result as a single call. Which rows and slot each
+//! sequence has comes from device memory too ([`RecurrentBatch`]).
 
 use crate::error::Result;
 use crate::gpu::DeviceSlice;
+use crate::ops::step::{RecurrentBatch, StateSlots};
 
-/// One sequence's rows in a batched recurrent call, with its state.
-///
-/// Rows `row_start..row_start + len` of the op's row-major operands belong to
-/// this sequence, in token order. Sequences of one call must not share rows,
-/// and their `state` slices must not overlap. `len == 0` leaves the state as it is.
+/// One sequence's rows and state, decoded from a [`RecurrentBatch`]: what a
+/// host backend's kernels work on.
 #[derive(Clone, Copy, Debug)]
 pub struct RecurrentSeq {
     pub row_start: usize,
@@ -92,7 +91,8 @@ pub trait RecurrentOps {
         weight: DeviceSlice,
         bias: Option<DeviceSlice>,
         out: DeviceSlice,
-        seqs: &[RecurrentSeq],
+        states: StateSlots,
+        seqs: &RecurrentBatch,
         channels: usize,
         kernel: usize,
         silu: bool,
@@ -128,7 +128,8 @@ pub trait RecurrentOps {
         d: DeviceSlice,
         dt_bias: DeviceSlice,
         y: DeviceSlice,
-        seqs: &[RecurrentSeq],
+        states: StateSlots,
+        seqs: &RecurrentBatch,
         p: &SsdParams,
     ) -> Result<()>;
 
@@ -181,7 +182,8 @@ pub trait RecurrentOps {
         a_log: DeviceSlice,
         dt_bias: DeviceSlice,
         out: DeviceSlice,
-        seqs: &[RecurrentSeq],
+        states: StateSlots,
+        seqs: &RecurrentBatch,
         p: &DeltaParams,
     ) -> Result<()>;
 }

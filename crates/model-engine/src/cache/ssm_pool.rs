@@ -7,6 +7,7 @@ use std::sync::Arc;
 use metrale_core::scope::ModelResource;
 use metrale_core::{DType, SlotId};
 use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
+use metrale_gpu_runtime::ops::StateSlots;
 use parking_lot::Mutex;
 
 use crate::error::{EngineError, Result};
@@ -149,6 +150,30 @@ impl SsmStatePool {
         l.ssm
             .slice(slot.index() * l.shape.ssm, l.shape.ssm)
             .map_err(EngineError::device("ssm state"))
+    }
+
+    /// Recurrent layer `layer`'s conv state of every slot (`[slots, conv]`).
+    pub fn conv_slots(&self, layer: usize) -> Result<StateSlots> {
+        let l = self.layer_at(layer)?;
+        Ok(StateSlots {
+            states: l.conv,
+            per_slot: l.shape.conv,
+        })
+    }
+
+    /// Recurrent layer `layer`'s SSM state of every slot (`[slots, ssm]`).
+    pub fn ssm_slots(&self, layer: usize) -> Result<StateSlots> {
+        let l = self.layer_at(layer)?;
+        Ok(StateSlots {
+            states: l.ssm,
+            per_slot: l.shape.ssm,
+        })
+    }
+
+    fn layer_at(&self, layer: usize) -> Result<&LayerState> {
+        self.layers.get(layer).ok_or_else(|| {
+            EngineError::Internal(format!("no SSM state for recurrent layer {layer}"))
+        })
     }
 
     fn give_back(&self, slot: SlotId) {

@@ -1,11 +1,15 @@
 //! Derived weights: copies of checkpoint tensors made at load in the layout
 //! the kernels want (rows permuted so that fused projections split into
-//! contiguous column ranges). Owned separately from the weight store.
+//! contiguous column ranges), and small tables made from the config or the
+//! weights (RoPE frequencies, expert weight addresses). Owned separately
+//! from the weight store.
 
 use std::collections::BTreeMap;
 
+use metrale_core::DType;
 use metrale_core::scope::ModelResource;
 use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
+use metrale_gpu_runtime::ops::step::u32_bytes;
 
 use crate::error::{EngineError, Result};
 
@@ -21,7 +25,8 @@ impl DerivedWeights {
     }
 
     /// A copy of `src` (`[rows, width]`) with its rows reordered: output row
-    /// `i` is source row `order[i]`. Rows are copied device to device.
+    /// `i` is source row `order[i]`. One gather op on the device (the order
+    /// is uploaded once, into memory freed before returning).
     #[track_caller]
     pub fn permute_rows(
         &mut self,
@@ -39,21 +44,66 @@ impl DerivedWeights {
                 src.len()
             )));
         }
-        let dst = gpu
-            .alloc_slice(src.dtype(), src.len(), &format!("derived: {name}"))
-            .map_err(EngineError::device(format!("deriving {name}")))?;
-        let row_bytes = width * src.dtype().size_of();
-        for (i, &r) in order.iter().enumerate() {
-            if let Err(e) = gpu.copy_d2d(
-                src.ptr(),
-                r * row_bytes,
-                dst.ptr(),
-                i * row_bytes,
-                row_bytes,
-            ) {
-                let _ = gpu.free(dst.ptr());
-                return Err(EngineError::device(format!("deriving {name}"))(e));
-            }
+        let words: Vec<u32> = order.iter().map(|&r| r as u32).collect();
+        let dst = self.alloc(gpu, name, src.dtype(), src.len())?;
+        let gathered = stage_u32(gpu, &words).and_then(|idx| {
+            let run = gpu.gather_rows(src, idx, width, dst);
+            let freed = gpu.free(idx.ptr());
+            run.and(freed)
+        });
+        self.adopt(gpu, name, dst, gathered)
+    }
+
+    /// `values` in device memory, f32 (RoPE's inverse frequencies).
+    #[track_caller]
+    pub fn upload_f32(
+        &mut self,
+        gpu: &dyn GpuBackend,
+        name: &str,
+        values: &[f32],
+    ) -> Result<DeviceSlice> {
+        let dst = self.alloc(gpu, name, DType::F32, values.len())?;
+        let copied = gpu.upload_f32(values, dst);
+        self.adopt(gpu, name, dst, copied)
+    }
+
+    /// `values` in device memory, u64 (tables of device addresses).
+    #[track_caller]
+    pub fn upload_u64(
+        &mut self,
+        gpu: &dyn GpuBackend,
+        name: &str,
+        values: &[u64],
+    ) -> Result<DeviceSlice> {
+        let dst = self.alloc(gpu, name, DType::U64, values.len())?;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let copied = gpu.copy_h2d(&bytes, dst.ptr(), 0);
+        self.adopt(gpu, name, dst, copied)
+    }
+
+    #[track_caller]
+    fn alloc(
+        &self,
+        gpu: &dyn GpuBackend,
+        name: &str,
+        dtype: DType,
+        len: usize,
+    ) -> Result<DeviceSlice> {
+        gpu.alloc_slice(dtype, len, &format!("derived: {name}"))
+            .map_err(EngineError::device(format!("deriving {name}")))
+    }
+
+    /// Keeps `dst` under `name` when filling it succeeded; frees it otherwise.
+    fn adopt(
+        &mut self,
+        gpu: &dyn GpuBackend,
+        name: &str,
+        dst: DeviceSlice,
+        filled: std::result::Result<(), metrale_gpu_runtime::GpuError>,
+    ) -> Result<DeviceSlice> {
+        if let Err(e) = filled {
+            let _ = gpu.free(dst.ptr());
+            return Err(EngineError::device(format!("deriving {name}"))(e));
         }
         if let Some(old) = self.tensors.insert(name.to_string(), dst) {
             let _ = gpu.free(old.ptr());
@@ -95,4 +145,18 @@ impl<'g> ModelResource<dyn GpuBackend + 'g> for DerivedWeights {
         }
         first.map_or(Ok(()), Err)
     }
+}
+
+/// `words` in a fresh device allocation (freed by the caller).
+#[track_caller]
+fn stage_u32(
+    gpu: &dyn GpuBackend,
+    words: &[u32],
+) -> std::result::Result<DeviceSlice, metrale_gpu_runtime::GpuError> {
+    let s = gpu.alloc_slice(DType::U32, words.len(), "derived: row order")?;
+    if let Err(e) = gpu.copy_h2d(u32_bytes(words), s.ptr(), 0) {
+        let _ = gpu.free(s.ptr());
+        return Err(e);
+    }
+    Ok(s)
 }

@@ -8,7 +8,7 @@ use metrale_core::DType;
 use metrale_gpu_runtime::gpu::GpuBackend;
 
 use super::types::{ModelOptions, arena_plan, recurrent_state_shapes};
-use crate::config::{MixerKind, MixerNames, ModelConfig, TensorSpec};
+use crate::config::{FfnNames, MixerKind, MixerNames, ModelConfig, TensorSpec};
 use crate::error::{EngineError, Result};
 
 /// Bytes per owner. Sizes saturate instead of overflowing, so an absurd
@@ -47,6 +47,7 @@ impl MemoryPlan {
                 derived = derived.saturating_add(bytes);
             }
         }
+        derived = derived.saturating_add(derived_tables(config));
         let f32s = |n: usize| n.saturating_mul(4);
         let kv_width = config.attention.as_ref().map_or(0, |a| a.kv_width());
         let kv_cache = f32s(
@@ -72,7 +73,9 @@ impl MemoryPlan {
             derived,
             kv_cache,
             ssm_state,
-            activations: f32s(arena_plan(config, options.max_batch_tokens).total_elements()),
+            activations: f32s(
+                arena_plan(config, options.max_batch_tokens, options.kv_blocks).total_elements(),
+            ),
         }
     }
 
@@ -145,6 +148,27 @@ fn derived_tensors(config: &ModelConfig) -> Vec<String> {
         }
     }
     names
+}
+
+/// Bytes of the small tables derived at load: RoPE's inverse frequencies
+/// and, per MoE layer, one table of expert weight addresses per projection.
+fn derived_tables(config: &ModelConfig) -> usize {
+    let rope = config
+        .attention
+        .as_ref()
+        .and_then(|a| a.rope.as_ref())
+        .map_or(0, |r| (r.rotary_dim / 2).max(1) * 4);
+    let experts: usize = config
+        .layers
+        .iter()
+        .filter_map(|l| match (&l.names.ffn, &config.moe) {
+            (FfnNames::Moe(n), Some(m)) => {
+                Some(super::experts::tables_per_layer(&n.experts) * m.n_experts.max(1) * 8)
+            }
+            _ => None,
+        })
+        .sum();
+    rope + experts
 }
 
 /// Bytes in binary units, e.g. "1.5 GiB".

@@ -2,6 +2,7 @@
 //! it resolves from the plan, and the forward pass.
 
 pub mod derived;
+mod experts;
 pub mod forward;
 mod load;
 pub mod memory;

@@ -5,6 +5,7 @@ use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
 use metrale_model_weights::weights::WeightStore;
 
 use super::derived::DerivedWeights;
+use super::experts::{self, ExpertTables};
 use super::rope::inv_freq;
 use crate::config::*;
 use crate::error::{EngineError, Result};
@@ -114,7 +115,7 @@ impl MlpWeights {
 pub(crate) struct MoeWeights {
     pub router: Linear,
     pub router_bias: Option<DeviceSlice>,
-    pub experts: Vec<MlpWeights>,
+    pub experts: ExpertTables,
     pub shared: Option<MlpWeights>,
     pub shared_gate: Option<Linear>,
 }
@@ -148,9 +149,13 @@ pub(crate) struct ModelWeights {
     pub final_norm: DeviceSlice,
     pub lm_head: Linear,
     pub layers: Vec<LayerWeights>,
-    /// RoPE inverse frequencies and attention factor, when attention uses RoPE.
-    pub rope: Option<(Vec<f32>, f32)>,
+    /// RoPE inverse frequencies (in device memory) and attention factor,
+    /// when attention uses RoPE.
+    pub rope: Option<(DeviceSlice, f32)>,
 }
+
+/// The derived tensor holding RoPE's inverse frequencies.
+pub(crate) const ROPE_INV_FREQ: &str = "rope.inv_freq";
 
 /// Looks tensors up by name and checks their shapes.
 struct Resolver<'a> {
@@ -287,12 +292,10 @@ pub(crate) fn resolve(
                 let m = config.mlp.as_ref().ok_or_else(|| missing("MLP"))?;
                 FfnWeights::Mlp(r.mlp(n, h, m.intermediate_size)?)
             }
-            (FfnNames::Moe(n), FfnKind::Moe) => FfnWeights::Moe(moe(
-                &r,
-                config.moe.as_ref().ok_or_else(|| missing("MoE"))?,
-                n,
-                h,
-            )?),
+            (FfnNames::Moe(n), FfnKind::Moe) => {
+                let m = config.moe.as_ref().ok_or_else(|| missing("MoE"))?;
+                FfnWeights::Moe(moe(&r, derived, gpu, m, n, h, i)?)
+            }
             (FfnNames::None, FfnKind::None) => FfnWeights::None,
             _ => {
                 return Err(EngineError::Request(format!(
@@ -313,11 +316,13 @@ pub(crate) fn resolve(
             ffn,
         });
     }
-    let rope = config
-        .attention
-        .as_ref()
-        .and_then(|a| a.rope.as_ref())
-        .map(inv_freq);
+    let rope = match config.attention.as_ref().and_then(|a| a.rope.as_ref()) {
+        Some(r) => {
+            let (freqs, scaling) = inv_freq(r);
+            Some((derived.upload_f32(gpu, ROPE_INV_FREQ, &freqs)?, scaling))
+        }
+        None => None,
+    };
     Ok(ModelWeights {
         embed,
         final_norm: r.vector(&config.names.final_norm, h)?,
@@ -450,7 +455,15 @@ fn deltanet(
     })
 }
 
-fn moe(r: &Resolver<'_>, m: &MoeConfig, n: &MoeNames, h: usize) -> Result<MoeWeights> {
+fn moe(
+    r: &Resolver<'_>,
+    derived: &mut DerivedWeights,
+    gpu: &dyn GpuBackend,
+    m: &MoeConfig,
+    n: &MoeNames,
+    h: usize,
+    layer: usize,
+) -> Result<MoeWeights> {
     let inter = m.expert_intermediate;
     let experts = match &n.experts {
         ExpertNames::Separate(list) => list
@@ -498,7 +511,7 @@ fn moe(r: &Resolver<'_>, m: &MoeConfig, n: &MoeNames, h: usize) -> Result<MoeWei
             .as_ref()
             .map(|b| r.vector(b, m.n_experts))
             .transpose()?,
-        experts,
+        experts: experts::tables(&experts, derived, gpu, layer)?,
         shared: match (&n.shared, m.shared_intermediate) {
             (Some(s), Some(si)) => Some(r.mlp(s, h, si)?),
             _ => None,

@@ -2,11 +2,12 @@
 //! mixtures of experts with an optional (gated) shared expert.
 
 use metrale_gpu_runtime::DeviceSlice;
-use metrale_gpu_runtime::ops::dense::{GroupedTopK, MatmulDims};
+use metrale_gpu_runtime::ops::{ExpertGroups, GroupedTopK, MatmulDims, Routes};
 
 use super::{Cx, dev};
 use crate::config::Routing;
 use crate::error::Result;
+use crate::model::experts::ExpertTables;
 use crate::model::weights::{Linear, MlpWeights, MoeWeights};
 
 /// `out[rows, hidden] = mlp(x[rows, hidden])`, using ffn_a / ffn_b as scratch.
@@ -73,76 +74,86 @@ fn swiglu(
     cx.gpu.silu_mul(g, u, out, n).map_err(dev("silu"))
 }
 
-/// Routed experts plus the shared expert, into `mixed`.
+/// Routed experts plus the shared expert, into `mixed`. The router writes
+/// the routes on the device, the routed rows are grouped by expert there,
+/// and the experts run as grouped matmuls over all routed rows at once: no
+/// host work depends on the routing.
 pub(super) fn moe(cx: &Cx<'_>, w: &MoeWeights) -> Result<()> {
     let (gpu, s) = (cx.gpu, cx.s);
-    let moe =
-        cx.model.config.moe.as_ref().ok_or_else(|| {
-            crate::error::EngineError::Request("MoE layer without MoE config".into())
-        })?;
-    let (t, h) = (cx.batch.tokens, cx.model.config.hidden_size);
-    let logits = s.r[0]
-        .slice(0, t * moe.n_experts)
-        .map_err(dev("router scratch"))?;
+    let moe = cx.model.config.moe.as_ref().ok_or_else(|| {
+        crate::error::EngineError::Internal("MoE layer without MoE config".into())
+    })?;
+    let (t, h, k) = (cx.batch.tokens, cx.model.config.hidden_size, moe.top_k);
+    let entries = t * k;
+    let cut = |s: DeviceSlice, n: usize| s.slice(0, n).map_err(dev("moe scratch"));
+    let logits = cut(s.r[0], t * moe.n_experts)?;
     cx.linear(s.normed, &w.router, logits, t)?;
-    let routes = match moe.routing {
-        Routing::Softmax => {
-            gpu.softmax_topk(logits, t, moe.n_experts, moe.top_k, moe.norm_topk_prob)
-        }
+    let routes = Routes {
+        experts: cut(s.route_experts, entries)?,
+        weights: cut(s.route_weights, entries)?,
+        rows: t,
+        k,
+    };
+    match moe.routing {
+        Routing::Softmax => gpu.softmax_topk(logits, moe.n_experts, moe.norm_topk_prob, &routes),
         Routing::SigmoidGrouped {
             n_group,
             topk_group,
             scale,
         } => {
             let p = GroupedTopK {
-                k: moe.top_k,
+                k,
                 n_group,
                 topk_group,
                 renormalize: moe.norm_topk_prob,
                 scale,
             };
-            gpu.sigmoid_topk(logits, w.router_bias, t, moe.n_experts, &p)
+            gpu.sigmoid_topk(logits, w.router_bias, moe.n_experts, &p, &routes)
         }
     }
     .map_err(dev("router"))?;
-    // Rows and weights per expert.
-    let mut per_expert: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); moe.n_experts];
-    for (i, &(e, weight)) in routes.iter().enumerate() {
-        let (rows, weights) = &mut per_expert[e as usize];
-        rows.push((i / moe.top_k) as u32);
-        weights.push(weight);
+    let groups = ExpertGroups {
+        offsets: cut(s.group_offsets, moe.n_experts + 1)?,
+        rows: cut(s.group_rows, entries)?,
+        weights: cut(s.group_weights, entries)?,
+        n_experts: moe.n_experts,
+    };
+    gpu.moe_group(&routes, &groups).map_err(dev("moe group"))?;
+    let ei = w.experts.intermediate();
+    let xin = cut(s.expert_in, entries * h)?;
+    let (a, b, y) = (
+        cut(s.ffn_a, entries * ei)?,
+        cut(s.ffn_b, entries * ei)?,
+        cut(s.ffn_out, entries * h)?,
+    );
+    gpu.gather_rows(s.normed, groups.rows, h, xin)
+        .map_err(dev("expert gather"))?;
+    match &w.experts {
+        ExpertTables::SwiGlu { gate, up, down } => {
+            gpu.grouped_matmul_swiglu(xin, gate, up, &groups, a, b)
+                .map_err(dev("expert swiglu"))?;
+            gpu.grouped_matmul(a, down, &groups, y)
+                .map_err(dev("expert down"))?;
+        }
+        ExpertTables::Plain { up, down } => {
+            gpu.grouped_matmul(xin, up, &groups, a)
+                .map_err(dev("expert up"))?;
+            gpu.relu2(a, b, entries * ei).map_err(dev("expert relu2"))?;
+            gpu.grouped_matmul(b, down, &groups, y)
+                .map_err(dev("expert down"))?;
+        }
     }
     gpu.zero(s.mixed).map_err(dev("moe output"))?;
-    for (expert, (rows, weights)) in w.experts.iter().zip(&per_expert) {
-        if rows.is_empty() {
-            continue;
-        }
-        let n = rows.len();
-        let (xin, yout) = (
-            s.expert_in.slice(0, n * h).map_err(dev("expert scratch"))?,
-            s.ffn_out.slice(0, n * h).map_err(dev("expert scratch"))?,
-        );
-        gpu.gather_rows(s.normed, rows, h, xin)
-            .map_err(dev("expert gather"))?;
-        mlp(cx, expert, xin, yout, n)?;
-        gpu.scatter_add_rows(yout, rows, weights, h, s.mixed)
-            .map_err(dev("expert scatter"))?;
-    }
+    gpu.scatter_add_rows(y, groups.rows, groups.weights, h, s.mixed)
+        .map_err(dev("expert scatter"))?;
     if let Some(shared) = &w.shared {
         mlp(cx, shared, s.normed, s.ffn_out, t)?;
         match &w.shared_gate {
             Some(gate) => {
-                let g = s.r[1].slice(0, t).map_err(dev("shared gate scratch"))?;
+                let g = cut(s.r[1], t)?;
                 cx.linear(s.normed, gate, g, t)?;
-                let weights: Vec<f32> = gpu
-                    .download_f32(g)
-                    .map_err(dev("shared gate"))?
-                    .iter()
-                    .map(|x| 1.0 / (1.0 + (-x).exp()))
-                    .collect();
-                let rows: Vec<u32> = (0..t as u32).collect();
-                gpu.scatter_add_rows(s.ffn_out, &rows, &weights, h, s.mixed)
-                    .map_err(dev("shared expert"))?;
+                gpu.sigmoid_gate_add(s.mixed, s.ffn_out, g, t, h)
+                    .map_err(dev("shared expert gate"))?;
             }
             None => gpu
                 .add_scaled(s.mixed, s.ffn_out, 1.0, t * h)

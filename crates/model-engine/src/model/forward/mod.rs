@@ -6,10 +6,13 @@
 
 mod attention;
 mod ffn;
+mod meta;
 mod recurrent;
 
+pub use meta::step_meta_words;
+
 use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
-use metrale_gpu_runtime::ops::{AttnSeq, MatmulDims, RecurrentSeq};
+use metrale_gpu_runtime::ops::{MatmulDims, StateSlots};
 
 use super::TransformerModel;
 use super::types::{LOGIT_ROWS, SCRATCH_REGIONS};
@@ -53,15 +56,10 @@ pub struct Step<'a> {
     pub logits: Logits,
 }
 
-/// Per-step row bookkeeping shared by the layers.
-pub(crate) struct Batch<'a> {
+/// The step's rows and its metadata in device memory.
+pub(crate) struct Batch {
     pub tokens: usize,
-    pub positions: Vec<u32>,
-    /// KV slot of every row (attention models).
-    pub kv_slots: Vec<u32>,
-    pub attn: Vec<AttnSeq<'a>>,
-    /// (row_start, len, slot) per sequence with a recurrent slot.
-    pub recurrent: Vec<(usize, usize, metrale_core::SlotId)>,
+    pub meta: meta::MetaViews,
 }
 
 /// Named regions of the arena, cut to this step's rows.
@@ -75,13 +73,19 @@ pub(crate) struct Scratch {
     pub ffn_out: DeviceSlice,
     pub expert_in: DeviceSlice,
     pub logits: DeviceSlice,
+    /// MoE routes and the routed rows grouped by expert.
+    pub route_experts: DeviceSlice,
+    pub route_weights: DeviceSlice,
+    pub group_offsets: DeviceSlice,
+    pub group_rows: DeviceSlice,
+    pub group_weights: DeviceSlice,
 }
 
 /// Context every layer function receives.
 pub(crate) struct Cx<'a> {
     pub gpu: &'a dyn GpuBackend,
     pub model: &'a TransformerModel,
-    pub batch: &'a Batch<'a>,
+    pub batch: &'a Batch,
     pub s: &'a Scratch,
 }
 
@@ -103,25 +107,14 @@ impl Cx<'_> {
             .map_err(dev("matmul"))
     }
 
-    /// Recurrent sequences of this step with their state for `layer`.
-    pub fn recurrent_seqs(&self, layer: usize, conv: bool) -> Result<Vec<RecurrentSeq>> {
+    /// Recurrent layer `layer`'s conv (or SSM) state of every slot.
+    pub fn states(&self, layer: usize, conv: bool) -> Result<StateSlots> {
         let pool = self.model.ssm_pool.as_ref();
-        self.batch
-            .recurrent
-            .iter()
-            .map(|&(row_start, len, slot)| {
-                let state = if conv {
-                    pool.conv_state(layer, slot)?
-                } else {
-                    pool.ssm_state(layer, slot)?
-                };
-                Ok(RecurrentSeq {
-                    row_start,
-                    len,
-                    state,
-                })
-            })
-            .collect()
+        if conv {
+            pool.conv_slots(layer)
+        } else {
+            pool.ssm_slots(layer)
+        }
     }
 }
 
@@ -176,19 +169,22 @@ impl TransformerModel {
         let scratch = self.scratch(tokens)?;
         let result = {
             let steps_ro: &[Step<'_>] = steps;
-            let batch = self.batch(steps_ro, tokens)?;
+            let has_attn = self.config.attention_layers().next().is_some();
+            let meta =
+                meta::StepMeta::build(steps_ro, tokens, self.options.kv_block_size, has_attn)?;
+            let buffer = self.buffers.get("step_meta").map_err(dev("arena"))?;
+            let batch = Batch {
+                tokens,
+                meta: meta.upload(gpu, meta::as_words(buffer))?,
+            };
             let cx = Cx {
                 gpu,
                 model: self,
                 batch: &batch,
                 s: &scratch,
             };
-            let ids: Vec<u32> = steps_ro
-                .iter()
-                .flat_map(|s| s.tokens.iter().copied())
-                .collect();
-            self.run_layers(&cx, weights, &ids)
-                .and_then(|_| self.logits(&cx, weights, steps_ro))
+            self.run_layers(&cx, weights)
+                .and_then(|_| self.logits(&cx, weights, &meta.logit_counts))
         };
         if result.is_ok() {
             for s in steps.iter_mut() {
@@ -206,7 +202,7 @@ impl TransformerModel {
         let mut kv = self.kv_cache.lock();
         for s in steps.iter_mut() {
             if s.seq.slot.is_none() && self.ssm_pool.layers() > 0 {
-                return Err(EngineError::Request("sequence has no SSM slot".into()));
+                return Err(EngineError::Internal("a sequence has no SSM slot".into()));
             }
             s.seq.kv.reserve(&mut kv, s.seq.pos + s.tokens.len())?;
         }
@@ -226,6 +222,10 @@ impl TransformerModel {
                 .and_then(|r| r.slice(0, len))
                 .map_err(dev("arena"))
         };
+        let words = meta::as_words;
+        let (n_experts, top_k) = c.moe.as_ref().map_or((0, 0), |m| (m.n_experts, m.top_k));
+        let routed = tokens * top_k;
+        let ffn_rows = tokens.max(routed);
         let mut r = [get("residual", 1)?; 10];
         for (slot, name) in r.iter_mut().zip(SCRATCH_REGIONS) {
             *slot = get(name, tokens * widest)?;
@@ -235,55 +235,23 @@ impl TransformerModel {
             normed: get("normed", tokens * h)?,
             mixed: get("mixed", tokens * h)?,
             r,
-            ffn_a: get("ffn_a", tokens * 2 * inter)?,
-            ffn_b: get("ffn_b", tokens * 2 * inter)?,
-            ffn_out: get("ffn_out", tokens * h)?,
-            expert_in: get("expert_in", tokens * h)?,
+            ffn_a: get("ffn_a", ffn_rows * 2 * inter)?,
+            ffn_b: get("ffn_b", ffn_rows * 2 * inter)?,
+            ffn_out: get("ffn_out", ffn_rows * h)?,
+            expert_in: get("expert_in", ffn_rows * h)?,
             logits: get("logits", tokens.min(LOGIT_ROWS) * c.vocab_size)?,
+            route_experts: words(get("route_experts", routed)?),
+            route_weights: get("route_weights", routed)?,
+            group_offsets: words(get("group_offsets", n_experts + 1)?),
+            group_rows: words(get("group_rows", routed)?),
+            group_weights: get("group_weights", routed)?,
         })
     }
 
-    fn batch<'s>(&self, steps: &'s [Step<'_>], tokens: usize) -> Result<Batch<'s>> {
-        let bs = self.options.kv_block_size;
-        let has_attn = self.config.attention_layers().next().is_some();
-        let mut b = Batch {
-            tokens,
-            positions: Vec::with_capacity(tokens),
-            kv_slots: Vec::new(),
-            attn: Vec::new(),
-            recurrent: Vec::new(),
-        };
-        let mut row = 0;
-        for s in steps {
-            let (start, len) = (s.seq.pos, s.tokens.len());
-            b.positions.extend((start..start + len).map(|p| p as u32));
-            if has_attn {
-                for p in start..start + len {
-                    b.kv_slots.push(s.seq.kv.slot(p, bs).ok_or_else(|| {
-                        EngineError::Request(format!("no KV block for position {p}"))
-                    })?);
-                }
-                b.attn.push(AttnSeq {
-                    q_start: row,
-                    q_len: len,
-                    kv_len: start + len,
-                    block_table: s.seq.kv.blocks(),
-                });
-            }
-            if let Some(slot) = &s.seq.slot
-                && len > 0
-            {
-                b.recurrent.push((row, len, slot.slot()));
-            }
-            row += len;
-        }
-        Ok(b)
-    }
-
-    fn run_layers(&self, cx: &Cx<'_>, w: &ModelWeights, ids: &[u32]) -> Result<()> {
+    fn run_layers(&self, cx: &Cx<'_>, w: &ModelWeights) -> Result<()> {
         let (gpu, s, c) = (cx.gpu, cx.s, &self.config);
         let (t, h) = (cx.batch.tokens, c.hidden_size);
-        gpu.embedding(w.embed, ids, h, s.residual)
+        gpu.embedding(w.embed, cx.batch.meta.ids, h, s.residual)
             .map_err(dev("embedding"))?;
         if c.embedding_multiplier != 1.0 {
             gpu.scale(s.residual, c.embedding_multiplier, t * h)
@@ -332,7 +300,7 @@ impl TransformerModel {
     ) -> Result<()> {
         let c = &self.config;
         let weight = weight
-            .ok_or_else(|| EngineError::Request("a layer block has no norm weight".into()))?;
+            .ok_or_else(|| EngineError::Internal("a layer block has no norm weight".into()))?;
         let rows = x.len() / c.hidden_size;
         cx.gpu
             .rms_norm(
@@ -347,45 +315,40 @@ impl TransformerModel {
             .map_err(dev("rms_norm"))
     }
 
-    fn logits(&self, cx: &Cx<'_>, w: &ModelWeights, steps: &[Step<'_>]) -> Result<Vec<Vec<f32>>> {
+    /// The wanted rows' logits, `LOGIT_ROWS` rows per LM-head pass (a
+    /// decode step: one pass), each pass one download.
+    fn logits(&self, cx: &Cx<'_>, w: &ModelWeights, counts: &[usize]) -> Result<Vec<Vec<f32>>> {
         let (gpu, s, c) = (cx.gpu, cx.s, &self.config);
         let (h, vocab) = (c.hidden_size, c.vocab_size);
-        // Rows wanted, in step order.
-        let mut rows: Vec<u32> = Vec::new();
-        let mut counts = Vec::with_capacity(steps.len());
-        let mut row = 0u32;
-        for st in steps {
-            let len = st.tokens.len() as u32;
-            let wanted: Vec<u32> = match st.logits {
-                Logits::None => vec![],
-                Logits::Last if len > 0 => vec![row + len - 1],
-                Logits::Last => vec![],
-                Logits::All => (row..row + len).collect(),
-            };
-            counts.push(wanted.len());
-            rows.extend(wanted);
-            row += len;
-        }
-        let mut all = Vec::with_capacity(rows.len() * vocab);
-        for chunk in rows.chunks(LOGIT_ROWS) {
-            let n = chunk.len();
+        let wanted: usize = counts.iter().sum();
+        let mut all = Vec::with_capacity(wanted * vocab);
+        let mut done = 0;
+        while done < wanted {
+            let n = LOGIT_ROWS.min(wanted - done);
+            let rows = cx
+                .batch
+                .meta
+                .logit_rows
+                .slice(done, n)
+                .map_err(dev("logits"))?;
             let (gathered, normed) = (
                 s.normed.slice(0, n * h).map_err(dev("logits"))?,
                 s.mixed.slice(0, n * h).map_err(dev("logits"))?,
             );
-            gpu.gather_rows(s.residual, chunk, h, gathered)
+            gpu.gather_rows(s.residual, rows, h, gathered)
                 .map_err(dev("gather"))?;
             self.norm(cx, Some(w.final_norm), gathered, normed)?;
             let out = s.logits.slice(0, n * vocab).map_err(dev("logits"))?;
             cx.linear(normed, &w.lm_head, out, n)?;
             all.extend(gpu.download_f32(out).map_err(dev("logits download"))?);
+            done += n;
         }
         if c.logits_divisor != 1.0 {
             all.iter_mut().for_each(|v| *v /= c.logits_divisor);
         }
-        let mut out = Vec::with_capacity(steps.len());
+        let mut out = Vec::with_capacity(counts.len());
         let mut offset = 0;
-        for n in counts {
+        for &n in counts {
             out.push(all[offset * vocab..(offset + n) * vocab].to_vec());
             offset += n;
         }

@@ -1,11 +1,77 @@
 //! Recurrent mixers: Mamba-2 (conv, SSD scan, gated norm) and the gated
 //! DeltaNet of Qwen3-Next, each carrying its state in the sequence's slot.
 
+use metrale_gpu_runtime::DeviceSlice;
 use metrale_gpu_runtime::ops::{DeltaParams, GateOrder, SsdParams};
 
-use super::{Cx, dev};
+use super::{Cx, Scratch, dev};
 use crate::error::{EngineError, Result};
 use crate::model::weights::{DeltaWeights, MambaWeights};
+
+/// Mamba-2's intermediates, each in one of the arena's scratch regions.
+struct MambaRegs {
+    /// The gate `z`, `[t, d_inner]`.
+    z: DeviceSlice,
+    /// The conv input `xBC`, `[t, conv_dim]`.
+    xbc: DeviceSlice,
+    /// The raw time step, `[t, n_heads]`.
+    dt: DeviceSlice,
+    /// The conv output (after SiLU), `[t, x | B | C]`.
+    xbc_act: DeviceSlice,
+    /// The scan output, `[t, d_inner]`.
+    y: DeviceSlice,
+    /// The gated norm's output, `[t, d_inner]`.
+    normed: DeviceSlice,
+}
+
+impl MambaRegs {
+    fn of(s: &Scratch) -> Self {
+        let [_, z, xbc, dt, xbc_act, _, _, _, y, normed] = s.r;
+        Self {
+            z,
+            xbc,
+            dt,
+            xbc_act,
+            y,
+            normed,
+        }
+    }
+}
+
+/// The gated DeltaNet's intermediates, each in one scratch region.
+struct DeltaRegs {
+    /// The gated norm's output, `[t, value_dim]`.
+    normed: DeviceSlice,
+    /// `q | k | v` before the conv, then the delta rule's output.
+    mixed: DeviceSlice,
+    /// The gate `z`, `[t, value_dim]`.
+    z: DeviceSlice,
+    /// The conv output, `[t, q | k | v]`.
+    conv: DeviceSlice,
+    q: DeviceSlice,
+    k: DeviceSlice,
+    v: DeviceSlice,
+    /// `beta`'s and the decay's raw projections, `[t, n_v_heads]`.
+    b: DeviceSlice,
+    a: DeviceSlice,
+}
+
+impl DeltaRegs {
+    fn of(s: &Scratch) -> Self {
+        let [normed, _, mixed, z, conv, q, k, v, b, a] = s.r;
+        Self {
+            normed,
+            mixed,
+            z,
+            conv,
+            q,
+            k,
+            v,
+            b,
+            a,
+        }
+    }
+}
 
 /// Mamba-2: in_proj -> z | xBC | dt; conv1d+SiLU over xBC; SSD scan;
 /// gated RMSNorm with z; out_proj.
@@ -16,7 +82,7 @@ pub(super) fn mamba(cx: &Cx<'_>, w: &MambaWeights) -> Result<()> {
         .config
         .mamba
         .as_ref()
-        .ok_or_else(|| EngineError::Request("Mamba layer without Mamba config".into()))?;
+        .ok_or_else(|| EngineError::Internal("Mamba layer without Mamba config".into()))?;
     let t = cx.batch.tokens;
     let (di, cd, gs, nh, pd) = (
         m.d_inner(),
@@ -25,21 +91,28 @@ pub(super) fn mamba(cx: &Cx<'_>, w: &MambaWeights) -> Result<()> {
         m.n_heads,
         m.in_proj_dim(),
     );
-    let [_, z, xbc, dt, xbc_act, _, _, _, y, normed] = cx.s.r;
-    let cut =
-        |s: metrale_gpu_runtime::DeviceSlice, n: usize| s.slice(0, n).map_err(dev("mamba scratch"));
+    let MambaRegs {
+        z,
+        xbc,
+        dt,
+        xbc_act,
+        y,
+        normed,
+    } = MambaRegs::of(cx.s);
+    let cut = |s: DeviceSlice, n: usize| s.slice(0, n).map_err(dev("mamba scratch"));
+    let seqs = &cx.batch.meta.recurrent;
     // in_proj's parts straight into their buffers (no split copies).
     debug_assert_eq!(pd, di + cd + nh);
     cx.linear(cx.s.normed, &w.in_proj.rows(0, di)?, z, t)?;
     cx.linear(cx.s.normed, &w.in_proj.rows(di, cd)?, xbc, t)?;
     cx.linear(cx.s.normed, &w.in_proj.rows(di + cd, nh)?, dt, t)?;
-    let conv_seqs = cx.recurrent_seqs(w.state_layer, true)?;
     gpu.causal_conv1d(
         cut(xbc, t * cd)?,
         w.conv_w,
         w.conv_b,
         cut(xbc_act, t * cd)?,
-        &conv_seqs,
+        cx.states(w.state_layer, true)?,
+        seqs,
         cd,
         m.conv_kernel,
         true,
@@ -60,7 +133,6 @@ pub(super) fn mamba(cx: &Cx<'_>, w: &MambaWeights) -> Result<()> {
         dt_max: m.time_step_limit.1,
         input_row_stride: Some(cd),
     };
-    let ssm_seqs = cx.recurrent_seqs(w.state_layer, false)?;
     gpu.ssd_scan(
         part(0, di)?,
         cut(dt, t * nh)?,
@@ -70,7 +142,8 @@ pub(super) fn mamba(cx: &Cx<'_>, w: &MambaWeights) -> Result<()> {
         w.d,
         w.dt_bias,
         cut(y, t * di)?,
-        &ssm_seqs,
+        cx.states(w.state_layer, false)?,
+        seqs,
         &p,
     )
     .map_err(dev("ssd scan"))?;
@@ -100,27 +173,36 @@ pub(super) fn deltanet(cx: &Cx<'_>, w: &DeltaWeights) -> Result<()> {
         .config
         .deltanet
         .as_ref()
-        .ok_or_else(|| EngineError::Request("DeltaNet layer without its config".into()))?;
+        .ok_or_else(|| EngineError::Internal("DeltaNet layer without its config".into()))?;
     let t = cx.batch.tokens;
     let (kd, vd, cd, nv) = (d.key_dim(), d.value_dim(), d.conv_dim(), d.n_v_heads);
     let width = cd + vd;
-    let [qkvz, _, mixed, z, conv, q, k, v, b, a] = cx.s.r;
-    let cut = |s: metrale_gpu_runtime::DeviceSlice, n: usize| {
-        s.slice(0, n).map_err(dev("deltanet scratch"))
-    };
+    let DeltaRegs {
+        normed,
+        mixed,
+        z,
+        conv,
+        q,
+        k,
+        v,
+        b,
+        a,
+    } = DeltaRegs::of(cx.s);
+    let cut = |s: DeviceSlice, n: usize| s.slice(0, n).map_err(dev("deltanet scratch"));
+    let seqs = &cx.batch.meta.recurrent;
     // The projections' parts straight into their buffers (no split copies).
     debug_assert_eq!(w.qkvz.n, width);
     cx.linear(cx.s.normed, &w.qkvz.rows(0, cd)?, mixed, t)?;
     cx.linear(cx.s.normed, &w.qkvz.rows(cd, vd)?, z, t)?;
     cx.linear(cx.s.normed, &w.ba.rows(0, nv)?, b, t)?;
     cx.linear(cx.s.normed, &w.ba.rows(nv, nv)?, a, t)?;
-    let conv_seqs = cx.recurrent_seqs(w.state_layer, true)?;
     gpu.causal_conv1d(
         cut(mixed, t * cd)?,
         w.conv_w,
         None,
         cut(conv, t * cd)?,
-        &conv_seqs,
+        cx.states(w.state_layer, true)?,
+        seqs,
         cd,
         d.conv_kernel,
         true,
@@ -139,7 +221,6 @@ pub(super) fn deltanet(cx: &Cx<'_>, w: &DeltaWeights) -> Result<()> {
         v_head_dim: d.v_head_dim,
         chunk_size: 64,
     };
-    let state_seqs = cx.recurrent_seqs(w.state_layer, false)?;
     let core = cut(mixed, t * vd)?;
     gpu.gated_delta_rule(
         cut(q, t * kd)?,
@@ -150,11 +231,12 @@ pub(super) fn deltanet(cx: &Cx<'_>, w: &DeltaWeights) -> Result<()> {
         w.a_log,
         w.dt_bias,
         core,
-        &state_seqs,
+        cx.states(w.state_layer, false)?,
+        seqs,
         &p,
     )
     .map_err(dev("gated delta rule"))?;
-    let normed = cut(qkvz, t * vd)?;
+    let normed = cut(normed, t * vd)?;
     gpu.gated_rms_norm(
         core,
         cut(z, t * vd)?,

@@ -17,6 +17,7 @@ use crate::cache::{KvCache, SsmSnapshots, SsmStatePool, StateShape};
 use crate::config::{MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::model::derived::DerivedWeights;
+use crate::model::forward::step_meta_words;
 use crate::model::weights::{ModelWeights, resolve};
 
 /// How much per-sequence memory to set aside.
@@ -89,8 +90,10 @@ impl TransformerModel {
                 return Err(e);
             }
         };
-        let buffers = match BufferArena::allocate(g, arena_plan(&config, options.max_batch_tokens))
-        {
+        let buffers = match BufferArena::allocate(
+            g,
+            arena_plan(&config, options.max_batch_tokens, options.kv_blocks),
+        ) {
             Ok(b) => b,
             Err(source) => {
                 let _ = kv.release(g);
@@ -239,7 +242,7 @@ pub fn widest_ffn(config: &ModelConfig) -> usize {
 /// Activation scratch for steps of up to `tokens` rows.
 /// Sizes saturate: absurd options give a plan too large to allocate (and
 /// refused by the memory plan), never an overflow.
-pub fn arena_plan(config: &ModelConfig, tokens: usize) -> ArenaPlan {
+pub fn arena_plan(config: &ModelConfig, tokens: usize, kv_blocks: usize) -> ArenaPlan {
     let t = tokens.max(1);
     let rows = |width: usize| t.saturating_mul(width);
     let h = config.hidden_size;
@@ -251,9 +254,23 @@ pub fn arena_plan(config: &ModelConfig, tokens: usize) -> ArenaPlan {
     for r in SCRATCH_REGIONS {
         plan = plan.region(r, rows(widest));
     }
-    plan.region("ffn_a", rows(2 * inter))
-        .region("ffn_b", rows(2 * inter))
-        .region("ffn_out", rows(h))
-        .region("expert_in", rows(h))
+    // A MoE layer's grouped experts see every (token, expert) pair as a row.
+    let (n_experts, top_k) = config
+        .moe
+        .as_ref()
+        .map_or((0, 0), |m| (m.n_experts, m.top_k));
+    let routed = t.saturating_mul(top_k);
+    let ffn_rows = t.max(routed);
+    let ffn = |width: usize| ffn_rows.saturating_mul(width);
+    plan.region("ffn_a", ffn(2 * inter))
+        .region("ffn_b", ffn(2 * inter))
+        .region("ffn_out", ffn(h))
+        .region("expert_in", ffn(h))
         .region("logits", t.min(LOGIT_ROWS) * config.vocab_size)
+        .region("route_experts", routed)
+        .region("route_weights", routed)
+        .region("group_offsets", n_experts + 1)
+        .region("group_rows", routed)
+        .region("group_weights", routed)
+        .region("step_meta", step_meta_words(t, kv_blocks))
 }
