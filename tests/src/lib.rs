@@ -84,6 +84,7 @@ pub fn options() -> ModelOptions {
         kv_blocks: 128,
         max_seqs: 8,
         max_batch_tokens: 256,
+        kv_dtype: None,
     }
 }
 

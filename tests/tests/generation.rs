@@ -39,6 +39,7 @@ fn roomy() -> ModelOptions {
         kv_blocks: 128,
         max_seqs: 16,
         max_batch_tokens: 256,
+        kv_dtype: None,
     }
 }
 
@@ -182,6 +183,7 @@ fn greedy_parity(name: &str) -> Result<()> {
         kv_blocks: 24,
         max_seqs: 5,
         max_batch_tokens: 64,
+        kv_dtype: None,
     };
     let (cpu, mut engine) = load(name, tight, chunked)?;
     check_greedy(name, &mut engine, 16, 16)?;
@@ -510,6 +512,7 @@ fn stress(name: &str) -> Result<()> {
         kv_blocks: 48,
         max_seqs: 6,
         max_batch_tokens: 64,
+        kv_dtype: None,
     };
     let (cpu, mut engine) = load(
         name,

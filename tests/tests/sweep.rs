@@ -146,6 +146,7 @@ fn check_variant(rel: &str, scratch: &Path) -> Result<f32> {
             kv_blocks: 64,
             max_seqs: 4,
             max_batch_tokens: 128,
+            kv_dtype: None,
         },
         ..LoadOptions::default()
     };

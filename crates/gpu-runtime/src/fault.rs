@@ -137,6 +137,14 @@ impl<B: GpuBackend> GpuBackend for FaultInjecting<B> {
     fn synchronize(&self) -> Result<()> {
         self.inner.synchronize()
     }
+
+    fn kv_layout(&self, spec: crate::ops::KvSpec) -> Result<crate::ops::KvLayout> {
+        self.inner.kv_layout(spec)
+    }
+
+    fn state_layout(&self, elements: usize) -> crate::ops::StateLayout {
+        self.inner.state_layout(elements)
+    }
 }
 
 mod delegate;

@@ -8,7 +8,7 @@ use metrale_core::DType;
 
 use crate::error::{GpuError, Result};
 use crate::ledger::{Ledger, LedgerReport};
-use crate::ops::{DenseOps, MoeOps, RecurrentOps};
+use crate::ops::{DenseOps, KvLayout, KvSpec, MoeOps, RecurrentOps, StateLayout};
 
 /// An opaque device address. Model code passes these around but never
 /// dereferences them; only the backend that allocated one gives it meaning.
@@ -146,6 +146,13 @@ pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
 
     /// Waits for all queued work to finish.
     fn synchronize(&self) -> Result<()>;
+
+    /// How this backend stores a KV block for `spec` (its default dtype when
+    /// the spec names none); an error names a dtype it cannot store.
+    fn kv_layout(&self, spec: KvSpec) -> Result<KvLayout>;
+
+    /// How this backend stores a recurrent state of `elements` values.
+    fn state_layout(&self, elements: usize) -> StateLayout;
 
     /// Bytes this backend can still allocate, where it can tell (the host's
     /// available memory and cgroup limit for the CPU, free device memory for

@@ -255,7 +255,8 @@ impl TransformerModel {
         seed: u64,
         dtype: DType,
     ) -> Result<Self> {
-        crate::model::MemoryPlan::new(&config, &options, &|_| dtype).check(gpu.as_ref())?;
+        crate::model::MemoryPlan::new(gpu.as_ref(), &config, &options, &|_| dtype)?
+            .check(gpu.as_ref())?;
         let mut store = random_weight_store(&config, seed, dtype, gpu.as_ref())?;
         let mut model = match TransformerModel::new(gpu.clone(), config, options) {
             Ok(m) => m,

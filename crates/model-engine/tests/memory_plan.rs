@@ -21,6 +21,7 @@ fn options() -> ModelOptions {
         kv_blocks: 7,
         max_seqs: 3,
         max_batch_tokens: 40,
+        kv_dtype: None,
     }
 }
 
@@ -41,7 +42,8 @@ fn the_plan_is_what_a_model_allocates() {
                     DType::F32
                 })
             };
-            let plan = MemoryPlan::new(model.config(), model.options(), &held);
+            let plan =
+                MemoryPlan::new(cpu.as_ref(), model.config(), model.options(), &held).unwrap();
             assert_eq!(
                 plan.total(),
                 cpu.live_bytes(),
@@ -58,7 +60,8 @@ fn the_plan_is_what_a_model_allocates() {
 fn a_model_that_does_not_fit_is_refused_before_allocating() {
     for name in FIXTURES {
         let config = load_config(&fixture(name)).unwrap();
-        let plan = MemoryPlan::new(&config, &options(), &|_| DType::BF16);
+        let plan =
+            MemoryPlan::new(&CpuBackend::new(), &config, &options(), &|_| DType::BF16).unwrap();
         // One byte short, for a loaded and for a random-weight model.
         let cpu = Arc::new(CpuBackend::with_threads(1).with_memory_limit(plan.total() - 1));
         let gpu: Arc<dyn GpuBackend> = cpu.clone();

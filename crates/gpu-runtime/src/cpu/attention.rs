@@ -21,7 +21,10 @@ use super::elementwise as ew;
 use super::gemv::Isa;
 use super::recurrent::math::simd_fn;
 use super::vec;
-use crate::error::Result;
+use half::bf16;
+use metrale_core::DType;
+
+use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::dense::{AttnParams, KvLayer};
 use crate::ops::step::{ATTN_SEQ_WORDS, AttnBatch, AttnSeqDesc};
@@ -29,6 +32,8 @@ use crate::ops::step::{ATTN_SEQ_WORDS, AttnBatch, AttnSeqDesc};
 thread_local! {
     /// One query's scores (per team thread).
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// A bf16 cache's key tile or value rows widened to f32 (per team thread).
+    static WIDE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 pub(super) fn kv_store(
@@ -53,20 +58,108 @@ pub(super) fn kv_store(
         ));
     }
     let (ks, vs) = (cpu.read_f32(OP, k)?, cpu.read_f32(OP, v)?);
-    let kc = cpu.write_f32(OP, cache.k, &[k, v])?;
+    match cache.k.dtype() {
+        DType::F32 => {
+            let kc = cpu.write_f32(OP, cache.k, &[k, v])?;
+            let vc = cpu.write_f32(OP, cache.v, &[k, v, cache.k])?;
+            store_rows(slots, ks, vs, kc, vc, kv_width, bs, |x| x);
+        }
+        DType::BF16 => {
+            let kc = cpu.write_bf16(OP, cache.k, &[k, v])?;
+            let vc = cpu.write_bf16(OP, cache.v, &[k, v, cache.k])?;
+            store_rows(slots, ks, vs, kc, vc, kv_width, bs, bf16::from_f32);
+        }
+        dtype => return Err(GpuError::UnsupportedDType { op: OP, dtype }),
+    }
+    Ok(())
+}
+
+/// Row `i` of `ks` / `vs` into slot `slots[i]`: keys transposed within
+/// their block's tiles, values token-major; `cast` rounds to the cache's dtype.
+#[allow(clippy::too_many_arguments)]
+fn store_rows<T: Copy>(
+    slots: &[u32],
+    ks: &[f32],
+    vs: &[f32],
+    kc: &mut [T],
+    vc: &mut [T],
+    kv_width: usize,
+    bs: usize,
+    cast: impl Fn(f32) -> T,
+) {
     for (i, &slot) in slots.iter().enumerate() {
         let (block, off) = (slot as usize / bs, slot as usize % bs);
         let tile = &mut kc[block * kv_width * bs..(block + 1) * kv_width * bs];
         for (c, &x) in ks[i * kv_width..(i + 1) * kv_width].iter().enumerate() {
-            tile[c * bs + off] = x;
+            tile[c * bs + off] = cast(x);
+        }
+        let s = slot as usize;
+        for (o, &x) in vc[s * kv_width..(s + 1) * kv_width]
+            .iter_mut()
+            .zip(&vs[i * kv_width..(i + 1) * kv_width])
+        {
+            *o = cast(x);
         }
     }
-    let vc = cpu.write_f32(OP, cache.v, &[k, v])?;
-    for (i, &slot) in slots.iter().enumerate() {
-        let s = slot as usize;
-        vc[s * kv_width..(s + 1) * kv_width].copy_from_slice(&vs[i * kv_width..(i + 1) * kv_width]);
+}
+
+/// A layer's cached keys or values, in the cache's dtype.
+#[derive(Clone, Copy)]
+enum KvData<'a> {
+    F32(&'a [f32]),
+    /// Widened to f32 a block at a time (into per-thread buffers).
+    BF16(&'a [bf16]),
+}
+
+impl<'a> KvData<'a> {
+    fn read(cpu: &'a CpuBackend, op: &'static str, s: DeviceSlice) -> Result<Self> {
+        match s.dtype() {
+            DType::F32 => Ok(KvData::F32(cpu.read_f32(op, s)?)),
+            DType::BF16 => Ok(KvData::BF16(cpu.read_bf16(op, s)?)),
+            dtype => Err(GpuError::UnsupportedDType { op, dtype }),
+        }
     }
-    Ok(())
+
+    /// `len` elements at `at`, as f32: in place, or widened into `buf`.
+    fn run<'b>(&self, at: usize, len: usize, buf: &'b mut Vec<f32>) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        match *self {
+            KvData::F32(d) => &d[at..at + len],
+            KvData::BF16(d) => {
+                buf.clear();
+                buf.extend(d[at..at + len].iter().map(|x| x.to_f32()));
+                buf
+            }
+        }
+    }
+
+    /// `rows` rows of `width` at `at`, `stride` apart, as f32 rows and their
+    /// stride: in place, or widened into `buf` (stride `width`).
+    fn rows<'b>(
+        &self,
+        at: usize,
+        rows: usize,
+        width: usize,
+        stride: usize,
+        buf: &'b mut Vec<f32>,
+    ) -> (&'b [f32], usize)
+    where
+        'a: 'b,
+    {
+        match *self {
+            KvData::F32(d) => (&d[at..], stride),
+            KvData::BF16(d) => {
+                buf.clear();
+                for r in 0..rows {
+                    let row = &d[at + r * stride..][..width];
+                    buf.extend(row.iter().map(|x| x.to_f32()));
+                }
+                (buf, width)
+            }
+        }
+    }
 }
 
 /// One sequence of an attention call, decoded from device memory.
@@ -169,10 +262,20 @@ pub(super) fn paged_attention(
     let rows = row_of.len();
     need(OP, q, rows * width, "q")?;
     need(OP, out, rows * width, "out")?;
+    if cache.k.dtype() != cache.v.dtype() {
+        return Err(shape_err(
+            OP,
+            format!(
+                "keys in {} but values in {}",
+                cache.k.dtype(),
+                cache.v.dtype()
+            ),
+        ));
+    }
     let (qs, kc, vc) = (
         cpu.read_f32(OP, q)?,
-        cpu.read_f32(OP, cache.k)?,
-        cpu.read_f32(OP, cache.v)?,
+        KvData::read(cpu, OP, cache.k)?,
+        KvData::read(cpu, OP, cache.v)?,
     );
     let o = cpu.write_f32(OP, out, &[q, cache.k, cache.v])?;
     let (isa, group) = (Isa::detect(), p.n_heads / p.n_kv_heads);
@@ -214,8 +317,8 @@ pub(super) fn paged_attention(
 /// The keys and values a query row sees, of one kv head.
 struct Keys<'a> {
     seq: &'a SeqView<'a>,
-    kc: &'a [f32],
-    vc: &'a [f32],
+    kc: KvData<'a>,
+    vc: KvData<'a>,
     kvh: usize,
     /// The visible positions, `first..=pos`.
     first: usize,
@@ -233,53 +336,57 @@ impl Keys<'_> {
         let (b0, b1) = (self.first / bs, self.pos / bs);
         let span = (b1 + 1 - b0) * bs;
         let tile_len = hd * bs;
-        SCORES.with_borrow_mut(|scores| {
-            // Per head, the scores of the whole blocks that hold keys
-            // `first..=pos`; the visible ones are `first - b0 * bs..=pos - b0 * bs`.
-            scores.resize(qs.len() * span, 0.0);
-            let mut lanes = [[0f32; vec::TILE_LANES]; vec::MAX_HEADS];
-            for (j, b) in (b0..=b1).enumerate() {
-                let at = (self.seq.table[b] as usize * (self.kv_width / hd) + self.kvh) * tile_len;
-                let tile = &self.kc[at..at + tile_len];
-                if bs == vec::TILE_LANES {
-                    vec::tile_dot_heads(isa, qs, tile, &mut lanes);
-                    for (h, l) in lanes.iter().take(qs.len()).enumerate() {
-                        scores[h * span + j * bs..][..bs].copy_from_slice(l);
+        WIDE.with_borrow_mut(|wide| {
+            SCORES.with_borrow_mut(|scores| {
+                // Per head, the scores of the whole blocks that hold keys
+                // `first..=pos`; the visible ones are `first - b0 * bs..=pos - b0 * bs`.
+                scores.resize(qs.len() * span, 0.0);
+                let mut lanes = [[0f32; vec::TILE_LANES]; vec::MAX_HEADS];
+                for (j, b) in (b0..=b1).enumerate() {
+                    let at =
+                        (self.seq.table[b] as usize * (self.kv_width / hd) + self.kvh) * tile_len;
+                    let tile = self.kc.run(at, tile_len, wide);
+                    if bs == vec::TILE_LANES {
+                        vec::tile_dot_heads(isa, qs, tile, &mut lanes);
+                        for (h, l) in lanes.iter().take(qs.len()).enumerate() {
+                            scores[h * span + j * bs..][..bs].copy_from_slice(l);
+                        }
+                    } else {
+                        for (h, q) in qs.iter().enumerate() {
+                            tile_scores_any(q, tile, &mut scores[h * span + j * bs..][..bs]);
+                        }
                     }
-                } else {
-                    for (h, q) in qs.iter().enumerate() {
-                        tile_scores_any(q, tile, &mut scores[h * span + j * bs..][..bs]);
+                }
+                let visible = self.first - b0 * bs..self.pos + 1 - b0 * bs;
+                for head in scores.chunks_mut(span) {
+                    let v = &mut head[visible.clone()];
+                    let mut max = f32::NEG_INFINITY;
+                    for s in v.iter_mut() {
+                        *s *= scale;
+                        max = max.max(*s);
                     }
+                    let mut sum = 0f32;
+                    ew::exp_sub_sum(v, max, &mut sum);
+                    v.iter_mut().for_each(|s| *s /= sum);
                 }
-            }
-            let visible = self.first - b0 * bs..self.pos + 1 - b0 * bs;
-            for head in scores.chunks_mut(span) {
-                let v = &mut head[visible.clone()];
-                let mut max = f32::NEG_INFINITY;
-                for s in v.iter_mut() {
-                    *s *= scale;
-                    max = max.max(*s);
+                out.fill(0.0);
+                // The values of keys `first..=pos`, block by block: each block's
+                // run of tokens is rows `kv_width` apart.
+                let mut done = visible.start;
+                for b in b0..=b1 {
+                    let (lo, hi) = ((b * bs).max(self.first), ((b + 1) * bs).min(self.pos + 1));
+                    let at = (self.seq.table[b] as usize * bs + lo - b * bs) * self.kv_width
+                        + self.kvh * hd;
+                    let mut ws: [&[f32]; vec::MAX_HEADS] = [&[]; vec::MAX_HEADS];
+                    for (w, head) in ws.iter_mut().zip(scores.chunks(span)) {
+                        *w = &head[done..done + hi - lo];
+                    }
+                    let ws = &ws[..qs.len()];
+                    let (rows, stride) = self.vc.rows(at, hi - lo, hd, self.kv_width, wide);
+                    vec::axpy_rows_heads(isa, out, hd, ws, rows, stride);
+                    done += hi - lo;
                 }
-                let mut sum = 0f32;
-                ew::exp_sub_sum(v, max, &mut sum);
-                v.iter_mut().for_each(|s| *s /= sum);
-            }
-            out.fill(0.0);
-            // The values of keys `first..=pos`, block by block: each block's
-            // run of tokens is rows `kv_width` apart.
-            let mut done = visible.start;
-            for b in b0..=b1 {
-                let (lo, hi) = ((b * bs).max(self.first), ((b + 1) * bs).min(self.pos + 1));
-                let at =
-                    (self.seq.table[b] as usize * bs + lo - b * bs) * self.kv_width + self.kvh * hd;
-                let mut ws: [&[f32]; vec::MAX_HEADS] = [&[]; vec::MAX_HEADS];
-                for (w, head) in ws.iter_mut().zip(scores.chunks(span)) {
-                    *w = &head[done..done + hi - lo];
-                }
-                let ws = &ws[..qs.len()];
-                vec::axpy_rows_heads(isa, out, hd, ws, &self.vc[at..], self.kv_width);
-                done += hi - lo;
-            }
+            })
         });
     }
 }

@@ -21,6 +21,7 @@ mod vec;
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 
+use half::bf16;
 use metrale_core::DType;
 
 use dense::need;
@@ -29,6 +30,7 @@ use kernels::Weights;
 use crate::error::{GpuError, Result};
 use crate::gpu::{DevicePtr, DeviceSlice, GpuBackend};
 use crate::ledger::Ledger;
+use crate::ops::{KvLayout, KvSpec, StateLayout};
 pub use profile::OpTime;
 
 const ALIGN: usize = 64;
@@ -256,6 +258,33 @@ impl CpuBackend {
         Ok(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u32>(), b.len() / 4) })
     }
 
+    /// The bf16 elements of `s` (a bf16 KV cache), read-only.
+    pub(crate) fn read_bf16<'a>(&'a self, op: &'static str, s: DeviceSlice) -> Result<&'a [bf16]> {
+        let b = self.read(op, s, DType::BF16)?;
+        // SAFETY: aligned (64-byte allocations, 2-byte element offsets), whole
+        // elements; every bit pattern is a valid bf16.
+        Ok(unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<bf16>(), b.len() / 2) })
+    }
+
+    /// Mutable bf16 elements of `s`.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) fn write_bf16<'a>(
+        &'a self,
+        op: &'static str,
+        s: DeviceSlice,
+        inputs: &[DeviceSlice],
+    ) -> Result<&'a mut [bf16]> {
+        if s.dtype() != DType::BF16 {
+            return Err(GpuError::UnsupportedDType {
+                op,
+                dtype: s.dtype(),
+            });
+        }
+        let b = self.write(op, s, inputs)?;
+        // SAFETY: as `read_bf16`; the range is exclusive to this op (`write`).
+        Ok(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<bf16>(), b.len() / 2) })
+    }
+
     pub(crate) fn read_f32<'a>(&'a self, op: &'static str, s: DeviceSlice) -> Result<&'a [f32]> {
         let b = self.read(op, s, DType::F32)?;
         Ok(bytemuck_f32(b))
@@ -384,6 +413,29 @@ impl GpuBackend for CpuBackend {
 
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// f32 by default (the reference); bf16 on request (half the bytes,
+    /// keys and values rounded once when stored, widened when read).
+    fn kv_layout(&self, spec: KvSpec) -> Result<KvLayout> {
+        let dtype = spec.dtype.unwrap_or(DType::F32);
+        if !matches!(dtype, DType::F32 | DType::BF16) {
+            return Err(GpuError::UnsupportedDType {
+                op: "kv_layout",
+                dtype,
+            });
+        }
+        Ok(KvLayout {
+            dtype,
+            block_elements: spec.kv_width.saturating_mul(spec.block_size),
+        })
+    }
+
+    fn state_layout(&self, elements: usize) -> StateLayout {
+        StateLayout {
+            dtype: DType::F32,
+            elements,
+        }
     }
 }
 

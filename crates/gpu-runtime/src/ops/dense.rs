@@ -28,7 +28,8 @@ pub struct RopeParams {
     pub rotary_dim: usize,
 }
 
-/// One attention layer's paged cache, f32: `v` is
+/// One attention layer's paged cache, in the dtype of the backend's
+/// [`KvLayout`](crate::ops::KvLayout) (both slices alike): `v` is
 /// `[num_blocks, block_size, n_kv_heads, head_dim]`; `k` is transposed within
 /// each block, `[num_blocks, n_kv_heads, head_dim, block_size]`, so that a
 /// block's keys of one kv head form a `[head_dim, block_size]` tile whose

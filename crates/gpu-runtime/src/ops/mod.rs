@@ -12,11 +12,13 @@
 //!   read on the device ([`moe`]). Scalars (shapes, epsilons) are arguments.
 
 pub mod dense;
+pub mod layout;
 pub mod moe;
 pub mod recurrent;
 pub mod step;
 
 pub use dense::{AttnParams, DenseOps, KvLayer, MatmulDims, RopeParams};
+pub use layout::{KvLayout, KvSpec, StateLayout};
 pub use moe::{ExpertGroups, ExpertTable, GroupedTopK, MoeOps, Routes};
 pub use recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
 pub use step::{AttnBatch, RecurrentBatch, StateSlots};

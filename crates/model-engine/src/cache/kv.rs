@@ -4,7 +4,7 @@
 use metrale_core::scope::ModelResource;
 use metrale_core::{BlockId, DType};
 use metrale_gpu_runtime::gpu::GpuBackend;
-use metrale_gpu_runtime::ops::KvLayer;
+use metrale_gpu_runtime::ops::{KvLayer, KvSpec};
 
 use crate::error::{EngineError, Result};
 
@@ -17,47 +17,52 @@ pub struct KvCache {
     block_size: usize,
     num_blocks: usize,
     kv_width: usize,
+    /// The element type the backend stores keys and values in.
+    dtype: DType,
     layers: Vec<KvLayer>,
     refcounts: Vec<u32>,
     free: Vec<BlockId>,
 }
 
 impl KvCache {
-    /// Allocates `num_blocks` blocks for `n_layers` attention layers of
-    /// `kv_width` (= kv heads * head dim) f32 per token. On failure nothing
-    /// stays allocated.
+    /// Allocates `num_blocks` blocks for `n_layers` attention layers as the
+    /// backend lays out `spec` (`kv_width` = kv heads * head dim elements per
+    /// token, in the backend's dtype). On failure nothing stays allocated.
     #[track_caller]
     pub fn allocate(
         gpu: &dyn GpuBackend,
         n_layers: usize,
-        kv_width: usize,
-        block_size: usize,
+        spec: KvSpec,
         num_blocks: usize,
     ) -> Result<Self> {
+        let (kv_width, block_size) = (spec.kv_width, spec.block_size);
         if block_size == 0 {
             return Err(EngineError::Request(
                 "KV block size must be positive".into(),
             ));
         }
+        let layout = gpu
+            .kv_layout(spec)
+            .map_err(EngineError::device("laying out the KV cache"))?;
         let mut cache = Self {
             block_size,
             num_blocks,
             kv_width,
+            dtype: layout.dtype,
             layers: Vec::with_capacity(n_layers),
             refcounts: vec![0; num_blocks],
             free: (0..num_blocks as u32).rev().map(BlockId).collect(),
         };
-        let elements = num_blocks * block_size * kv_width;
+        let elements = num_blocks.saturating_mul(layout.block_elements);
+        let dtype = layout.dtype;
         for layer in 0..n_layers {
-            let pair = gpu
-                .alloc_slice(DType::F32, elements, "kv cache")
-                .and_then(|k| {
-                    gpu.alloc_slice(DType::F32, elements, "kv cache")
-                        .map(|v| (k, v))
-                        .inspect_err(|_| {
-                            let _ = gpu.free(k.ptr());
-                        })
-                });
+            let pair = gpu.alloc_slice(dtype, elements, "kv cache").and_then(|k| {
+                gpu.alloc_slice(dtype, elements, "kv cache")
+                    .map(|v| (k, v))
+                    .inspect_err(|_| {
+                        let _ = gpu.free(k.ptr());
+                    })
+            });
             match pair {
                 Ok((k, v)) => cache.layers.push(KvLayer { k, v, block_size }),
                 Err(source) => {
@@ -133,7 +138,12 @@ impl KvCache {
 
     /// Bytes one token occupies across all layers.
     pub fn bytes_per_token(&self) -> usize {
-        2 * self.kv_width * 4 * self.layers.len()
+        2 * self.kv_width * self.dtype.size_of() * self.layers.len()
+    }
+
+    /// The element type keys and values are stored in.
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
 }
 

@@ -4,15 +4,16 @@
 
 use std::sync::Arc;
 
+use metrale_core::SlotId;
 use metrale_core::scope::ModelResource;
-use metrale_core::{DType, SlotId};
 use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
 use metrale_gpu_runtime::ops::StateSlots;
 use parking_lot::Mutex;
 
 use crate::error::{EngineError, Result};
 
-/// State sizes of one recurrent layer, in f32 elements per slot.
+/// State sizes of one recurrent layer, in elements per slot (of the
+/// backend's `state_layout` dtype).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StateShape {
     /// The causal conv's rolling window: `[conv_channels, kernel - 1]`.
@@ -59,10 +60,15 @@ impl SsmStatePool {
             return Ok(pool);
         }
         for (i, &shape) in shapes.iter().enumerate() {
+            // The backend's layout of each state (f32 on the CPU).
+            let (conv_dtype, ssm_dtype) = (
+                gpu.state_layout(shape.conv).dtype,
+                gpu.state_layout(shape.ssm).dtype,
+            );
             let pair = gpu
-                .alloc_slice(DType::F32, shape.conv.max(1) * n_slots, "ssm state pool")
+                .alloc_slice(conv_dtype, shape.conv.max(1) * n_slots, "ssm state pool")
                 .and_then(|conv| {
-                    gpu.alloc_slice(DType::F32, shape.ssm.max(1) * n_slots, "ssm state pool")
+                    gpu.alloc_slice(ssm_dtype, shape.ssm.max(1) * n_slots, "ssm state pool")
                         .map(|ssm| (conv, ssm))
                         .inspect_err(|_| {
                             let _ = gpu.free(conv.ptr());

@@ -26,6 +26,7 @@ fn options(kv_blocks: usize, max_seqs: usize) -> ModelOptions {
         kv_blocks,
         max_seqs,
         max_batch_tokens: 64,
+        kv_dtype: None,
     }
 }
 

@@ -70,5 +70,5 @@ fn check_plan(
             .unwrap_or(metrale_core::DType::F32);
         dtype.target(as_stored)
     };
-    MemoryPlan::new(config, options, &held).check(gpu)
+    MemoryPlan::new(gpu, config, options, &held)?.check(gpu)
 }

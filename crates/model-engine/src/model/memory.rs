@@ -7,7 +7,7 @@
 use metrale_core::DType;
 use metrale_gpu_runtime::gpu::GpuBackend;
 
-use super::types::{ModelOptions, arena_plan, recurrent_state_shapes};
+use super::types::{ModelOptions, arena_plan, kv_spec, recurrent_state_shapes};
 use crate::config::{FfnNames, MixerKind, MixerNames, ModelConfig, TensorSpec};
 use crate::error::{EngineError, Result};
 
@@ -24,13 +24,16 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    /// The plan of `config` with `options`; `weight_dtype` gives the dtype the
-    /// backend holds each expected tensor in.
+    /// The plan of `config` with `options` on `gpu` (whose layouts size the
+    /// caches); `weight_dtype` gives the dtype the backend holds each
+    /// expected tensor in. An error: the backend cannot lay out the caches
+    /// as asked (a KV dtype it does not store).
     pub fn new(
+        gpu: &dyn GpuBackend,
         config: &ModelConfig,
         options: &ModelOptions,
         weight_dtype: &dyn Fn(&TensorSpec) -> DType,
-    ) -> Self {
+    ) -> Result<Self> {
         let derived_names = derived_tensors(config);
         let (mut weights, mut derived) = (0usize, 0usize);
         let mut seen = std::collections::HashSet::new();
@@ -49,26 +52,23 @@ impl MemoryPlan {
         }
         derived = derived.saturating_add(derived_tables(config));
         let f32s = |n: usize| n.saturating_mul(4);
-        let kv_width = config.attention.as_ref().map_or(0, |a| a.kv_width());
-        let kv_cache = f32s(
-            [
-                2,
-                config.attention_layers().count(),
-                options.kv_blocks,
-                options.kv_block_size,
-                kv_width,
-            ]
-            .iter()
-            .fold(1usize, |a, &b| a.saturating_mul(b)),
-        );
+        let layout = gpu
+            .kv_layout(kv_spec(config, options))
+            .map_err(EngineError::device("laying out the KV cache"))?;
+        let kv_cache = layout
+            .block_bytes()
+            .saturating_mul(options.kv_blocks)
+            .saturating_mul(config.attention_layers().count());
+        let slots = |elements: usize| {
+            gpu.state_layout(elements.max(1))
+                .slot_bytes()
+                .saturating_mul(options.max_seqs)
+        };
         let ssm_state = recurrent_state_shapes(config)
             .iter()
-            .map(|s| {
-                let per_slot = s.conv.max(1).saturating_add(s.ssm.max(1));
-                f32s(per_slot.saturating_mul(options.max_seqs))
-            })
+            .map(|s| slots(s.conv).saturating_add(slots(s.ssm)))
             .fold(0usize, usize::saturating_add);
-        Self {
+        Ok(Self {
             weights,
             derived,
             kv_cache,
@@ -76,7 +76,7 @@ impl MemoryPlan {
             activations: f32s(
                 arena_plan(config, options.max_batch_tokens, options.kv_blocks).total_elements(),
             ),
-        }
+        })
     }
 
     pub fn total(&self) -> usize {

@@ -6,9 +6,11 @@ mod tests;
 
 use std::sync::Arc;
 
+use metrale_core::DType;
 use metrale_core::scope::ModelResource;
 use metrale_gpu_runtime::arena::{ArenaPlan, BufferArena};
 use metrale_gpu_runtime::gpu::GpuBackend;
+use metrale_gpu_runtime::ops::KvSpec;
 use metrale_model_weights::weights::WeightStore;
 use parking_lot::{Mutex, MutexGuard};
 
@@ -31,6 +33,9 @@ pub struct ModelOptions {
     pub max_seqs: usize,
     /// Most tokens one forward step processes (sizes the activation arena).
     pub max_batch_tokens: usize,
+    /// The KV cache's element type; `None`: the backend's default (f32 on
+    /// the CPU). See `GpuBackend::kv_layout`.
+    pub kv_dtype: Option<DType>,
 }
 
 impl Default for ModelOptions {
@@ -40,6 +45,7 @@ impl Default for ModelOptions {
             kv_blocks: 256,
             max_seqs: 16,
             max_batch_tokens: 512,
+            kv_dtype: None,
         }
     }
 }
@@ -75,21 +81,15 @@ impl TransformerModel {
         let g: &dyn GpuBackend = gpu.as_ref();
         let shapes = recurrent_state_shapes(&config);
         let mut pool = SsmStatePool::allocate(g, &shapes, options.max_seqs)?;
-        let kv_width = config.attention.as_ref().map_or(0, |a| a.kv_width());
         let n_attn = config.attention_layers().count();
-        let mut kv = match KvCache::allocate(
-            g,
-            n_attn,
-            kv_width,
-            options.kv_block_size,
-            options.kv_blocks,
-        ) {
-            Ok(kv) => kv,
-            Err(e) => {
-                let _ = pool.release(g);
-                return Err(e);
-            }
-        };
+        let mut kv =
+            match KvCache::allocate(g, n_attn, kv_spec(&config, &options), options.kv_blocks) {
+                Ok(kv) => kv,
+                Err(e) => {
+                    let _ = pool.release(g);
+                    return Err(e);
+                }
+            };
         let buffers = match BufferArena::allocate(
             g,
             arena_plan(&config, options.max_batch_tokens, options.kv_blocks),
@@ -180,6 +180,15 @@ impl Drop for TransformerModel {
                 tracing::error!("model dropped without shutdown; teardown failed: {e:#}");
             }
         }
+    }
+}
+
+/// What the KV cache asks the backend to lay out.
+pub fn kv_spec(config: &ModelConfig, options: &ModelOptions) -> KvSpec {
+    KvSpec {
+        kv_width: config.attention.as_ref().map_or(0, |a| a.kv_width()),
+        block_size: options.kv_block_size,
+        dtype: options.kv_dtype,
     }
 }
 

@@ -99,6 +99,7 @@ fn options() -> ModelOptions {
         kv_blocks: 8,
         max_seqs: 3,
         max_batch_tokens: 16,
+        kv_dtype: None,
     }
 }
 
