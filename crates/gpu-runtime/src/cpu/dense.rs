@@ -127,7 +127,7 @@ impl DenseOps for CpuBackend {
         out: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "embedding";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         need(OP, out, ids.len() * hidden, "out")?;
         let vocab = table.len() / hidden.max(1);
         let w = Weights::from_bytes(OP, table.dtype(), self.read(OP, table, table.dtype())?)?;
@@ -153,7 +153,7 @@ impl DenseOps for CpuBackend {
         d: MatmulDims,
     ) -> Result<()> {
         const OP: &str = "matmul";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let MatmulDims { m, n, k } = d;
         need(OP, x, m * k, "x")?;
         need(OP, w, n * k, "w")?;
@@ -192,7 +192,7 @@ impl DenseOps for CpuBackend {
         d: MatmulDims,
     ) -> Result<()> {
         const OP: &str = "matmul_swiglu";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let MatmulDims { m, n, k } = d;
         need(OP, x, m * k, "x")?;
         need(OP, gate, n * k, "gate")?;
@@ -232,7 +232,7 @@ impl DenseOps for CpuBackend {
         weight_offset: f32,
     ) -> Result<()> {
         const OP: &str = "rms_norm";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         need(OP, x, rows * dim, "x")?;
         need(OP, w, dim, "weight")?;
         need(OP, out, rows * dim, "out")?;
@@ -262,7 +262,7 @@ impl DenseOps for CpuBackend {
 
     fn rope(&self, x: DeviceSlice, positions: &[u32], p: &RopeParams<'_>) -> Result<()> {
         const OP: &str = "rope";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let width = p.n_heads * p.head_dim;
         need(OP, x, positions.len() * width, "x")?;
         let half = p.rotary_dim / 2;
@@ -336,7 +336,7 @@ impl DenseOps for CpuBackend {
         n: usize,
     ) -> Result<()> {
         const OP: &str = "silu_mul";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         for (s, what) in [(gate, "gate"), (up, "up"), (out, "out")] {
             need(OP, s, n, what)?;
         }
@@ -348,7 +348,7 @@ impl DenseOps for CpuBackend {
 
     fn relu2(&self, x: DeviceSlice, out: DeviceSlice, n: usize) -> Result<()> {
         const OP: &str = "relu2";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         need(OP, x, n, "x")?;
         need(OP, out, n, "out")?;
         let xs = self.read_f32(OP, x)?;
@@ -365,7 +365,7 @@ impl DenseOps for CpuBackend {
         n: usize,
     ) -> Result<()> {
         const OP: &str = "sigmoid_mul";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         for (s, what) in [(x, "x"), (gate, "gate"), (out, "out")] {
             need(OP, s, n, what)?;
         }
@@ -377,7 +377,7 @@ impl DenseOps for CpuBackend {
 
     fn add_scaled(&self, acc: DeviceSlice, x: DeviceSlice, factor: f32, n: usize) -> Result<()> {
         const OP: &str = "add_scaled";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         need(OP, acc, n, "acc")?;
         need(OP, x, n, "x")?;
         let xs = self.read_f32(OP, x)?;
@@ -388,7 +388,7 @@ impl DenseOps for CpuBackend {
 
     fn scale(&self, x: DeviceSlice, factor: f32, n: usize) -> Result<()> {
         const OP: &str = "scale";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         need(OP, x, n, "x")?;
         let xs = &mut self.write_f32(OP, x, &[])?[..n];
         self.elementwise(xs, |_, x| x.iter_mut().for_each(|v| *v *= factor));
@@ -405,7 +405,7 @@ impl DenseOps for CpuBackend {
         rows: usize,
     ) -> Result<()> {
         const OP: &str = "copy_cols";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         if col_start + cols > src_width {
             return Err(shape_err(
                 OP,
@@ -440,7 +440,7 @@ impl DenseOps for CpuBackend {
         rows: usize,
     ) -> Result<()> {
         const OP: &str = "scatter_cols";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         if col_start + cols > dst_width {
             return Err(shape_err(
                 OP,
@@ -466,7 +466,7 @@ impl DenseOps for CpuBackend {
         out: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "gather_rows";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         need(OP, out, rows.len() * width, "out")?;
         let s = self.read_f32(OP, src)?;
         let o = self.write_f32(OP, out, &[src])?;
@@ -492,7 +492,7 @@ impl DenseOps for CpuBackend {
         dst: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "scatter_add_rows";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         if weights.len() != rows.len() {
             return Err(shape_err(
                 OP,
@@ -530,7 +530,7 @@ impl DenseOps for CpuBackend {
         renormalize: bool,
     ) -> Result<Vec<(u32, f32)>> {
         const OP: &str = "softmax_topk";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         if k == 0 || k > n {
             return Err(shape_err(OP, format!("top-{k} of {n}")));
         }
@@ -574,7 +574,7 @@ impl DenseOps for CpuBackend {
         p: &GroupedTopK,
     ) -> Result<Vec<(u32, f32)>> {
         const OP: &str = "sigmoid_topk";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         need(OP, logits, rows * n, "logits")?;
         // The correction bias is stored like the checkpoint's weights.
         let bias = bias
