@@ -231,8 +231,14 @@ fn the_first_error_wins_when_several_steps_fail() {
     });
     // Make a second step fail too: a leaked slot.
     let leaked = model.ssm_pool.acquire(fi.as_ref()).unwrap();
-    let err = model.release_pools().unwrap_err();
+    let mut result = Ok(());
+    let logs = capture_logs(|| result = model.release_pools());
+    let err = result.unwrap_err();
     assert_eq!(err.to_string(), "derived weights");
+    assert!(
+        logs.contains("teardown: ssm state pool also failed"),
+        "later failures are logged: {logs}"
+    );
     drop(leaked);
 }
 
