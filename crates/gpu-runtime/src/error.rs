@@ -28,6 +28,18 @@ pub enum GpuError {
     UnsupportedDType { op: &'static str, dtype: DType },
     #[error("{op}: output overlaps an input")]
     Aliasing { op: &'static str },
+    /// The device reported an error. Faults such as an illegal address are
+    /// *sticky*, as CUDA's are: once one happens every later op, copy,
+    /// synchronisation, allocation and free of the backend fails with it, and
+    /// the backend must be recreated. `op` is where the error surfaced, which
+    /// on an asynchronous device is not necessarily the op that caused it
+    /// (the message says so; `METRALE_DEBUG_SYNC=1` makes them the same).
+    #[error("{op}: device error {code}: {message}")]
+    Driver {
+        op: &'static str,
+        code: i32,
+        message: String,
+    },
     #[error("backend unavailable: {0}")]
     Unavailable(String),
 }

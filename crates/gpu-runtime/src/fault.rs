@@ -1,151 +1,104 @@
-//! A backend wrapper that makes chosen allocations, frees or copies fail, and
-//! records what was freed in which order. For tests of failure paths.
-
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use parking_lot::Mutex;
+//! Fault injection, for tests of failure paths: which allocation, free, copy
+//! or op launch fails. A plan is installed on any backend with
+//! [`Hooks::set_faults`](crate::hooks::Hooks::set_faults); the provided memory
+//! methods of [`GpuBackend`](crate::GpuBackend) and every op's launch hook
+//! consult it, so no backend forwards anything by hand.
 
 use crate::error::{GpuError, Result};
-use crate::gpu::{DevicePtr, GpuBackend};
-use crate::ledger::Ledger;
 
 /// Which operations fail: the Nth (0-based) of each kind, counted from the
-/// wrapper's creation or the last [`FaultInjecting::set_plan`].
+/// last [`Hooks::set_faults`](crate::hooks::Hooks::set_faults).
+///
+/// An allocation, free or copy fault fails that one call
+/// ([`GpuError::InjectedFault`]); a failed free still returns the memory, so
+/// tests do not leak, and still reports the error. An op fault is a *sticky
+/// device fault* ([`GpuError::Driver`], code [`INJECTED_OP_FAULT_CODE`]): the
+/// device is unusable from then on, as after a real illegal address on CUDA.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultPlan {
     pub fail_alloc_at: Option<usize>,
     pub fail_free_at: Option<usize>,
+    /// Counts host-to-device, device-to-host and device-to-device copies
+    /// together (memsets are not copies).
     pub fail_copy_at: Option<usize>,
+    /// The Nth op launch hits a sticky device fault.
+    pub fail_op_at: Option<usize>,
 }
 
-/// Wraps a backend; compute ops pass straight through.
-pub struct FaultInjecting<B: GpuBackend> {
-    inner: B,
-    plan: Mutex<FaultPlan>,
-    allocs: AtomicUsize,
-    frees: AtomicUsize,
-    copies: AtomicUsize,
-    freed_owners: Mutex<Vec<String>>,
+/// The code an injected op fault reports: CUDA_ERROR_ILLEGAL_ADDRESS, the
+/// fault a bad kernel most often causes.
+pub const INJECTED_OP_FAULT_CODE: i32 = 700;
+
+/// The message an injected op fault reports (CUDA's, marked as injected).
+pub const INJECTED_OP_FAULT_MESSAGE: &str = "an illegal memory access was encountered (injected)";
+
+/// The kinds of calls a plan counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Counted {
+    Alloc,
+    Free,
+    Copy,
+    Op,
 }
 
-impl<B: GpuBackend> FaultInjecting<B> {
-    pub fn new(inner: B, plan: FaultPlan) -> Self {
+/// An installed plan, its counts since it was installed, and the owners
+/// freed through `GpuBackend::free` in order.
+#[derive(Debug, Default)]
+pub(crate) struct FaultState {
+    pub(crate) plan: FaultPlan,
+    allocs: usize,
+    frees: usize,
+    copies: usize,
+    ops: usize,
+    pub(crate) freed_owners: Vec<String>,
+}
+
+impl FaultState {
+    pub(crate) fn new(plan: FaultPlan) -> Self {
         Self {
-            inner,
-            plan: Mutex::new(plan),
-            allocs: AtomicUsize::new(0),
-            frees: AtomicUsize::new(0),
-            copies: AtomicUsize::new(0),
-            freed_owners: Mutex::new(Vec::new()),
+            plan,
+            ..Self::default()
         }
     }
 
-    /// Replaces the plan and restarts the counts.
-    pub fn set_plan(&self, plan: FaultPlan) {
-        *self.plan.lock() = plan;
-        self.allocs.store(0, Ordering::SeqCst);
-        self.frees.store(0, Ordering::SeqCst);
-        self.copies.store(0, Ordering::SeqCst);
+    /// Replaces the plan and restarts the counts; the freed owners stay, so a
+    /// test can set a plan after building and still read every free.
+    pub(crate) fn replan(&mut self, plan: FaultPlan) {
+        *self = Self {
+            plan,
+            freed_owners: std::mem::take(&mut self.freed_owners),
+            ..Self::default()
+        };
     }
 
-    /// How many allocations were attempted since the plan was set.
-    pub fn alloc_count(&self) -> usize {
-        self.allocs.load(Ordering::SeqCst)
+    pub(crate) fn alloc_count(&self) -> usize {
+        self.allocs
     }
 
-    /// Owner labels of the allocations freed through `free`, in order.
-    pub fn freed_owners(&self) -> Vec<String> {
-        self.freed_owners.lock().clone()
+    /// Counts one call of `kind`; true when the plan makes this one fail.
+    pub(crate) fn tick(&mut self, kind: Counted) -> (usize, bool) {
+        let (counter, fail_at) = match kind {
+            Counted::Alloc => (&mut self.allocs, self.plan.fail_alloc_at),
+            Counted::Free => (&mut self.frees, self.plan.fail_free_at),
+            Counted::Copy => (&mut self.copies, self.plan.fail_copy_at),
+            Counted::Op => (&mut self.ops, self.plan.fail_op_at),
+        };
+        let index = *counter;
+        *counter += 1;
+        (index, fail_at == Some(index))
     }
 
-    pub fn inner(&self) -> &B {
-        &self.inner
-    }
-
-    fn tick(counter: &AtomicUsize, fail_at: Option<usize>, op: &'static str) -> Result<()> {
-        let index = counter.fetch_add(1, Ordering::SeqCst);
-        if fail_at == Some(index) {
-            Err(GpuError::InjectedFault { op, index })
-        } else {
-            Ok(())
+    /// Counts one allocation, free or copy; the injected error if it fails.
+    pub(crate) fn tick_call(&mut self, kind: Counted) -> Result<()> {
+        let op = match kind {
+            Counted::Alloc => "allocation",
+            Counted::Free => "free",
+            Counted::Copy => "copy",
+            Counted::Op => "op",
+        };
+        match self.tick(kind) {
+            (index, true) => Err(GpuError::InjectedFault { op, index }),
+            _ => Ok(()),
         }
     }
-
-    fn copy_tick(&self) -> Result<()> {
-        Self::tick(&self.copies, self.plan.lock().fail_copy_at, "copy")
-    }
 }
-
-impl<B: GpuBackend> GpuBackend for FaultInjecting<B> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn ledger(&self) -> &Ledger {
-        self.inner.ledger()
-    }
-
-    fn alloc_raw(&self, bytes: usize) -> Result<DevicePtr> {
-        Self::tick(&self.allocs, self.plan.lock().fail_alloc_at, "allocation")?;
-        self.inner.alloc_raw(bytes)
-    }
-
-    fn free_raw(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        let injected = Self::tick(&self.frees, self.plan.lock().fail_free_at, "free");
-        // The memory is returned either way, so that an injected failure
-        // does not leak host memory in tests; the error is still reported.
-        let real = self.inner.free_raw(ptr, bytes);
-        injected.and(real)
-    }
-
-    /// As the provided `free`, recording the owner label first.
-    fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let entry = self
-            .ledger()
-            .remove(ptr)
-            .ok_or(GpuError::UnknownPointer { ptr: ptr.raw() })?;
-        self.freed_owners.lock().push(entry.owner.clone());
-        self.free_raw(ptr, entry.bytes)
-    }
-
-    fn copy_h2d(&self, src: &[u8], dst: DevicePtr, offset: usize) -> Result<()> {
-        self.copy_tick()?;
-        self.inner.copy_h2d(src, dst, offset)
-    }
-
-    fn copy_d2h(&self, src: DevicePtr, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.copy_tick()?;
-        self.inner.copy_d2h(src, offset, dst)
-    }
-
-    fn copy_d2d(
-        &self,
-        src: DevicePtr,
-        so: usize,
-        dst: DevicePtr,
-        d: usize,
-        bytes: usize,
-    ) -> Result<()> {
-        self.copy_tick()?;
-        self.inner.copy_d2d(src, so, dst, d, bytes)
-    }
-
-    fn memset_zero(&self, dst: DevicePtr, offset: usize, bytes: usize) -> Result<()> {
-        self.inner.memset_zero(dst, offset, bytes)
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        self.inner.synchronize()
-    }
-
-    fn kv_layout(&self, spec: crate::ops::KvSpec) -> Result<crate::ops::KvLayout> {
-        self.inner.kv_layout(spec)
-    }
-
-    fn state_layout(&self, elements: usize) -> crate::ops::StateLayout {
-        self.inner.state_layout(elements)
-    }
-}
-
-mod delegate;
-mod delegate_recurrent;

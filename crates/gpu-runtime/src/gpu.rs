@@ -7,6 +7,7 @@ use std::panic::Location;
 use metrale_core::DType;
 
 use crate::error::{GpuError, Result};
+use crate::hooks::Hooks;
 use crate::ledger::{Ledger, LedgerReport};
 use crate::ops::{DenseOps, KvLayout, KvSpec, MoeOps, RecurrentOps, StateLayout};
 
@@ -107,11 +108,37 @@ impl DeviceSlice {
 /// Where an allocation was made, recorded on the ledger.
 pub type CallSite = &'static Location<'static>;
 
+/// A point in a backend's stream of work, recorded by
+/// [`GpuBackend::record_fence`]: waiting on it waits for everything queued
+/// before it. Only meaningful to the backend that recorded it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fence(u64);
+
+impl Fence {
+    /// For backends: wraps the backend's own id (an event, a counter).
+    pub fn from_raw(raw: u64) -> Self {
+        Self(raw)
+    }
+
+    /// For backends: the id.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+}
+
 /// A device: memory on the shared allocation ledger, and the compute ops.
 ///
 /// Object safe; held as `Box<dyn GpuBackend>` / `&dyn GpuBackend`. Backends
-/// implement the `*_raw` memory primitives; the ledger bookkeeping around them
-/// is provided here once, for every backend.
+/// implement the `*_raw` primitives and own a [`Hooks`]; the provided methods
+/// around them (ledger bookkeeping, fault injection, transfer counters, the
+/// sticky device error) are written here once, for every backend. Every op a
+/// backend implements calls [`Hooks::begin_op`] first.
+///
+/// The device may be asynchronous: ops and copies are queued in order on the
+/// backend's one stream and may still be running when they return. Only
+/// `copy_d2h`, `synchronize` and `wait_fence` wait for the stream, which is
+/// where an asynchronous device fault is reported (or at the next call, which
+/// fails with the same sticky error).
 pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
     /// "cpu", "cuda:0", ...
     fn name(&self) -> &str;
@@ -119,20 +146,24 @@ pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
     /// The ledger of this backend's live allocations.
     fn ledger(&self) -> &Ledger;
 
+    /// This backend's fault plan, counters, debug-sync switch and sticky error.
+    fn hooks(&self) -> &Hooks;
+
     /// Allocates `bytes` of zeroed device memory, without ledger bookkeeping.
     fn alloc_raw(&self, bytes: usize) -> Result<DevicePtr>;
 
-    /// Frees memory from `alloc_raw`, without ledger bookkeeping.
+    /// Frees memory from `alloc_raw`, without ledger bookkeeping. Called even
+    /// after a device fault: a backend returns what memory it still can.
     fn free_raw(&self, ptr: DevicePtr, bytes: usize) -> Result<()>;
 
-    /// Copies host bytes to `dst + offset` (bytes).
-    fn copy_h2d(&self, src: &[u8], dst: DevicePtr, offset: usize) -> Result<()>;
+    /// `copy_h2d` without the hooks.
+    fn copy_h2d_raw(&self, src: &[u8], dst: DevicePtr, offset: usize) -> Result<()>;
 
-    /// Copies `dst.len()` bytes from `src + offset` to the host.
-    fn copy_d2h(&self, src: DevicePtr, offset: usize, dst: &mut [u8]) -> Result<()>;
+    /// `copy_d2h` without the hooks.
+    fn copy_d2h_raw(&self, src: DevicePtr, offset: usize, dst: &mut [u8]) -> Result<()>;
 
-    /// Copies `bytes` between device addresses (ranges must not overlap).
-    fn copy_d2d(
+    /// `copy_d2d` without the hooks.
+    fn copy_d2d_raw(
         &self,
         src: DevicePtr,
         src_offset: usize,
@@ -141,11 +172,17 @@ pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
         bytes: usize,
     ) -> Result<()>;
 
-    /// Sets `bytes` at `dst + offset` to zero.
-    fn memset_zero(&self, dst: DevicePtr, offset: usize, bytes: usize) -> Result<()>;
+    /// `memset_zero` without the hooks.
+    fn memset_zero_raw(&self, dst: DevicePtr, offset: usize, bytes: usize) -> Result<()>;
 
-    /// Waits for all queued work to finish.
-    fn synchronize(&self) -> Result<()>;
+    /// `synchronize` without the hooks.
+    fn synchronize_raw(&self) -> Result<()>;
+
+    /// `record_fence` without the hooks.
+    fn record_fence_raw(&self) -> Result<Fence>;
+
+    /// `wait_fence` without the hooks.
+    fn wait_fence_raw(&self, fence: Fence) -> Result<()>;
 
     /// How this backend stores a KV block for `spec` (its default dtype when
     /// the spec names none); an error names a dtype it cannot store.
@@ -162,8 +199,75 @@ pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
         None
     }
 
+    /// Copies host bytes to `dst + offset` (bytes). Ordered on the backend's
+    /// stream after everything queued before it; `src` may be reused as soon
+    /// as this returns (the backend stages it if the copy is still queued).
+    fn copy_h2d(&self, src: &[u8], dst: DevicePtr, offset: usize) -> Result<()> {
+        let hooks = self.hooks();
+        hooks.before_copy("copy_h2d")?;
+        self.copy_h2d_raw(src, dst, offset)?;
+        hooks.count_h2d(src.len());
+        Ok(())
+    }
+
+    /// Copies `dst.len()` bytes from `src + offset` to the host. Waits for the
+    /// stream to reach the copy (everything queued before it finishes), so a
+    /// device fault of an earlier op surfaces here.
+    fn copy_d2h(&self, src: DevicePtr, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let hooks = self.hooks();
+        hooks.before_copy("copy_d2h")?;
+        self.copy_d2h_raw(src, offset, dst)?;
+        hooks.count_d2h(dst.len());
+        Ok(())
+    }
+
+    /// Copies `bytes` between device addresses (ranges must not overlap),
+    /// ordered on the stream.
+    fn copy_d2d(
+        &self,
+        src: DevicePtr,
+        src_offset: usize,
+        dst: DevicePtr,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        let hooks = self.hooks();
+        hooks.before_copy("copy_d2d")?;
+        self.copy_d2d_raw(src, src_offset, dst, dst_offset, bytes)?;
+        hooks.count_d2d();
+        Ok(())
+    }
+
+    /// Sets `bytes` at `dst + offset` to zero, ordered on the stream.
+    fn memset_zero(&self, dst: DevicePtr, offset: usize, bytes: usize) -> Result<()> {
+        let hooks = self.hooks();
+        hooks.check("memset_zero")?;
+        self.memset_zero_raw(dst, offset, bytes)?;
+        hooks.count_memset();
+        Ok(())
+    }
+
+    /// Waits for all queued work to finish.
+    fn synchronize(&self) -> Result<()> {
+        self.hooks().check("synchronize")?;
+        self.synchronize_raw()
+    }
+
+    /// Marks the current end of the stream, for a later `wait_fence`.
+    fn record_fence(&self) -> Result<Fence> {
+        self.hooks().check("record_fence")?;
+        self.record_fence_raw()
+    }
+
+    /// Waits until the work queued before `fence` has finished.
+    fn wait_fence(&self, fence: Fence) -> Result<()> {
+        self.hooks().check("wait_fence")?;
+        self.wait_fence_raw(fence)
+    }
+
     /// Allocates and records the allocation with its owner and call site.
     fn alloc_at(&self, bytes: usize, owner: &str, site: CallSite) -> Result<DevicePtr> {
+        self.hooks().before_alloc()?;
         // The raw allocation does not know its owner; its error names it.
         let ptr = self.alloc_raw(bytes.max(1)).map_err(|e| match e {
             GpuError::OutOfMemory { bytes, live, .. } => GpuError::OutOfMemory {
@@ -179,21 +283,28 @@ pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
 
     /// Frees a ledgered allocation. The pointer leaves the ledger *before* the
     /// free is attempted, whatever the free returns, so it is never freed twice.
+    /// After a device fault the free is still attempted (the CPU returns the
+    /// memory) and the sticky error is reported; an injected free fault also
+    /// returns the memory and reports its error.
     fn free(&self, ptr: DevicePtr) -> Result<()> {
         let entry = self
             .ledger()
             .remove(ptr)
             .ok_or(GpuError::UnknownPointer { ptr: ptr.raw() })?;
-        self.free_raw(ptr, entry.bytes)
+        let hooks = self.hooks();
+        hooks.record_free(&entry.owner);
+        hooks.free_with(|| self.free_raw(ptr, entry.bytes))
     }
 
-    /// Frees everything still on the ledger; returns how many allocations it freed.
+    /// Frees everything still on the ledger; returns how many allocations it
+    /// freed. Failures (injected, or after a device fault) are logged: the
+    /// memory is gone from the ledger either way.
     fn sweep_unreleased(&self) -> usize {
         let leftovers = self.ledger().drain();
         let count = leftovers.len();
         for (ptr, entry) in leftovers {
             tracing::debug!(owner = %entry.owner, bytes = entry.bytes, site = %entry.site, "sweeping unreleased allocation");
-            if let Err(e) = self.free_raw(ptr, entry.bytes) {
+            if let Err(e) = self.hooks().free_with(|| self.free_raw(ptr, entry.bytes)) {
                 tracing::warn!(owner = %entry.owner, "sweep could not free {ptr:?}: {e}");
             }
         }

@@ -5,8 +5,10 @@
 //!   shared [`ledger::Ledger`], plus the op families in [`ops`].
 //! - [`cpu::CpuBackend`]: host memory, 64-byte aligned; the reference
 //!   implementation of every op, and the default backend.
-//! - [`fault::FaultInjecting`]: wraps a backend and makes the Nth allocation,
-//!   free or copy fail, for tests of failure paths.
+//! - [`hooks::Hooks`]: what every backend owns and the provided methods
+//!   consult: fault injection ([`fault::FaultPlan`]: the Nth allocation, free,
+//!   copy or op launch fails), transfer counters, debug sync, and the sticky
+//!   device error.
 //! - [`arena::BufferArena`]: activation scratch, allocated once.
 
 pub mod arena;
@@ -14,8 +16,10 @@ pub mod cpu;
 pub mod error;
 pub mod fault;
 pub mod gpu;
+pub mod hooks;
 pub mod ledger;
 pub mod ops;
 
 pub use error::GpuError;
-pub use gpu::{DevicePtr, DeviceSlice, GpuBackend};
+pub use gpu::{DevicePtr, DeviceSlice, Fence, GpuBackend};
+pub use hooks::{Hooks, Transfers};

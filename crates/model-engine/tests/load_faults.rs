@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use metrale_core::scope::ModelResource;
 use metrale_gpu_runtime::GpuBackend;
 use metrale_gpu_runtime::cpu::CpuBackend;
-use metrale_gpu_runtime::fault::{FaultInjecting, FaultPlan};
+use metrale_gpu_runtime::fault::FaultPlan;
 use metrale_model_engine::EngineError;
 use metrale_model_engine::config::load_config;
 use metrale_model_engine::loader::load_weights;
@@ -22,10 +22,11 @@ fn each_allocation_of_a_full_load_can_fail() {
     for name in ["qwen3_next", "nemotron_h", "bamba"] {
         let dir = fixture(name);
         let config = load_config(&dir).unwrap();
-        let gpu = FaultInjecting::new(CpuBackend::new(), FaultPlan::default());
+        let gpu = CpuBackend::new();
+        gpu.hooks().set_faults(FaultPlan::default());
         let mut store =
             load_weights(&dir, &config, &gpu, WeightDType::AsStored, &mut |_| {}).unwrap();
-        let allocations = gpu.alloc_count();
+        let allocations = gpu.hooks().alloc_count();
         assert_eq!(allocations, config.expected_tensors().len(), "{name}");
         store.release(&gpu).unwrap();
         assert_eq!(gpu.live_bytes(), 0);
@@ -40,7 +41,7 @@ fn each_allocation_of_a_full_load_can_fail() {
                     ..FaultPlan::default()
                 },
             ] {
-                gpu.set_plan(plan);
+                gpu.hooks().set_faults(plan);
                 match load_weights(&dir, &config, &gpu, WeightDType::F32, &mut |_| {}) {
                     Ok(_) => panic!("{name}: {plan:?} must fail"),
                     Err(EngineError::Weights(WeightsError::Device { .. })) => {}

@@ -7,7 +7,7 @@ use common::*;
 use metrale_core::scope::ModelResource;
 use metrale_gpu_runtime::GpuBackend;
 use metrale_gpu_runtime::cpu::CpuBackend;
-use metrale_gpu_runtime::fault::{FaultInjecting, FaultPlan};
+use metrale_gpu_runtime::fault::FaultPlan;
 use metrale_model_weights::WeightsError;
 use metrale_model_weights::loader::{WeightDType, load_safetensors};
 
@@ -16,10 +16,11 @@ fn every_allocation_and_copy_can_fail() {
     for name in ["granitemoehybrid", "mamba2"] {
         let dir = fixture(name);
         let expected = expect_all(&dir);
-        let gpu = FaultInjecting::new(CpuBackend::new(), FaultPlan::default());
+        let gpu = CpuBackend::new();
+        gpu.hooks().set_faults(FaultPlan::default());
         let mut store =
             load_safetensors(&dir, &expected, &gpu, WeightDType::F32, &mut |_| {}).unwrap();
-        let allocations = gpu.alloc_count();
+        let allocations = gpu.hooks().alloc_count();
         assert_eq!(allocations, expected.len(), "one allocation per tensor");
         store.release(&gpu).unwrap();
         assert_eq!(gpu.live_bytes(), 0);
@@ -35,7 +36,7 @@ fn every_allocation_and_copy_can_fail() {
                     ..FaultPlan::default()
                 },
             ] {
-                gpu.set_plan(plan);
+                gpu.hooks().set_faults(plan);
                 match load_safetensors(&dir, &expected, &gpu, WeightDType::F32, &mut |_| {}) {
                     Ok(_) => panic!("{name}: {plan:?} should fail the load"),
                     Err(WeightsError::Device { name: tensor, .. }) => assert!(!tensor.is_empty()),

@@ -45,7 +45,7 @@ pub(super) fn kv_store(
     kv_width: usize,
 ) -> Result<()> {
     const OP: &str = "kv_store";
-    let _timer = cpu.op_timer(OP);
+    let _timer = cpu.begin_op(OP)?;
     let slots = cpu.read_u32(OP, slots)?;
     need(OP, k, slots.len() * kv_width, "k")?;
     need(OP, v, slots.len() * kv_width, "v")?;
@@ -233,7 +233,7 @@ pub(super) fn paged_attention(
     p: &AttnParams,
 ) -> Result<()> {
     const OP: &str = "paged_attention";
-    let _timer = cpu.op_timer(OP);
+    let _timer = cpu.begin_op(OP)?;
     let (hd, width) = (p.head_dim, p.n_heads * p.head_dim);
     let kv_width = p.n_kv_heads * hd;
     let bs = cache.block_size;

@@ -150,7 +150,7 @@ impl DenseOps for CpuBackend {
         out: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "embedding";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let ids = self.read_u32(OP, ids)?;
         need(OP, out, ids.len() * hidden, "out")?;
         let vocab = table.len() / hidden.max(1);
@@ -177,7 +177,7 @@ impl DenseOps for CpuBackend {
         d: MatmulDims,
     ) -> Result<()> {
         const OP: &str = "matmul";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let MatmulDims { m, n, k } = d;
         need(OP, x, m * k, "x")?;
         need(OP, w, n * k, "w")?;
@@ -216,7 +216,7 @@ impl DenseOps for CpuBackend {
         d: MatmulDims,
     ) -> Result<()> {
         const OP: &str = "matmul_swiglu";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let MatmulDims { m, n, k } = d;
         need(OP, x, m * k, "x")?;
         need(OP, gate, n * k, "gate")?;
@@ -246,7 +246,7 @@ impl DenseOps for CpuBackend {
         weight_offset: f32,
     ) -> Result<()> {
         const OP: &str = "rms_norm";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         need(OP, x, rows * dim, "x")?;
         need(OP, w, dim, "weight")?;
         need(OP, out, rows * dim, "out")?;
@@ -276,7 +276,7 @@ impl DenseOps for CpuBackend {
 
     fn rope(&self, x: DeviceSlice, positions: DeviceSlice, p: &RopeParams) -> Result<()> {
         const OP: &str = "rope";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let positions = self.read_u32(OP, positions)?;
         let inv_freq = self.read_f32(OP, p.inv_freq)?;
         let width = p.n_heads * p.head_dim;
@@ -352,7 +352,7 @@ impl DenseOps for CpuBackend {
         n: usize,
     ) -> Result<()> {
         const OP: &str = "silu_mul";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         for (s, what) in [(gate, "gate"), (up, "up"), (out, "out")] {
             need(OP, s, n, what)?;
         }
@@ -364,7 +364,7 @@ impl DenseOps for CpuBackend {
 
     fn relu2(&self, x: DeviceSlice, out: DeviceSlice, n: usize) -> Result<()> {
         const OP: &str = "relu2";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         need(OP, x, n, "x")?;
         need(OP, out, n, "out")?;
         let xs = self.read_f32(OP, x)?;
@@ -381,7 +381,7 @@ impl DenseOps for CpuBackend {
         n: usize,
     ) -> Result<()> {
         const OP: &str = "sigmoid_mul";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         for (s, what) in [(x, "x"), (gate, "gate"), (out, "out")] {
             need(OP, s, n, what)?;
         }
@@ -393,7 +393,7 @@ impl DenseOps for CpuBackend {
 
     fn add_scaled(&self, acc: DeviceSlice, x: DeviceSlice, factor: f32, n: usize) -> Result<()> {
         const OP: &str = "add_scaled";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         need(OP, acc, n, "acc")?;
         need(OP, x, n, "x")?;
         let xs = self.read_f32(OP, x)?;
@@ -404,7 +404,7 @@ impl DenseOps for CpuBackend {
 
     fn scale(&self, x: DeviceSlice, factor: f32, n: usize) -> Result<()> {
         const OP: &str = "scale";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         need(OP, x, n, "x")?;
         let xs = &mut self.write_f32(OP, x, &[])?[..n];
         self.elementwise(xs, |_, x| x.iter_mut().for_each(|v| *v *= factor));
@@ -421,7 +421,7 @@ impl DenseOps for CpuBackend {
         rows: usize,
     ) -> Result<()> {
         const OP: &str = "copy_cols";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         if col_start + cols > src_width {
             return Err(shape_err(
                 OP,
@@ -456,7 +456,7 @@ impl DenseOps for CpuBackend {
         rows: usize,
     ) -> Result<()> {
         const OP: &str = "scatter_cols";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         if col_start + cols > dst_width {
             return Err(shape_err(
                 OP,
@@ -482,7 +482,7 @@ impl DenseOps for CpuBackend {
         out: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "gather_rows";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let rows = self.read_u32(OP, rows)?;
         need(OP, out, rows.len() * width, "out")?;
         if out.dtype() != src.dtype() {
@@ -521,7 +521,7 @@ impl DenseOps for CpuBackend {
         dst: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "scatter_add_rows";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let (rows, weights) = (self.read_u32(OP, rows)?, self.read_f32(OP, weights)?);
         super::moe::scatter_add(self, src, rows, weights, width, dst)
     }

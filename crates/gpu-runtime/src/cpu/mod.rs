@@ -20,6 +20,7 @@ mod team;
 mod vec;
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use half::bf16;
 use metrale_core::DType;
@@ -28,7 +29,8 @@ use dense::need;
 use kernels::Weights;
 
 use crate::error::{GpuError, Result};
-use crate::gpu::{DevicePtr, DeviceSlice, GpuBackend};
+use crate::gpu::{DevicePtr, DeviceSlice, Fence, GpuBackend};
+use crate::hooks::Hooks;
 use crate::ledger::Ledger;
 use crate::ops::{KvLayout, KvSpec, StateLayout};
 pub use profile::OpTime;
@@ -38,6 +40,11 @@ const ALIGN: usize = 64;
 /// Host memory and multithreaded kernels.
 pub struct CpuBackend {
     ledger: Ledger,
+    /// Fault plan, counters, debug sync and the sticky error (see `hooks.rs`).
+    hooks: Hooks,
+    /// The last fence id handed out: the CPU is synchronous, so every fence
+    /// is complete when recorded; the ids only tell fences apart.
+    fences: AtomicU64,
     /// Refuse allocations beyond this many live bytes (None: no limit).
     memory_limit: Option<usize>,
     /// Runs the `gemm` crate's f32 GEMM (prefill with f32 arithmetic), which
@@ -92,6 +99,8 @@ impl CpuBackend {
         let team = team::Team::new(pool.current_num_threads());
         Ok(Self {
             ledger: Ledger::new(),
+            hooks: Hooks::new(),
+            fences: AtomicU64::new(0),
             memory_limit: None,
             pool,
             team,
@@ -135,9 +144,12 @@ impl CpuBackend {
         self.profile.take()
     }
 
-    /// Times one op call until the returned guard drops (when profiling).
-    pub(crate) fn op_timer(&self, op: &'static str) -> Option<profile::OpTimer<'_>> {
-        self.profile.start(op)
+    /// What every op does first: the launch hooks (count, sticky error,
+    /// injected fault; see [`Hooks::begin_op`]), then a timer for the op's
+    /// wall time until the returned guard drops (when profiling).
+    pub(crate) fn begin_op(&self, op: &'static str) -> Result<Option<profile::OpTimer<'_>>> {
+        self.hooks.begin_op(op)?;
+        Ok(self.profile.start(op))
     }
 
     /// Number of worker threads ops use.
@@ -339,6 +351,10 @@ impl GpuBackend for CpuBackend {
         &self.ledger
     }
 
+    fn hooks(&self) -> &Hooks {
+        &self.hooks
+    }
+
     fn available_memory(&self) -> Option<usize> {
         let limit = self
             .memory_limit
@@ -378,19 +394,19 @@ impl GpuBackend for CpuBackend {
         Ok(())
     }
 
-    fn copy_h2d(&self, src: &[u8], dst: DevicePtr, offset: usize) -> Result<()> {
+    fn copy_h2d_raw(&self, src: &[u8], dst: DevicePtr, offset: usize) -> Result<()> {
         let dst = DeviceSlice::new(dst, DType::U8, offset + src.len()).slice(offset, src.len())?;
         self.write("copy_h2d", dst, &[])?.copy_from_slice(src);
         Ok(())
     }
 
-    fn copy_d2h(&self, src: DevicePtr, offset: usize, dst: &mut [u8]) -> Result<()> {
+    fn copy_d2h_raw(&self, src: DevicePtr, offset: usize, dst: &mut [u8]) -> Result<()> {
         let src = DeviceSlice::new(src, DType::U8, offset + dst.len()).slice(offset, dst.len())?;
         dst.copy_from_slice(self.read("copy_d2h", src, DType::U8)?);
         Ok(())
     }
 
-    fn copy_d2d(
+    fn copy_d2d_raw(
         &self,
         src: DevicePtr,
         src_offset: usize,
@@ -405,13 +421,25 @@ impl GpuBackend for CpuBackend {
         Ok(())
     }
 
-    fn memset_zero(&self, dst: DevicePtr, offset: usize, bytes: usize) -> Result<()> {
+    fn memset_zero_raw(&self, dst: DevicePtr, offset: usize, bytes: usize) -> Result<()> {
         let dst = DeviceSlice::new(dst, DType::U8, offset + bytes).slice(offset, bytes)?;
         self.write("memset_zero", dst, &[])?.fill(0);
         Ok(())
     }
 
-    fn synchronize(&self) -> Result<()> {
+    /// Every op has finished when it returns: nothing to wait for.
+    fn synchronize_raw(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn record_fence_raw(&self) -> Result<Fence> {
+        Ok(Fence::from_raw(
+            self.fences.fetch_add(1, Ordering::Relaxed) + 1,
+        ))
+    }
+
+    /// Complete already: see `fences`.
+    fn wait_fence_raw(&self, _fence: Fence) -> Result<()> {
         Ok(())
     }
 

@@ -109,7 +109,7 @@ impl MoeOps for CpuBackend {
         routes: &Routes,
     ) -> Result<()> {
         const OP: &str = "softmax_topk";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let (rows, k) = (routes.rows, routes.k);
         if k == 0 || k > n {
             return Err(shape_err(OP, format!("top-{k} of {n}")));
@@ -154,7 +154,7 @@ impl MoeOps for CpuBackend {
         routes: &Routes,
     ) -> Result<()> {
         const OP: &str = "sigmoid_topk";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         if p.k != routes.k {
             return Err(shape_err(
                 OP,
@@ -174,7 +174,7 @@ impl MoeOps for CpuBackend {
 
     fn moe_group(&self, routes: &Routes, g: &ExpertGroups) -> Result<()> {
         const OP: &str = "moe_group";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let entries = routes.rows * routes.k;
         need(OP, routes.experts, entries, "route experts")?;
         need(OP, routes.weights, entries, "route weights")?;
@@ -217,7 +217,7 @@ impl MoeOps for CpuBackend {
         out: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "grouped_matmul";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let (entries, n, k) = (g.entries(), w.n, w.k);
         need(OP, x, entries * k, "x")?;
         need(OP, out, entries * n, "out")?;
@@ -246,7 +246,7 @@ impl MoeOps for CpuBackend {
         scratch: DeviceSlice,
     ) -> Result<()> {
         const OP: &str = "grouped_matmul_swiglu";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let (entries, n, k) = (g.entries(), gate.n, gate.k);
         if (up.n, up.k) != (n, k) {
             return Err(shape_err(
@@ -286,7 +286,7 @@ impl MoeOps for CpuBackend {
         width: usize,
     ) -> Result<()> {
         const OP: &str = "sigmoid_gate_add";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         need(OP, acc, rows * width, "acc")?;
         need(OP, x, rows * width, "x")?;
         need(OP, gate, rows, "gate")?;

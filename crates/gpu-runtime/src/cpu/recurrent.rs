@@ -226,7 +226,7 @@ impl CpuBackend {
         mode: Mode,
     ) -> Result<()> {
         const OP: &str = "ssd_scan";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let SsdParams {
             n_heads,
             head_dim,
@@ -332,7 +332,7 @@ impl CpuBackend {
         mode: Mode,
     ) -> Result<()> {
         const OP: &str = "gated_delta_rule";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         let DeltaParams {
             n_k_heads,
             n_v_heads,
@@ -435,7 +435,7 @@ impl CpuBackend {
         silu_out: bool,
     ) -> Result<()> {
         const OP: &str = "causal_conv1d";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         if channels == 0 || kernel == 0 {
             return Err(shape_err(
                 OP,
@@ -571,7 +571,7 @@ impl RecurrentOps for CpuBackend {
         order: GateOrder,
     ) -> Result<()> {
         const OP: &str = "gated_rms_norm";
-        let _timer = self.op_timer(OP);
+        let _timer = self.begin_op(OP)?;
         if dim == 0 || group_size == 0 || !dim.is_multiple_of(group_size) {
             return Err(shape_err(
                 OP,

@@ -5,7 +5,7 @@ use metrale_core::DType;
 
 use crate::cpu::CpuBackend;
 use crate::error::GpuError;
-use crate::fault::{FaultInjecting, FaultPlan};
+use crate::fault::FaultPlan;
 use crate::gpu::{DeviceSlice, GpuBackend};
 use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
 
@@ -323,9 +323,10 @@ fn gated_rms_norm_matches_reference() {
 }
 
 #[test]
-fn fault_injecting_passes_recurrent_ops_through() {
-    let fi = FaultInjecting::new(CpuBackend::new(), FaultPlan::default());
-    let gpu: &dyn GpuBackend = &fi;
+fn recurrent_ops_run_and_are_counted_with_a_fault_plan_installed() {
+    let cpu = CpuBackend::new();
+    cpu.hooks().set_faults(FaultPlan::default());
+    let gpu: &dyn GpuBackend = &cpu;
     let up = |v: &[f32]| {
         let s = gpu.alloc_slice(DType::F32, v.len(), "test").expect("alloc");
         gpu.upload_f32(v, s).expect("upload");
@@ -338,7 +339,8 @@ fn fault_injecting_passes_recurrent_ops_through() {
         up(&[0.0; 4]),
     );
     gpu.gated_rms_norm(x, g, w, out, 1, 4, 4, 1e-6, GateOrder::AfterNorm)
-        .expect("through the wrapper");
+        .expect("with a plan that fails nothing");
+    assert_eq!(gpu.hooks().transfers().op_launches, 1);
     let want = norm_ref(
         &[1.0, 2.0, 3.0, 4.0],
         &[0.5; 4],
@@ -352,7 +354,7 @@ fn fault_injecting_passes_recurrent_ops_through() {
         &gpu.download_f32(out).expect("download"),
         &want,
         1e-6,
-        "wrapped norm",
+        "norm with a plan",
     );
     for s in [x, g, w, out] {
         gpu.free(s.ptr()).expect("free");

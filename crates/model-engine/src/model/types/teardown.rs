@@ -4,7 +4,9 @@
 //!
 //! Invariants:
 //! - `release_pools` attempts every release even after an earlier one fails,
-//!   and returns the first error with its step's label as context.
+//!   and returns the first error with its step's label as context; every
+//!   later failure is logged, so none goes unreported (after a sticky device
+//!   fault every step fails, and each says so).
 //! - The weight store goes after every owner that points into it.
 //! - Whatever is still on the ledger at the end is swept, counted and warned about.
 
@@ -29,10 +31,15 @@ impl TransformerModel {
         let gpu: &dyn GpuBackend = self.gpu.as_ref();
         let mut first_error: Option<anyhow::Error> = None;
         let mut attempt = |label: &'static str, r: anyhow::Result<()>| {
-            if let Err(e) = r
-                && first_error.is_none()
-            {
-                first_error = Some(e.context(label));
+            if let Err(e) = r {
+                if first_error.is_none() {
+                    first_error = Some(e.context(label));
+                } else {
+                    tracing::warn!(
+                        target: "metrale_model_engine::model::types",
+                        "teardown: {label} also failed: {e:#}"
+                    );
+                }
             }
         };
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use metrale_core::DType;
 use metrale_gpu_runtime::cpu::CpuBackend;
-use metrale_gpu_runtime::fault::{FaultInjecting, FaultPlan};
+use metrale_gpu_runtime::fault::FaultPlan;
 use metrale_gpu_runtime::gpu::GpuBackend;
 use metrale_model_weights::weights::WeightStore;
 use parking_lot::Mutex;
@@ -103,15 +103,19 @@ fn options() -> ModelOptions {
     }
 }
 
-type Fi = FaultInjecting<CpuBackend>;
+/// A CPU backend whose hooks carry a fault plan from its creation.
+type Fi = CpuBackend;
+
+fn fault_injecting(plan: FaultPlan) -> Arc<Fi> {
+    let cpu = Arc::new(CpuBackend::with_threads(1));
+    cpu.hooks().set_faults(plan);
+    cpu
+}
 
 /// A model with every kind of resource populated: pools, a snapshot, a
 /// derived weight and a weight store.
 fn full_model(plan: FaultPlan) -> (Arc<Fi>, TransformerModel) {
-    let fi = Arc::new(FaultInjecting::new(
-        CpuBackend::with_threads(1),
-        FaultPlan::default(),
-    ));
+    let fi = fault_injecting(FaultPlan::default());
     let gpu: Arc<dyn GpuBackend> = fi.clone();
     let mut model = TransformerModel::new(gpu.clone(), hybrid_config(), options()).unwrap();
     let mut store = WeightStore::new();
@@ -132,14 +136,14 @@ fn full_model(plan: FaultPlan) -> (Arc<Fi>, TransformerModel) {
             .unwrap();
     }
     model.adopt_weight_store(store);
-    fi.set_plan(plan);
+    fi.hooks().set_faults(plan);
     (fi, model)
 }
 
 /// The owner labels in teardown order, collapsing repeats.
 fn owner_sequence(fi: &Fi) -> Vec<String> {
     let mut seq: Vec<String> = Vec::new();
-    for o in fi.freed_owners() {
+    for o in fi.hooks().freed_owners() {
         let o = if o.starts_with("weights: ") {
             "weights".to_string()
         } else if o.starts_with("derived: ") {
@@ -180,6 +184,7 @@ fn a_failing_step_does_not_stop_later_steps_and_its_label_is_the_context() {
     let (probe, mut clean) = full_model(FaultPlan::default());
     clean.release_pools().unwrap();
     let kv_index = probe
+        .hooks()
         .freed_owners()
         .iter()
         .position(|o| o == "kv cache")
@@ -223,11 +228,18 @@ fn the_first_error_wins_when_several_steps_fail() {
         fail_free_at: Some(0),
         fail_copy_at: None,
         fail_alloc_at: None,
+        fail_op_at: None,
     });
     // Make a second step fail too: a leaked slot.
     let leaked = model.ssm_pool.acquire(fi.as_ref()).unwrap();
-    let err = model.release_pools().unwrap_err();
+    let mut result = Ok(());
+    let logs = capture_logs(|| result = model.release_pools());
+    let err = result.unwrap_err();
     assert_eq!(err.to_string(), "derived weights");
+    assert!(
+        logs.contains("teardown: ssm state pool also failed"),
+        "later failures are logged: {logs}"
+    );
     drop(leaked);
 }
 
@@ -301,9 +313,13 @@ fn no_warning_when_every_owner_released_its_memory() {
 fn release_pools_twice_is_harmless() {
     let (fi, mut model) = full_model(FaultPlan::default());
     model.release_pools().unwrap();
-    let frees = fi.freed_owners().len();
+    let frees = fi.hooks().freed_owners().len();
     model.release_pools().unwrap();
-    assert_eq!(fi.freed_owners().len(), frees, "nothing freed twice");
+    assert_eq!(
+        fi.hooks().freed_owners().len(),
+        frees,
+        "nothing freed twice"
+    );
     assert_eq!(fi.live_bytes(), 0);
     model.shutdown().unwrap();
 }
@@ -311,22 +327,16 @@ fn release_pools_twice_is_harmless() {
 #[test]
 fn a_failure_at_every_allocation_while_building_leaves_the_ledger_empty() {
     // Count the allocations of a successful build first.
-    let probe = Arc::new(FaultInjecting::new(
-        CpuBackend::with_threads(1),
-        FaultPlan::default(),
-    ));
+    let probe = fault_injecting(FaultPlan::default());
     let model = TransformerModel::new(probe.clone(), hybrid_config(), options()).unwrap();
-    let total = probe.alloc_count();
+    let total = probe.hooks().alloc_count();
     assert!(total >= 4, "pools, cache layers and arena: {total}");
     model.shutdown().unwrap();
     for index in 0..total {
-        let fi = Arc::new(FaultInjecting::new(
-            CpuBackend::with_threads(1),
-            FaultPlan {
-                fail_alloc_at: Some(index),
-                ..FaultPlan::default()
-            },
-        ));
+        let fi = fault_injecting(FaultPlan {
+            fail_alloc_at: Some(index),
+            ..FaultPlan::default()
+        });
         let result = TransformerModel::new(fi.clone(), hybrid_config(), options());
         let err = result
             .err()
