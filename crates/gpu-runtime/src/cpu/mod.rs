@@ -15,6 +15,7 @@ mod kernels;
 mod profile;
 mod recurrent;
 mod routing;
+mod simd;
 mod team;
 mod vec;
 
