@@ -140,7 +140,7 @@ impl Model {
 }
 
 impl Generator {
-    /// Loads `dir` (weights, tokenizer) on the CPU backend.
+    /// Loads `dir` (weights, tokenizer) on the backend `options.device` names.
     pub fn load(
         dir: &Path,
         options: &LoadOptions,

@@ -1,7 +1,8 @@
 //! metrale: LLM inference for hybrid transformer / state-space models.
 //!
-//! The facade: load a Hugging Face model directory onto a backend, run it,
-//! tear it down. The crates behind it can be used one by one:
+//! The facade: load a Hugging Face model directory onto a backend (the
+//! [`Device`] of [`LoadOptions`], opened by [`open_backend`]), run it, tear
+//! it down. The crates behind it can be used one by one:
 //! [`metrale_core`], [`metrale_gpu_runtime`], [`metrale_model_weights`],
 //! [`metrale_model_engine`].
 
@@ -15,6 +16,9 @@ pub use metrale_gpu_runtime as gpu_runtime;
 pub use metrale_model_engine as engine;
 pub use metrale_model_weights as weights;
 
+mod device;
+pub use device::{Backend, BackendOptions, Device, ParseDeviceError, open_backend};
+pub use metrale_gpu_runtime::cpu::OpTime;
 mod generate;
 pub use generate::{
     Generation, GenerationStream, Generator, MODEL_ENV, StreamEvent, Timings, default_model_dir,
@@ -25,7 +29,6 @@ pub use metrale_model_engine::sampling::{Finish, SamplingParams};
 mod runner;
 pub use runner::{GeneratorHandle, RequestStream};
 
-use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_gpu_runtime::gpu::GpuBackend;
 use metrale_model_engine::model::{Logits, ModelOptions, Step, TransformerModel};
 use metrale_model_weights::loader::{LoadProgress, WeightDType};
@@ -33,6 +36,9 @@ use metrale_model_weights::loader::{LoadProgress, WeightDType};
 /// How to load a model.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
+    /// The backend to load onto (default: [`Device::Auto`], the best this
+    /// build has).
+    pub device: Device,
     /// CPU worker threads (0: one per core).
     pub threads: usize,
     /// How weights are held in memory.
@@ -48,6 +54,7 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         Self {
+            device: Device::Auto,
             threads: 0,
             dtype: WeightDType::AsStored,
             model: ModelOptions::default(),
@@ -64,21 +71,26 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads `dir` on the CPU backend.
+    /// Loads `dir` on the backend `options.device` names, opened with
+    /// `options.threads` and `options.memory_limit` ([`open_backend`]).
     pub fn load(
         dir: &Path,
         options: &LoadOptions,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self> {
-        let mut cpu = CpuBackend::try_with_threads(options.threads)?;
-        if let Some(limit) = options.memory_limit {
-            cpu = cpu.with_memory_limit(limit);
-        }
-        let gpu: Arc<dyn GpuBackend> = Arc::new(cpu);
-        Self::load_on(dir, gpu, options, progress)
+        let backend = open_backend(
+            options.device,
+            &BackendOptions {
+                threads: options.threads,
+                memory_limit: options.memory_limit,
+                ..BackendOptions::default()
+            },
+        )?;
+        Self::load_on(dir, backend.gpu().clone(), options, progress)
     }
 
-    /// Loads `dir` on a given backend.
+    /// Loads `dir` on a given backend (`options.device`, `threads` and
+    /// `memory_limit` are the backend's business then, not read).
     pub fn load_on(
         dir: &Path,
         gpu: Arc<dyn GpuBackend>,

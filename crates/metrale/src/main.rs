@@ -12,6 +12,10 @@ mod cli;
     about = "LLM inference for hybrid transformer / state-space models"
 )]
 struct Cli {
+    /// Log more to stderr: -v info (the device chosen, ...), -vv debug
+    /// (default: warnings, or what RUST_LOG says).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -36,8 +40,9 @@ enum Command {
 }
 
 fn main() -> Result<()> {
-    cli::init_tracing();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    cli::init_tracing(cli.verbose);
+    match cli.command {
         Command::Inspect(args) => cli::inspect::run(args),
         Command::Logits(args) => cli::logits::run(args),
         Command::Bench(args) => cli::bench::run(args),

@@ -19,7 +19,7 @@ use super::CpuBackend;
 use super::dense::{need, shape_err};
 use super::elementwise as ew;
 use super::gemv::Isa;
-use super::recurrent::math::simd_fn;
+use super::simd::simd_fn;
 use super::vec;
 use half::bf16;
 use metrale_core::DType;

@@ -5,7 +5,7 @@
 //! results do not depend on which is chosen (the same IEEE operations, no
 //! fused multiply-adds).
 
-use super::recurrent::math::{exp_fast, sigmoid, silu, simd_fn};
+use super::simd::{exp_fast, sigmoid, silu, simd_fn};
 use crate::ops::recurrent::GateOrder;
 
 simd_fn! {

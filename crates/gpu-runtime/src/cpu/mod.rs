@@ -16,6 +16,7 @@ mod moe;
 mod profile;
 mod recurrent;
 mod routing;
+mod simd;
 mod team;
 mod vec;
 

@@ -17,11 +17,11 @@ mod tests_scan;
 
 use super::CpuBackend;
 use super::dense::{need, shape_err};
+use super::simd::simd_fn;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
 use crate::ops::step::{RECURRENT_SEQ_WORDS, RecurrentBatch, RecurrentSeqDesc, StateSlots};
-use math::simd_fn;
 
 simd_fn! {
     /// One decode step of the causal conv for one sequence: `w` as stored

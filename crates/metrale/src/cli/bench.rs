@@ -8,7 +8,6 @@
 //! a config as a Hugging Face checkpoint (for comparisons with other engines).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -16,9 +15,8 @@ use metrale::core::DType;
 use metrale::engine::config::{ModelConfig, load_config, parse_config};
 use metrale::engine::model::{Logits, ModelOptions, Sequence, Step, TransformerModel};
 use metrale::engine::random::write_random_checkpoint;
-use metrale::gpu_runtime::cpu::{CpuBackend, OpTime};
-use metrale::gpu_runtime::gpu::GpuBackend;
 use metrale::weights::loader::WeightDType;
+use metrale::{BackendOptions, Device, OpTime, open_backend};
 
 use super::bench_probe::{decode_params_per_token, peak_rss_bytes, read_bandwidth};
 
@@ -56,6 +54,8 @@ pub struct Args {
     /// Sequences run together (decode steps batch them).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
     /// CPU worker threads (0: one per core; at most 4 per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -164,16 +164,19 @@ pub fn run(args: Args) -> Result<()> {
         (None, None) => bail!("give --model DIR or --config FILE"),
     };
     let kv_blocks = check_sizes(&args, &config, ModelOptions::default().kv_block_size)?;
-    let mut cpu = CpuBackend::try_with_threads(args.threads)?
-        .with_bf16_dot_products(args.bf16_dot)
-        .with_op_profile(args.profile);
-    if let Some(limit) = args.memory_limit {
-        cpu = cpu.with_memory_limit(limit);
-    }
-    let cpu = Arc::new(cpu);
-    let threads = cpu.threads();
-    let bf16_dot = cpu.bf16_dot_products();
-    let gpu: Arc<dyn GpuBackend> = cpu.clone();
+    let backend = open_backend(
+        args.device.device,
+        &BackendOptions {
+            threads: args.threads,
+            memory_limit: args.memory_limit,
+            bf16_dot_products: args.bf16_dot,
+            op_profile: args.profile,
+        },
+    )?;
+    // Host threads (the bandwidth probe reads with as many).
+    let threads = backend.threads().unwrap_or(1);
+    let bf16_dot = backend.bf16_dot_products();
+    let gpu = backend.gpu().clone();
     let max_batch_tokens = n.min(2048).max(b);
     let options = ModelOptions {
         max_batch_tokens,
@@ -200,7 +203,9 @@ pub fn run(args: Args) -> Result<()> {
         (None, None) => bail!("give --model DIR or --config FILE"),
     };
     let load_s = start.elapsed().as_secs_f64();
-    let measured = measure(&model, &args, load_s, &|| cpu.take_op_times());
+    let measured = measure(&model, &args, load_s, &|| {
+        backend.take_op_times().unwrap_or_default()
+    });
     let config = model.config().clone();
     let weight_bytes = model.weight_store().map_or(0, |s| s.bytes());
     let shutdown = model.shutdown();
@@ -221,6 +226,7 @@ pub fn run(args: Args) -> Result<()> {
     );
     report.peak_rss = peak_rss;
     report.bf16_dot = bf16_dot;
+    report.device = backend.device();
     if args.json {
         println!("{}", serde_json::to_string(&report.json())?);
     } else {
@@ -351,6 +357,8 @@ fn argmax(v: &[f32]) -> u32 {
 struct Report {
     model: String,
     model_type: &'static str,
+    /// The backend it ran on.
+    device: Device,
     params: usize,
     weight_bytes: usize,
     dtype: DType,
@@ -386,6 +394,7 @@ impl Report {
         Report {
             model,
             model_type: c.model_type.as_str(),
+            device: Device::Cpu,
             params: c.parameter_count(),
             weight_bytes,
             dtype,
@@ -423,6 +432,7 @@ impl Report {
         let mut v = serde_json::json!({
             "model": self.model,
             "model_type": self.model_type,
+            "device": self.device.to_string(),
             "params": self.params,
             "weight_bytes": self.weight_bytes,
             "weight_dtype": self.dtype.name(),
@@ -469,8 +479,8 @@ impl Report {
             gib(self.weight_bytes as f64)
         );
         println!(
-            "run          {} thread(s), batch {}, prompt {} tokens, {} generated; load {:.2} s",
-            self.threads, self.batch, self.prompt_len, self.gen_len, self.load_s
+            "run          {}, {} thread(s), batch {}, prompt {} tokens, {} generated; load {:.2} s",
+            self.device, self.threads, self.batch, self.prompt_len, self.gen_len, self.load_s
         );
         let math = if self.bf16_dot {
             "bf16 dot products"

@@ -18,6 +18,8 @@ const DEFAULT_MODEL_NOTE: &str = "Model directory (config.json, *.safetensors, t
 pub struct ModelArgs {
     #[arg(long, help = DEFAULT_MODEL_NOTE)]
     pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
     /// CPU worker threads (0: one per core; at most 4 per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -39,6 +41,7 @@ impl ModelArgs {
             );
         }
         let mut options = LoadOptions {
+            device: self.device.device,
             threads: self.threads,
             memory_limit: self.memory_limit,
             ..LoadOptions::default()

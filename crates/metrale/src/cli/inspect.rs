@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use metrale::{BackendOptions, open_backend};
 use metrale_core::DType;
 use metrale_core::scope::ModelResource;
-use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_model_engine::config::{MixerKind, ModelConfig, RopeScaling, load_config};
 use metrale_model_engine::loader::load_weights;
 use metrale_model_weights::loader::{LoadProgress, WeightDType, scan_safetensors};
@@ -28,6 +28,9 @@ pub struct Args {
     /// files in the directory, only config.json (sizes from the config).
     #[arg(long)]
     pub no_load: bool,
+    // The backend the weights are loaded onto (not used with --no-load).
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
 }
 
 /// Parameter and byte totals of the weights as stored.
@@ -63,10 +66,11 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// Loads every weight onto the CPU backend (checking the whole checkpoint),
-/// counts it, and frees it again.
+/// Loads every weight onto the backend of `--device` (checking the whole
+/// checkpoint), counts it, and frees it again.
 fn load(args: &Args, config: &ModelConfig) -> Result<Totals> {
-    let gpu = CpuBackend::new();
+    let backend = open_backend(args.device.device, &BackendOptions::default())?;
+    let gpu = backend.gpu().as_ref();
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = ProgressBar::new(0);
         if let Ok(style) =
@@ -93,7 +97,7 @@ fn load(args: &Args, config: &ModelConfig) -> Result<Totals> {
     let result = load_weights(
         &args.model_dir,
         config,
-        &gpu,
+        gpu,
         WeightDType::AsStored,
         &mut progress,
     );
@@ -114,7 +118,7 @@ fn load(args: &Args, config: &ModelConfig) -> Result<Totals> {
         dtypes,
         from_config: false,
     };
-    store.release(&gpu).context("freeing the weights")?;
+    store.release(gpu).context("freeing the weights")?;
     Ok(totals)
 }
 

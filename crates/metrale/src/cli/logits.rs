@@ -22,6 +22,8 @@ pub struct Args {
     /// Where to write the logits.
     #[arg(long)]
     pub out: PathBuf,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
     /// Worker threads (0: one per core; at most 4 per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -41,6 +43,7 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     let mut options = LoadOptions {
+        device: args.device.device,
         threads: args.threads,
         memory_limit: args.memory_limit,
         ..LoadOptions::default()

@@ -7,6 +7,19 @@ pub mod generate;
 pub mod inspect;
 pub mod logits;
 
+use std::io::IsTerminal;
+
+use metrale::Device;
+
+/// `--device`, the same on every subcommand that runs a model.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct DeviceArgs {
+    /// Where to run: cpu, or auto (the best backend this build has: today
+    /// the CPU). `cuda` needs a build with the `cuda` feature.
+    #[arg(long, value_name = "cpu|auto", default_value_t = Device::Auto)]
+    pub device: Device,
+}
+
 /// `--memory-limit`'s parser: a size such as `8GiB` or `512MiB` (see
 /// [`inspect::parse_bytes`]).
 pub fn parse_memory(text: &str) -> Result<usize, String> {
@@ -14,12 +27,19 @@ pub fn parse_memory(text: &str) -> Result<usize, String> {
     usize::try_from(bytes).map_err(|_| format!("{text} is more than this machine can address"))
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default: warnings).
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+/// Logs to stderr: with `verbose` (`-v`) 1, info and up (the device chosen,
+/// ...), with 2 or more, debug; otherwise filtered by `RUST_LOG` (default:
+/// warnings).
+pub fn init_tracing(verbose: u8) {
+    let filter = match verbose {
+        0 => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        1 => tracing_subscriber::EnvFilter::new("info"),
+        _ => tracing_subscriber::EnvFilter::new("debug"),
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }

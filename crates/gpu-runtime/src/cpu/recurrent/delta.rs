@@ -12,8 +12,9 @@
 
 use crate::cpu::team::Team;
 
-use super::math::{Buf, SPAN, View, axpy, decay_lower, dot, matmul, sigmoid, simd_fn, softplus};
+use super::math::{Buf, SPAN, View, decay_lower, matmul, softplus};
 use super::{Mode, SeqIo};
+use crate::cpu::simd::{axpy, dot, sigmoid, simd_fn};
 use crate::ops::recurrent::DeltaParams;
 
 /// HF `l2norm` epsilon.

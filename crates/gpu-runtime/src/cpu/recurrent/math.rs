@@ -1,36 +1,9 @@
-//! Helpers of the recurrent kernels: activations, a vectorisable `exp`, the
-//! decay matrix of a chunk, a safe strided GEMM on top of the `gemm` crate,
-//! and [`simd_fn`] to compile the elementwise loops for AVX2.
+//! Helpers of the recurrent kernels: `softplus`, per-thread scratch buffers,
+//! the decay matrix of a chunk, and a safe strided GEMM on top of the `gemm`
+//! crate. The vector helpers the other CPU kernels share too (`simd_fn!`,
+//! `exp_fast`, `dot`, `axpy`, ...) are in `cpu/simd.rs`.
 
-/// Defines a function whose body is compiled twice: for the build's baseline
-/// target and with AVX2+FMA, which it runs when the CPU has them (the crate
-/// is built for baseline x86-64, where loops vectorise to 4-lane SSE2 only).
-/// Functions return `()`; arguments are plain identifiers.
-macro_rules! simd_fn {
-    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
-        $(#[$m])*
-        $vis fn $name($($arg: $ty),*) {
-            $(#[$m])*
-            #[inline(always)]
-            fn imp($($arg: $ty),*) $body
-            #[cfg(target_arch = "x86_64")]
-            {
-                $(#[$m])*
-                #[target_feature(enable = "avx2,fma")]
-                unsafe fn avx2($($arg: $ty),*) {
-                    imp($($arg),*)
-                }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                    // SAFETY: the running CPU has the features `avx2` is compiled for.
-                    unsafe { avx2($($arg),*) };
-                    return;
-                }
-            }
-            imp($($arg),*)
-        }
-    };
-}
-pub(crate) use simd_fn;
+use crate::cpu::simd::{exp_fast, simd_fn};
 
 /// Side of the sub-blocks through which [`decay_lower`] factorises.
 const SUB: usize = 16;
@@ -91,58 +64,6 @@ impl std::ops::DerefMut for Buf {
 #[inline]
 pub(super) fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { x.exp().ln_1p() }
-}
-
-/// `1 / (1 + exp(-x))`, with the vectorisable `exp_fast`.
-#[inline]
-pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp_fast(-x))
-}
-
-/// `x · sigmoid(x)`, with the vectorisable `exp_fast`.
-#[inline]
-pub(crate) fn silu(x: f32) -> f32 {
-    x / (1.0 + exp_fast(-x))
-}
-
-/// `exp(x)` to about 1 ulp (Cephes `expf` polynomial), branch-free so that
-/// loops over slices vectorise. Inputs below -87 give 0, above 88 are clamped.
-#[inline(always)]
-pub(crate) fn exp_fast(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits.
-    const MAGIC: f32 = 12_582_912.0;
-    let xc = x.clamp(-87.0, 88.0);
-    let t = xc * LOG2E + MAGIC;
-    let n = t - MAGIC;
-    let r = xc - n * LN2_HI - n * LN2_LO;
-    let mut p = 1.987_569_1e-4_f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let e = p * r * r + r + 1.0;
-    let ni = t.to_bits() as i32 - MAGIC.to_bits() as i32;
-    let scale = f32::from_bits(((ni + 127) << 23) as u32);
-    if x < -87.0 { 0.0 } else { e * scale }
-}
-
-/// `x` rounded to bf16 (to nearest, ties to even; NaN stays a quiet NaN),
-/// branch-free so that loops over slices vectorise (`half`'s conversion
-/// does not).
-#[inline(always)]
-pub(crate) fn to_bf16(x: f32) -> half::bf16 {
-    let b = x.to_bits();
-    let rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
-    let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
-    half::bf16::from_bits(if nan {
-        ((b >> 16) as u16) | 0x0040
-    } else {
-        rounded
-    })
 }
 
 /// A read-only strided matrix: element `(i, j)` at `data[i * rs + j * cs]`.
@@ -244,32 +165,6 @@ pub(super) fn matmul(
     }
 }
 
-/// `y += a * x`.
-#[inline(always)]
-pub(super) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    y.iter_mut().zip(x).for_each(|(y, x)| *y += a * x);
-}
-
-/// f32 dot product with independent accumulators (vectorises).
-#[inline(always)]
-pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const LANES: usize = 16;
-    let mut acc = [0f32; LANES];
-    let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
 simd_fn! {
     /// The decay matrix of a chunk: for `t < cum.len()`, row `t` of `out`
     /// (rows `ld` apart) gets `exp(cum_t − cum_s)` at `s ≤ t`; entries right of
@@ -301,55 +196,6 @@ simd_fn! {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exp_fast_matches_std() {
-        let mut x = -90.0f32;
-        while x < 20.0 {
-            let (got, want) = (exp_fast(x), x.exp());
-            assert!(
-                (got - want).abs() <= 4.0 * f32::EPSILON * want.abs() + 1e-37,
-                "exp({x}) = {got}, want {want}"
-            );
-            x += 0.013;
-        }
-        assert_eq!(exp_fast(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp_fast(0.0), 1.0);
-    }
-
-    #[test]
-    fn to_bf16_matches_half() {
-        let specials = [
-            0.0,
-            -0.0,
-            1.0,
-            -1.5,
-            f32::MAX,
-            f32::MIN_POSITIVE,
-            1e-40,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-        ];
-        let ties = [
-            f32::from_bits(0x3F80_8000),
-            f32::from_bits(0x3F81_8000),
-            f32::from_bits(0x3F80_7FFF),
-        ];
-        let mut x = -70.0f32;
-        let mut all: Vec<f32> = specials.iter().chain(&ties).copied().collect();
-        while x < 70.0 {
-            all.push(x.exp() * x.signum());
-            x += 0.0137;
-        }
-        for v in all {
-            assert_eq!(
-                to_bf16(v).to_bits(),
-                half::bf16::from_f32(v).to_bits(),
-                "{v:e}"
-            );
-        }
-        assert!(to_bf16(f32::NAN).is_nan() && to_bf16(f32::from_bits(0x7F80_0001)).is_nan());
-    }
 
     #[test]
     fn decay_lower_matches_direct_exp() {

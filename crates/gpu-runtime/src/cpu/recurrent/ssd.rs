@@ -10,8 +10,9 @@
 //!
 //! `C·Bᵀ` is computed once per group and chunk (heads of a group share it).
 
-use super::math::{Buf, SPAN, View, decay_lower, exp_fast, matmul, simd_fn, softplus, to_bf16};
+use super::math::{Buf, SPAN, View, decay_lower, matmul, softplus};
 use super::{Mode, SeqIo};
+use crate::cpu::simd::{exp_fast, simd_fn, to_bf16};
 use half::bf16;
 
 use crate::cpu::gemm_bf16;

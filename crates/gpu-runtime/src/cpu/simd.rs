@@ -1,0 +1,185 @@
+//! Vector helpers the CPU kernels share: [`simd_fn`], which compiles a loop
+//! for AVX2+FMA as well as the baseline and picks one at run time; a
+//! vectorisable `exp` and the activations built on it; a branch-free bf16
+//! rounding; and the f32 `dot` and `axpy` loops. (The AVX-512 loops of
+//! attention are in `vec.rs`, the decode GEMV's in `gemv.rs`.)
+
+/// Defines a function whose body is compiled twice: for the build's baseline
+/// target and with AVX2+FMA, which it runs when the CPU has them (the crate
+/// is built for baseline x86-64, where loops vectorise to 4-lane SSE2 only).
+/// Functions return `()`; arguments are plain identifiers.
+macro_rules! simd_fn {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) {
+            $(#[$m])*
+            #[inline(always)]
+            fn imp($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                $(#[$m])*
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    imp($($arg),*)
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the running CPU has the features `avx2` is compiled for.
+                    unsafe { avx2($($arg),*) };
+                    return;
+                }
+            }
+            imp($($arg),*)
+        }
+    };
+}
+pub(crate) use simd_fn;
+
+/// `1 / (1 + exp(-x))`, with the vectorisable `exp_fast`.
+#[inline]
+pub(crate) fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp_fast(-x))
+}
+
+/// `x · sigmoid(x)`, with the vectorisable `exp_fast`.
+#[inline]
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + exp_fast(-x))
+}
+
+/// `exp(x)` to about 1 ulp (Cephes `expf` polynomial), branch-free so that
+/// loops over slices vectorise. Inputs below -87 give 0, above 88 are clamped.
+#[inline(always)]
+pub(crate) fn exp_fast(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits.
+    const MAGIC: f32 = 12_582_912.0;
+    let xc = x.clamp(-87.0, 88.0);
+    let t = xc * LOG2E + MAGIC;
+    let n = t - MAGIC;
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4_f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let e = p * r * r + r + 1.0;
+    let ni = t.to_bits() as i32 - MAGIC.to_bits() as i32;
+    let scale = f32::from_bits(((ni + 127) << 23) as u32);
+    if x < -87.0 { 0.0 } else { e * scale }
+}
+
+/// `x` rounded to bf16 (to nearest, ties to even; NaN stays a quiet NaN),
+/// branch-free so that loops over slices vectorise (`half`'s conversion
+/// does not).
+#[inline(always)]
+pub(crate) fn to_bf16(x: f32) -> half::bf16 {
+    let b = x.to_bits();
+    let rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
+    half::bf16::from_bits(if nan {
+        ((b >> 16) as u16) | 0x0040
+    } else {
+        rounded
+    })
+}
+
+/// `y += a * x`.
+#[inline(always)]
+pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    y.iter_mut().zip(x).for_each(|(y, x)| *y += a * x);
+}
+
+/// f32 dot product with independent accumulators (vectorises).
+#[inline(always)]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut acc = [0f32; LANES];
+    let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_fast_matches_std() {
+        let mut x = -90.0f32;
+        while x < 20.0 {
+            let (got, want) = (exp_fast(x), x.exp());
+            assert!(
+                (got - want).abs() <= 4.0 * f32::EPSILON * want.abs() + 1e-37,
+                "exp({x}) = {got}, want {want}"
+            );
+            x += 0.013;
+        }
+        assert_eq!(exp_fast(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_fast(0.0), 1.0);
+    }
+
+    #[test]
+    fn to_bf16_matches_half() {
+        let specials = [
+            0.0,
+            -0.0,
+            1.0,
+            -1.5,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1e-40,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ];
+        let ties = [
+            f32::from_bits(0x3F80_8000),
+            f32::from_bits(0x3F81_8000),
+            f32::from_bits(0x3F80_7FFF),
+        ];
+        let mut x = -70.0f32;
+        let mut all: Vec<f32> = specials.iter().chain(&ties).copied().collect();
+        while x < 70.0 {
+            all.push(x.exp() * x.signum());
+            x += 0.0137;
+        }
+        for v in all {
+            assert_eq!(
+                to_bf16(v).to_bits(),
+                half::bf16::from_f32(v).to_bits(),
+                "{v:e}"
+            );
+        }
+        assert!(to_bf16(f32::NAN).is_nan() && to_bf16(f32::from_bits(0x7F80_0001)).is_nan());
+    }
+
+    #[test]
+    fn dot_and_axpy_match_naive() {
+        // 37 elements: two full 16-lane chunks and a tail.
+        let a: Vec<f32> = (0..37).map(|i| i as f32 * 0.25 - 4.0).collect();
+        let b: Vec<f32> = (0..37).map(|i| (i as f32).cos()).collect();
+        let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!(
+            (dot(&a, &b) - want).abs() < 1e-4,
+            "{} vs {want}",
+            dot(&a, &b)
+        );
+        let mut y = b.clone();
+        axpy(&mut y, 2.0, &a);
+        for ((y, a), b) in y.iter().zip(&a).zip(&b) {
+            assert_eq!(*y, b + 2.0 * a);
+        }
+    }
+}
