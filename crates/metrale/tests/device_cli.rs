@@ -211,3 +211,34 @@ fn help_documents_the_flag_and_verbose_logs_the_device() {
     let quiet = generate("cpu");
     assert!(!text(&quiet.stderr).contains("device cpu"));
 }
+
+#[test]
+fn kv_dtype_bf16_runs_and_unknown_kv_dtypes_are_refused() {
+    let fixture = fixture("llama");
+    let fixture = fixture.to_str().unwrap();
+    for kv in ["auto", "f32", "bf16"] {
+        let out = metrale(&[
+            "generate",
+            "--model",
+            fixture,
+            "--kv-dtype",
+            kv,
+            "--max-tokens",
+            "4",
+            "--temperature",
+            "0",
+            "hello",
+        ]);
+        assert!(
+            out.status.success(),
+            "--kv-dtype {kv}: {}",
+            text(&out.stderr)
+        );
+        assert!(text(&out.stderr).contains("generated: 4 tokens"));
+    }
+    let bad = metrale(&["generate", "--kv-dtype", "i8", "hello"]);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = text(&bad.stderr);
+    assert!(err.contains("--kv-dtype") && err.contains("bf16"), "{err}");
+    assert!(!err.contains("panicked"));
+}

@@ -63,6 +63,10 @@ pub struct Args {
     /// host and its cgroup have available); checked before loading.
     #[arg(long, value_parser = super::parse_memory)]
     pub memory_limit: Option<usize>,
+    /// The KV cache's element type: auto (the backend's default: f32 on the
+    /// CPU), f32, or bf16 (half the memory per cached token).
+    #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
+    pub kv_dtype: super::KvDType,
     /// How weights are held in memory.
     #[arg(long, value_enum, default_value_t = BenchDType::Bf16)]
     pub dtype: BenchDType,
@@ -182,6 +186,7 @@ pub fn run(args: Args) -> Result<()> {
         max_batch_tokens,
         max_seqs: b,
         kv_blocks,
+        kv_dtype: args.kv_dtype.dtype(),
         ..ModelOptions::default()
     };
     let dtype = args.dtype.dtype();

@@ -27,6 +27,10 @@ pub struct ModelArgs {
     /// host and its cgroup have available); checked before loading.
     #[arg(long, value_parser = super::parse_memory)]
     pub memory_limit: Option<usize>,
+    /// The KV cache's element type: auto (the backend's default: f32 on the
+    /// CPU), f32, or bf16 (half the memory per cached token).
+    #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
+    pub kv_dtype: super::KvDType,
 }
 
 impl ModelArgs {
@@ -47,6 +51,7 @@ impl ModelArgs {
             ..LoadOptions::default()
         };
         options.model.max_seqs = 1;
+        options.model.kv_dtype = self.kv_dtype.dtype();
         Generator::load(&dir, &options, EngineConfig::default(), &mut |_| {})
     }
 }

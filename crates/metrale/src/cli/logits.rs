@@ -31,6 +31,10 @@ pub struct Args {
     /// host and its cgroup have available); checked before loading.
     #[arg(long, value_parser = super::parse_memory)]
     pub memory_limit: Option<usize>,
+    /// The KV cache's element type: auto (the backend's default: f32 on the
+    /// CPU), f32, or bf16 (half the memory per cached token).
+    #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
+    pub kv_dtype: super::KvDType,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -51,6 +55,7 @@ pub fn run(args: Args) -> Result<()> {
     options.model.max_batch_tokens = args.ids.len().clamp(1, 4096);
     options.model.kv_blocks = args.ids.len().div_ceil(options.model.kv_block_size) + 1;
     options.model.max_seqs = 1;
+    options.model.kv_dtype = args.kv_dtype.dtype();
     let model = Model::load(&args.model, &options, &mut |_| {})?;
     let vocab = model.engine().config().vocab_size;
     let logits = model.logits(&args.ids, args.decode_from);

@@ -20,6 +20,28 @@ pub struct DeviceArgs {
     pub device: Device,
 }
 
+/// `--kv-dtype`: the KV cache's element type.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KvDType {
+    /// The backend's default (f32 on the CPU).
+    #[default]
+    Auto,
+    F32,
+    /// Half the bytes per cached token; logits move by up to about 1e-2
+    /// (measured on the fixtures: tests/tests/kv_dtype.rs).
+    Bf16,
+}
+
+impl KvDType {
+    pub fn dtype(self) -> Option<metrale::core::DType> {
+        match self {
+            KvDType::Auto => None,
+            KvDType::F32 => Some(metrale::core::DType::F32),
+            KvDType::Bf16 => Some(metrale::core::DType::BF16),
+        }
+    }
+}
+
 /// `--memory-limit`'s parser: a size such as `8GiB` or `512MiB` (see
 /// [`inspect::parse_bytes`]).
 pub fn parse_memory(text: &str) -> Result<usize, String> {
