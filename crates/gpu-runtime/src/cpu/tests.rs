@@ -3,7 +3,10 @@
 use metrale_core::BlockId;
 
 use super::recurrent::tests::{Env, Rng, assert_close};
-use crate::ops::dense::{AttnParams, AttnSeq, DenseOps, KvLayer};
+use crate::error::GpuError;
+use crate::ops::dense::{AttnParams, DenseOps, KvLayer};
+
+mod moe;
 
 /// One sequence of an attention test: its queries' rows and its cache.
 struct SeqCase {
@@ -92,9 +95,9 @@ fn filled_cache(
         keys.push(k);
         values.push(v);
     }
-    let (ks, vs) = (env.up(&kf), env.up(&vf));
+    let (ks, vs, slots) = (env.up(&kf), env.up(&vf), env.u32s(&slots));
     env.cpu
-        .kv_store(ks, vs, &cache, &slots, kv_width)
+        .kv_store(ks, vs, &cache, slots, kv_width)
         .expect("kv_store");
     (cache, keys, values)
 }
@@ -147,15 +150,11 @@ fn paged_attention_matches_reference() {
         let out = env.up(&vec![f32::NAN; rows * width]);
         let (cache, keys, values) =
             filled_cache(&mut env, &mut rng, &cases, 12, block_size, kv_width);
-        let seqs: Vec<AttnSeq<'_>> = cases
+        let seqs: Vec<(usize, usize, usize, &[BlockId])> = cases
             .iter()
-            .map(|c| AttnSeq {
-                q_start: c.q_start,
-                q_len: c.q_len,
-                kv_len: c.kv_len,
-                block_table: &c.blocks,
-            })
+            .map(|c| (c.q_start, c.q_len, c.kv_len, &c.blocks[..]))
             .collect();
+        let seqs = env.attn(&seqs);
         env.cpu
             .paged_attention(qs, &cache, out, &seqs, &p)
             .expect("attention");
@@ -198,15 +197,11 @@ fn paged_attention_rows_do_not_depend_on_the_batch() {
             v: vs,
             block_size,
         };
-        let seqs: Vec<AttnSeq<'_>> = seqs
+        let seqs: Vec<(usize, usize, usize, &[BlockId])> = seqs
             .iter()
-            .map(|&(q_start, q_len, kv_len)| AttnSeq {
-                q_start,
-                q_len,
-                kv_len,
-                block_table: &table,
-            })
+            .map(|&(q_start, q_len, kv_len)| (q_start, q_len, kv_len, &table[..]))
             .collect();
+        let seqs = env.attn(&seqs);
         env.cpu
             .paged_attention(qs, &cache, out, &seqs, &p)
             .expect("attention");
@@ -308,13 +303,7 @@ fn matmul_adds_a_bias_in_any_stored_dtype() {
 fn paged_attention_and_kv_store_reject_bad_shapes() {
     let mut env = Env::new();
     let buf = env.up(&vec![0.0; 4096]);
-    let table = [BlockId(0)];
-    let seqs = [AttnSeq {
-        q_start: 0,
-        q_len: 1,
-        kv_len: 4,
-        block_table: &table,
-    }];
+    let seqs = env.attn(&[(0, 1, 4, &[BlockId(0)])]);
     let good = AttnParams {
         n_heads: 4,
         n_kv_heads: 2,
@@ -355,9 +344,10 @@ fn paged_attention_and_kv_store_reject_bad_shapes() {
             "case {i}: {err}"
         );
     }
+    let slot = env.u32s(&[4096]);
     let err = env
         .cpu
-        .kv_store(buf, buf, &cache(4), &[4096], 16)
+        .kv_store(buf, buf, &cache(4), slot, 16)
         .expect_err("slot beyond the cache");
     assert!(err.to_string().contains("capacity"), "{err}");
     env.finish();
@@ -399,4 +389,127 @@ fn thread_counts_beyond_the_machine_are_refused() {
         .to_string();
     assert!(err.contains("per core"), "{err}");
     assert!(CpuBackend::try_with_threads(cores).is_ok());
+}
+
+/// Bad step metadata is a clear error naming what is wrong, not a read
+/// beyond an allocation: a block id beyond the cache, a block table beyond
+/// the tables, a state slot beyond the pool, a token id beyond the
+/// vocabulary, a row beyond a gather's source.
+#[test]
+fn bad_step_metadata_is_an_error() {
+    use crate::ops::recurrent::RecurrentOps;
+    use crate::ops::step::{AttnBatch, StateSlots};
+    let mut env = Env::new();
+    let (bs, kv_width) = (4, 16);
+    let p = AttnParams {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 8,
+        scale: 1.0,
+        sliding_window: None,
+    };
+    // A cache of 3 blocks.
+    let zeros = vec![0.0; 3 * bs * kv_width];
+    let cache = KvLayer {
+        k: env.up(&zeros),
+        v: env.up(&zeros),
+        block_size: bs,
+    };
+    let (q, out) = (env.up(&vec![0.0; 32]), env.up(&vec![0.0; 32]));
+    let message = |r: crate::error::Result<()>| match r {
+        Err(e @ GpuError::Shape { .. }) => e.to_string(),
+        other => panic!("expected a shape error, got {other:?}"),
+    };
+
+    let beyond = env.attn(&[(0, 1, 6, &[BlockId(1), BlockId(3)])]);
+    let err = message(env.cpu.paged_attention(q, &cache, out, &beyond, &p));
+    assert!(err.contains("block 3 beyond a cache of 3"), "{err}");
+
+    // Sequence 1's table starts past the end of the tables.
+    let words = env.u32s(&[0, 1, 4, 0, 1, 1, 4, 7]);
+    let tables = env.u32s(&[0, 1]);
+    let batch = AttnBatch {
+        seqs: words,
+        n_seqs: 2,
+        block_tables: tables,
+    };
+    let err = message(env.cpu.paged_attention(q, &cache, out, &batch, &p));
+    assert!(
+        err.contains("sequence 1") && err.contains("outside"),
+        "{err}"
+    );
+    // Fewer sequence words than sequences.
+    let short = AttnBatch { n_seqs: 3, ..batch };
+    assert!(matches!(
+        env.cpu.paged_attention(q, &cache, out, &short, &p),
+        Err(GpuError::Shape { .. })
+    ));
+
+    // A state slot beyond a pool of 2.
+    let (ch, k) = (4, 4);
+    let pool = StateSlots {
+        states: env.up(&vec![0.0; 2 * ch * (k - 1)]),
+        per_slot: ch * (k - 1),
+    };
+    let (x, w) = (env.up(&vec![0.0; 2 * ch]), env.up(&vec![0.0; ch * k]));
+    let y = env.up(&vec![0.0; 2 * ch]);
+    let seqs = env.batch(&[(0, 1, 1), (1, 1, 2)]);
+    let err = message(
+        env.cpu
+            .causal_conv1d(x, w, None, y, pool, &seqs, ch, k, true),
+    );
+    assert!(err.contains("slot 2") && err.contains("pool of 2"), "{err}");
+
+    // A token id beyond a vocabulary of 5.
+    let table = env.up(&vec![0.0; 5 * 8]);
+    let ids = env.u32s(&[4, 5]);
+    let err = message(env.cpu.embedding(table, ids, 8, out));
+    assert!(
+        err.contains("token id 5") && err.contains("vocabulary of 5"),
+        "{err}"
+    );
+
+    // A row beyond a gather's source of 5 rows.
+    let rows = env.u32s(&[0, 5]);
+    let err = message(env.cpu.gather_rows(table, rows, 8, out));
+    assert!(err.contains("row 5 beyond"), "{err}");
+    env.finish();
+}
+
+/// `gather_rows` moves rows of any dtype as they are: bf16 rows (weights
+/// permuted at load) arrive bit for bit; a dtype change is refused.
+#[test]
+fn gather_rows_moves_bf16_rows() {
+    use metrale_core::DType;
+    let mut env = Env::new();
+    let mut rng = Rng::new(17);
+    let (rows, width) = (5, 6);
+    let (src, vals) = env.up_bf16(&rng.vec(rows * width, -3.0, 3.0));
+    let order = [4u32, 0, 4, 2];
+    let idx = env.u32s(&order);
+    let out = env
+        .gpu()
+        .alloc_slice(DType::BF16, order.len() * width, "test")
+        .expect("alloc");
+    env.cpu.gather_rows(src, idx, width, out).expect("gather");
+    let mut bytes = vec![0u8; out.bytes()];
+    env.gpu()
+        .copy_d2h(out.ptr(), 0, &mut bytes)
+        .expect("download");
+    let got: Vec<f32> = bytes
+        .chunks(2)
+        .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect();
+    let want: Vec<f32> = order
+        .iter()
+        .flat_map(|&r| vals[r as usize * width..][..width].to_vec())
+        .collect();
+    assert_eq!(got, want);
+    let f32_out = env.up(&vec![0.0; order.len() * width]);
+    assert!(matches!(
+        env.cpu.gather_rows(src, idx, width, f32_out),
+        Err(GpuError::Shape { .. })
+    ));
+    env.gpu().free(out.ptr()).expect("free");
+    env.finish();
 }

@@ -1,13 +1,14 @@
 //! Tests of causal conv1d and the gated RMSNorm against scalar f64
 //! references, shape errors of every op, and the shared test helpers.
 
-use metrale_core::DType;
+use metrale_core::{BlockId, DType};
 
 use crate::cpu::CpuBackend;
 use crate::error::GpuError;
 use crate::fault::{FaultInjecting, FaultPlan};
 use crate::gpu::{DeviceSlice, GpuBackend};
-use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
+use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, SsdParams};
+use crate::ops::step::{AttnBatch, RecurrentBatch, Staged, StateSlots};
 
 /// Deterministic uniform numbers (xorshift64*).
 pub(in crate::cpu) struct Rng(u64);
@@ -30,11 +31,12 @@ impl Rng {
     }
 }
 
-/// A CPU backend and the slices a test allocated; `finish` frees them and
-/// checks that nothing leaked.
+/// A CPU backend and the slices a test allocated (step metadata staged
+/// through [`Staged`]); `finish` frees them and checks that nothing leaked.
 pub(in crate::cpu) struct Env {
     pub cpu: CpuBackend,
     slices: Vec<DeviceSlice>,
+    staged: Staged,
 }
 
 impl Env {
@@ -50,6 +52,7 @@ impl Env {
         Self {
             cpu,
             slices: Vec::new(),
+            staged: Staged::new(),
         }
     }
 
@@ -80,15 +83,90 @@ impl Env {
         (s, h.iter().map(|b| b.to_f32()).collect())
     }
 
+    /// `v` as a device `u64` slice (expert address tables).
+    pub fn up_u64(&mut self, v: &[u64]) -> DeviceSlice {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let s = self
+            .gpu()
+            .alloc_slice(DType::U64, v.len(), "test")
+            .expect("alloc");
+        self.gpu().copy_h2d(&bytes, s.ptr(), 0).expect("upload");
+        self.slices.push(s);
+        s
+    }
+
+    /// The `u32` elements of `s`.
+    pub fn down_u32(&self, s: DeviceSlice) -> Vec<u32> {
+        let mut bytes = vec![0u8; s.len() * 4];
+        self.gpu()
+            .copy_d2h(s.ptr(), 0, &mut bytes)
+            .expect("download");
+        bytes
+            .chunks(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+
+    /// `words` as a device `u32` slice (token ids, positions, slots, rows).
+    pub fn u32s(&mut self, words: &[u32]) -> DeviceSlice {
+        self.staged.u32s(&self.cpu, words).expect("stage u32s")
+    }
+
+    /// An attention batch of `(q_start, q_len, kv_len, block table)`.
+    pub fn attn(&mut self, seqs: &[(usize, usize, usize, &[BlockId])]) -> AttnBatch {
+        self.staged
+            .attn(&self.cpu, seqs)
+            .expect("stage attention batch")
+    }
+
+    /// A recurrent batch of `(row_start, len, slot)`.
+    pub fn batch(&mut self, seqs: &[(usize, usize, usize)]) -> RecurrentBatch {
+        self.staged
+            .recurrent(&self.cpu, seqs)
+            .expect("stage recurrent batch")
+    }
+
+    /// A recurrent batch of `(row_start, len)` spans, span `i` in slot `i`.
+    pub fn batch_of(&mut self, spans: &[(usize, usize)]) -> RecurrentBatch {
+        let seqs: Vec<(usize, usize, usize)> = spans
+            .iter()
+            .enumerate()
+            .map(|(i, &(r0, len))| (r0, len, i))
+            .collect();
+        self.batch(&seqs)
+    }
+
+    /// A state pool holding `states` (all of one length), one per slot.
+    pub fn pool(&mut self, states: &[Vec<f32>]) -> StateSlots {
+        let per_slot = states.first().map_or(0, Vec::len);
+        assert!(states.iter().all(|s| s.len() == per_slot));
+        StateSlots {
+            states: self.up(&states.concat()),
+            per_slot,
+        }
+    }
+
+    /// The state in `slot` of `pool`.
+    pub fn slot(&self, pool: StateSlots, slot: usize) -> Vec<f32> {
+        self.down(pool.slot("test", slot as u32).expect("slot"))
+    }
+
     pub fn down(&self, s: DeviceSlice) -> Vec<f32> {
         self.gpu().download_f32(s).expect("download")
     }
 
     pub fn finish(self) {
-        for s in &self.slices {
-            self.gpu().free(s.ptr()).expect("free");
+        let Env {
+            cpu,
+            slices,
+            staged,
+        } = self;
+        let gpu: &dyn GpuBackend = &cpu;
+        staged.free(gpu).expect("free staged");
+        for s in &slices {
+            gpu.free(s.ptr()).expect("free");
         }
-        assert_eq!(self.gpu().live_bytes(), 0);
+        assert_eq!(gpu.live_bytes(), 0);
     }
 }
 
@@ -101,18 +179,6 @@ pub(in crate::cpu) fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &s
             "{what}[{i}]: got {g}, want {w}"
         );
     }
-}
-
-pub(super) fn seqs_of(spans: &[(usize, usize)], states: &[DeviceSlice]) -> Vec<RecurrentSeq> {
-    spans
-        .iter()
-        .zip(states)
-        .map(|(&(row_start, len), &state)| RecurrentSeq {
-            row_start,
-            len,
-            state,
-        })
-        .collect()
 }
 
 fn silu64(x: f64) -> f64 {
@@ -169,11 +235,11 @@ fn check_conv(ch: usize, k: usize, bias: bool, bf16: bool, silu: bool) {
         .iter()
         .map(|_| rng.vec(ch * (k - 1), -1.0, 1.0))
         .collect();
-    let states: Vec<DeviceSlice> = states0.iter().map(|s| env.up(s)).collect();
+    let states = env.pool(&states0);
     let (xs, out) = (env.up(&x), env.up(&vec![7.0; rows * ch]));
-    let seqs = seqs_of(&spans, &states);
+    let seqs = env.batch_of(&spans);
     env.cpu
-        .causal_conv1d(xs, ws, bs, out, &seqs, ch, k, silu)
+        .causal_conv1d(xs, ws, bs, out, states, &seqs, ch, k, silu)
         .expect("conv");
     let got = env.down(out);
     for (i, &(r0, len)) in spans.iter().enumerate() {
@@ -187,7 +253,7 @@ fn check_conv(ch: usize, k: usize, bias: bool, bf16: bool, silu: bool) {
             silu,
         );
         assert_close(&got[r0 * ch..(r0 + len) * ch], &o, 1e-5, "conv out");
-        assert_close(&env.down(states[i]), &st, 0.0, "conv state");
+        assert_close(&env.slot(states, i), &st, 0.0, "conv state");
     }
     for r in [1, 2, 8, 9] {
         assert!(
@@ -217,41 +283,25 @@ fn causal_conv1d_continues_through_the_state() {
         env.up(&rng.vec(ch, -1.0, 1.0)),
     );
     let s0 = rng.vec(ch * (k - 1), -1.0, 1.0);
-    let (st_a, st_b) = (env.up(&s0), env.up(&s0));
+    let (st_a, st_b) = (env.pool(&[s0.clone()]), env.pool(&[s0]));
     let (xs, out_a, out_b) = (
         env.up(&x),
         env.up(&vec![0.0; n * ch]),
         env.up(&vec![0.0; n * ch]),
     );
+    let whole = env.batch_of(&[(0, n)]);
     env.cpu
-        .causal_conv1d(
-            xs,
-            w,
-            Some(b),
-            out_a,
-            &seqs_of(&[(0, n)], &[st_a]),
-            ch,
-            k,
-            true,
-        )
+        .causal_conv1d(xs, w, Some(b), out_a, st_a, &whole, ch, k, true)
         .expect("one call");
     // Two tokens, then one, then the rest: rows stay where they are.
     for (r0, len) in [(0, 2), (2, 1), (3, n - 3)] {
+        let piece = env.batch_of(&[(r0, len)]);
         env.cpu
-            .causal_conv1d(
-                xs,
-                w,
-                Some(b),
-                out_b,
-                &seqs_of(&[(r0, len)], &[st_b]),
-                ch,
-                k,
-                true,
-            )
+            .causal_conv1d(xs, w, Some(b), out_b, st_b, &piece, ch, k, true)
             .expect("piece");
     }
     assert_eq!(env.down(out_a), env.down(out_b));
-    assert_eq!(env.down(st_a), env.down(st_b));
+    assert_eq!(env.down(st_a.states), env.down(st_b.states));
     env.finish();
 }
 
@@ -370,103 +420,70 @@ fn shape_errors_are_errors() {
     let big = env.up(&vec![0.0; 4096]);
     let small = env.up(&[0.0; 3]);
     let st = env.up(&vec![0.0; 512]);
-    let st2 = env.up(&vec![0.0; 512]);
     let out = env.up(&vec![0.0; 4096]);
     let (bf, _) = env.up_bf16(&[0.0; 64]);
+    let one = [1, 2, 3, 5].map(|len| env.batch(&[(0, len, 0)]));
+    let [one1, one2, one3, one5] = [&one[0], &one[1], &one[2], &one[3]];
+    // Rows 0..3 and 2..4 overlap; two sequences in one slot.
+    let overlapping = env.batch(&[(0, 3, 0), (2, 2, 1)]);
+    let same_state = env.batch(&[(0, 1, 0), (1, 1, 0)]);
     let cpu = &env.cpu;
-    let one = |len: usize, state: DeviceSlice| {
-        vec![RecurrentSeq {
-            row_start: 0,
-            len,
-            state,
-        }]
+    // Pools of `st` with slots of `per_slot`; the conv's state is 4 channels
+    // x 3 taps, the scan's 4 heads x 2 x 4, the delta rule's 4 x 4 x 4.
+    let pool = |per_slot| StateSlots {
+        states: st,
+        per_slot,
     };
+    let (conv_st, ssd_st, delta_st) = (pool(12), pool(32), pool(64));
+    // Slots narrower than the op's state.
+    let (conv_narrow, ssd_narrow, delta_narrow) = (pool(11), pool(31), pool(63));
 
     // causal_conv1d
+    assert!(is_shape(
+        cpu.causal_conv1d(big, big, None, out, conv_st, one2, 4, 0, true)
+    ));
     assert!(is_shape(cpu.causal_conv1d(
-        big,
-        big,
-        None,
-        out,
-        &one(2, st),
-        4,
-        0,
-        true
-    )));
-    assert!(is_shape(cpu.causal_conv1d(
-        big,
-        small,
-        None,
-        out,
-        &one(2, st),
-        4,
-        4,
-        true
+        big, small, None, out, conv_st, one2, 4, 4, true
     )));
     assert!(is_shape(cpu.causal_conv1d(
         big,
         big,
         None,
         out,
-        &one(2, small),
+        conv_narrow,
+        one2,
         4,
         4,
         true
     )));
     assert!(is_shape(cpu.causal_conv1d(
-        small,
-        big,
-        None,
-        out,
-        &one(2, st),
-        4,
-        4,
-        true
+        small, big, None, out, conv_st, one2, 4, 4, true
     )));
-    let overlapping = [
-        RecurrentSeq {
-            row_start: 0,
-            len: 3,
-            state: st,
-        },
-        RecurrentSeq {
-            row_start: 2,
-            len: 2,
-            state: st2,
-        },
-    ];
     assert!(is_shape(cpu.causal_conv1d(
         big,
         big,
         None,
         out,
+        conv_st,
         &overlapping,
         4,
         4,
         true
     )));
-    let same_state = [
-        RecurrentSeq {
-            row_start: 0,
-            len: 1,
-            state: st,
-        },
-        RecurrentSeq {
-            row_start: 1,
-            len: 1,
-            state: st,
-        },
-    ];
     assert!(matches!(
-        cpu.causal_conv1d(big, big, None, out, &same_state, 4, 4, true),
+        cpu.causal_conv1d(big, big, None, out, conv_st, &same_state, 4, 4, true),
         Err(GpuError::Aliasing { .. })
     ));
     assert!(matches!(
-        cpu.causal_conv1d(big, big, None, big, &one(1, st), 4, 4, true),
+        cpu.causal_conv1d(big, big, None, big, conv_st, one1, 4, 4, true),
         Err(GpuError::Aliasing { .. })
     ));
+    let in_input = StateSlots {
+        states: big,
+        per_slot: 12,
+    };
     assert!(matches!(
-        cpu.causal_conv1d(big, big, None, out, &one(1, big), 4, 4, true),
+        cpu.causal_conv1d(big, big, None, out, in_input, one1, 4, 4, true),
         Err(GpuError::Aliasing { .. })
     ));
 
@@ -481,19 +498,21 @@ fn shape_errors_are_errors() {
         dt_max: f32::INFINITY,
         input_row_stride: None,
     };
-    let ssd = |p: &SsdParams, x: DeviceSlice, seqs: &[RecurrentSeq]| {
-        cpu.ssd_scan(x, big, big, big, big, big, big, out, seqs, p)
+    let ssd = |p: &SsdParams, x: DeviceSlice, states: StateSlots, seqs: &RecurrentBatch| {
+        cpu.ssd_scan(x, big, big, big, big, big, big, out, states, seqs, p)
     };
-    assert!(ssd(&p, big, &one(3, st)).is_ok());
+    assert!(ssd(&p, big, ssd_st, one3).is_ok());
     assert!(is_shape(ssd(
         &SsdParams { n_groups: 3, ..p },
         big,
-        &one(3, st)
+        ssd_st,
+        one3
     )));
     assert!(is_shape(ssd(
         &SsdParams { chunk_size: 0, ..p },
         big,
-        &one(3, st)
+        ssd_st,
+        one3
     )));
     assert!(is_shape(ssd(
         &SsdParams {
@@ -502,22 +521,14 @@ fn shape_errors_are_errors() {
             ..p
         },
         big,
-        &one(3, st)
+        ssd_st,
+        one3
     )));
-    assert!(is_shape(ssd(&p, small, &one(3, st))));
-    assert!(is_shape(ssd(&p, big, &one(3, small))));
-    assert!(is_shape(ssd(&p, big, &overlapping)));
+    assert!(is_shape(ssd(&p, small, ssd_st, one3)));
+    assert!(is_shape(ssd(&p, big, ssd_narrow, one3)));
+    assert!(is_shape(ssd(&p, big, ssd_st, &overlapping)));
     assert!(is_shape(cpu.ssd_scan(
-        big,
-        big,
-        big,
-        big,
-        small,
-        big,
-        big,
-        out,
-        &one(3, st),
-        &p
+        big, big, big, big, small, big, big, out, ssd_st, one3, &p
     )));
 
     // gated_rms_norm
@@ -563,14 +574,15 @@ fn shape_errors_are_errors() {
         v_head_dim: 4,
         chunk_size: 4,
     };
-    let delta = |p: &DeltaParams, q: DeviceSlice, seqs: &[RecurrentSeq]| {
-        cpu.gated_delta_rule(q, big, big, big, big, big, big, out, seqs, p)
+    let delta = |p: &DeltaParams, q: DeviceSlice, states: StateSlots, seqs: &RecurrentBatch| {
+        cpu.gated_delta_rule(q, big, big, big, big, big, big, out, states, seqs, p)
     };
-    assert!(delta(&dp, big, &one(5, st)).is_ok());
+    assert!(delta(&dp, big, delta_st, one5).is_ok());
     assert!(is_shape(delta(
         &DeltaParams { n_v_heads: 3, ..dp },
         big,
-        &one(5, st)
+        delta_st,
+        one5
     )));
     assert!(is_shape(delta(
         &DeltaParams {
@@ -578,14 +590,15 @@ fn shape_errors_are_errors() {
             ..dp
         },
         big,
-        &one(5, st)
+        delta_st,
+        one5
     )));
-    assert!(is_shape(delta(&dp, small, &one(5, st))));
-    assert!(is_shape(delta(&dp, big, &one(5, small))));
+    assert!(is_shape(delta(&dp, small, delta_st, one5)));
+    assert!(is_shape(delta(&dp, big, delta_narrow, one5)));
 
     // A bf16 activation is refused, not misread.
     assert!(matches!(
-        cpu.causal_conv1d(bf, big, None, out, &one(1, st), 4, 4, true),
+        cpu.causal_conv1d(bf, big, None, out, conv_st, one1, 4, 4, true),
         Err(GpuError::UnsupportedDType { .. })
     ));
     env.finish();

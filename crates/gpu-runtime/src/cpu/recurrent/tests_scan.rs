@@ -1,10 +1,24 @@
 //! Tests of the SSD scan and the gated delta rule: against per-token f64
 //! references, chunked against recurrent, and one call against several.
 
-use super::tests::{Env, Rng, assert_close, seqs_of};
+use super::tests::{Env, Rng, assert_close};
 use crate::cpu::CpuBackend;
-use crate::gpu::DeviceSlice;
-use crate::ops::recurrent::{DeltaParams, RecurrentOps, SsdParams};
+use crate::ops::recurrent::{DeltaParams, RecurrentOps, RecurrentSeq, SsdParams};
+use crate::ops::step::StateSlots;
+
+/// The sequences of `spans` with their states in slots `0..` of `pool`, for
+/// the CPU-only recurrent forms (which take them decoded).
+fn decoded(spans: &[(usize, usize)], pool: StateSlots) -> Vec<RecurrentSeq> {
+    spans
+        .iter()
+        .enumerate()
+        .map(|(i, &(row_start, len))| RecurrentSeq {
+            row_start,
+            len,
+            state: pool.slot("test", i as u32).expect("slot"),
+        })
+        .collect()
+}
 
 fn softplus64(x: f64) -> f64 {
     if x > 20.0 { x } else { x.exp().ln_1p() }
@@ -130,7 +144,7 @@ impl SsdCase {
             p.input_row_stride = Some(stride);
         }
         let y = env.up(&vec![0.0; self.x.len()]);
-        let states: Vec<DeviceSlice> = self.states.iter().map(|s| env.up(s)).collect();
+        let states = env.pool(&self.states);
         let mut bounds = vec![0];
         bounds.extend_from_slice(splits);
         bounds.push(usize::MAX);
@@ -140,17 +154,19 @@ impl SsdCase {
                 .iter()
                 .map(|&(r0, len)| (r0 + win[0].min(len), win[1].min(len) - win[0].min(len)))
                 .collect();
-            let seqs = seqs_of(&spans, &states);
             let r = if recurrent {
+                let seqs = decoded(&spans, states);
                 env.cpu
                     .ssd_scan_recurrent(x, dt, b, c, a_log, d, dt_bias, y, &seqs, &p)
             } else {
+                let seqs = env.batch_of(&spans);
                 env.cpu
-                    .ssd_scan(x, dt, b, c, a_log, d, dt_bias, y, &seqs, &p)
+                    .ssd_scan(x, dt, b, c, a_log, d, dt_bias, y, states, &seqs, &p)
             };
             r.expect("ssd_scan");
         }
-        (env.down(y), states.iter().map(|s| env.down(*s)).collect())
+        let finals = (0..self.states.len()).map(|i| env.slot(states, i));
+        (env.down(y), finals.collect())
     }
 }
 
@@ -241,11 +257,11 @@ fn ssd_scan_reads_strided_inputs_in_place() {
     p.input_row_stride = Some(p.n_heads * p.head_dim - 1);
     let v = env.up(&case.x);
     let y = env.up(&vec![0.0; case.x.len()]);
-    let states: Vec<DeviceSlice> = case.states.iter().map(|s| env.up(s)).collect();
-    let seqs = seqs_of(&case.spans, &states);
+    let states = env.pool(&case.states);
+    let seqs = env.batch_of(&case.spans);
     let err = env
         .cpu
-        .ssd_scan(v, v, v, v, v, v, v, y, &seqs, &p)
+        .ssd_scan(v, v, v, v, v, v, v, y, states, &seqs, &p)
         .unwrap_err();
     assert!(err.to_string().contains("apart"), "{err}");
     env.finish();
@@ -378,7 +394,7 @@ impl DeltaCase {
         ]
         .map(|x| env.up(x));
         let out = env.up(&vec![0.0; self.v.len()]);
-        let states: Vec<DeviceSlice> = self.states.iter().map(|s| env.up(s)).collect();
+        let states = env.pool(&self.states);
         let mut bounds = vec![0];
         bounds.extend_from_slice(splits);
         bounds.push(usize::MAX);
@@ -388,17 +404,19 @@ impl DeltaCase {
                 .iter()
                 .map(|&(r0, len)| (r0 + win[0].min(len), win[1].min(len) - win[0].min(len)))
                 .collect();
-            let seqs = seqs_of(&spans, &states);
             let r = if recurrent {
+                let seqs = decoded(&spans, states);
                 env.cpu
                     .gated_delta_rule_recurrent(q, k, v, a, b, a_log, dt_bias, out, &seqs, &self.p)
             } else {
+                let seqs = env.batch_of(&spans);
                 env.cpu
-                    .gated_delta_rule(q, k, v, a, b, a_log, dt_bias, out, &seqs, &self.p)
+                    .gated_delta_rule(q, k, v, a, b, a_log, dt_bias, out, states, &seqs, &self.p)
             };
             r.expect("gated_delta_rule");
         }
-        (env.down(out), states.iter().map(|s| env.down(*s)).collect())
+        let finals = (0..self.states.len()).map(|i| env.slot(states, i));
+        (env.down(out), finals.collect())
     }
 }
 
