@@ -81,6 +81,10 @@ impl<B: GpuBackend> GpuBackend for FaultInjecting<B> {
         self.inner.name()
     }
 
+    fn supports(&self, op: crate::ops::Op) -> bool {
+        self.inner.supports(op)
+    }
+
     fn ledger(&self) -> &Ledger {
         self.inner.ledger()
     }

@@ -8,7 +8,7 @@ use metrale_core::DType;
 
 use crate::error::{GpuError, Result};
 use crate::ledger::{Ledger, LedgerReport};
-use crate::ops::{DenseOps, MoeOps, RecurrentOps};
+use crate::ops::{DenseOps, MoeOps, Op, RecurrentOps};
 
 /// An opaque device address. Model code passes these around but never
 /// dereferences them; only the backend that allocated one gives it meaning.
@@ -115,6 +115,12 @@ pub type CallSite = &'static Location<'static>;
 pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
     /// "cpu", "cuda:0", ...
     fn name(&self) -> &str;
+
+    /// Whether this backend implements `op`. One that does not returns an
+    /// error from it (never a silent fallback). The conformance suite
+    /// ([`crate::conformance`]) tests every op a backend supports; a
+    /// model's ops can be checked against this before it runs.
+    fn supports(&self, op: Op) -> bool;
 
     /// The ledger of this backend's live allocations.
     fn ledger(&self) -> &Ledger;

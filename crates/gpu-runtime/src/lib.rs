@@ -8,8 +8,12 @@
 //! - [`fault::FaultInjecting`]: wraps a backend and makes the Nth allocation,
 //!   free or copy fail, for tests of failure paths.
 //! - [`arena::BufferArena`]: activation scratch, allocated once.
+//! - [`conformance`]: every op against f64 references at an architecture's
+//!   shapes, for any backend; [`gpu::GpuBackend::supports`] says which ops
+//!   a backend has.
 
 pub mod arena;
+pub mod conformance;
 pub mod cpu;
 pub mod error;
 pub mod fault;

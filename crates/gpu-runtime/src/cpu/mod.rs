@@ -306,6 +306,11 @@ impl GpuBackend for CpuBackend {
         "cpu"
     }
 
+    /// The reference backend implements every op.
+    fn supports(&self, _op: crate::ops::Op) -> bool {
+        true
+    }
+
     fn ledger(&self) -> &Ledger {
         &self.ledger
     }

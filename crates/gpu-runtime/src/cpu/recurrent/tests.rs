@@ -1,5 +1,7 @@
-//! Tests of causal conv1d and the gated RMSNorm against scalar f64
-//! references, shape errors of every op, and the shared test helpers.
+//! The CPU tests' helpers, and tests of the recurrent ops that are the CPU
+//! backend's own: a conv fed in pieces gives the bits of one call, shape
+//! errors of every op, the fault-injecting wrapper. The ops against their
+//! f64 references are the conformance suite's (`crate::conformance`).
 
 use metrale_core::{BlockId, DType};
 
@@ -10,26 +12,8 @@ use crate::gpu::{DeviceSlice, GpuBackend};
 use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, SsdParams};
 use crate::ops::step::{AttnBatch, RecurrentBatch, Staged, StateSlots};
 
-/// Deterministic uniform numbers (xorshift64*).
-pub(in crate::cpu) struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let u = (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
-        lo + (hi - lo) * u
-    }
-
-    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uniform(lo, hi)).collect()
-    }
-}
+/// The suite's deterministic numbers.
+pub(in crate::cpu) use crate::conformance::harness::Rng;
 
 /// A CPU backend and the slices a test allocated (step metadata staged
 /// through [`Staged`]); `finish` frees them and checks that nothing leaked.
@@ -93,18 +77,6 @@ impl Env {
         self.gpu().copy_h2d(&bytes, s.ptr(), 0).expect("upload");
         self.slices.push(s);
         s
-    }
-
-    /// The `u32` elements of `s`.
-    pub fn down_u32(&self, s: DeviceSlice) -> Vec<u32> {
-        let mut bytes = vec![0u8; s.len() * 4];
-        self.gpu()
-            .copy_d2h(s.ptr(), 0, &mut bytes)
-            .expect("download");
-        bytes
-            .chunks(4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect()
     }
 
     /// `words` as a device `u32` slice (token ids, positions, slots, rows).
@@ -181,97 +153,9 @@ pub(in crate::cpu) fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &s
     }
 }
 
-fn silu64(x: f64) -> f64 {
-    x / (1.0 + (-x).exp())
-}
-
-/// Causal conv of one sequence: returns its output rows and the new state.
-fn conv_ref(
-    x: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    state: &[f32],
-    ch: usize,
-    k: usize,
-    silu: bool,
-) -> (Vec<f64>, Vec<f64>) {
-    let len = x.len() / ch;
-    let mut out = vec![0f64; len * ch];
-    let mut new_state = vec![0f64; ch * (k - 1)];
-    for c in 0..ch {
-        // The state is tap-major: `[k - 1, ch]`, oldest first.
-        let mut hist: Vec<f64> = (0..k - 1).map(|j| state[j * ch + c] as f64).collect();
-        hist.extend((0..len).map(|t| x[t * ch + c] as f64));
-        for t in 0..len {
-            let mut acc = bias.map_or(0.0, |b| b[c] as f64);
-            for j in 0..k {
-                acc += w[c * k + j] as f64 * hist[t + j];
-            }
-            out[t * ch + c] = if silu { silu64(acc) } else { acc };
-        }
-        for (j, &h) in hist[len..].iter().enumerate() {
-            new_state[j * ch + c] = h;
-        }
-    }
-    (out, new_state)
-}
-
-fn check_conv(ch: usize, k: usize, bias: bool, bf16: bool, silu: bool) {
-    let mut rng = Rng::new((ch * 31 + k) as u64);
-    let mut env = Env::new();
-    // Out of order, with unused rows 1, 2 and 8, 9 between them.
-    let spans = [(3usize, 5usize), (0, 1), (10, 2), (12, 9), (21, 0)];
-    let rows = 21;
-    let x = rng.vec(rows * ch, -2.0, 2.0);
-    let w = rng.vec(ch * k, -1.0, 1.0);
-    let b = rng.vec(ch, -0.5, 0.5);
-    let (ws, w) = if bf16 {
-        env.up_bf16(&w)
-    } else {
-        (env.up(&w), w)
-    };
-    let bs = if bias { Some(env.up(&b)) } else { None };
-    let states0: Vec<Vec<f32>> = spans
-        .iter()
-        .map(|_| rng.vec(ch * (k - 1), -1.0, 1.0))
-        .collect();
-    let states = env.pool(&states0);
-    let (xs, out) = (env.up(&x), env.up(&vec![7.0; rows * ch]));
-    let seqs = env.batch_of(&spans);
-    env.cpu
-        .causal_conv1d(xs, ws, bs, out, states, &seqs, ch, k, silu)
-        .expect("conv");
-    let got = env.down(out);
-    for (i, &(r0, len)) in spans.iter().enumerate() {
-        let (o, st) = conv_ref(
-            &x[r0 * ch..(r0 + len) * ch],
-            &w,
-            bias.then_some(&b[..]),
-            &states0[i],
-            ch,
-            k,
-            silu,
-        );
-        assert_close(&got[r0 * ch..(r0 + len) * ch], &o, 1e-5, "conv out");
-        assert_close(&env.slot(states, i), &st, 0.0, "conv state");
-    }
-    for r in [1, 2, 8, 9] {
-        assert!(
-            got[r * ch..(r + 1) * ch].iter().all(|&v| v == 7.0),
-            "row {r} outside every sequence was written"
-        );
-    }
-    env.finish();
-}
-
-#[test]
-fn causal_conv1d_matches_reference() {
-    check_conv(6, 4, true, false, true);
-    check_conv(5, 2, false, true, false);
-    check_conv(3, 1, true, false, true);
-    check_conv(40, 4, true, true, true);
-}
-
+/// One call against the same tokens in pieces (two tokens, one, the
+/// rest): the same bits, state included (the decode path sums in the
+/// prefill path's order).
 #[test]
 fn causal_conv1d_continues_through_the_state() {
     let (ch, k, n) = (7, 4, 11);
@@ -283,7 +167,7 @@ fn causal_conv1d_continues_through_the_state() {
         env.up(&rng.vec(ch, -1.0, 1.0)),
     );
     let s0 = rng.vec(ch * (k - 1), -1.0, 1.0);
-    let (st_a, st_b) = (env.pool(&[s0.clone()]), env.pool(&[s0]));
+    let (st_a, st_b) = (env.pool(std::slice::from_ref(&s0)), env.pool(&[s0]));
     let (xs, out_a, out_b) = (
         env.up(&x),
         env.up(&vec![0.0; n * ch]),
@@ -305,109 +189,17 @@ fn causal_conv1d_continues_through_the_state() {
     env.finish();
 }
 
-fn norm_ref(
-    x: &[f32],
-    g: &[f32],
-    w: &[f32],
-    dim: usize,
-    gs: usize,
-    eps: f64,
-    order: GateOrder,
-) -> Vec<f64> {
-    let mut out = vec![0f64; x.len()];
-    for (r, o) in out.chunks_mut(dim).enumerate() {
-        for grp in 0..dim / gs {
-            let idx = |i: usize| r * dim + grp * gs + i;
-            let h: Vec<f64> = (0..gs)
-                .map(|i| match order {
-                    GateOrder::BeforeNorm => x[idx(i)] as f64 * silu64(g[idx(i)] as f64),
-                    GateOrder::AfterNorm => x[idx(i)] as f64,
-                })
-                .collect();
-            let rs = 1.0 / (h.iter().map(|v| v * v).sum::<f64>() / gs as f64 + eps).sqrt();
-            for i in 0..gs {
-                let mut v = h[i] * rs * w[grp * gs + i] as f64;
-                if order == GateOrder::AfterNorm {
-                    v *= silu64(g[idx(i)] as f64);
-                }
-                o[grp * gs + i] = v;
-            }
-        }
-    }
-    out
-}
-
+/// Every op passes through the fault-injecting wrapper: the conformance
+/// suite run through it.
 #[test]
-fn gated_rms_norm_matches_reference() {
-    let (rows, dim) = (5, 24);
-    let mut rng = Rng::new(9);
-    for (gs, order, bf16) in [
-        (24, GateOrder::BeforeNorm, false),
-        (8, GateOrder::BeforeNorm, true),
-        (6, GateOrder::AfterNorm, false),
-        (24, GateOrder::AfterNorm, true),
-    ] {
-        let mut env = Env::new();
-        let (x, g, w) = (
-            rng.vec(rows * dim, -3.0, 3.0),
-            rng.vec(rows * dim, -3.0, 3.0),
-            rng.vec(dim, 0.5, 1.5),
-        );
-        let (ws, w) = if bf16 {
-            env.up_bf16(&w)
-        } else {
-            (env.up(&w), w)
-        };
-        let (xs, gsl, out) = (env.up(&x), env.up(&g), env.up(&vec![0.0; rows * dim]));
-        env.cpu
-            .gated_rms_norm(xs, gsl, ws, out, rows, dim, gs, 1e-5, order)
-            .expect("norm");
-        assert_close(
-            &env.down(out),
-            &norm_ref(&x, &g, &w, dim, gs, 1e-5, order),
-            1e-5,
-            "gated norm",
-        );
-        env.finish();
+fn fault_injecting_passes_every_op_through() {
+    let fi = FaultInjecting::new(CpuBackend::with_threads(2), FaultPlan::default());
+    for shapes in crate::conformance::ArchShapes::small_set() {
+        let report = crate::conformance::run(&fi, &shapes);
+        report.assert_all_passed();
+        assert!(report.unsupported().is_empty(), "{report}");
     }
-}
-
-#[test]
-fn fault_injecting_passes_recurrent_ops_through() {
-    let fi = FaultInjecting::new(CpuBackend::new(), FaultPlan::default());
-    let gpu: &dyn GpuBackend = &fi;
-    let up = |v: &[f32]| {
-        let s = gpu.alloc_slice(DType::F32, v.len(), "test").expect("alloc");
-        gpu.upload_f32(v, s).expect("upload");
-        s
-    };
-    let (x, g, w, out) = (
-        up(&[1.0, 2.0, 3.0, 4.0]),
-        up(&[0.5; 4]),
-        up(&[1.0; 4]),
-        up(&[0.0; 4]),
-    );
-    gpu.gated_rms_norm(x, g, w, out, 1, 4, 4, 1e-6, GateOrder::AfterNorm)
-        .expect("through the wrapper");
-    let want = norm_ref(
-        &[1.0, 2.0, 3.0, 4.0],
-        &[0.5; 4],
-        &[1.0; 4],
-        4,
-        4,
-        1e-6,
-        GateOrder::AfterNorm,
-    );
-    assert_close(
-        &gpu.download_f32(out).expect("download"),
-        &want,
-        1e-6,
-        "wrapped norm",
-    );
-    for s in [x, g, w, out] {
-        gpu.free(s.ptr()).expect("free");
-    }
-    assert_eq!(gpu.live_bytes(), 0);
+    assert_eq!(fi.live_bytes(), 0);
 }
 
 fn is_shape(r: crate::error::Result<()>) -> bool {
