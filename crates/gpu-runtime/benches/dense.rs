@@ -11,7 +11,8 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use metrale_core::{BlockId, DType};
 use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
-use metrale_gpu_runtime::ops::{AttnParams, AttnSeq, KvLayer, MatmulDims, RecurrentSeq};
+use metrale_gpu_runtime::ops::step::Staged;
+use metrale_gpu_runtime::ops::{AttnParams, KvLayer, MatmulDims, StateSlots};
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
@@ -159,19 +160,10 @@ fn attention(c: &mut Criterion, cpu: &CpuBackend) {
     let out = upload(gpu, &vec![0.0; len * heads * hd], DType::F32);
     let table: Vec<BlockId> = (0..blocks as u32).map(BlockId).collect();
     // One query at position 511, and a causal prefill of all 512.
+    let mut staged = Staged::new();
     let (decode, prefill) = (
-        [AttnSeq {
-            q_start: 0,
-            q_len: 1,
-            kv_len: len,
-            block_table: &table,
-        }],
-        [AttnSeq {
-            q_start: 0,
-            q_len: len,
-            kv_len: len,
-            block_table: &table,
-        }],
+        staged.attn(gpu, &[(0, 1, len, &table)]).expect("stage"),
+        staged.attn(gpu, &[(0, len, len, &table)]).expect("stage"),
     );
     let p = AttnParams {
         n_heads: heads,
@@ -194,6 +186,10 @@ fn attention(c: &mut Criterion, cpu: &CpuBackend) {
         });
     }
     g.finish();
+    staged.free(gpu).expect("free");
+    for s in [kv.k, kv.v, q, out] {
+        gpu.free(s.ptr()).expect("free");
+    }
 }
 
 fn conv1d(c: &mut Criterion, cpu: &CpuBackend) {
@@ -207,20 +203,28 @@ fn conv1d(c: &mut Criterion, cpu: &CpuBackend) {
     for rows in [1usize, 512] {
         let x = upload(gpu, &values(rows * channels, 8), DType::F32);
         let out = upload(gpu, &vec![0.0; rows * channels], DType::F32);
-        let state = upload(gpu, &vec![0.0; channels * (kernel - 1)], DType::F32);
-        let seqs = [RecurrentSeq {
-            row_start: 0,
-            len: rows,
-            state,
-        }];
+        let per_slot = channels * (kernel - 1);
+        let states = StateSlots {
+            states: upload(gpu, &vec![0.0; per_slot], DType::F32),
+            per_slot,
+        };
+        let mut staged = Staged::new();
+        let seqs = staged.recurrent(gpu, &[(0, rows, 0)]).expect("stage");
         g.bench_function(format!("granite_{channels}ch_k{kernel}_{rows}rows"), |b| {
             b.iter(|| {
-                gpu.causal_conv1d(x, w, Some(bias), out, &seqs, channels, kernel, true)
+                gpu.causal_conv1d(x, w, Some(bias), out, states, &seqs, channels, kernel, true)
                     .expect("conv1d")
             })
         });
+        staged.free(gpu).expect("free");
+        for s in [x, out, states.states] {
+            gpu.free(s.ptr()).expect("free");
+        }
     }
     g.finish();
+    for s in [w, bias] {
+        gpu.free(s.ptr()).expect("free");
+    }
 }
 
 fn dense(c: &mut Criterion) {

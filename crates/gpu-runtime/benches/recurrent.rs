@@ -9,6 +9,7 @@ use metrale_core::DType;
 use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
 use metrale_gpu_runtime::ops::recurrent::{DeltaParams, RecurrentOps, RecurrentSeq, SsdParams};
+use metrale_gpu_runtime::ops::step::{RecurrentBatch, Staged, StateSlots};
 
 const TOKENS: usize = 512;
 
@@ -36,6 +37,46 @@ fn upload(gpu: &dyn GpuBackend, v: &[f32]) -> DeviceSlice {
     s
 }
 
+/// One sequence in slot 0 of a one-slot pool of `per_slot` zeros: the
+/// batches of a 512-token prefill and of one decode step, and the decoded
+/// prefill sequence that the CPU-only recurrent forms take.
+struct OneSeq {
+    states: StateSlots,
+    staged: Staged,
+    prefill: RecurrentBatch,
+    decode: RecurrentBatch,
+    prefill_seq: [RecurrentSeq; 1],
+}
+
+impl OneSeq {
+    fn new(gpu: &dyn GpuBackend, per_slot: usize) -> Self {
+        let states = StateSlots {
+            states: upload(gpu, &vec![0.0; per_slot]),
+            per_slot,
+        };
+        let mut staged = Staged::new();
+        let prefill = staged.recurrent(gpu, &[(0, TOKENS, 0)]).expect("stage");
+        let decode = staged.recurrent(gpu, &[(0, 1, 0)]).expect("stage");
+        let prefill_seq = [RecurrentSeq {
+            row_start: 0,
+            len: TOKENS,
+            state: states.slot("bench", 0).expect("slot"),
+        }];
+        Self {
+            states,
+            staged,
+            prefill,
+            decode,
+            prefill_seq,
+        }
+    }
+
+    fn free(self, gpu: &dyn GpuBackend) {
+        self.staged.free(gpu).expect("free");
+        gpu.free(self.states.states.ptr()).expect("free");
+    }
+}
+
 fn bench_ssd(c: &mut Criterion, cpu: &CpuBackend, n_heads: usize, head_dim: usize) {
     let gpu: &dyn GpuBackend = cpu;
     let p = SsdParams {
@@ -58,41 +99,33 @@ fn bench_ssd(c: &mut Criterion, cpu: &CpuBackend, n_heads: usize, head_dim: usiz
     let d = upload(gpu, &r.vec(n_heads, 0.5, 1.5));
     let dt_bias = upload(gpu, &r.vec(n_heads, -1.0, 1.0));
     let y = upload(gpu, &vec![0.0; TOKENS * n_heads * head_dim]);
-    let state = upload(gpu, &vec![0.0; n_heads * head_dim * p.d_state]);
-    let prefill = [RecurrentSeq {
-        row_start: 0,
-        len: TOKENS,
-        state,
-    }];
-    let decode = [RecurrentSeq {
-        row_start: 0,
-        len: 1,
-        state,
-    }];
+    let one = OneSeq::new(gpu, n_heads * head_dim * p.d_state);
+    let (states, prefill, decode) = (one.states, &one.prefill, &one.decode);
     let mut g = c.benchmark_group(format!("ssd_{n_heads}x{head_dim}_dstate128"));
     g.sample_size(10);
     g.bench_function("prefill512_chunked", |bch| {
         bch.iter(|| {
-            cpu.ssd_scan(x, dt, b, cc, a_log, d, dt_bias, y, &prefill, &p)
+            cpu.ssd_scan(x, dt, b, cc, a_log, d, dt_bias, y, states, prefill, &p)
                 .expect("ssd")
         })
     });
     g.bench_function("prefill512_recurrent", |bch| {
         bch.iter(|| {
-            cpu.ssd_scan_recurrent(x, dt, b, cc, a_log, d, dt_bias, y, &prefill, &p)
+            cpu.ssd_scan_recurrent(x, dt, b, cc, a_log, d, dt_bias, y, &one.prefill_seq, &p)
                 .expect("ssd")
         })
     });
     g.bench_function("decode1", |bch| {
         bch.iter(|| {
-            cpu.ssd_scan(x, dt, b, cc, a_log, d, dt_bias, y, &decode, &p)
+            cpu.ssd_scan(x, dt, b, cc, a_log, d, dt_bias, y, states, decode, &p)
                 .expect("ssd")
         })
     });
     g.finish();
-    for s in [x, dt, b, cc, a_log, d, dt_bias, y, state] {
+    for s in [x, dt, b, cc, a_log, d, dt_bias, y] {
         gpu.free(s.ptr()).expect("free");
     }
+    one.free(gpu);
 }
 
 fn bench_delta(c: &mut Criterion, cpu: &CpuBackend) {
@@ -118,41 +151,33 @@ fn bench_delta(c: &mut Criterion, cpu: &CpuBackend) {
     let a_log = upload(gpu, &r.vec(nv, -1.0, 2.0));
     let dt_bias = upload(gpu, &r.vec(nv, -1.0, 1.0));
     let out = upload(gpu, &vec![0.0; TOKENS * vw]);
-    let state = upload(gpu, &vec![0.0; nv * p.k_head_dim * p.v_head_dim]);
-    let prefill = [RecurrentSeq {
-        row_start: 0,
-        len: TOKENS,
-        state,
-    }];
-    let decode = [RecurrentSeq {
-        row_start: 0,
-        len: 1,
-        state,
-    }];
+    let one = OneSeq::new(gpu, nv * p.k_head_dim * p.v_head_dim);
+    let (states, prefill, decode) = (one.states, &one.prefill, &one.decode);
     let mut g = c.benchmark_group("delta_16x128x128");
     g.sample_size(10);
     g.bench_function("prefill512_chunked", |bch| {
         bch.iter(|| {
-            cpu.gated_delta_rule(q, k, v, a, b, a_log, dt_bias, out, &prefill, &p)
+            cpu.gated_delta_rule(q, k, v, a, b, a_log, dt_bias, out, states, prefill, &p)
                 .expect("delta")
         })
     });
     g.bench_function("prefill512_recurrent", |bch| {
         bch.iter(|| {
-            cpu.gated_delta_rule_recurrent(q, k, v, a, b, a_log, dt_bias, out, &prefill, &p)
+            cpu.gated_delta_rule_recurrent(q, k, v, a, b, a_log, dt_bias, out, &one.prefill_seq, &p)
                 .expect("delta")
         })
     });
     g.bench_function("decode1", |bch| {
         bch.iter(|| {
-            cpu.gated_delta_rule(q, k, v, a, b, a_log, dt_bias, out, &decode, &p)
+            cpu.gated_delta_rule(q, k, v, a, b, a_log, dt_bias, out, states, decode, &p)
                 .expect("delta")
         })
     });
     g.finish();
-    for s in [q, k, v, a, b, a_log, dt_bias, out, state] {
+    for s in [q, k, v, a, b, a_log, dt_bias, out] {
         gpu.free(s.ptr()).expect("free");
     }
+    one.free(gpu);
 }
 
 fn recurrent(c: &mut Criterion) {

@@ -9,7 +9,7 @@ use metrale_core::DType;
 use crate::error::{GpuError, Result};
 use crate::hooks::Hooks;
 use crate::ledger::{Ledger, LedgerReport};
-use crate::ops::{DenseOps, KvLayout, KvSpec, MoeOps, RecurrentOps, StateLayout};
+use crate::ops::{DenseOps, KvLayout, KvSpec, MoeOps, Op, RecurrentOps, StateLayout};
 
 /// An opaque device address. Model code passes these around but never
 /// dereferences them; only the backend that allocated one gives it meaning.
@@ -142,6 +142,12 @@ impl Fence {
 pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
     /// "cpu", "cuda:0", ...
     fn name(&self) -> &str;
+
+    /// Whether this backend implements `op`. One that does not returns an
+    /// error from it (never a silent fallback). The conformance suite
+    /// ([`crate::conformance`]) tests every op a backend supports; a
+    /// model's ops can be checked against this before it runs.
+    fn supports(&self, op: Op) -> bool;
 
     /// The ledger of this backend's live allocations.
     fn ledger(&self) -> &Ledger;

@@ -10,8 +10,12 @@
 //!   copy or op launch fails), transfer counters, debug sync, and the sticky
 //!   device error.
 //! - [`arena::BufferArena`]: activation scratch, allocated once.
+//! - [`conformance`]: every op against f64 references at an architecture's
+//!   shapes, for any backend; [`gpu::GpuBackend::supports`] says which ops
+//!   a backend has.
 
 pub mod arena;
+pub mod conformance;
 pub mod cpu;
 pub mod error;
 pub mod fault;

@@ -9,6 +9,7 @@ pub mod loader;
 pub use error::EngineError;
 pub mod cache;
 pub mod chat;
+pub mod conformance;
 pub mod engine;
 pub mod model;
 pub mod random;

@@ -59,6 +59,8 @@ pub struct CpuBackend {
     bf16_dot: bool,
     /// Wall time per op, when asked for ([`CpuBackend::with_op_profile`]).
     profile: profile::OpProfile,
+    /// Ops this backend pretends not to have ([`CpuBackend::lacking`]).
+    lacking: Vec<crate::ops::Op>,
 }
 
 /// The most CPU threads per core [`CpuBackend::try_with_threads`] accepts.
@@ -107,6 +109,7 @@ impl CpuBackend {
             team,
             bf16_dot: false,
             profile: profile::OpProfile::default(),
+            lacking: Vec::new(),
         })
     }
 
@@ -132,6 +135,14 @@ impl CpuBackend {
         self.bf16_dot && gemm_bf16::available()
     }
 
+    /// A backend that says it lacks `ops` and fails them when called, as a
+    /// backend without those kernels does: for tests of what a model that
+    /// needs a missing op gets (a clear error at load, never a fallback).
+    pub fn lacking(mut self, ops: &[crate::ops::Op]) -> Self {
+        self.lacking = ops.to_vec();
+        self
+    }
+
     /// Records the wall time of every op call (read with
     /// [`CpuBackend::take_op_times`]); off by default.
     pub fn with_op_profile(self, on: bool) -> Self {
@@ -149,6 +160,11 @@ impl CpuBackend {
     /// injected fault; see [`Hooks::begin_op`]), then a timer for the op's
     /// wall time until the returned guard drops (when profiling).
     pub(crate) fn begin_op(&self, op: &'static str) -> Result<Option<profile::OpTimer<'_>>> {
+        if !self.lacking.is_empty() && self.lacking.iter().any(|l| l.name() == op) {
+            return Err(GpuError::Unavailable(format!(
+                "{op} is not implemented by this backend"
+            )));
+        }
         self.hooks.begin_op(op)?;
         Ok(self.profile.start(op))
     }
@@ -346,6 +362,11 @@ fn bytemuck_f32(b: &[u8]) -> &[f32] {
 impl GpuBackend for CpuBackend {
     fn name(&self) -> &str {
         "cpu"
+    }
+
+    /// The reference backend implements every op.
+    fn supports(&self, op: crate::ops::Op) -> bool {
+        !self.lacking.contains(&op)
     }
 
     fn ledger(&self) -> &Ledger {

@@ -1,174 +1,15 @@
-//! Tests of the dense ops against scalar f64 references.
+//! Tests of the CPU backend's own behaviour: rows independent of the batch,
+//! the bf16-dot paths, errors for bad shapes, metadata and expert tables,
+//! memory limits and thread counts. What every backend must do (each op
+//! against its f64 reference) is the conformance suite's
+//! (`crate::conformance`, run by `tests/conformance.rs`).
 
-use metrale_core::BlockId;
+use metrale_core::{BlockId, DType};
 
-use super::recurrent::tests::{Env, Rng, assert_close};
-use crate::ops::dense::{AttnParams, AttnSeq, DenseOps, KvLayer};
-
-/// One sequence of an attention test: its queries' rows and its cache.
-struct SeqCase {
-    q_start: usize,
-    q_len: usize,
-    kv_len: usize,
-    blocks: Vec<BlockId>,
-}
-
-/// Attention of every query row, in f64: softmax over the visible keys.
-/// `keys[c][t]` / `values[c][t]` are token `t`'s rows of sequence `c`.
-fn attention_ref(
-    q: &[f32],
-    keys: &[Vec<Vec<f32>>],
-    values: &[Vec<Vec<f32>>],
-    cases: &[SeqCase],
-    p: &AttnParams,
-) -> Vec<f64> {
-    let (hd, width) = (p.head_dim, p.n_heads * p.head_dim);
-    let rows = cases.iter().map(|c| c.q_start + c.q_len).max().unwrap_or(0);
-    let mut out = vec![0f64; rows * width];
-    for (ci, c) in cases.iter().enumerate() {
-        for i in 0..c.q_len {
-            let (r, pos) = (c.q_start + i, c.kv_len - c.q_len + i);
-            let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            for h in 0..p.n_heads {
-                let kvh = h / (p.n_heads / p.n_kv_heads);
-                let qh = &q[r * width + h * hd..][..hd];
-                let head = |rows: &[Vec<f32>], t: usize| rows[t][kvh * hd..][..hd].to_vec();
-                let scores: Vec<f64> = (first..=pos)
-                    .map(|t| {
-                        let kt = head(&keys[ci], t);
-                        qh.iter()
-                            .zip(&kt)
-                            .map(|(&a, &b)| a as f64 * b as f64)
-                            .sum::<f64>()
-                            * p.scale as f64
-                    })
-                    .collect();
-                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let sum: f64 = e.iter().sum();
-                let o = &mut out[r * width + h * hd..][..hd];
-                for (t, w) in (first..=pos).zip(&e) {
-                    for (o, &vv) in o.iter_mut().zip(&head(&values[ci], t)) {
-                        *o += w / sum * vv as f64;
-                    }
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Writes every token of every case into a fresh cache through `kv_store`
-/// (random rows); returns the cache and the rows per case and token.
-#[allow(clippy::type_complexity)]
-fn filled_cache(
-    env: &mut Env,
-    rng: &mut Rng,
-    cases: &[SeqCase],
-    blocks: usize,
-    block_size: usize,
-    kv_width: usize,
-) -> (KvLayer, Vec<Vec<Vec<f32>>>, Vec<Vec<Vec<f32>>>) {
-    let zeros = vec![0.0; blocks * block_size * kv_width];
-    let cache = KvLayer {
-        k: env.up(&zeros),
-        v: env.up(&zeros),
-        block_size,
-    };
-    let (mut keys, mut values, mut slots) = (vec![], vec![], vec![]);
-    let (mut kf, mut vf) = (vec![], vec![]);
-    for c in cases {
-        let k: Vec<Vec<f32>> = (0..c.kv_len)
-            .map(|_| rng.vec(kv_width, -2.0, 2.0))
-            .collect();
-        let v: Vec<Vec<f32>> = (0..c.kv_len)
-            .map(|_| rng.vec(kv_width, -1.0, 1.0))
-            .collect();
-        for t in 0..c.kv_len {
-            slots.push((c.blocks[t / block_size].index() * block_size + t % block_size) as u32);
-            kf.extend_from_slice(&k[t]);
-            vf.extend_from_slice(&v[t]);
-        }
-        keys.push(k);
-        values.push(v);
-    }
-    let (ks, vs) = (env.up(&kf), env.up(&vf));
-    env.cpu
-        .kv_store(ks, vs, &cache, &slots, kv_width)
-        .expect("kv_store");
-    (cache, keys, values)
-}
-
-/// A prefill from position 0, a decode step and a chunk after cached
-/// tokens, batched, over scattered blocks; with and without a window.
-#[test]
-fn paged_attention_matches_reference() {
-    let blocks = |ids: &[u32]| ids.iter().map(|&b| BlockId(b)).collect::<Vec<_>>();
-    for (block_size, hd, window) in [
-        (4, 8, None),
-        (4, 64, Some(5)),
-        (16, 64, None),
-        (16, 40, Some(3)),
-        (16, 128, Some(17)),
-    ] {
-        let mut env = Env::new();
-        let mut rng = Rng::new((block_size * 1000 + hd) as u64 * 31 + window.unwrap_or(0) as u64);
-        let p = AttnParams {
-            n_heads: 6,
-            n_kv_heads: 2,
-            head_dim: hd,
-            scale: 1.0 / (hd as f32).sqrt(),
-            sliding_window: window,
-        };
-        let cases = [
-            SeqCase {
-                q_start: 0,
-                q_len: 19,
-                kv_len: 19,
-                blocks: blocks(&[5, 2, 9, 0, 7]),
-            },
-            SeqCase {
-                q_start: 19,
-                q_len: 1,
-                kv_len: 7,
-                blocks: blocks(&[1, 11]),
-            },
-            SeqCase {
-                q_start: 20,
-                q_len: 3,
-                kv_len: 10,
-                blocks: blocks(&[3, 8, 6]),
-            },
-        ];
-        let (width, kv_width) = (p.n_heads * hd, p.n_kv_heads * hd);
-        let rows = 23;
-        let q = rng.vec(rows * width, -2.0, 2.0);
-        let qs = env.up(&q);
-        let out = env.up(&vec![f32::NAN; rows * width]);
-        let (cache, keys, values) =
-            filled_cache(&mut env, &mut rng, &cases, 12, block_size, kv_width);
-        let seqs: Vec<AttnSeq<'_>> = cases
-            .iter()
-            .map(|c| AttnSeq {
-                q_start: c.q_start,
-                q_len: c.q_len,
-                kv_len: c.kv_len,
-                block_table: &c.blocks,
-            })
-            .collect();
-        env.cpu
-            .paged_attention(qs, &cache, out, &seqs, &p)
-            .expect("attention");
-        let want = attention_ref(&q, &keys, &values, &cases, &p);
-        assert_close(
-            &env.down(out),
-            &want,
-            1e-5,
-            &format!("hd {hd} window {window:?}"),
-        );
-        env.finish();
-    }
-}
+use super::recurrent::tests::{Env, Rng};
+use crate::error::GpuError;
+use crate::ops::dense::{AttnParams, DenseOps, KvLayer};
+use crate::ops::moe::{ExpertGroups, ExpertTable, MoeOps};
 
 /// Each query row's result depends on its own sequence only: the same
 /// rows alone or batched with others, on one thread or several, are
@@ -198,15 +39,11 @@ fn paged_attention_rows_do_not_depend_on_the_batch() {
             v: vs,
             block_size,
         };
-        let seqs: Vec<AttnSeq<'_>> = seqs
+        let seqs: Vec<(usize, usize, usize, &[BlockId])> = seqs
             .iter()
-            .map(|&(q_start, q_len, kv_len)| AttnSeq {
-                q_start,
-                q_len,
-                kv_len,
-                block_table: &table,
-            })
+            .map(|&(q_start, q_len, kv_len)| (q_start, q_len, kv_len, &table[..]))
             .collect();
+        let seqs = env.attn(&seqs);
         env.cpu
             .paged_attention(qs, &cache, out, &seqs, &p)
             .expect("attention");
@@ -221,84 +58,47 @@ fn paged_attention_rows_do_not_depend_on_the_batch() {
     assert_eq!(whole, split);
 }
 
-/// The fused SwiGLU gives the bits of two matmuls and `silu_mul`, on every
-/// path: the GEMV (few rows), the f32 GEMM, and the bf16-dot GEMM with its
-/// fused epilogue (where the CPU has AVX512-BF16).
+/// The fused SwiGLU gives the bits of two matmuls and `silu_mul` with bf16
+/// dot products too: the GEMV (few rows), and the bf16-dot GEMM with its
+/// fused epilogue (where the CPU has AVX512-BF16). The f32 paths are the
+/// conformance suite's.
 #[test]
-fn matmul_swiglu_equals_two_matmuls_and_silu_mul() {
+fn matmul_swiglu_equals_two_matmuls_and_silu_mul_with_bf16_dots() {
     use crate::cpu::CpuBackend;
     use crate::ops::dense::MatmulDims;
     let (n, k) = (70, 96);
-    for bf16_dot in [false, true] {
-        for m in [3, 40] {
-            for bf16_weights in [false, true] {
-                let cpu = CpuBackend::with_threads(2).with_bf16_dot_products(bf16_dot);
-                let mut env = Env::with_backend(cpu);
-                let mut rng = Rng::new(m as u64 * 7 + bf16_weights as u64);
-                let x = env.up(&rng.vec(m * k, -1.0, 1.0));
-                let (gv, uv) = (rng.vec(n * k, -0.3, 0.3), rng.vec(n * k, -0.3, 0.3));
-                let (gate, up) = if bf16_weights {
-                    (env.up_bf16(&gv).0, env.up_bf16(&uv).0)
-                } else {
-                    (env.up(&gv), env.up(&uv))
-                };
-                let zeros = vec![0.0; m * n];
-                let (fused, g, u, unfused) = (
-                    env.up(&zeros),
-                    env.up(&zeros),
-                    env.up(&zeros),
-                    env.up(&zeros),
-                );
-                let scratch = env.up(&zeros);
-                let d = MatmulDims { m, n, k };
-                env.cpu
-                    .matmul_swiglu(x, gate, up, fused, scratch, d)
-                    .expect("fused");
-                env.cpu.matmul(x, gate, None, g, d).expect("gate");
-                env.cpu.matmul(x, up, None, u, d).expect("up");
-                env.cpu.silu_mul(g, u, unfused, m * n).expect("silu_mul");
-                let what = format!("m {m}, bf16 weights {bf16_weights}, bf16 dot {bf16_dot}");
-                assert_eq!(env.down(fused), env.down(unfused), "{what}");
-                env.finish();
-            }
+    for m in [3, 40] {
+        for bf16_weights in [false, true] {
+            let cpu = CpuBackend::with_threads(2).with_bf16_dot_products(true);
+            let mut env = Env::with_backend(cpu);
+            let mut rng = Rng::new(m as u64 * 7 + bf16_weights as u64);
+            let x = env.up(&rng.vec(m * k, -1.0, 1.0));
+            let (gv, uv) = (rng.vec(n * k, -0.3, 0.3), rng.vec(n * k, -0.3, 0.3));
+            let (gate, up) = if bf16_weights {
+                (env.up_bf16(&gv).0, env.up_bf16(&uv).0)
+            } else {
+                (env.up(&gv), env.up(&uv))
+            };
+            let zeros = vec![0.0; m * n];
+            let (fused, g, u, unfused) = (
+                env.up(&zeros),
+                env.up(&zeros),
+                env.up(&zeros),
+                env.up(&zeros),
+            );
+            let scratch = env.up(&zeros);
+            let d = MatmulDims { m, n, k };
+            env.cpu
+                .matmul_swiglu(x, gate, up, fused, scratch, d)
+                .expect("fused");
+            env.cpu.matmul(x, gate, None, g, d).expect("gate");
+            env.cpu.matmul(x, up, None, u, d).expect("up");
+            env.cpu.silu_mul(g, u, unfused, m * n).expect("silu_mul");
+            let what = format!("m {m}, bf16 weights {bf16_weights}");
+            assert_eq!(env.down(fused), env.down(unfused), "{what}");
+            env.finish();
         }
     }
-}
-
-/// A bias is stored like its weight: a bf16 bias (Qwen2's q/k/v biases in
-/// its published bf16 checkpoints) adds the same values as the f32 one.
-#[test]
-fn matmul_adds_a_bias_in_any_stored_dtype() {
-    use crate::ops::dense::MatmulDims;
-    let (m, n, k) = (3, 10, 8);
-    let mut env = Env::new();
-    let mut rng = Rng::new(11);
-    let x = env.up(&rng.vec(m * k, -1.0, 1.0));
-    let (w, wv) = env.up_bf16(&rng.vec(n * k, -0.5, 0.5));
-    let (b16, bv) = env.up_bf16(&rng.vec(n, -1.0, 1.0));
-    let b32 = env.up(&bv);
-    let zeros = vec![0.0; m * n];
-    let (with16, with32) = (env.up(&zeros), env.up(&zeros));
-    let d = MatmulDims { m, n, k };
-    env.cpu
-        .matmul(x, w, Some(b16), with16, d)
-        .expect("bf16 bias");
-    env.cpu
-        .matmul(x, w, Some(b32), with32, d)
-        .expect("f32 bias");
-    let xs = env.down(x);
-    let want: Vec<f64> = (0..m * n)
-        .map(|i| {
-            let (r, c) = (i / n, i % n);
-            let dot: f64 = (0..k)
-                .map(|j| xs[r * k + j] as f64 * wv[c * k + j] as f64)
-                .sum();
-            dot + bv[c] as f64
-        })
-        .collect();
-    assert_eq!(env.down(with16), env.down(with32));
-    assert_close(&env.down(with16), &want, 1e-5, "matmul with bias");
-    env.finish();
 }
 
 /// Bad shapes are errors naming the op, not panics: zero block size or head
@@ -308,13 +108,7 @@ fn matmul_adds_a_bias_in_any_stored_dtype() {
 fn paged_attention_and_kv_store_reject_bad_shapes() {
     let mut env = Env::new();
     let buf = env.up(&vec![0.0; 4096]);
-    let table = [BlockId(0)];
-    let seqs = [AttnSeq {
-        q_start: 0,
-        q_len: 1,
-        kv_len: 4,
-        block_table: &table,
-    }];
+    let seqs = env.attn(&[(0, 1, 4, &[BlockId(0)])]);
     let good = AttnParams {
         n_heads: 4,
         n_kv_heads: 2,
@@ -355,9 +149,10 @@ fn paged_attention_and_kv_store_reject_bad_shapes() {
             "case {i}: {err}"
         );
     }
+    let slot = env.u32s(&[4096]);
     let err = env
         .cpu
-        .kv_store(buf, buf, &cache(4), &[4096], 16)
+        .kv_store(buf, buf, &cache(4), slot, 16)
         .expect_err("slot beyond the cache");
     assert!(err.to_string().contains("capacity"), "{err}");
     env.finish();
@@ -399,4 +194,135 @@ fn thread_counts_beyond_the_machine_are_refused() {
         .to_string();
     assert!(err.contains("per core"), "{err}");
     assert!(CpuBackend::try_with_threads(cores).is_ok());
+}
+
+/// Bad step metadata is a clear error naming what is wrong, not a read
+/// beyond an allocation: a block id beyond the cache, a block table beyond
+/// the tables, a state slot beyond the pool, a token id beyond the
+/// vocabulary, a row beyond a gather's source.
+#[test]
+fn bad_step_metadata_is_an_error() {
+    use crate::ops::recurrent::RecurrentOps;
+    use crate::ops::step::{AttnBatch, StateSlots};
+    let mut env = Env::new();
+    let (bs, kv_width) = (4, 16);
+    let p = AttnParams {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 8,
+        scale: 1.0,
+        sliding_window: None,
+    };
+    // A cache of 3 blocks.
+    let zeros = vec![0.0; 3 * bs * kv_width];
+    let cache = KvLayer {
+        k: env.up(&zeros),
+        v: env.up(&zeros),
+        block_size: bs,
+    };
+    let (q, out) = (env.up(&[0.0; 32]), env.up(&[0.0; 32]));
+    let message = |r: crate::error::Result<()>| match r {
+        Err(e @ GpuError::Shape { .. }) => e.to_string(),
+        other => panic!("expected a shape error, got {other:?}"),
+    };
+
+    let beyond = env.attn(&[(0, 1, 6, &[BlockId(1), BlockId(3)])]);
+    let err = message(env.cpu.paged_attention(q, &cache, out, &beyond, &p));
+    assert!(err.contains("block 3 beyond a cache of 3"), "{err}");
+
+    // Sequence 1's table starts past the end of the tables.
+    let words = env.u32s(&[0, 1, 4, 0, 1, 1, 4, 7]);
+    let tables = env.u32s(&[0, 1]);
+    let batch = AttnBatch {
+        seqs: words,
+        n_seqs: 2,
+        block_tables: tables,
+    };
+    let err = message(env.cpu.paged_attention(q, &cache, out, &batch, &p));
+    assert!(
+        err.contains("sequence 1") && err.contains("outside"),
+        "{err}"
+    );
+    // Fewer sequence words than sequences.
+    let short = AttnBatch { n_seqs: 3, ..batch };
+    assert!(matches!(
+        env.cpu.paged_attention(q, &cache, out, &short, &p),
+        Err(GpuError::Shape { .. })
+    ));
+
+    // A state slot beyond a pool of 2.
+    let (ch, k) = (4, 4);
+    let pool = StateSlots {
+        states: env.up(&vec![0.0; 2 * ch * (k - 1)]),
+        per_slot: ch * (k - 1),
+    };
+    let (x, w) = (env.up(&vec![0.0; 2 * ch]), env.up(&vec![0.0; ch * k]));
+    let y = env.up(&vec![0.0; 2 * ch]);
+    let seqs = env.batch(&[(0, 1, 1), (1, 1, 2)]);
+    let err = message(
+        env.cpu
+            .causal_conv1d(x, w, None, y, pool, &seqs, ch, k, true),
+    );
+    assert!(err.contains("slot 2") && err.contains("pool of 2"), "{err}");
+
+    // A token id beyond a vocabulary of 5.
+    let table = env.up(&[0.0; 5 * 8]);
+    let ids = env.u32s(&[4, 5]);
+    let err = message(env.cpu.embedding(table, ids, 8, out));
+    assert!(
+        err.contains("token id 5") && err.contains("vocabulary of 5"),
+        "{err}"
+    );
+
+    // A row beyond a gather's source of 5 rows; a gather that changes the dtype.
+    let rows = env.u32s(&[0, 5]);
+    let err = message(env.cpu.gather_rows(table, rows, 8, out));
+    assert!(err.contains("row 5 beyond"), "{err}");
+    let (bf16_table, _) = env.up_bf16(&[0.0; 5 * 8]);
+    let rows = env.u32s(&[0, 1]);
+    let err = message(env.cpu.gather_rows(bf16_table, rows, 8, out));
+    assert!(err.contains("bf16 rows gathered into f32"), "{err}");
+    env.finish();
+}
+
+/// A table entry that is not the address of a live allocation (null, or
+/// inside none, or running past the end of one) is a shape error, not a
+/// read of someone else's memory.
+#[test]
+fn a_bad_expert_address_is_an_error() {
+    let mut env = Env::new();
+    let (n, k, n_experts) = (8, 16, 4);
+    // Two tokens, each routed to experts 0 and 1.
+    let groups = ExpertGroups {
+        offsets: env.u32s(&[0, 2, 4, 4, 4]),
+        rows: env.u32s(&[0, 1, 0, 1]),
+        weights: env.up(&[1.0; 4]),
+        n_experts,
+    };
+    let w = env.up(&vec![0.1; n * k]);
+    let live = w.ptr().raw();
+    let good = ExpertTable {
+        ptrs: env.up_u64(&[live; 4]),
+        dtype: DType::F32,
+        n,
+        k,
+    };
+    let x = env.up(&vec![1.0; 4 * k]);
+    let (out, scratch) = (env.up(&vec![0.0; 4 * n]), env.up(&vec![0.0; 4 * n]));
+    env.cpu
+        .grouped_matmul(x, &good, &groups, out)
+        .expect("a good table");
+    for bad in [0x40u64, 0, live + 4] {
+        let table = ExpertTable {
+            ptrs: env.up_u64(&[live, bad, live, live]),
+            ..good
+        };
+        let r = env.cpu.grouped_matmul(x, &table, &groups, out);
+        assert!(matches!(r, Err(GpuError::Shape { .. })), "{bad:#x}: {r:?}");
+        let r = env
+            .cpu
+            .grouped_matmul_swiglu(x, &table, &good, &groups, out, scratch);
+        assert!(matches!(r, Err(GpuError::Shape { .. })), "{bad:#x}: {r:?}");
+    }
+    env.finish();
 }

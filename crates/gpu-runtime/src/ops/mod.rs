@@ -1,5 +1,8 @@
 //! The typed compute operations, in families. Every backend implements every
-//! family; model code calls them through `dyn GpuBackend`.
+//! family's trait; model code calls them through `dyn GpuBackend`. An op a
+//! backend cannot run returns an error, and
+//! [`GpuBackend::supports`](crate::gpu::GpuBackend::supports) says so
+//! beforehand ([`Op`] names each op).
 //!
 //! Conventions shared by all ops:
 //! - Activations are f32, row-major; shapes are passed explicitly.
@@ -14,11 +17,13 @@
 pub mod dense;
 pub mod layout;
 pub mod moe;
+pub mod op;
 pub mod recurrent;
 pub mod step;
 
 pub use dense::{AttnParams, DenseOps, KvLayer, MatmulDims, RopeParams};
 pub use layout::{KvLayout, KvSpec, StateLayout};
 pub use moe::{ExpertGroups, ExpertTable, GroupedTopK, MoeOps, Routes};
+pub use op::Op;
 pub use recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
 pub use step::{AttnBatch, RecurrentBatch, StateSlots};

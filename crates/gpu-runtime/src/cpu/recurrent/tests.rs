@@ -1,40 +1,26 @@
-//! Tests of causal conv1d and the gated RMSNorm against scalar f64
-//! references, shape errors of every op, and the shared test helpers.
+//! The CPU tests' helpers, and tests of the recurrent ops that are the CPU
+//! backend's own: a conv fed in pieces gives the bits of one call, shape
+//! errors of every op, the fault-injecting wrapper. The ops against their
+//! f64 references are the conformance suite's (`crate::conformance`).
 
-use metrale_core::DType;
+use metrale_core::{BlockId, DType};
 
 use crate::cpu::CpuBackend;
 use crate::error::GpuError;
 use crate::fault::FaultPlan;
 use crate::gpu::{DeviceSlice, GpuBackend};
-use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
+use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, SsdParams};
+use crate::ops::step::{AttnBatch, RecurrentBatch, Staged, StateSlots};
 
-/// Deterministic uniform numbers (xorshift64*).
-pub(in crate::cpu) struct Rng(u64);
+/// The suite's deterministic numbers.
+pub(in crate::cpu) use crate::conformance::harness::Rng;
 
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let u = (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
-        lo + (hi - lo) * u
-    }
-
-    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uniform(lo, hi)).collect()
-    }
-}
-
-/// A CPU backend and the slices a test allocated; `finish` frees them and
-/// checks that nothing leaked.
+/// A CPU backend and the slices a test allocated (step metadata staged
+/// through [`Staged`]); `finish` frees them and checks that nothing leaked.
 pub(in crate::cpu) struct Env {
     pub cpu: CpuBackend,
     slices: Vec<DeviceSlice>,
+    staged: Staged,
 }
 
 impl Env {
@@ -50,6 +36,7 @@ impl Env {
         Self {
             cpu,
             slices: Vec::new(),
+            staged: Staged::new(),
         }
     }
 
@@ -80,15 +67,78 @@ impl Env {
         (s, h.iter().map(|b| b.to_f32()).collect())
     }
 
+    /// `v` as a device `u64` slice (expert address tables).
+    pub fn up_u64(&mut self, v: &[u64]) -> DeviceSlice {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let s = self
+            .gpu()
+            .alloc_slice(DType::U64, v.len(), "test")
+            .expect("alloc");
+        self.gpu().copy_h2d(&bytes, s.ptr(), 0).expect("upload");
+        self.slices.push(s);
+        s
+    }
+
+    /// `words` as a device `u32` slice (token ids, positions, slots, rows).
+    pub fn u32s(&mut self, words: &[u32]) -> DeviceSlice {
+        self.staged.u32s(&self.cpu, words).expect("stage u32s")
+    }
+
+    /// An attention batch of `(q_start, q_len, kv_len, block table)`.
+    pub fn attn(&mut self, seqs: &[(usize, usize, usize, &[BlockId])]) -> AttnBatch {
+        self.staged
+            .attn(&self.cpu, seqs)
+            .expect("stage attention batch")
+    }
+
+    /// A recurrent batch of `(row_start, len, slot)`.
+    pub fn batch(&mut self, seqs: &[(usize, usize, usize)]) -> RecurrentBatch {
+        self.staged
+            .recurrent(&self.cpu, seqs)
+            .expect("stage recurrent batch")
+    }
+
+    /// A recurrent batch of `(row_start, len)` spans, span `i` in slot `i`.
+    pub fn batch_of(&mut self, spans: &[(usize, usize)]) -> RecurrentBatch {
+        let seqs: Vec<(usize, usize, usize)> = spans
+            .iter()
+            .enumerate()
+            .map(|(i, &(r0, len))| (r0, len, i))
+            .collect();
+        self.batch(&seqs)
+    }
+
+    /// A state pool holding `states` (all of one length), one per slot.
+    pub fn pool(&mut self, states: &[Vec<f32>]) -> StateSlots {
+        let per_slot = states.first().map_or(0, Vec::len);
+        assert!(states.iter().all(|s| s.len() == per_slot));
+        StateSlots {
+            states: self.up(&states.concat()),
+            per_slot,
+        }
+    }
+
+    /// The state in `slot` of `pool`.
+    pub fn slot(&self, pool: StateSlots, slot: usize) -> Vec<f32> {
+        self.down(pool.slot("test", slot as u32).expect("slot"))
+    }
+
     pub fn down(&self, s: DeviceSlice) -> Vec<f32> {
         self.gpu().download_f32(s).expect("download")
     }
 
     pub fn finish(self) {
-        for s in &self.slices {
-            self.gpu().free(s.ptr()).expect("free");
+        let Env {
+            cpu,
+            slices,
+            staged,
+        } = self;
+        let gpu: &dyn GpuBackend = &cpu;
+        staged.free(gpu).expect("free staged");
+        for s in &slices {
+            gpu.free(s.ptr()).expect("free");
         }
-        assert_eq!(self.gpu().live_bytes(), 0);
+        assert_eq!(gpu.live_bytes(), 0);
     }
 }
 
@@ -103,109 +153,9 @@ pub(in crate::cpu) fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &s
     }
 }
 
-pub(super) fn seqs_of(spans: &[(usize, usize)], states: &[DeviceSlice]) -> Vec<RecurrentSeq> {
-    spans
-        .iter()
-        .zip(states)
-        .map(|(&(row_start, len), &state)| RecurrentSeq {
-            row_start,
-            len,
-            state,
-        })
-        .collect()
-}
-
-fn silu64(x: f64) -> f64 {
-    x / (1.0 + (-x).exp())
-}
-
-/// Causal conv of one sequence: returns its output rows and the new state.
-fn conv_ref(
-    x: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    state: &[f32],
-    ch: usize,
-    k: usize,
-    silu: bool,
-) -> (Vec<f64>, Vec<f64>) {
-    let len = x.len() / ch;
-    let mut out = vec![0f64; len * ch];
-    let mut new_state = vec![0f64; ch * (k - 1)];
-    for c in 0..ch {
-        // The state is tap-major: `[k - 1, ch]`, oldest first.
-        let mut hist: Vec<f64> = (0..k - 1).map(|j| state[j * ch + c] as f64).collect();
-        hist.extend((0..len).map(|t| x[t * ch + c] as f64));
-        for t in 0..len {
-            let mut acc = bias.map_or(0.0, |b| b[c] as f64);
-            for j in 0..k {
-                acc += w[c * k + j] as f64 * hist[t + j];
-            }
-            out[t * ch + c] = if silu { silu64(acc) } else { acc };
-        }
-        for (j, &h) in hist[len..].iter().enumerate() {
-            new_state[j * ch + c] = h;
-        }
-    }
-    (out, new_state)
-}
-
-fn check_conv(ch: usize, k: usize, bias: bool, bf16: bool, silu: bool) {
-    let mut rng = Rng::new((ch * 31 + k) as u64);
-    let mut env = Env::new();
-    // Out of order, with unused rows 1, 2 and 8, 9 between them.
-    let spans = [(3usize, 5usize), (0, 1), (10, 2), (12, 9), (21, 0)];
-    let rows = 21;
-    let x = rng.vec(rows * ch, -2.0, 2.0);
-    let w = rng.vec(ch * k, -1.0, 1.0);
-    let b = rng.vec(ch, -0.5, 0.5);
-    let (ws, w) = if bf16 {
-        env.up_bf16(&w)
-    } else {
-        (env.up(&w), w)
-    };
-    let bs = if bias { Some(env.up(&b)) } else { None };
-    let states0: Vec<Vec<f32>> = spans
-        .iter()
-        .map(|_| rng.vec(ch * (k - 1), -1.0, 1.0))
-        .collect();
-    let states: Vec<DeviceSlice> = states0.iter().map(|s| env.up(s)).collect();
-    let (xs, out) = (env.up(&x), env.up(&vec![7.0; rows * ch]));
-    let seqs = seqs_of(&spans, &states);
-    env.cpu
-        .causal_conv1d(xs, ws, bs, out, &seqs, ch, k, silu)
-        .expect("conv");
-    let got = env.down(out);
-    for (i, &(r0, len)) in spans.iter().enumerate() {
-        let (o, st) = conv_ref(
-            &x[r0 * ch..(r0 + len) * ch],
-            &w,
-            bias.then_some(&b[..]),
-            &states0[i],
-            ch,
-            k,
-            silu,
-        );
-        assert_close(&got[r0 * ch..(r0 + len) * ch], &o, 1e-5, "conv out");
-        assert_close(&env.down(states[i]), &st, 0.0, "conv state");
-    }
-    for r in [1, 2, 8, 9] {
-        assert!(
-            got[r * ch..(r + 1) * ch].iter().all(|&v| v == 7.0),
-            "row {r} outside every sequence was written"
-        );
-    }
-    env.finish();
-}
-
-#[test]
-fn causal_conv1d_matches_reference() {
-    check_conv(6, 4, true, false, true);
-    check_conv(5, 2, false, true, false);
-    check_conv(3, 1, true, false, true);
-    check_conv(40, 4, true, true, true);
-}
-
+/// One call against the same tokens in pieces (two tokens, one, the
+/// rest): the same bits, state included (the decode path sums in the
+/// prefill path's order).
 #[test]
 fn causal_conv1d_continues_through_the_state() {
     let (ch, k, n) = (7, 4, 11);
@@ -217,149 +167,41 @@ fn causal_conv1d_continues_through_the_state() {
         env.up(&rng.vec(ch, -1.0, 1.0)),
     );
     let s0 = rng.vec(ch * (k - 1), -1.0, 1.0);
-    let (st_a, st_b) = (env.up(&s0), env.up(&s0));
+    let (st_a, st_b) = (env.pool(std::slice::from_ref(&s0)), env.pool(&[s0]));
     let (xs, out_a, out_b) = (
         env.up(&x),
         env.up(&vec![0.0; n * ch]),
         env.up(&vec![0.0; n * ch]),
     );
+    let whole = env.batch_of(&[(0, n)]);
     env.cpu
-        .causal_conv1d(
-            xs,
-            w,
-            Some(b),
-            out_a,
-            &seqs_of(&[(0, n)], &[st_a]),
-            ch,
-            k,
-            true,
-        )
+        .causal_conv1d(xs, w, Some(b), out_a, st_a, &whole, ch, k, true)
         .expect("one call");
     // Two tokens, then one, then the rest: rows stay where they are.
     for (r0, len) in [(0, 2), (2, 1), (3, n - 3)] {
+        let piece = env.batch_of(&[(r0, len)]);
         env.cpu
-            .causal_conv1d(
-                xs,
-                w,
-                Some(b),
-                out_b,
-                &seqs_of(&[(r0, len)], &[st_b]),
-                ch,
-                k,
-                true,
-            )
+            .causal_conv1d(xs, w, Some(b), out_b, st_b, &piece, ch, k, true)
             .expect("piece");
     }
     assert_eq!(env.down(out_a), env.down(out_b));
-    assert_eq!(env.down(st_a), env.down(st_b));
+    assert_eq!(env.down(st_a.states), env.down(st_b.states));
     env.finish();
 }
 
-fn norm_ref(
-    x: &[f32],
-    g: &[f32],
-    w: &[f32],
-    dim: usize,
-    gs: usize,
-    eps: f64,
-    order: GateOrder,
-) -> Vec<f64> {
-    let mut out = vec![0f64; x.len()];
-    for (r, o) in out.chunks_mut(dim).enumerate() {
-        for grp in 0..dim / gs {
-            let idx = |i: usize| r * dim + grp * gs + i;
-            let h: Vec<f64> = (0..gs)
-                .map(|i| match order {
-                    GateOrder::BeforeNorm => x[idx(i)] as f64 * silu64(g[idx(i)] as f64),
-                    GateOrder::AfterNorm => x[idx(i)] as f64,
-                })
-                .collect();
-            let rs = 1.0 / (h.iter().map(|v| v * v).sum::<f64>() / gs as f64 + eps).sqrt();
-            for i in 0..gs {
-                let mut v = h[i] * rs * w[grp * gs + i] as f64;
-                if order == GateOrder::AfterNorm {
-                    v *= silu64(g[idx(i)] as f64);
-                }
-                o[grp * gs + i] = v;
-            }
-        }
-    }
-    out
-}
-
+/// Every op runs as before with a fault plan installed in the hooks (one
+/// that fails nothing): the conformance suite through them.
 #[test]
-fn gated_rms_norm_matches_reference() {
-    let (rows, dim) = (5, 24);
-    let mut rng = Rng::new(9);
-    for (gs, order, bf16) in [
-        (24, GateOrder::BeforeNorm, false),
-        (8, GateOrder::BeforeNorm, true),
-        (6, GateOrder::AfterNorm, false),
-        (24, GateOrder::AfterNorm, true),
-    ] {
-        let mut env = Env::new();
-        let (x, g, w) = (
-            rng.vec(rows * dim, -3.0, 3.0),
-            rng.vec(rows * dim, -3.0, 3.0),
-            rng.vec(dim, 0.5, 1.5),
-        );
-        let (ws, w) = if bf16 {
-            env.up_bf16(&w)
-        } else {
-            (env.up(&w), w)
-        };
-        let (xs, gsl, out) = (env.up(&x), env.up(&g), env.up(&vec![0.0; rows * dim]));
-        env.cpu
-            .gated_rms_norm(xs, gsl, ws, out, rows, dim, gs, 1e-5, order)
-            .expect("norm");
-        assert_close(
-            &env.down(out),
-            &norm_ref(&x, &g, &w, dim, gs, 1e-5, order),
-            1e-5,
-            "gated norm",
-        );
-        env.finish();
-    }
-}
-
-#[test]
-fn recurrent_ops_run_and_are_counted_with_a_fault_plan_installed() {
-    let cpu = CpuBackend::new();
+fn every_op_conforms_with_a_fault_plan_installed() {
+    let cpu = CpuBackend::with_threads(2);
     cpu.hooks().set_faults(FaultPlan::default());
-    let gpu: &dyn GpuBackend = &cpu;
-    let up = |v: &[f32]| {
-        let s = gpu.alloc_slice(DType::F32, v.len(), "test").expect("alloc");
-        gpu.upload_f32(v, s).expect("upload");
-        s
-    };
-    let (x, g, w, out) = (
-        up(&[1.0, 2.0, 3.0, 4.0]),
-        up(&[0.5; 4]),
-        up(&[1.0; 4]),
-        up(&[0.0; 4]),
-    );
-    gpu.gated_rms_norm(x, g, w, out, 1, 4, 4, 1e-6, GateOrder::AfterNorm)
-        .expect("with a plan that fails nothing");
-    assert_eq!(gpu.hooks().transfers().op_launches, 1);
-    let want = norm_ref(
-        &[1.0, 2.0, 3.0, 4.0],
-        &[0.5; 4],
-        &[1.0; 4],
-        4,
-        4,
-        1e-6,
-        GateOrder::AfterNorm,
-    );
-    assert_close(
-        &gpu.download_f32(out).expect("download"),
-        &want,
-        1e-6,
-        "norm with a plan",
-    );
-    for s in [x, g, w, out] {
-        gpu.free(s.ptr()).expect("free");
+    for shapes in crate::conformance::ArchShapes::small_set() {
+        let report = crate::conformance::run(&cpu, &shapes);
+        report.assert_all_passed();
+        assert!(report.unsupported().is_empty(), "{report}");
     }
-    assert_eq!(gpu.live_bytes(), 0);
+    assert!(cpu.hooks().transfers().op_launches > 0);
+    assert_eq!(cpu.live_bytes(), 0);
 }
 
 fn is_shape(r: crate::error::Result<()>) -> bool {
@@ -372,103 +214,70 @@ fn shape_errors_are_errors() {
     let big = env.up(&vec![0.0; 4096]);
     let small = env.up(&[0.0; 3]);
     let st = env.up(&vec![0.0; 512]);
-    let st2 = env.up(&vec![0.0; 512]);
     let out = env.up(&vec![0.0; 4096]);
     let (bf, _) = env.up_bf16(&[0.0; 64]);
+    let one = [1, 2, 3, 5].map(|len| env.batch(&[(0, len, 0)]));
+    let [one1, one2, one3, one5] = [&one[0], &one[1], &one[2], &one[3]];
+    // Rows 0..3 and 2..4 overlap; two sequences in one slot.
+    let overlapping = env.batch(&[(0, 3, 0), (2, 2, 1)]);
+    let same_state = env.batch(&[(0, 1, 0), (1, 1, 0)]);
     let cpu = &env.cpu;
-    let one = |len: usize, state: DeviceSlice| {
-        vec![RecurrentSeq {
-            row_start: 0,
-            len,
-            state,
-        }]
+    // Pools of `st` with slots of `per_slot`; the conv's state is 4 channels
+    // x 3 taps, the scan's 4 heads x 2 x 4, the delta rule's 4 x 4 x 4.
+    let pool = |per_slot| StateSlots {
+        states: st,
+        per_slot,
     };
+    let (conv_st, ssd_st, delta_st) = (pool(12), pool(32), pool(64));
+    // Slots narrower than the op's state.
+    let (conv_narrow, ssd_narrow, delta_narrow) = (pool(11), pool(31), pool(63));
 
     // causal_conv1d
+    assert!(is_shape(
+        cpu.causal_conv1d(big, big, None, out, conv_st, one2, 4, 0, true)
+    ));
     assert!(is_shape(cpu.causal_conv1d(
-        big,
-        big,
-        None,
-        out,
-        &one(2, st),
-        4,
-        0,
-        true
-    )));
-    assert!(is_shape(cpu.causal_conv1d(
-        big,
-        small,
-        None,
-        out,
-        &one(2, st),
-        4,
-        4,
-        true
+        big, small, None, out, conv_st, one2, 4, 4, true
     )));
     assert!(is_shape(cpu.causal_conv1d(
         big,
         big,
         None,
         out,
-        &one(2, small),
+        conv_narrow,
+        one2,
         4,
         4,
         true
     )));
     assert!(is_shape(cpu.causal_conv1d(
-        small,
-        big,
-        None,
-        out,
-        &one(2, st),
-        4,
-        4,
-        true
+        small, big, None, out, conv_st, one2, 4, 4, true
     )));
-    let overlapping = [
-        RecurrentSeq {
-            row_start: 0,
-            len: 3,
-            state: st,
-        },
-        RecurrentSeq {
-            row_start: 2,
-            len: 2,
-            state: st2,
-        },
-    ];
     assert!(is_shape(cpu.causal_conv1d(
         big,
         big,
         None,
         out,
+        conv_st,
         &overlapping,
         4,
         4,
         true
     )));
-    let same_state = [
-        RecurrentSeq {
-            row_start: 0,
-            len: 1,
-            state: st,
-        },
-        RecurrentSeq {
-            row_start: 1,
-            len: 1,
-            state: st,
-        },
-    ];
     assert!(matches!(
-        cpu.causal_conv1d(big, big, None, out, &same_state, 4, 4, true),
+        cpu.causal_conv1d(big, big, None, out, conv_st, &same_state, 4, 4, true),
         Err(GpuError::Aliasing { .. })
     ));
     assert!(matches!(
-        cpu.causal_conv1d(big, big, None, big, &one(1, st), 4, 4, true),
+        cpu.causal_conv1d(big, big, None, big, conv_st, one1, 4, 4, true),
         Err(GpuError::Aliasing { .. })
     ));
+    let in_input = StateSlots {
+        states: big,
+        per_slot: 12,
+    };
     assert!(matches!(
-        cpu.causal_conv1d(big, big, None, out, &one(1, big), 4, 4, true),
+        cpu.causal_conv1d(big, big, None, out, in_input, one1, 4, 4, true),
         Err(GpuError::Aliasing { .. })
     ));
 
@@ -483,19 +292,21 @@ fn shape_errors_are_errors() {
         dt_max: f32::INFINITY,
         input_row_stride: None,
     };
-    let ssd = |p: &SsdParams, x: DeviceSlice, seqs: &[RecurrentSeq]| {
-        cpu.ssd_scan(x, big, big, big, big, big, big, out, seqs, p)
+    let ssd = |p: &SsdParams, x: DeviceSlice, states: StateSlots, seqs: &RecurrentBatch| {
+        cpu.ssd_scan(x, big, big, big, big, big, big, out, states, seqs, p)
     };
-    assert!(ssd(&p, big, &one(3, st)).is_ok());
+    assert!(ssd(&p, big, ssd_st, one3).is_ok());
     assert!(is_shape(ssd(
         &SsdParams { n_groups: 3, ..p },
         big,
-        &one(3, st)
+        ssd_st,
+        one3
     )));
     assert!(is_shape(ssd(
         &SsdParams { chunk_size: 0, ..p },
         big,
-        &one(3, st)
+        ssd_st,
+        one3
     )));
     assert!(is_shape(ssd(
         &SsdParams {
@@ -504,22 +315,14 @@ fn shape_errors_are_errors() {
             ..p
         },
         big,
-        &one(3, st)
+        ssd_st,
+        one3
     )));
-    assert!(is_shape(ssd(&p, small, &one(3, st))));
-    assert!(is_shape(ssd(&p, big, &one(3, small))));
-    assert!(is_shape(ssd(&p, big, &overlapping)));
+    assert!(is_shape(ssd(&p, small, ssd_st, one3)));
+    assert!(is_shape(ssd(&p, big, ssd_narrow, one3)));
+    assert!(is_shape(ssd(&p, big, ssd_st, &overlapping)));
     assert!(is_shape(cpu.ssd_scan(
-        big,
-        big,
-        big,
-        big,
-        small,
-        big,
-        big,
-        out,
-        &one(3, st),
-        &p
+        big, big, big, big, small, big, big, out, ssd_st, one3, &p
     )));
 
     // gated_rms_norm
@@ -565,14 +368,15 @@ fn shape_errors_are_errors() {
         v_head_dim: 4,
         chunk_size: 4,
     };
-    let delta = |p: &DeltaParams, q: DeviceSlice, seqs: &[RecurrentSeq]| {
-        cpu.gated_delta_rule(q, big, big, big, big, big, big, out, seqs, p)
+    let delta = |p: &DeltaParams, q: DeviceSlice, states: StateSlots, seqs: &RecurrentBatch| {
+        cpu.gated_delta_rule(q, big, big, big, big, big, big, out, states, seqs, p)
     };
-    assert!(delta(&dp, big, &one(5, st)).is_ok());
+    assert!(delta(&dp, big, delta_st, one5).is_ok());
     assert!(is_shape(delta(
         &DeltaParams { n_v_heads: 3, ..dp },
         big,
-        &one(5, st)
+        delta_st,
+        one5
     )));
     assert!(is_shape(delta(
         &DeltaParams {
@@ -580,14 +384,15 @@ fn shape_errors_are_errors() {
             ..dp
         },
         big,
-        &one(5, st)
+        delta_st,
+        one5
     )));
-    assert!(is_shape(delta(&dp, small, &one(5, st))));
-    assert!(is_shape(delta(&dp, big, &one(5, small))));
+    assert!(is_shape(delta(&dp, small, delta_st, one5)));
+    assert!(is_shape(delta(&dp, big, delta_narrow, one5)));
 
     // A bf16 activation is refused, not misread.
     assert!(matches!(
-        cpu.causal_conv1d(bf, big, None, out, &one(1, st), 4, 4, true),
+        cpu.causal_conv1d(bf, big, None, out, conv_st, one1, 4, 4, true),
         Err(GpuError::UnsupportedDType { .. })
     ));
     env.finish();

@@ -1,91 +1,32 @@
-//! Tests of the SSD scan and the gated delta rule: against per-token f64
-//! references, chunked against recurrent, and one call against several.
+//! Tests of the CPU's SSD scan and gated delta rule: its recurrent form
+//! (CPU only) and its chunked form at chunk sizes around its own caps (64
+//! for the scan, 16 for the delta rule) and past one pass of its kernel, each
+//! against the conformance suite's f64 references, whole and in pieces;
+//! strided inputs to the bit; the bf16 dot products.
 
-use super::tests::{Env, Rng, assert_close, seqs_of};
+use super::tests::{Env, Rng, assert_close};
+use crate::conformance::scans::{DeltaCase, SsdCase};
 use crate::cpu::CpuBackend;
-use crate::gpu::DeviceSlice;
-use crate::ops::recurrent::{DeltaParams, RecurrentOps, SsdParams};
+use crate::ops::recurrent::{DeltaParams, RecurrentOps, RecurrentSeq, SsdParams};
+use crate::ops::step::StateSlots;
 
-fn softplus64(x: f64) -> f64 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
+/// The sequences of `spans` with their states in slots `0..` of `pool`, for
+/// the CPU-only recurrent forms (which take them decoded).
+fn decoded(spans: &[(usize, usize)], pool: StateSlots) -> Vec<RecurrentSeq> {
+    spans
+        .iter()
+        .enumerate()
+        .map(|(i, &(row_start, len))| RecurrentSeq {
+            row_start,
+            len,
+            state: pool.slot("test", i as u32).expect("slot"),
+        })
+        .collect()
 }
 
-/// Inputs of one SSD test case, host side.
-struct SsdCase {
-    p: SsdParams,
-    spans: Vec<(usize, usize)>,
-    x: Vec<f32>,
-    dt: Vec<f32>,
-    b: Vec<f32>,
-    c: Vec<f32>,
-    a_log: Vec<f32>,
-    d: Vec<f32>,
-    dt_bias: Vec<f32>,
-    states: Vec<Vec<f32>>,
-}
-
+/// The CPU's runners of the suite's cases: chunked or (CPU only) recurrent,
+/// sequence `i` in slot `i`.
 impl SsdCase {
-    fn new(p: SsdParams, spans: &[(usize, usize)], seed: u64, a_log_max: f32) -> Self {
-        let mut r = Rng::new(seed);
-        let rows = spans.iter().map(|s| s.0 + s.1).max().unwrap_or(0);
-        let (w, bc, sl) = (
-            p.n_heads * p.head_dim,
-            p.n_groups * p.d_state,
-            p.n_heads * p.head_dim * p.d_state,
-        );
-        Self {
-            p,
-            spans: spans.to_vec(),
-            x: r.vec(rows * w, -2.0, 2.0),
-            dt: r.vec(rows * p.n_heads, -4.0, 2.0),
-            b: r.vec(rows * bc, -1.0, 1.0),
-            c: r.vec(rows * bc, -1.0, 1.0),
-            a_log: r.vec(p.n_heads, -1.0, a_log_max),
-            d: r.vec(p.n_heads, -1.0, 1.0),
-            dt_bias: r.vec(p.n_heads, -1.0, 1.0),
-            states: spans.iter().map(|_| r.vec(sl, -1.0, 1.0)).collect(),
-        }
-    }
-
-    /// Per-token f64 recurrence: (y of all rows, final states).
-    fn reference(&self) -> (Vec<f64>, Vec<Vec<f64>>) {
-        let SsdParams {
-            n_heads: nh,
-            head_dim: hp,
-            d_state: n,
-            n_groups: ng,
-            dt_min,
-            dt_max,
-            ..
-        } = self.p;
-        let (w, bc) = (nh * hp, ng * n);
-        let mut y = vec![0f64; self.x.len()];
-        let mut finals = Vec::new();
-        for (&(r0, len), st) in self.spans.iter().zip(&self.states) {
-            let mut s: Vec<f64> = st.iter().map(|&v| v as f64).collect();
-            for row in r0..r0 + len {
-                for h in 0..nh {
-                    let g = h / (nh / ng);
-                    let dt = softplus64(self.dt[row * nh + h] as f64 + self.dt_bias[h] as f64)
-                        .clamp(dt_min as f64, dt_max as f64);
-                    let da = (-(self.a_log[h] as f64).exp() * dt).exp();
-                    for p in 0..hp {
-                        let xv = self.x[row * w + h * hp + p] as f64;
-                        let mut acc = 0.0;
-                        for k in 0..n {
-                            let sv = &mut s[(h * hp + p) * n + k];
-                            *sv = *sv * da + dt * xv * self.b[row * bc + g * n + k] as f64;
-                            acc += *sv * self.c[row * bc + g * n + k] as f64;
-                        }
-                        y[row * w + h * hp + p] = acc + self.d[h] as f64 * xv;
-                    }
-                }
-            }
-            finals.push(s);
-        }
-        (y, finals)
-    }
-
     /// Runs the scan in `pieces` calls per sequence (rows split at the given
     /// offsets); `recurrent` forces the per-token form.
     fn run(&self, env: &mut Env, splits: &[usize], recurrent: bool) -> (Vec<f32>, Vec<Vec<f32>>) {
@@ -130,7 +71,7 @@ impl SsdCase {
             p.input_row_stride = Some(stride);
         }
         let y = env.up(&vec![0.0; self.x.len()]);
-        let states: Vec<DeviceSlice> = self.states.iter().map(|s| env.up(s)).collect();
+        let states = env.pool(&self.states);
         let mut bounds = vec![0];
         bounds.extend_from_slice(splits);
         bounds.push(usize::MAX);
@@ -140,17 +81,19 @@ impl SsdCase {
                 .iter()
                 .map(|&(r0, len)| (r0 + win[0].min(len), win[1].min(len) - win[0].min(len)))
                 .collect();
-            let seqs = seqs_of(&spans, &states);
             let r = if recurrent {
+                let seqs = decoded(&spans, states);
                 env.cpu
                     .ssd_scan_recurrent(x, dt, b, c, a_log, d, dt_bias, y, &seqs, &p)
             } else {
+                let seqs = env.batch_of(&spans);
                 env.cpu
-                    .ssd_scan(x, dt, b, c, a_log, d, dt_bias, y, &seqs, &p)
+                    .ssd_scan(x, dt, b, c, a_log, d, dt_bias, y, states, &seqs, &p)
             };
             r.expect("ssd_scan");
         }
-        (env.down(y), states.iter().map(|s| env.down(*s)).collect())
+        let finals = (0..self.states.len()).map(|i| env.slot(states, i));
+        (env.down(y), finals.collect())
     }
 }
 
@@ -193,23 +136,28 @@ fn check_ssd(case: &SsdCase, tol: f64) {
 }
 
 #[test]
-fn ssd_scan_matches_reference() {
+fn ssd_scan_recurrent_and_chunked_forms_match_reference() {
     let spans = [(0, 1), (1, 5), (6, 8), (14, 19), (33, 33), (66, 0)];
     check_ssd(
-        &SsdCase::new(ssd_params(4, 8, 16, 2, 8), &spans, 1, 1.0),
+        &SsdCase::new(ssd_params(4, 8, 16, 2, 8), &spans, &mut Rng::new(1), 1.0),
         1e-4,
     );
     // Clamped dt, one group, chunk longer than every sequence.
     let mut p = ssd_params(3, 4, 8, 1, 64);
     (p.dt_min, p.dt_max) = (0.05, 0.3);
-    check_ssd(&SsdCase::new(p, &spans, 2, 1.0), 1e-4);
+    check_ssd(&SsdCase::new(p, &spans, &mut Rng::new(2), 1.0), 1e-4);
     // Strong decay (A down to -20, cumulative sums in the hundreds) and chunk 1.
     check_ssd(
-        &SsdCase::new(ssd_params(2, 4, 8, 2, 16), &spans, 3, 3.0),
+        &SsdCase::new(ssd_params(2, 4, 8, 2, 16), &spans, &mut Rng::new(3), 3.0),
         1e-4,
     );
     check_ssd(
-        &SsdCase::new(ssd_params(2, 4, 8, 1, 1), &spans[..4], 4, 1.0),
+        &SsdCase::new(
+            ssd_params(2, 4, 8, 1, 1),
+            &spans[..4],
+            &mut Rng::new(4),
+            1.0,
+        ),
         1e-4,
     );
 }
@@ -220,7 +168,7 @@ fn ssd_scan_reads_strided_inputs_in_place() {
     // (Mamba-2's conv output) as with each contiguous: chunked, recurrent,
     // and prefill then single decode steps.
     let spans = [(0, 1), (1, 5), (6, 40), (46, 9)];
-    let case = SsdCase::new(ssd_params(4, 8, 16, 2, 8), &spans, 7, 1.0);
+    let case = SsdCase::new(ssd_params(4, 8, 16, 2, 8), &spans, &mut Rng::new(7), 1.0);
     for (splits, recurrent) in [
         (&[][..], false),
         (&[][..], true),
@@ -241,11 +189,11 @@ fn ssd_scan_reads_strided_inputs_in_place() {
     p.input_row_stride = Some(p.n_heads * p.head_dim - 1);
     let v = env.up(&case.x);
     let y = env.up(&vec![0.0; case.x.len()]);
-    let states: Vec<DeviceSlice> = case.states.iter().map(|s| env.up(s)).collect();
-    let seqs = seqs_of(&case.spans, &states);
+    let states = env.pool(&case.states);
+    let seqs = env.batch_of(&case.spans);
     let err = env
         .cpu
-        .ssd_scan(v, v, v, v, v, v, v, y, &seqs, &p)
+        .ssd_scan(v, v, v, v, v, v, v, y, states, &seqs, &p)
         .unwrap_err();
     assert!(err.to_string().contains("apart"), "{err}");
     env.finish();
@@ -254,7 +202,12 @@ fn ssd_scan_reads_strided_inputs_in_place() {
 #[test]
 fn ssd_scan_long_sequences() {
     // Longer than one pass of the kernel (256 rows), chunk_size above its cap.
-    let case = SsdCase::new(ssd_params(2, 4, 16, 1, 150), &[(0, 333), (333, 70)], 5, 0.5);
+    let case = SsdCase::new(
+        ssd_params(2, 4, 16, 1, 150),
+        &[(0, 333), (333, 70)],
+        &mut Rng::new(5),
+        0.5,
+    );
     check_ssd(&case, 2e-4);
 }
 
@@ -269,7 +222,7 @@ fn ssd_scan_with_bf16_dot_products_stays_close() {
         return;
     }
     let spans = [(0, 40), (40, 1), (41, 75)];
-    let case = SsdCase::new(ssd_params(8, 16, 32, 2, 16), &spans, 11, 1.0);
+    let case = SsdCase::new(ssd_params(8, 16, 32, 2, 16), &spans, &mut Rng::new(11), 1.0);
     let (want_y, want_s) = case.reference();
     let mut env = Env::with_backend(cpu);
     let (y, states) = case.run(&mut env, &[], false);
@@ -284,88 +237,7 @@ fn ssd_scan_with_bf16_dot_products_stays_close() {
     assert_ne!(y, y32, "the bf16 products did not run");
 }
 
-/// Inputs of one delta-rule test case, host side.
-struct DeltaCase {
-    p: DeltaParams,
-    spans: Vec<(usize, usize)>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    a: Vec<f32>,
-    b: Vec<f32>,
-    a_log: Vec<f32>,
-    dt_bias: Vec<f32>,
-    states: Vec<Vec<f32>>,
-}
-
 impl DeltaCase {
-    fn new(p: DeltaParams, spans: &[(usize, usize)], seed: u64) -> Self {
-        let mut r = Rng::new(seed);
-        let rows = spans.iter().map(|s| s.0 + s.1).max().unwrap_or(0);
-        let (kw, vw) = (p.n_k_heads * p.k_head_dim, p.n_v_heads * p.v_head_dim);
-        Self {
-            p,
-            spans: spans.to_vec(),
-            q: r.vec(rows * kw, -1.0, 1.0),
-            k: r.vec(rows * kw, -1.0, 1.0),
-            v: r.vec(rows * vw, -2.0, 2.0),
-            a: r.vec(rows * p.n_v_heads, -3.0, 2.0),
-            b: r.vec(rows * p.n_v_heads, -3.0, 3.0),
-            a_log: r.vec(p.n_v_heads, -1.0, 1.5),
-            dt_bias: r.vec(p.n_v_heads, -1.0, 1.0),
-            states: spans
-                .iter()
-                .map(|_| r.vec(p.n_v_heads * p.k_head_dim * p.v_head_dim, -0.5, 0.5))
-                .collect(),
-        }
-    }
-
-    /// HF's `torch_recurrent_gated_delta_rule` in f64: (out, final states).
-    fn reference(&self) -> (Vec<f64>, Vec<Vec<f64>>) {
-        let DeltaParams {
-            n_k_heads: nk,
-            n_v_heads: nv,
-            k_head_dim: dk,
-            v_head_dim: dv,
-            ..
-        } = self.p;
-        let mut out = vec![0f64; self.v.len()];
-        let mut finals = Vec::new();
-        let l2 = |x: &[f32]| {
-            let r = 1.0 / (x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() + 1e-6).sqrt();
-            x.iter().map(|&v| v as f64 * r).collect::<Vec<f64>>()
-        };
-        for (&(r0, len), st) in self.spans.iter().zip(&self.states) {
-            let mut s: Vec<f64> = st.iter().map(|&v| v as f64).collect();
-            for row in r0..r0 + len {
-                for h in 0..nv {
-                    let kh = h / (nv / nk);
-                    let off = row * nk * dk + kh * dk;
-                    let q: Vec<f64> = l2(&self.q[off..off + dk])
-                        .iter()
-                        .map(|v| v / (dk as f64).sqrt())
-                        .collect();
-                    let k = l2(&self.k[off..off + dk]);
-                    let i = row * nv + h;
-                    let g = -(self.a_log[h] as f64).exp()
-                        * softplus64(self.a[i] as f64 + self.dt_bias[h] as f64);
-                    let beta = 1.0 / (1.0 + (-(self.b[i] as f64)).exp());
-                    let sh = &mut s[h * dk * dv..(h + 1) * dk * dv];
-                    sh.iter_mut().for_each(|v| *v *= g.exp());
-                    for j in 0..dv {
-                        let kv: f64 = (0..dk).map(|kk| sh[kk * dv + j] * k[kk]).sum();
-                        let delta = (self.v[row * nv * dv + h * dv + j] as f64 - kv) * beta;
-                        (0..dk).for_each(|kk| sh[kk * dv + j] += k[kk] * delta);
-                        out[row * nv * dv + h * dv + j] =
-                            (0..dk).map(|kk| sh[kk * dv + j] * q[kk]).sum();
-                    }
-                }
-            }
-            finals.push(s);
-        }
-        (out, finals)
-    }
-
     fn run(&self, env: &mut Env, splits: &[usize], recurrent: bool) -> (Vec<f32>, Vec<Vec<f32>>) {
         let [q, k, v, a, b, a_log, dt_bias] = [
             &self.q,
@@ -378,7 +250,7 @@ impl DeltaCase {
         ]
         .map(|x| env.up(x));
         let out = env.up(&vec![0.0; self.v.len()]);
-        let states: Vec<DeviceSlice> = self.states.iter().map(|s| env.up(s)).collect();
+        let states = env.pool(&self.states);
         let mut bounds = vec![0];
         bounds.extend_from_slice(splits);
         bounds.push(usize::MAX);
@@ -388,17 +260,19 @@ impl DeltaCase {
                 .iter()
                 .map(|&(r0, len)| (r0 + win[0].min(len), win[1].min(len) - win[0].min(len)))
                 .collect();
-            let seqs = seqs_of(&spans, &states);
             let r = if recurrent {
+                let seqs = decoded(&spans, states);
                 env.cpu
                     .gated_delta_rule_recurrent(q, k, v, a, b, a_log, dt_bias, out, &seqs, &self.p)
             } else {
+                let seqs = env.batch_of(&spans);
                 env.cpu
-                    .gated_delta_rule(q, k, v, a, b, a_log, dt_bias, out, &seqs, &self.p)
+                    .gated_delta_rule(q, k, v, a, b, a_log, dt_bias, out, states, &seqs, &self.p)
             };
             r.expect("gated_delta_rule");
         }
-        (env.down(out), states.iter().map(|s| env.down(*s)).collect())
+        let finals = (0..self.states.len()).map(|i| env.slot(states, i));
+        (env.down(out), finals.collect())
     }
 }
 
@@ -422,7 +296,7 @@ fn check_delta(case: &DeltaCase, tol: f64) {
 }
 
 #[test]
-fn gated_delta_rule_matches_reference() {
+fn gated_delta_rule_recurrent_and_chunked_forms_match_reference() {
     let spans = [(0, 1), (1, 3), (4, 8), (12, 21), (33, 0)];
     let p = DeltaParams {
         n_k_heads: 2,
@@ -431,7 +305,7 @@ fn gated_delta_rule_matches_reference() {
         v_head_dim: 8,
         chunk_size: 8,
     };
-    check_delta(&DeltaCase::new(p, &spans, 11), 1e-4);
+    check_delta(&DeltaCase::new(p, &spans, &mut Rng::new(11)), 1e-4);
     check_delta(
         &DeltaCase::new(
             DeltaParams {
@@ -442,12 +316,16 @@ fn gated_delta_rule_matches_reference() {
                 chunk_size: 64,
             },
             &spans,
-            12,
+            &mut Rng::new(12),
         ),
         1e-4,
     );
     check_delta(
-        &DeltaCase::new(DeltaParams { chunk_size: 1, ..p }, &spans, 13),
+        &DeltaCase::new(
+            DeltaParams { chunk_size: 1, ..p },
+            &spans,
+            &mut Rng::new(13),
+        ),
         1e-4,
     );
 }
@@ -461,5 +339,8 @@ fn gated_delta_rule_long_sequence() {
         v_head_dim: 16,
         chunk_size: 64,
     };
-    check_delta(&DeltaCase::new(p, &[(0, 300), (300, 64)], 14), 2e-4);
+    check_delta(
+        &DeltaCase::new(p, &[(0, 300), (300, 64)], &mut Rng::new(14)),
+        2e-4,
+    );
 }

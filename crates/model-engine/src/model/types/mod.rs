@@ -79,6 +79,9 @@ impl TransformerModel {
         options: ModelOptions,
     ) -> Result<Self> {
         let g: &dyn GpuBackend = gpu.as_ref();
+        // A backend without an op the plan needs refuses the model here,
+        // before anything is allocated.
+        crate::conformance::check_supported(g, &config)?;
         let shapes = recurrent_state_shapes(&config);
         let mut pool = SsmStatePool::allocate(g, &shapes, options.max_seqs)?;
         let n_attn = config.attention_layers().count();
