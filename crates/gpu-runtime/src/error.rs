@@ -15,13 +15,6 @@ pub enum GpuError {
     InjectedFault { op: &'static str, index: usize },
     #[error("pointer {ptr:#x} is not a live allocation of this backend")]
     UnknownPointer { ptr: u64 },
-    #[error("{op}: range {offset}..{end} bytes lies outside its allocation of {size} bytes")]
-    OutOfRange {
-        op: &'static str,
-        offset: usize,
-        end: usize,
-        size: usize,
-    },
     #[error("{op}: {detail}")]
     Shape { op: &'static str, detail: String },
     #[error("{op}: dtype {dtype} is not supported here")]

@@ -101,7 +101,7 @@ impl KvCache {
     pub fn layer(&self, i: usize) -> Result<&KvLayer> {
         self.layers
             .get(i)
-            .ok_or_else(|| EngineError::Request(format!("no KV cache for attention layer {i}")))
+            .ok_or_else(|| EngineError::Internal(format!("no KV cache for attention layer {i}")))
     }
 
     /// Takes a block off the free list with refcount 1.

@@ -132,13 +132,13 @@ impl SsmStatePool {
 
     fn layer(&self, layer: usize, slot: SlotId) -> Result<&LayerState> {
         if slot.index() >= self.n_slots {
-            return Err(EngineError::Request(format!(
+            return Err(EngineError::Internal(format!(
                 "{slot} is outside the pool of {}",
                 self.n_slots
             )));
         }
         self.layers.get(layer).ok_or_else(|| {
-            EngineError::Request(format!("no SSM state for recurrent layer {layer}"))
+            EngineError::Internal(format!("no SSM state for recurrent layer {layer}"))
         })
     }
 

@@ -281,7 +281,7 @@ impl Engine {
             };
             let (start, end) = (seq.position(), seq.position() + s.tokens);
             let chunk = tokens.get(start..end).ok_or_else(|| {
-                EngineError::Request(format!("{}: scheduled past its tokens", s.id))
+                EngineError::Internal(format!("{}: scheduled past its tokens", s.id))
             })?;
             let logits = if end == tokens.len() {
                 Logits::Last

@@ -227,7 +227,7 @@ impl Resolver<'_> {
 }
 
 fn missing(what: &str) -> EngineError {
-    EngineError::Request(format!(
+    EngineError::Internal(format!(
         "the plan has {what} layers but the config has no {what} section"
     ))
 }
@@ -281,7 +281,7 @@ pub(crate) fn resolve(
             }
             (MixerNames::None, MixerKind::None) => MixerWeights::None,
             _ => {
-                return Err(EngineError::Request(format!(
+                return Err(EngineError::Internal(format!(
                     "layer {i}: mixer names do not match the planned {:?}",
                     plan.mixer
                 )));
@@ -298,7 +298,7 @@ pub(crate) fn resolve(
             }
             (FfnNames::None, FfnKind::None) => FfnWeights::None,
             _ => {
-                return Err(EngineError::Request(format!(
+                return Err(EngineError::Internal(format!(
                     "layer {i}: feed-forward names do not match the planned {:?}",
                     plan.ffn
                 )));

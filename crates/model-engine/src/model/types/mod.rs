@@ -155,7 +155,7 @@ impl TransformerModel {
         let store = self
             .weight_store
             .as_ref()
-            .ok_or_else(|| EngineError::Request("no weight store".into()))?;
+            .ok_or_else(|| EngineError::Internal("no weight store".into()))?;
         let weights = resolve(&self.config, store, &mut self.derived, self.gpu.as_ref())?;
         self.weights = Some(weights);
         Ok(())
