@@ -131,7 +131,7 @@ pub(crate) enum MixerWeights {
 #[derive(Clone, Debug)]
 pub(crate) enum FfnWeights {
     Mlp(MlpWeights),
-    Moe(MoeWeights),
+    Moe(Box<MoeWeights>),
     None,
 }
 
@@ -294,7 +294,7 @@ pub(crate) fn resolve(
             }
             (FfnNames::Moe(n), FfnKind::Moe) => {
                 let m = config.moe.as_ref().ok_or_else(|| missing("MoE"))?;
-                FfnWeights::Moe(moe(&r, derived, gpu, m, n, h, i)?)
+                FfnWeights::Moe(Box::new(moe(&r, derived, gpu, m, n, h, i)?))
             }
             (FfnNames::None, FfnKind::None) => FfnWeights::None,
             _ => {
