@@ -65,8 +65,8 @@ pub(super) fn kv_store(
             store_rows(slots, ks, vs, kc, vc, kv_width, bs, |x| x);
         }
         DType::BF16 => {
-            let kc = cpu.write_bf16(OP, cache.k, &[k, v])?;
-            let vc = cpu.write_bf16(OP, cache.v, &[k, v, cache.k])?;
+            let kc = cpu.write_as::<bf16>(OP, cache.k, &[k, v])?;
+            let vc = cpu.write_as::<bf16>(OP, cache.v, &[k, v, cache.k])?;
             store_rows(slots, ks, vs, kc, vc, kv_width, bs, bf16::from_f32);
         }
         dtype => return Err(GpuError::UnsupportedDType { op: OP, dtype }),
@@ -115,7 +115,7 @@ impl<'a> KvData<'a> {
     fn read(cpu: &'a CpuBackend, op: &'static str, s: DeviceSlice) -> Result<Self> {
         match s.dtype() {
             DType::F32 => Ok(KvData::F32(cpu.read_f32(op, s)?)),
-            DType::BF16 => Ok(KvData::BF16(cpu.read_bf16(op, s)?)),
+            DType::BF16 => Ok(KvData::BF16(cpu.read_as(op, s)?)),
             dtype => Err(GpuError::UnsupportedDType { op, dtype }),
         }
     }

@@ -260,15 +260,50 @@ impl CpuBackend {
         Ok(v)
     }
 
-    /// The `u32` elements of `s` (step metadata, routes), read-only.
-    pub(crate) fn read_u32<'a>(&'a self, op: &'static str, s: DeviceSlice) -> Result<&'a [u32]> {
-        let b = self.read(op, s, DType::U32)?;
-        // SAFETY: as `bytemuck_f32`: aligned (64-byte allocations, 4-byte
-        // element offsets), whole elements, any bits a valid u32.
-        Ok(unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<u32>(), b.len() / 4) })
+    /// The elements of `s` as `T` (f32 activations, u32 step metadata, a
+    /// bf16 KV cache), read-only; `s` must hold `T`'s dtype.
+    pub(crate) fn read_as<'a, T: Element>(
+        &'a self,
+        op: &'static str,
+        s: DeviceSlice,
+    ) -> Result<&'a [T]> {
+        let b = self.read(op, s, T::DTYPE)?;
+        debug_assert_eq!(b.as_ptr() as usize % std::mem::align_of::<T>(), 0);
+        // SAFETY: allocations are 64-byte aligned and a slice of `T`'s dtype
+        // starts a whole number of elements from its base, so the cast is
+        // aligned; `read` checked the range is live and holds whole
+        // elements; every bit pattern is a valid `T` (`Element`).
+        Ok(unsafe {
+            std::slice::from_raw_parts(b.as_ptr().cast::<T>(), b.len() / T::DTYPE.size_of())
+        })
     }
 
-    /// Mutable `u32` elements of `s`.
+    /// Mutable elements of `s` as `T`, checked not to overlap `inputs`.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) fn write_as<'a, T: Element>(
+        &'a self,
+        op: &'static str,
+        s: DeviceSlice,
+        inputs: &[DeviceSlice],
+    ) -> Result<&'a mut [T]> {
+        if s.dtype() != T::DTYPE {
+            return Err(GpuError::UnsupportedDType {
+                op,
+                dtype: s.dtype(),
+            });
+        }
+        let b = self.write(op, s, inputs)?;
+        // SAFETY: as `read_as`; in addition `write` checked the range is
+        // disjoint from every input the op reads.
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<T>(), b.len() / T::DTYPE.size_of())
+        })
+    }
+
+    pub(crate) fn read_u32<'a>(&'a self, op: &'static str, s: DeviceSlice) -> Result<&'a [u32]> {
+        self.read_as(op, s)
+    }
+
     #[allow(clippy::mut_from_ref)]
     pub(crate) fn write_u32<'a>(
         &'a self,
@@ -276,47 +311,11 @@ impl CpuBackend {
         s: DeviceSlice,
         inputs: &[DeviceSlice],
     ) -> Result<&'a mut [u32]> {
-        if s.dtype() != DType::U32 {
-            return Err(GpuError::UnsupportedDType {
-                op,
-                dtype: s.dtype(),
-            });
-        }
-        let b = self.write(op, s, inputs)?;
-        // SAFETY: as `write_f32`.
-        Ok(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u32>(), b.len() / 4) })
-    }
-
-    /// The bf16 elements of `s` (a bf16 KV cache), read-only.
-    pub(crate) fn read_bf16<'a>(&'a self, op: &'static str, s: DeviceSlice) -> Result<&'a [bf16]> {
-        let b = self.read(op, s, DType::BF16)?;
-        // SAFETY: aligned (64-byte allocations, 2-byte element offsets), whole
-        // elements; every bit pattern is a valid bf16.
-        Ok(unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<bf16>(), b.len() / 2) })
-    }
-
-    /// Mutable bf16 elements of `s`.
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) fn write_bf16<'a>(
-        &'a self,
-        op: &'static str,
-        s: DeviceSlice,
-        inputs: &[DeviceSlice],
-    ) -> Result<&'a mut [bf16]> {
-        if s.dtype() != DType::BF16 {
-            return Err(GpuError::UnsupportedDType {
-                op,
-                dtype: s.dtype(),
-            });
-        }
-        let b = self.write(op, s, inputs)?;
-        // SAFETY: as `read_bf16`; the range is exclusive to this op (`write`).
-        Ok(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<bf16>(), b.len() / 2) })
+        self.write_as(op, s, inputs)
     }
 
     pub(crate) fn read_f32<'a>(&'a self, op: &'static str, s: DeviceSlice) -> Result<&'a [f32]> {
-        let b = self.read(op, s, DType::F32)?;
-        Ok(bytemuck_f32(b))
+        self.read_as(op, s)
     }
 
     #[allow(clippy::mut_from_ref)]
@@ -326,16 +325,7 @@ impl CpuBackend {
         s: DeviceSlice,
         inputs: &[DeviceSlice],
     ) -> Result<&'a mut [f32]> {
-        if s.dtype() != DType::F32 {
-            return Err(GpuError::UnsupportedDType {
-                op,
-                dtype: s.dtype(),
-            });
-        }
-        let b = self.write(op, s, inputs)?;
-        // SAFETY: allocations are 64-byte aligned and every f32 slice starts at
-        // a multiple of 4 bytes from its base; any bit pattern is a valid f32.
-        Ok(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<f32>(), b.len() / 4) })
+        self.write_as(op, s, inputs)
     }
 
     fn layout(bytes: usize) -> Result<Layout> {
@@ -353,10 +343,22 @@ impl Default for CpuBackend {
     }
 }
 
-fn bytemuck_f32(b: &[u8]) -> &[f32] {
-    debug_assert_eq!(b.as_ptr() as usize % 4, 0);
-    // SAFETY: see `write_f32`: aligned, length in whole f32s, any bits valid.
-    unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<f32>(), b.len() / 4) }
+/// Element types ops view device memory as: plain data whose every bit
+/// pattern is a valid value, stored as `DTYPE`.
+pub(crate) trait Element: Copy {
+    const DTYPE: DType;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+
+impl Element for u32 {
+    const DTYPE: DType = DType::U32;
+}
+
+impl Element for bf16 {
+    const DTYPE: DType = DType::BF16;
 }
 
 impl GpuBackend for CpuBackend {
