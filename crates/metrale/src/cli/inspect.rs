@@ -10,6 +10,8 @@ use metrale_core::DType;
 use metrale_core::scope::ModelResource;
 use metrale_model_engine::config::{MixerKind, ModelConfig, RopeScaling, load_config};
 use metrale_model_engine::loader::load_weights;
+use metrale_model_engine::model::ModelOptions;
+use metrale_model_engine::model::types::{kv_spec, recurrent_state_shapes};
 use metrale_model_weights::loader::{LoadProgress, WeightDType, scan_safetensors};
 
 #[derive(clap::Args)]
@@ -28,9 +30,45 @@ pub struct Args {
     /// files in the directory, only config.json (sizes from the config).
     #[arg(long)]
     pub no_load: bool,
-    // The backend the weights are loaded onto (not used with --no-load).
+    // The backend the weights are loaded onto, whose cache layouts size the
+    // KV cache and the recurrent state.
     #[command(flatten)]
     pub device: super::DeviceArgs,
+    /// The KV cache's element type the sizes assume: auto (the backend's
+    /// default), f32 or bf16.
+    #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
+    pub kv_dtype: super::KvDType,
+}
+
+/// Per-token KV and per-sequence recurrent bytes as the backend lays them out.
+struct CacheSizes {
+    kv_per_token: usize,
+    kv_dtype: DType,
+    rec_per_seq: usize,
+    state_dtype: DType,
+}
+
+fn cache_sizes(args: &Args, config: &ModelConfig) -> Result<CacheSizes> {
+    let backend = open_backend(args.device.device, &BackendOptions::default())?;
+    let gpu = backend.gpu().as_ref();
+    let options = ModelOptions {
+        kv_dtype: args.kv_dtype.dtype(),
+        ..ModelOptions::default()
+    };
+    let layout = gpu.kv_layout(kv_spec(config, &options))?;
+    let kv_per_token =
+        layout.block_bytes() / options.kv_block_size.max(1) * config.attention_layers().count();
+    let shapes = recurrent_state_shapes(config);
+    let rec_per_seq = shapes
+        .iter()
+        .map(|s| gpu.state_layout(s.conv).slot_bytes() + gpu.state_layout(s.ssm).slot_bytes())
+        .sum();
+    Ok(CacheSizes {
+        kv_per_token,
+        kv_dtype: layout.dtype,
+        rec_per_seq,
+        state_dtype: gpu.state_layout(1).dtype,
+    })
 }
 
 /// Parameter and byte totals of the weights as stored.
@@ -62,7 +100,8 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         load(&args, &config)?
     };
-    print!("{}", report(&args, &config, &totals, budget));
+    let sizes = cache_sizes(&args, &config)?;
+    print!("{}", report(&args, &config, &totals, &sizes, budget));
     Ok(())
 }
 
@@ -171,7 +210,13 @@ fn from_config(config: &ModelConfig) -> Totals {
     }
 }
 
-fn report(args: &Args, c: &ModelConfig, t: &Totals, budget: Option<u64>) -> String {
+fn report(
+    args: &Args,
+    c: &ModelConfig,
+    t: &Totals,
+    sizes: &CacheSizes,
+    budget: Option<u64>,
+) -> String {
     let mut out = String::new();
     let mut line = |key: &str, value: String| out.push_str(&format!("{key:<18}{value}\n"));
     line("model", args.model_dir.display().to_string());
@@ -253,16 +298,19 @@ fn report(args: &Args, c: &ModelConfig, t: &Totals, budget: Option<u64>) -> Stri
         ),
     );
 
-    let kv = c.kv_bytes_per_token();
+    let kv = sizes.kv_per_token;
     let n_attn = c.attention_layers().count();
     let kv_detail = c.attention.as_ref().map_or(String::new(), |a| {
         format!(
-            " (f32: {n_attn} attention layers x 2 (K, V) x {} KV heads x {} dims x 4 bytes)",
-            a.n_kv_heads, a.head_dim
+            " ({}: {n_attn} attention layers x 2 (K, V) x {} KV heads x {} dims x {} bytes)",
+            sizes.kv_dtype,
+            a.n_kv_heads,
+            a.head_dim,
+            sizes.kv_dtype.size_of()
         )
     });
     line("kv cache", format!("{kv} bytes per token{kv_detail}"));
-    let rec = c.recurrent_bytes_per_sequence();
+    let rec = sizes.rec_per_seq;
     let n_mamba = c
         .layers
         .iter()
@@ -276,8 +324,9 @@ fn report(args: &Args, c: &ModelConfig, t: &Totals, budget: Option<u64>) -> Stri
     line(
         "recurrent state",
         format!(
-            "{rec} bytes per sequence ({}) (f32 conv + SSM state: {n_mamba} Mamba-2, {n_delta} DeltaNet layers)",
-            human_bytes(rec as u64)
+            "{rec} bytes per sequence ({}) ({} conv + SSM state: {n_mamba} Mamba-2, {n_delta} DeltaNet layers)",
+            human_bytes(rec as u64),
+            sizes.state_dtype
         ),
     );
 
