@@ -1,0 +1,117 @@
+//! `metrale-serve` (also run as `metrale serve`): an OpenAI-compatible HTTP
+//! server for one model.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use metrale::{Device, EngineConfig, Generator, LoadOptions, default_model_dir};
+use metrale_server::{AppState, ServerConfig};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "metrale serve",
+    version,
+    about = "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)"
+)]
+struct Args {
+    /// Model directory (config.json, *.safetensors, tokenizer.json). Default:
+    /// $METRALE_MODEL, else the bundled models/default (random weights).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every /v1 route.
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// The model's id in /v1/models and requests (default: the directory's name).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Where to run: cpu, or auto.
+    #[arg(long, value_name = "cpu|auto", default_value_t = Device::Auto)]
+    device: Device,
+    /// CPU worker threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Most requests the engine runs at once (sequences in the batch).
+    #[arg(long)]
+    max_seqs: Option<usize>,
+    /// Most requests waiting for their first token; more are answered 429.
+    #[arg(long, default_value_t = 256)]
+    max_waiting: usize,
+    /// Log more to stderr (-v info, -vv debug).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    init_tracing(args.verbose);
+    let dir = args.model.clone().unwrap_or_else(default_model_dir);
+    if !dir.join("config.json").is_file() {
+        anyhow::bail!(
+            "no model at {} (give --model DIR or set {})",
+            dir.display(),
+            metrale::MODEL_ENV
+        );
+    }
+    let mut options = LoadOptions {
+        device: args.device,
+        threads: args.threads,
+        ..LoadOptions::default()
+    };
+    if let Some(n) = args.max_seqs {
+        options.model.max_seqs = n;
+    }
+    let generator = Generator::load(&dir, &options, EngineConfig::default(), &mut |_| {})?;
+    let config = ServerConfig {
+        served_model_name: args.served_model_name.clone(),
+        api_key: args.api_key.clone(),
+        max_waiting: args.max_waiting,
+        ..ServerConfig::default()
+    };
+    let state = Arc::new(AppState::new(generator, config)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("listening on {}:{}", args.host, args.port))?;
+        eprintln!(
+            "metrale serve: {} (model `{}`, context {} tokens) on http://{}",
+            dir.display(),
+            state.model_name,
+            state.context_limit,
+            listener.local_addr()?
+        );
+        let app = metrale_server::router(state.clone());
+        metrale_server::serve(listener, app, metrale_server::shutdown_signal()).await?;
+        eprintln!("metrale serve: shutting down");
+        anyhow::Ok(())
+    })?;
+    // The requests have ended; the last handle stops the engine thread.
+    drop(runtime);
+    match Arc::try_unwrap(state) {
+        Ok(state) => state.handle.shutdown(),
+        Err(_) => Ok(()),
+    }
+}
+
+fn init_tracing(verbose: u8) {
+    let filter = match verbose {
+        0 => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        1 => tracing_subscriber::EnvFilter::new("info"),
+        _ => tracing_subscriber::EnvFilter::new("debug"),
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,217 @@
+//! `POST /v1/chat/completions`: the conversation is rendered by the model
+//! directory's chat template (ready for the assistant's reply).
+//!
+//! `logprobs: true` reports, per choice, `logprobs.content` as
+//! `[{token, logprob, bytes, top_logprobs: []}]`: the sampled token's
+//! log-probability under the model. `top_logprobs` above 0 (alternatives)
+//! is refused with a 400 for now. `tools` / `functions` (and their
+//! `*_choice`) are refused with a 400: no tool calling yet.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
+use axum::response::{IntoResponse, Response};
+use metrale::{ChatMessage, Finish};
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::openai::{ChatRequest, Content, UsageInfo, finish_reason};
+use crate::sse::{Choice, Events, Format, TokenLogprob};
+use crate::state::{AppState, unix_now};
+
+pub async fn handler(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<ChatRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(request) = body?;
+    state.check_model(request.model.as_deref())?;
+    for (name, value) in [
+        ("tools", &request.tools),
+        ("tool_choice", &request.tool_choice),
+        ("functions", &request.functions),
+        ("function_call", &request.function_call),
+    ] {
+        if value.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::BadRequest {
+                message: format!(
+                    "{name}: tool and function calling is not supported by this server"
+                ),
+                param: Some(name),
+                code: Some("tools_not_supported"),
+            });
+        }
+    }
+    if request.top_logprobs.is_some_and(|n| n > 0) {
+        return Err(ApiError::bad_param(
+            "top_logprobs",
+            "top_logprobs above 0 is not supported yet; logprobs=true reports the sampled tokens' log-probabilities",
+        ));
+    }
+    if request.messages.is_empty() {
+        return Err(ApiError::bad_param(
+            "messages",
+            "messages must not be empty",
+        ));
+    }
+    let messages = request
+        .messages
+        .iter()
+        .map(|m| ChatMessage::new(m.role.as_str(), text_of(m.content.as_ref())))
+        .collect::<Vec<_>>();
+    let template = state
+        .template
+        .as_ref()
+        .map_err(|e| ApiError::bad(format!("the model has no usable chat template: {e}")))?;
+    let text = template.render(&messages, true).map_err(|e| {
+        ApiError::bad_param("messages", format!("rendering the chat template: {e}"))
+    })?;
+    let prompt = state.tokenizer().encode(&text, false).map_err(|e| {
+        ApiError::bad_param("messages", format!("cannot tokenize the conversation: {e}"))
+    })?;
+    let sampling = &request.sampling;
+    let n = sampling.n()?;
+    let max_tokens = request.max_completion_tokens.or(sampling.max_tokens);
+    let params = sampling.params(max_tokens, None, request.logprobs, state.context_limit)?;
+    let rx = state.submit(std::slice::from_ref(&prompt), &params, n)?;
+    let events = Events {
+        rx,
+        choices: n,
+        n,
+        logprobs: request.logprobs,
+        tokenizer: state.tokenizer().clone(),
+    };
+    let format = Chat {
+        id: format!("chatcmpl-{}", crate::next_id()),
+        created: unix_now(),
+        model: state.model_name.clone(),
+        include_usage: sampling.include_usage(),
+    };
+    if sampling.stream {
+        Ok(events
+            .stream(Arc::new(format), sampling.include_usage())
+            .into_response())
+    } else {
+        Ok(Json(events.collect(&format).await?).into_response())
+    }
+}
+
+/// A message's text: its string, or its text parts joined.
+fn text_of(content: Option<&Content>) -> String {
+    match content {
+        None => String::new(),
+        Some(Content::Text(t)) => t.clone(),
+        Some(Content::Parts(parts)) => parts
+            .iter()
+            .filter(|p| p.kind == "text")
+            .filter_map(|p| p.text.as_deref())
+            .collect(),
+    }
+}
+
+struct Chat {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+impl Chat {
+    fn chunk(&self, choices: Value) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+}
+
+fn logprobs_json(lps: &[TokenLogprob]) -> Value {
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|l| {
+            json!({
+                "token": l.text,
+                "logprob": l.logprob,
+                "bytes": l.text.as_bytes(),
+                "top_logprobs": [],
+            })
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+impl Format for Chat {
+    fn opening(&self, choices: usize) -> Vec<Value> {
+        (0..choices)
+            .map(|index| {
+                self.chunk(json!([{
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null,
+                    "finish_reason": null,
+                }]))
+            })
+            .collect()
+    }
+
+    fn delta(&self, index: usize, text: &str, logprob: Option<&TokenLogprob>) -> Value {
+        let lp = logprob.map_or(Value::Null, |l| logprobs_json(std::slice::from_ref(l)));
+        self.chunk(json!([{
+            "index": index,
+            "delta": {"content": text},
+            "logprobs": lp,
+            "finish_reason": null,
+        }]))
+    }
+
+    fn finish(&self, index: usize, reason: &Finish) -> Value {
+        self.chunk(json!([{
+            "index": index,
+            "delta": {},
+            "logprobs": null,
+            "finish_reason": finish_reason(reason),
+        }]))
+    }
+
+    fn usage(&self, usage: &UsageInfo) -> Value {
+        let mut v = self.chunk(json!([]));
+        v["usage"] = json!(usage);
+        v
+    }
+
+    fn response(&self, choices: Vec<Choice>, usage: &UsageInfo) -> Value {
+        let choices: Vec<Value> = choices
+            .into_iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let lp = if c.logprobs.is_empty() {
+                    Value::Null
+                } else {
+                    logprobs_json(&c.logprobs)
+                };
+                json!({
+                    "index": index,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": lp,
+                    "finish_reason": c.finish.as_ref().map(finish_reason),
+                })
+            })
+            .collect();
+        json!({
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage,
+        })
+    }
+}

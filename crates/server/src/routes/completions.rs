@@ -1,0 +1,177 @@
+//! `POST /v1/completions`.
+//!
+//! `logprobs`: absent reports none; 0 asks for the sampled tokens'
+//! log-probabilities: `choices[].logprobs` is then
+//! `{tokens, token_logprobs, top_logprobs: null, text_offset}` with the
+//! sampled token's log-probability under the model. More than 0 (top-N
+//! alternatives) is refused with a 400 for now.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
+use axum::response::{IntoResponse, Response};
+use metrale::Finish;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::openai::{CompletionRequest, Prompt, UsageInfo, finish_reason};
+use crate::sse::{Choice, Events, Format, TokenLogprob};
+use crate::state::{AppState, unix_now};
+
+/// OpenAI's default `max_tokens` for completions.
+pub const DEFAULT_MAX_TOKENS: usize = 16;
+
+pub async fn handler(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<CompletionRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(request) = body?;
+    state.check_model(request.model.as_deref())?;
+    if request.echo {
+        return Err(ApiError::bad_param("echo", "echo is not supported"));
+    }
+    if request.suffix.is_some() {
+        return Err(ApiError::bad_param("suffix", "suffix is not supported"));
+    }
+    if request.best_of.is_some_and(|b| b > 1) {
+        return Err(ApiError::bad_param("best_of", "best_of is not supported"));
+    }
+    let logprobs = match request.logprobs {
+        None => false,
+        Some(0) => true,
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "logprobs",
+                "top-N logprobs are not supported yet; logprobs=0 reports the sampled tokens' log-probabilities",
+            ));
+        }
+    };
+    let prompts = match request.prompt {
+        Prompt::Text(text) => vec![encode(&state, &text)?],
+        Prompt::Texts(texts) => texts
+            .iter()
+            .map(|t| encode(&state, t))
+            .collect::<Result<_, _>>()?,
+        Prompt::Ids(ids) => vec![ids],
+        Prompt::IdLists(lists) => lists,
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad_param("prompt", "the prompt list is empty"));
+    }
+    let sampling = &request.sampling;
+    let n = sampling.n()?;
+    let params = sampling.params(
+        sampling.max_tokens,
+        Some(DEFAULT_MAX_TOKENS),
+        logprobs,
+        state.context_limit,
+    )?;
+    let rx = state.submit(&prompts, &params, n)?;
+    let events = Events {
+        rx,
+        choices: prompts.len() * n,
+        n,
+        logprobs,
+        tokenizer: state.tokenizer().clone(),
+    };
+    let format = Completions {
+        id: format!("cmpl-{}", crate::next_id()),
+        created: unix_now(),
+        model: state.model_name.clone(),
+    };
+    if sampling.stream {
+        Ok(events
+            .stream(Arc::new(format), sampling.include_usage())
+            .into_response())
+    } else {
+        Ok(Json(events.collect(&format).await?).into_response())
+    }
+}
+
+fn encode(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
+    state
+        .tokenizer()
+        .encode(text, true)
+        .map_err(|e| ApiError::bad_param("prompt", format!("cannot tokenize the prompt: {e}")))
+}
+
+struct Completions {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Completions {
+    fn chunk(&self, choices: Value, usage: Option<&UsageInfo>) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = json!(u);
+        }
+        v
+    }
+}
+
+fn logprobs_json(lps: &[TokenLogprob], start: usize) -> Value {
+    let mut offset = start;
+    let mut offsets = Vec::with_capacity(lps.len());
+    for lp in lps {
+        offsets.push(offset);
+        offset += lp.text.len();
+    }
+    json!({
+        "tokens": lps.iter().map(|l| &l.text).collect::<Vec<_>>(),
+        "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+        "top_logprobs": null,
+        "text_offset": offsets,
+    })
+}
+
+impl Format for Completions {
+    fn delta(&self, index: usize, text: &str, logprob: Option<&TokenLogprob>) -> Value {
+        let lp = logprob.map_or(Value::Null, |l| logprobs_json(std::slice::from_ref(l), 0));
+        self.chunk(
+            json!([{"index": index, "text": text, "logprobs": lp, "finish_reason": null}]),
+            None,
+        )
+    }
+
+    fn finish(&self, index: usize, reason: &Finish) -> Value {
+        self.chunk(
+            json!([{"index": index, "text": "", "logprobs": null, "finish_reason": finish_reason(reason)}]),
+            None,
+        )
+    }
+
+    fn usage(&self, usage: &UsageInfo) -> Value {
+        self.chunk(json!([]), Some(usage))
+    }
+
+    fn response(&self, choices: Vec<Choice>, usage: &UsageInfo) -> Value {
+        let choices: Vec<Value> = choices
+            .into_iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let lp = if c.logprobs.is_empty() {
+                    Value::Null
+                } else {
+                    logprobs_json(&c.logprobs, 0)
+                };
+                json!({
+                    "index": index,
+                    "text": c.text,
+                    "logprobs": lp,
+                    "finish_reason": c.finish.as_ref().map(finish_reason),
+                })
+            })
+            .collect();
+        self.chunk(json!(choices), Some(usage))
+    }
+}

@@ -1,0 +1,238 @@
+//! Errors in OpenAI's shape and status, the API key, the body limit, the
+//! waiting-queue bound, /health, /v1/models and /metrics.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::*;
+use metrale_server::ServerConfig;
+use serde_json::json;
+
+fn raw_post(server: &TestServer, path: &str, body: &str) -> Response {
+    send(server.addr, "POST", path, &[], Some(body.as_bytes()))
+}
+
+#[test]
+fn bad_requests_are_openai_shaped() {
+    let server = served();
+    let e = raw_post(&server, "/v1/completions", "{\"prompt\": ").error(400);
+    assert_eq!(e["type"], "invalid_request_error");
+    raw_post(
+        &server,
+        "/v1/completions",
+        r#"{"prompt": "x", "max_tokens": "ten"}"#,
+    )
+    .error(400);
+    let e = raw_post(
+        &server,
+        "/v1/completions",
+        r#"{"prompt": "x", "max_tokens": -1}"#,
+    )
+    .error(400);
+    assert!(e["message"].as_str().unwrap().contains("max_tokens"), "{e}");
+    raw_post(
+        &server,
+        "/v1/completions",
+        r#"{"prompt": "x", "max_tokens": 0}"#,
+    )
+    .error(400);
+    raw_post(
+        &server,
+        "/v1/completions",
+        r#"{"prompt": "x", "temperature": -1}"#,
+    )
+    .error(400);
+    raw_post(&server, "/v1/completions", r#"{"prompt": "x", "top_p": 0}"#).error(400);
+    raw_post(&server, "/v1/completions", r#"{"prompt": "x", "n": 0}"#).error(400);
+    raw_post(&server, "/v1/chat/completions", r#"{"messages": "hi"}"#).error(400);
+    raw_post(&server, "/v1/chat/completions", r#"{"messages": []}"#).error(400);
+    // Beyond the context (512 positions).
+    let e = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"prompt": "x", "max_tokens": 100000}),
+    )
+    .error(400);
+    assert!(e["message"].as_str().unwrap().contains("max_tokens"), "{e}");
+    let long = "word ".repeat(2000);
+    post(server.addr, "/v1/completions", &json!({"prompt": long})).error(400);
+
+    let e = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"model": "gpt-4", "prompt": "x"}),
+    )
+    .error(404);
+    assert_eq!(e["code"], "model_not_found");
+    assert_eq!(e["param"], "model");
+    let e = post(
+        server.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}),
+    )
+    .error(400);
+    assert!(e["message"].as_str().unwrap().contains("tool"), "{e}");
+    post(
+        server.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]}),
+    )
+    .error(400);
+    get(server.addr, "/v1/nothing").error(404);
+}
+
+#[test]
+fn oversize_body_is_413() {
+    let server = start(ServerConfig {
+        body_limit: 64 << 10,
+        ..ServerConfig::default()
+    });
+    let body = format!("{{\"prompt\": \"{}\"}}", "a".repeat(256 << 10));
+    // Written on a thread while the answer is read, in case the server
+    // answers before reading it all.
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut w = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(head.as_bytes());
+        let _ = w.write_all(body.as_bytes());
+    });
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(_) if !raw.is_empty() => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let _ = writer.join();
+    let e = parse(&raw).error(413);
+    assert_eq!(e["code"], "request_too_large");
+}
+
+#[test]
+fn api_key_guards_every_v1_route() {
+    let server = start(ServerConfig {
+        api_key: Some("sekrit".into()),
+        ..ServerConfig::default()
+    });
+    let body = json!({"prompt": "x", "max_tokens": 1}).to_string();
+    for (method, path, body) in [
+        ("POST", "/v1/completions", Some(body.as_bytes())),
+        ("POST", "/v1/chat/completions", Some(body.as_bytes())),
+        ("GET", "/v1/models", None),
+    ] {
+        let e = send(server.addr, method, path, &[], body).error(401);
+        assert_eq!(e["type"], "authentication_error");
+        send(
+            server.addr,
+            method,
+            path,
+            &[("Authorization", "Bearer wrong")],
+            body,
+        )
+        .error(401);
+        send(
+            server.addr,
+            method,
+            path,
+            &[("Authorization", "sekrit")],
+            body,
+        )
+        .error(401);
+    }
+    let ok = send(
+        server.addr,
+        "POST",
+        "/v1/completions",
+        &[("Authorization", "Bearer sekrit")],
+        Some(body.as_bytes()),
+    );
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(
+        get(server.addr, "/health").status,
+        200,
+        "/health needs no key"
+    );
+}
+
+#[test]
+fn a_full_waiting_queue_is_429() {
+    let server = start(ServerConfig {
+        max_waiting: 0,
+        ..ServerConfig::default()
+    });
+    let e = post(server.addr, "/v1/completions", &json!({"prompt": "x"})).error(429);
+    assert_eq!(e["code"], "rate_limit_exceeded");
+}
+
+#[test]
+fn health_models_and_metrics() {
+    let server = start(ServerConfig {
+        served_model_name: Some("tiny".into()),
+        ..ServerConfig::default()
+    });
+    let h = get(server.addr, "/health");
+    assert_eq!(h.status, 200);
+    let m = get(server.addr, "/v1/models").json();
+    assert_eq!(m["object"], "list");
+    assert_eq!(m["data"].as_array().unwrap().len(), 1);
+    assert_eq!(m["data"][0]["id"], "tiny");
+    assert_eq!(m["data"][0]["object"], "model");
+    post(
+        server.addr,
+        "/v1/completions",
+        &json!({"model": "llama", "prompt": "x"}),
+    )
+    .error(404);
+
+    let ok = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": "Hello", "max_tokens": 5, "ignore_eos": true}),
+    )
+    .json();
+    let prompt = ok["usage"]["prompt_tokens"].as_f64().unwrap();
+    let s = post(
+        server.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "ignore_eos": true, "stream": true}),
+    );
+    assert_eq!(s.status, 200);
+    raw_post(&server, "/v1/completions", "not json").error(400);
+
+    let text = get(server.addr, "/metrics").body;
+    let count = |route: &str, status: u16| {
+        metric(
+            &text,
+            &format!("metrale_requests_total{{route=\"{route}\",status=\"{status}\"}}"),
+        )
+    };
+    assert_eq!(count("/v1/completions", 200), 1.0, "{text}");
+    assert_eq!(count("/v1/completions", 404), 1.0);
+    assert_eq!(count("/v1/completions", 400), 1.0);
+    assert_eq!(count("/v1/chat/completions", 200), 1.0);
+    assert_eq!(count("/v1/models", 200), 1.0);
+    assert_eq!(count("/health", 200), 1.0);
+    assert_eq!(metric(&text, "metrale_generation_tokens_total"), 8.0);
+    assert!(metric(&text, "metrale_prompt_tokens_total") > prompt);
+    assert_eq!(
+        metric(&text, "metrale_time_to_first_token_seconds_count"),
+        2.0
+    );
+    assert_eq!(
+        metric(&text, "metrale_inter_token_latency_seconds_count"),
+        6.0
+    );
+    assert_eq!(metric(&text, "metrale_requests_running"), 0.0);
+    assert_eq!(metric(&text, "metrale_requests_waiting"), 0.0);
+}
