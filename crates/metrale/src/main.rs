@@ -37,6 +37,9 @@ enum Command {
     /// Chat through the model's chat template, one user message per line of stdin. Without
     /// --model: the bundled default model, whose weights are random (its text is gibberish).
     Chat(cli::chat::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API (runs `metrale-serve`; `metrale serve
+    /// --help` lists its options).
+    Serve(cli::serve::Args),
 }
 
 fn main() -> Result<()> {
@@ -49,5 +52,6 @@ fn main() -> Result<()> {
         Command::ExportRandom(args) => cli::bench::export_random(args),
         Command::Generate(args) => cli::generate::run(args),
         Command::Chat(args) => cli::chat::run(args),
+        Command::Serve(args) => cli::serve::run(args),
     }
 }

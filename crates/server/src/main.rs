@@ -12,6 +12,7 @@ use metrale_server::{AppState, ServerConfig};
 #[derive(Parser, Debug)]
 #[command(
     name = "metrale serve",
+    bin_name = "metrale serve",
     version,
     about = "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)"
 )]

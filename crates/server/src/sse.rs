@@ -199,7 +199,7 @@ fn data(value: &Value) -> Event {
 /// once per prompt (for the first of its `n` choices).
 fn add_usage(total: &mut UsageInfo, usage: &metrale::Usage, index: usize, n: usize) {
     let mut u = *usage;
-    if index % n.max(1) != 0 {
+    if !index.is_multiple_of(n.max(1)) {
         u.prompt_tokens = 0;
     }
     total.add(&u);
