@@ -313,3 +313,24 @@ fn a_client_leaving_mid_stream_cancels_its_request() {
     assert_eq!(metric(&m, "metrale_requests_running"), 0.0);
     assert_eq!(metric(&m, "metrale_requests_waiting"), 0.0);
 }
+
+#[test]
+fn shutdown_lets_a_running_stream_finish_and_stops_accepting() {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = start_until(metrale_server::ServerConfig::default(), async {
+        let _ = stopped.await;
+    });
+    let body = json!({"prompt": PROMPT, "max_tokens": 300, "ignore_eos": true, "stream": true});
+    let mut socket = open_stream(server.addr, "/v1/completions", &body, 2);
+    stop.send(()).unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut socket, &mut rest).unwrap();
+    assert!(rest.contains("\"finish_reason\":\"length\""), "{rest}");
+    assert!(rest.contains("data: [DONE]"), "{rest}");
+    // The listener is closed once the connections have ended.
+    let start = Instant::now();
+    while std::net::TcpStream::connect(server.addr).is_ok() {
+        assert!(start.elapsed() < Duration::from_secs(10), "still accepting");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

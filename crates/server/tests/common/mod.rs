@@ -62,6 +62,14 @@ impl Drop for TestServer {
 }
 
 pub fn start(config: ServerConfig) -> TestServer {
+    start_until(config, std::future::pending())
+}
+
+/// A server that shuts down gracefully when `shutdown` completes.
+pub fn start_until(
+    config: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> TestServer {
     let state = Arc::new(AppState::new(generator(), config).expect("starting the engine"));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -73,7 +81,7 @@ pub fn start(config: ServerConfig) -> TestServer {
         .unwrap();
     let addr = listener.local_addr().unwrap();
     let app = metrale_server::router(state.clone());
-    runtime.spawn(metrale_server::serve(listener, app, std::future::pending()));
+    runtime.spawn(metrale_server::serve(listener, app, shutdown));
     TestServer {
         addr,
         state,
