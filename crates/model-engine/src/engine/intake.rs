@@ -177,7 +177,8 @@ impl Intake {
             Some(n) if n > room => bad(format!(
                 "the prompt ({}) plus max_tokens ({n}) is {} tokens; {}",
                 prompt.len(),
-                prompt.len() + n,
+                // Saturating: a max_tokens near usize::MAX is refused, not an overflow.
+                prompt.len().saturating_add(n),
                 self.limit_reason(limit)
             )),
             Some(n) => Ok(n),

@@ -126,6 +126,9 @@ fn rejects_requests_that_can_never_fit() {
     assert_eq!(limit, e.model().config().max_position_embeddings);
     let msg = err(e.add_request(vec![5; limit], greedy(1)));
     assert!(msg.contains("max_position_embeddings"), "{msg}");
+    // A max_tokens near usize::MAX is refused, not an overflow.
+    let msg = err(e.add_request(vec![5], greedy(usize::MAX)));
+    assert!(msg.contains("max_tokens"), "{msg}");
     teardown(&cpu, e);
 }
 
