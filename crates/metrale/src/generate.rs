@@ -83,11 +83,19 @@ fn per_second(n: usize, time: Duration) -> f64 {
 #[derive(Clone, Debug, PartialEq)]
 pub enum StreamEvent {
     /// A generated token and the text it lets out (possibly empty while a
-    /// character or a possible stop string is incomplete).
+    /// character or a possible stop string is incomplete), its
+    /// log-probability, and the request's
+    /// [`top_logprobs`](SamplingParams::top_logprobs) most likely ids with
+    /// theirs (most likely first, the lower id first among equals; empty
+    /// unless asked). The values are of the model's raw distribution:
+    /// log-softmax of the logits before penalties, temperature and filters,
+    /// as OpenAI and vLLM report them. [`Tokenizer::token_text`] renders an
+    /// id for reporting.
     Token {
         token: u32,
         text: String,
         logprob: f32,
+        top_logprobs: Vec<(u32, f32)>,
     },
     /// The last event of a stream.
     Finished {
@@ -104,8 +112,15 @@ pub struct Generation {
     pub text: String,
     /// The generated token ids.
     pub tokens: Vec<u32>,
-    /// Log-probability of each generated token under the model.
+    /// Log-probability of each generated token under the model's raw
+    /// distribution (log-softmax of the logits before penalties,
+    /// temperature and filters).
     pub logprobs: Vec<f32>,
+    /// Per generated token (parallel to `tokens`), the most likely ids at
+    /// that position with their log-probabilities, as in
+    /// [`StreamEvent::Token`]; each empty unless
+    /// [`top_logprobs`](SamplingParams::top_logprobs) was asked.
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
     pub finish_reason: Finish,
     pub usage: Usage,
     pub timings: Timings,
@@ -297,6 +312,7 @@ pub(crate) struct Tracker {
     text: String,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
+    top_logprobs: Vec<Vec<(u32, f32)>>,
 }
 
 impl Tracker {
@@ -308,6 +324,7 @@ impl Tracker {
             text: String::new(),
             tokens: Vec::new(),
             logprobs: Vec::new(),
+            top_logprobs: Vec::new(),
         }
     }
 
@@ -328,16 +345,19 @@ impl Tracker {
                 token,
                 text,
                 logprob,
+                top_logprobs,
                 ..
             } => {
                 self.first.get_or_insert_with(Instant::now);
                 self.tokens.push(token);
                 self.logprobs.push(logprob);
+                self.top_logprobs.push(top_logprobs.clone());
                 self.text.push_str(&text);
                 Ok(StreamEvent::Token {
                     token,
                     text,
                     logprob,
+                    top_logprobs,
                 })
             }
             Event::Finished { reason, usage, .. } => Ok(StreamEvent::Finished {
@@ -366,6 +386,7 @@ impl Tracker {
             text: std::mem::take(&mut self.text),
             tokens: std::mem::take(&mut self.tokens),
             logprobs: std::mem::take(&mut self.logprobs),
+            top_logprobs: std::mem::take(&mut self.top_logprobs),
             finish_reason,
             usage,
             timings,

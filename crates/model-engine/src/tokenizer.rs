@@ -209,6 +209,22 @@ impl Tokenizer {
             .map_err(|e| EngineError::Tokenizer(format!("decoding failed: {e}")))
     }
 
+    /// The text of one token id on its own, special tokens kept, as a
+    /// token is reported with its log-probability (vLLM decodes each id of
+    /// its logprobs alone the same way): `decode(&[id])`, so a byte-level
+    /// token reads as text (`" the"`, not `"Ġthe"`). A token that holds
+    /// only part of a UTF-8 character decodes as U+FFFD. An id the
+    /// tokenizer cannot decode (past its vocabulary, or a hole) is an
+    /// error.
+    pub fn token_text(&self, id: u32) -> Result<String> {
+        if id as usize >= self.vocab_size || self.holes.binary_search(&id).is_ok() {
+            return Err(EngineError::Tokenizer(format!(
+                "token id {id} is not in the vocabulary"
+            )));
+        }
+        self.decode(&[id])
+    }
+
     /// The ids that end generation (see the module docs for their sources).
     pub fn eos_ids(&self) -> &[u32] {
         &self.eos_ids

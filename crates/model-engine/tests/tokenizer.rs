@@ -64,6 +64,23 @@ fn special_tokens_in_text_are_single_ids() {
 }
 
 #[test]
+fn token_text_decodes_one_id_keeping_specials() {
+    let tok = fixture_tokenizer();
+    assert_eq!(tok.token_text(2).expect("special"), "<|im_end|>");
+    let ids = tok.encode("Hello world", false).expect("encode");
+    let pieces: Vec<String> = ids
+        .iter()
+        .map(|&id| tok.token_text(id).expect("token text"))
+        .collect();
+    assert_eq!(pieces.concat(), "Hello world", "{pieces:?}");
+    assert!(
+        pieces.iter().all(|p| !p.contains('\u{120}')),
+        "bytes, not the byte-level alphabet: {pieces:?}"
+    );
+    assert!(tok.token_text(512).is_err());
+}
+
+#[test]
 fn fixture_special_tokens() {
     let tok = fixture_tokenizer();
     assert_eq!(tok.vocab_size(), 512);

@@ -316,6 +316,7 @@ impl Engine {
                     token: sampled.token,
                     text: accepted.text,
                     logprob: sampled.logprob,
+                    top_logprobs: sampled.top_logprobs,
                 });
                 if let Some(reason) = accepted.finish {
                     events.push(Event::Finished {

@@ -32,11 +32,20 @@ pub enum Event {
     /// bytes of an unfinished character, or text that may start a stop
     /// string, are held back until they are settled. The concatenated texts
     /// of a request are its output, never including a stop string.
+    ///
+    /// `logprob` is the token's log-probability and `top_logprobs` the
+    /// request's [`SamplingParams::top_logprobs`] most likely ids with
+    /// theirs (most likely first, the lower id first among equals; empty,
+    /// unallocated, when none are asked), all of the model's raw
+    /// distribution: log-softmax of the logits before penalties,
+    /// temperature and filters, over the ids the tokenizer can decode (see
+    /// [`Sampled`]).
     Token {
         id: RequestId,
         token: u32,
         text: String,
         logprob: f32,
+        top_logprobs: Vec<(u32, f32)>,
     },
     /// The request ended (after its last `Token`); its KV blocks and SSM
     /// slot are already free.

@@ -7,6 +7,6 @@ mod params;
 mod sampler;
 mod stop;
 
-pub use params::SamplingParams;
+pub use params::{MAX_TOP_LOGPROBS, SamplingParams};
 pub use sampler::{Sampled, Sampler};
 pub use stop::{Finish, StopChecker, StopOutput};

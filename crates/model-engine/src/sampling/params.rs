@@ -9,6 +9,10 @@ use crate::error::{EngineError, Result};
 /// logits by a tiny temperature only overflows towards argmax anyway.
 pub(crate) const GREEDY_EPSILON: f32 = 1e-5;
 
+/// The most alternatives a token may report ([`SamplingParams::top_logprobs`]):
+/// OpenAI's chat API allows 20 (its completions API 5).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
 /// How a request wants its tokens chosen and when generation stops. The
 /// defaults change nothing: temperature 1, no filters, no penalties.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -43,8 +47,22 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     /// Keep generating past the model's EOS ids (stop token ids still stop).
     pub ignore_eos: bool,
-    /// Whether the caller wants log-probabilities reported.
+    /// Whether the caller wants the sampled token's log-probability
+    /// reported. The engine computes it for every token anyway (one pass
+    /// over the logits); the flag is for the layers that report it.
+    ///
+    /// Every log-probability the engine reports is of the model's raw
+    /// distribution: log-softmax of the logits as the model gave them,
+    /// before penalties, temperature and the top-k / top-p / min-p filters
+    /// (vLLM's default `raw_logprobs`, what OpenAI reports), over the ids
+    /// the tokenizer can decode. The sum is taken in f64 around the largest
+    /// logit, the result rounded to f32.
     pub logprobs: bool,
+    /// How many of the most likely tokens (id, log-probability) to report
+    /// with each generated token, besides the sampled one; 0 reports none.
+    /// At most [`MAX_TOP_LOGPROBS`]. Above 0 it implies `logprobs`
+    /// ([`wants_logprobs`](Self::wants_logprobs)).
+    pub top_logprobs: usize,
     /// Whether special tokens are left out of the output text.
     pub skip_special_tokens: bool,
 }
@@ -65,6 +83,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: false,
+            top_logprobs: 0,
             skip_special_tokens: true,
         }
     }
@@ -82,6 +101,12 @@ impl SamplingParams {
     /// Whether tokens are chosen by argmax (temperature 0, or below 1e-5).
     pub fn is_greedy(&self) -> bool {
         self.temperature < GREEDY_EPSILON
+    }
+
+    /// Whether log-probabilities are to be reported: `logprobs`, or any
+    /// `top_logprobs`.
+    pub fn wants_logprobs(&self) -> bool {
+        self.logprobs || self.top_logprobs > 0
     }
 
     /// Checks every parameter; the error says which is out of range.
@@ -115,6 +140,12 @@ impl SamplingParams {
         }
         if self.max_tokens == Some(0) {
             return bad("max_tokens must be at least 1".into());
+        }
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
+            return bad(format!(
+                "top_logprobs must be at most {MAX_TOP_LOGPROBS}, got {}",
+                self.top_logprobs
+            ));
         }
         if self.stop.iter().any(String::is_empty) {
             return bad("stop strings must not be empty".into());
