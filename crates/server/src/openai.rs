@@ -57,12 +57,15 @@ pub const MAX_N: i64 = 128;
 impl Sampling {
     /// The engine's parameters; `max_tokens` is the request's or, when it
     /// gives none, `default_max`: at most `context_limit` (the engine
-    /// refuses more than the prompt leaves of it, a 400 too). `logprobs`: whether log-probabilities are reported.
+    /// refuses more than the prompt leaves of it, a 400 too). `logprobs`:
+    /// whether log-probabilities are reported, with `top_logprobs`
+    /// alternatives per token (at most `MAX_TOP_LOGPROBS`).
     pub fn params(
         &self,
         max_tokens: Option<i64>,
         default_max: Option<usize>,
         logprobs: bool,
+        top_logprobs: usize,
         context_limit: usize,
     ) -> Result<SamplingParams, ApiError> {
         let d = SamplingParams::default();
@@ -113,6 +116,7 @@ impl Sampling {
             stop_token_ids: self.stop_token_ids.clone(),
             ignore_eos: self.ignore_eos,
             logprobs,
+            top_logprobs,
             ..d
         };
         if let Err(e) = params.validate() {

@@ -17,13 +17,16 @@ use crate::error::ApiError;
 use crate::openai::UsageInfo;
 
 /// One generated token with its log-probability under the model (the
-/// sampled token's only: top-N alternatives are not reported yet).
+/// log-softmax of the raw logits) and, when asked, the most likely tokens
+/// at its position with theirs.
 #[derive(Clone, Debug)]
 pub struct TokenLogprob {
     pub token: u32,
     /// The token on its own, decoded with special tokens kept.
     pub text: String,
     pub logprob: f32,
+    /// `(text, logprob)` of the most likely tokens, best first.
+    pub top: Vec<(String, f32)>,
 }
 
 /// A finished choice.
@@ -64,14 +67,13 @@ pub struct Events {
 }
 
 impl Events {
-    fn logprob(&self, token: u32, logprob: f32) -> Option<TokenLogprob> {
+    fn logprob(&self, token: u32, logprob: f32, top: &[(u32, f32)]) -> Option<TokenLogprob> {
+        let text = |id: u32| self.tokenizer.token_text(id).unwrap_or_default();
         self.logprobs.then(|| TokenLogprob {
             token,
-            text: self
-                .tokenizer
-                .decode_with(&[token], false)
-                .unwrap_or_default(),
+            text: text(token),
             logprob,
+            top: top.iter().map(|&(id, lp)| (text(id), lp)).collect(),
         })
     }
 
@@ -89,9 +91,9 @@ impl Events {
                     token,
                     text,
                     logprob,
-                    ..
+                    top_logprobs,
                 } => {
-                    let lp = self.logprob(token, logprob);
+                    let lp = self.logprob(token, logprob, &top_logprobs);
                     let choice = &mut choices[index];
                     choice.text.push_str(&text);
                     choice.logprobs.extend(lp);
@@ -155,9 +157,9 @@ impl Events {
                             token,
                             text,
                             logprob,
-                            ..
+                            top_logprobs,
                         }) => {
-                            let lp = state.events.logprob(token, logprob);
+                            let lp = state.events.logprob(token, logprob, &top_logprobs);
                             if !text.is_empty() || lp.is_some() {
                                 let chunk = state.format.delta(index, &text, lp.as_ref());
                                 state.pending.push_back(data(&chunk));

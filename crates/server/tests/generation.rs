@@ -267,6 +267,55 @@ fn logprobs_are_the_sampled_tokens() {
     );
 }
 
+/// `logprobs: N` (completions) and `top_logprobs` (chat) report the N most
+/// likely tokens per position; greedily, the best is the sampled one.
+#[test]
+fn top_logprobs_list_the_most_likely_tokens() {
+    let server = served();
+    let v = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": 3}),
+    )
+    .json();
+    let lp = &v["choices"][0]["logprobs"];
+    let tops = lp["top_logprobs"].as_array().expect("top_logprobs");
+    let sampled = lp["token_logprobs"].as_array().unwrap();
+    assert_eq!(tops.len(), sampled.len(), "{v}");
+    for (top, s) in tops.iter().zip(sampled) {
+        let map = top.as_object().unwrap();
+        assert!(!map.is_empty() && map.len() <= 3, "{top}");
+        let best = map
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert!((best - s.as_f64().unwrap()).abs() < 1e-6, "{top} vs {s}");
+    }
+    let v = post(
+        server.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                "temperature": 0, "logprobs": true, "top_logprobs": 2}),
+    )
+    .json();
+    for c in v["choices"][0]["logprobs"]["content"].as_array().unwrap() {
+        let top = c["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2, "{c}");
+        assert_eq!(top[0]["token"], c["token"], "{c}");
+        assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64());
+    }
+    for (route, body) in [
+        ("/v1/completions", json!({"prompt": PROMPT, "logprobs": 21})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}),
+        ),
+    ] {
+        let r = post(server.addr, route, &body);
+        assert_eq!(r.status, 400, "{route}: {}", r.body);
+    }
+}
+
 #[test]
 fn a_client_leaving_mid_stream_cancels_its_request() {
     let server = served();

@@ -2,12 +2,15 @@
 //! directory's chat template (ready for the assistant's reply).
 //!
 //! `logprobs: true` reports, per choice, `logprobs.content` as
-//! `[{token, logprob, bytes, top_logprobs: []}]`: the sampled token's
-//! log-probability under the model. `top_logprobs` above 0 (alternatives)
-//! is refused with a 400 for now. `tools` / `functions` (and their
+//! `[{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]`: the
+//! sampled token's log-probability under the model (log-softmax of the raw
+//! logits) and the `top_logprobs` (at most 20) most likely tokens.
+//! `tools` / `functions` (and their
 //! `*_choice`) are refused with a 400: no tool calling yet.
 
 use std::sync::Arc;
+
+use metrale::engine::sampling::MAX_TOP_LOGPROBS;
 
 use axum::Json;
 use axum::extract::State;
@@ -43,10 +46,17 @@ pub async fn handler(
             });
         }
     }
-    if request.top_logprobs.is_some_and(|n| n > 0) {
+    let top = request.top_logprobs.unwrap_or(0);
+    if top > MAX_TOP_LOGPROBS as u64 {
         return Err(ApiError::bad_param(
             "top_logprobs",
-            "top_logprobs above 0 is not supported yet; logprobs=true reports the sampled tokens' log-probabilities",
+            format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}, got {top}"),
+        ));
+    }
+    if top > 0 && !request.logprobs {
+        return Err(ApiError::bad_param(
+            "top_logprobs",
+            "top_logprobs needs logprobs: true",
         ));
     }
     if request.messages.is_empty() {
@@ -73,7 +83,13 @@ pub async fn handler(
     let sampling = &request.sampling;
     let n = sampling.n()?;
     let max_tokens = request.max_completion_tokens.or(sampling.max_tokens);
-    let params = sampling.params(max_tokens, None, request.logprobs, state.context_limit)?;
+    let params = sampling.params(
+        max_tokens,
+        None,
+        request.logprobs,
+        top as usize,
+        state.context_limit,
+    )?;
     let rx = state.submit(std::slice::from_ref(&prompt), &params, n)?;
     let events = Events {
         rx,
@@ -141,7 +157,11 @@ fn logprobs_json(lps: &[TokenLogprob]) -> Value {
                 "token": l.text,
                 "logprob": l.logprob,
                 "bytes": l.text.as_bytes(),
-                "top_logprobs": [],
+                "top_logprobs": l.top.iter().map(|(text, lp)| json!({
+                    "token": text,
+                    "logprob": lp,
+                    "bytes": text.as_bytes(),
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();

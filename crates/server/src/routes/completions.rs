@@ -1,10 +1,10 @@
 //! `POST /v1/completions`.
 //!
-//! `logprobs`: absent reports none; 0 asks for the sampled tokens'
-//! log-probabilities: `choices[].logprobs` is then
-//! `{tokens, token_logprobs, top_logprobs: null, text_offset}` with the
-//! sampled token's log-probability under the model. More than 0 (top-N
-//! alternatives) is refused with a 400 for now.
+//! `logprobs: N`: absent reports none; otherwise `choices[].logprobs` is
+//! `{tokens, token_logprobs, top_logprobs, text_offset}`: each sampled
+//! token's log-probability under the model (log-softmax of the raw logits)
+//! and, for N > 0 (at most 20), per token a map of the N most likely
+//! tokens' texts to their log-probabilities (`null` for N = 0).
 
 use std::sync::Arc;
 
@@ -13,6 +13,7 @@ use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
 use metrale::Finish;
+use metrale::engine::sampling::MAX_TOP_LOGPROBS;
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
@@ -38,13 +39,13 @@ pub async fn handler(
     if request.best_of.is_some_and(|b| b > 1) {
         return Err(ApiError::bad_param("best_of", "best_of is not supported"));
     }
-    let logprobs = match request.logprobs {
-        None => false,
-        Some(0) => true,
-        Some(_) => {
+    let (logprobs, top) = match request.logprobs {
+        None => (false, 0),
+        Some(n) if n <= MAX_TOP_LOGPROBS as u64 => (true, n as usize),
+        Some(n) => {
             return Err(ApiError::bad_param(
                 "logprobs",
-                "top-N logprobs are not supported yet; logprobs=0 reports the sampled tokens' log-probabilities",
+                format!("logprobs must be at most {MAX_TOP_LOGPROBS}, got {n}"),
             ));
         }
     };
@@ -66,6 +67,7 @@ pub async fn handler(
         sampling.max_tokens,
         Some(DEFAULT_MAX_TOKENS),
         logprobs,
+        top,
         state.context_limit,
     )?;
     let rx = state.submit(&prompts, &params, n)?;
@@ -129,9 +131,28 @@ fn logprobs_json(lps: &[TokenLogprob], start: usize) -> Value {
     json!({
         "tokens": lps.iter().map(|l| &l.text).collect::<Vec<_>>(),
         "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
-        "top_logprobs": null,
+        "top_logprobs": top_json(lps),
         "text_offset": offsets,
     })
+}
+
+/// Per token, a map of the alternatives' texts to their log-probabilities
+/// (the first of equal texts kept); `null` when none were asked for.
+fn top_json(lps: &[TokenLogprob]) -> Value {
+    if lps.iter().all(|l| l.top.is_empty()) {
+        return Value::Null;
+    }
+    let maps: Vec<Value> = lps
+        .iter()
+        .map(|l| {
+            let mut map = serde_json::Map::new();
+            for (text, lp) in &l.top {
+                map.entry(text.clone()).or_insert(json!(lp));
+            }
+            Value::Object(map)
+        })
+        .collect();
+    json!(maps)
 }
 
 impl Format for Completions {
