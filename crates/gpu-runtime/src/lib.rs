@@ -17,6 +17,8 @@
 pub mod arena;
 pub mod conformance;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod fault;
 pub mod gpu;
