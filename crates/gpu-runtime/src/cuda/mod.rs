@@ -25,7 +25,9 @@ pub(crate) mod launch;
 #[rustfmt::skip]
 mod kernels;
 mod dense;
+mod gemm;
 mod unsupported;
+mod workspace;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
