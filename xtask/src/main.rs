@@ -49,9 +49,24 @@ enum Task {
     Ci,
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    // The error's chain without a backtrace: NVRTC's and ptxas's messages
+    // are what matter here.
+    match task(Cli::parse().task) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("caused by: {cause}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn task(task: Task) -> Result<()> {
     let root = workspace_root();
-    match Cli::parse().task {
+    match task {
         Task::Ptx { check } => ptx::run(&root, check),
         Task::Ptxas { verbose } => ptxas::run(&root, verbose),
         Task::Fixtures { out } => run(Command::new("python3")

@@ -34,7 +34,10 @@ pub fn run(root: &Path, verbose: bool) -> Result<()> {
         .output()
         .with_context(|| format!("running {}", ptxas.display()))?;
     let version = String::from_utf8_lossy(&version.stdout);
-    let version = version.lines().last().unwrap_or("?");
+    let version = version
+        .lines()
+        .find(|l| l.contains("release"))
+        .unwrap_or("version unknown");
     println!("ptxas: {version} ({})", rel(root, &ptxas));
     let tmp = std::env::temp_dir().join(format!("metrale-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).with_context(|| tmp.display().to_string())?;
@@ -56,12 +59,13 @@ fn assemble_all(
         for arch in ARCHS {
             let cubin = tmp.join(format!("{stem}.{arch}.cubin"));
             let mut cmd = Command::new(ptxas);
+            cmd.current_dir(root);
             cmd.arg(format!("-arch={arch}")).arg("-o").arg(&cubin);
             if verbose {
                 cmd.arg("-v");
             }
             let out = cmd
-                .arg(file)
+                .arg(file.strip_prefix(root).unwrap_or(file))
                 .output()
                 .with_context(|| format!("running {}", ptxas.display()))?;
             let msg = format!(
@@ -72,7 +76,7 @@ fn assemble_all(
             let name = rel(root, file);
             if !out.status.success() {
                 eprintln!("ptxas -arch={arch} {name}: FAILED\n{}", msg.trim_end());
-                failures.push(format!("{name} for {arch}: {}", msg.trim_end()));
+                failures.push(format!("{name} for {arch}"));
                 continue;
             }
             let bytes = std::fs::metadata(&cubin).map(|m| m.len()).unwrap_or(0);
@@ -83,7 +87,10 @@ fn assemble_all(
         }
     }
     if !failures.is_empty() {
-        bail!("ptxas rejected:\n  {}", failures.join("\n  "));
+        bail!(
+            "ptxas rejected (messages above):\n  {}",
+            failures.join("\n  ")
+        );
     }
     Ok(())
 }
