@@ -24,8 +24,12 @@ mod driver;
 pub(crate) mod launch;
 #[rustfmt::skip]
 mod kernels;
+mod args;
+mod attention;
 mod dense;
 mod gemm;
+#[cfg(test)]
+mod tests;
 mod unsupported;
 mod workspace;
 
