@@ -2,15 +2,22 @@
 // src/ops/dense.rs: KvLayer, and src/ops/step.rs: AttnBatch), f32 or bf16
 // cache, f32 queries and outputs, online softmax in f32.
 //
-// Grid: x = query row, y = group of `hpb` query heads of one kv head
-// (hpb = blockDim.x / 32, one warp per query head), z = split of the key
-// range. Each block finds its row's sequence in the descriptors, then walks
-// its positions TILE at a time: the tile's keys ([head_dim][TILE], so that
-// lane j scores key j with no horizontal sum) and values ([TILE][head_dim],
-// lane owns dims lane + 32 i) are staged in shared memory once for all the
-// block's warps. With one split the block writes its output rows; with
-// several each writes (max, sum, unnormalised accumulator) partials that
-// `attn_reduce` combines.
+// The host knows an upper bound of the step's query rows (q's length) but
+// not the sequences, so the kernels first find the step's real rows (the
+// end of the last sequence's queries, `attn_geometry`) and from them the
+// splits of each row's key range: enough (row, split) work items to fill
+// the GPU when there are few rows (decode), one split when there are many
+// (prefill); both kernels compute the same.
+//
+// Grid: y = group of `hpb` query heads of one kv head (hpb = blockDim.x /
+// 32, one warp per query head); x walks the work items (row, split), grid-
+// stride. For an item the block finds the row's sequence in the
+// descriptors, then walks its positions TILE at a time: the tile's keys
+// ([head_dim][TILE], so that lane j scores key j with no horizontal sum)
+// and values ([TILE][head_dim], lane owns dims lane + 32 i) are staged in
+// shared memory once for all the block's warps. With one split the block
+// writes its output rows; with several each writes (max, sum, unnormalised
+// accumulator) partials that `attn_reduce` combines.
 #include "common.cuh"
 
 #define TILE 32
@@ -19,6 +26,14 @@
 // A split covers at least this many positions (whole tiles), so that a
 // short context is not cut into slivers; the later splits are then empty.
 #define MIN_SPLIT_CHUNK 128
+// Splits per row at most.
+#define MAX_SPLITS 32
+// Partials (rows x heads x splits x (head_dim + 2) floats) stay within this
+// (64 MiB): the splits are bounded by it.
+#define PARTIAL_FLOATS (16ll << 20)
+// Bits of `flags`.
+#define FLAG_BF16 1
+#define FLAG_SEPARATE_KV 2
 #define NO_BLOCK 0xffffffffu
 #define NEG_INF (-__int_as_float(0x7f800000))
 
@@ -26,272 +41,341 @@ __device__ __forceinline__ float load_kv(const void* p, long long i, int dtype) 
     return dtype == DT_BF16 ? bf16_to_f32(((const unsigned short*)p)[i]) : ((const float*)p)[i];
 }
 
+// Values of the tile: vs[tt * head_dim + d]; positions outside the range
+// read as 0 (so that their zero weights never meet a NaN).
+__device__ __forceinline__ void load_values(float* vs, const void* v_cache, const unsigned* s_blk,
+                                            long long t0, int block_size, int n_kv_heads,
+                                            int kvh, int hd, int kv_dtype) {
+    for (int e = threadIdx.x; e < hd * TILE; e += blockDim.x) {
+        const int tt = e / hd, d = e % hd;
+        const unsigned blk = s_blk[tt];
+        float val = 0.0f;
+        if (blk != NO_BLOCK) {
+            const long long off = (t0 + tt) % block_size;
+            const long long i = (((long long)blk * block_size + off) * n_kv_heads + kvh) * hd + d;
+            val = load_kv(v_cache, i, kv_dtype);
+        }
+        vs[e] = val;
+    }
+}
+
+// The step's query rows (the end of the furthest valid sequence's rows,
+// at most rows_bound) and splits per row, for a block of `hpb` heads.
+// Run by one whole warp; every lane gets the answer.
+__device__ void attn_geometry(const unsigned* seqs, int n_seqs, long long rows_bound,
+                              int n_heads, int head_blocks, int head_dim, int target_blocks,
+                              long long* rows_out, int* splits_out) {
+    const int lane = threadIdx.x & 31;
+    long long end = 0;
+    for (int s = lane; s < n_seqs; s += 32) {
+        const unsigned* d = seqs + 4ll * s;
+        const long long q_start = d[0], q_len = d[1], kv_len = d[2];
+        if (q_len <= kv_len && q_len > 0) {
+            end = max(end, q_start + q_len);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        end = max(end, (long long)__shfl_xor_sync(FULL_MASK, end, o));
+    }
+    const long long rows = min(end, rows_bound);
+    long long splits = 1;
+    const long long blocks = rows * head_blocks;
+    if (rows > 0 && blocks < target_blocks) {
+        splits = (target_blocks + blocks - 1) / blocks;
+        splits = min(splits, (long long)MAX_SPLITS);
+        splits = min(splits, PARTIAL_FLOATS / (rows * n_heads * (head_dim + 2)));
+        splits = max(splits, 1ll);
+    }
+    *rows_out = rows;
+    *splits_out = (int)splits;
+}
+
 // Dynamic shared memory: q [hpb][head_dim], keys [head_dim][TILE], and
-// values [TILE][head_dim] after the keys when `separate_kv`, else in the
+// values [TILE][head_dim] after the keys with FLAG_SEPARATE_KV, else in the
 // keys' place (loaded once the scores are taken).
 //
-// `partials` (splits > 1 only): first (max, sum) pairs, then accumulators
-// of head_dim, for each (row, head, split) in that order.
+// `partials` (several splits only): first (max, sum) pairs, then
+// accumulators of head_dim, for each (row, head, split) in that order.
 extern "C" __global__ void paged_attention(const float* q, const void* k_cache,
                                            const void* v_cache, const unsigned* seqs,
                                            const unsigned* tables, float* out, float* partials,
                                            int n_seqs, int n_kv_heads, int head_dim,
                                            int block_size, float scale, int window,
-                                           unsigned num_blocks, unsigned table_len, int kv_dtype,
-                                           int separate_kv) {
+                                           unsigned num_blocks, unsigned table_len, int flags,
+                                           long long rows_bound, int target_blocks) {
     extern __shared__ float smem[];
     __shared__ int s_seq;
+    __shared__ long long s_rows;
+    __shared__ int s_splits;
     __shared__ unsigned s_blk[TILE];
 
     const int hpb = blockDim.x >> 5;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long row = blockIdx.x;
-    const long long rows = gridDim.x;
     const int n_heads = gridDim.y * hpb;
     const int h = blockIdx.y * hpb + warp;
     const int group = n_heads / n_kv_heads;
     const int kvh = (blockIdx.y * hpb) / group;
-    const int splits = gridDim.z, z = blockIdx.z;
     const int hd = head_dim;
     const int nthreads = blockDim.x;
+    const int kv_dtype = (flags & FLAG_BF16) ? DT_BF16 : DT_F32;
+    const bool separate_kv = (flags & FLAG_SEPARATE_KV) != 0;
 
     float* qs = smem;
     float* ks = smem + hpb * hd;
     float* vs = separate_kv ? ks + TILE * hd : ks;
 
-    // The row's sequence: the first whose query rows hold it.
     if (warp == 0) {
-        int found = 0x7fffffff;
-        for (int s = lane; s < n_seqs; s += 32) {
-            const unsigned* d = seqs + 4ll * s;
-            const long long q_start = d[0], q_len = d[1], kv_len = d[2];
-            if (row >= q_start && row < q_start + q_len && q_len <= kv_len) {
-                found = min(found, s);
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            found = min(found, __shfl_xor_sync(FULL_MASK, found, o));
-        }
+        long long r;
+        int sp;
+        attn_geometry(seqs, n_seqs, rows_bound, n_heads, gridDim.y, hd, target_blocks, &r, &sp);
         if (lane == 0) {
-            s_seq = found == 0x7fffffff ? -1 : found;
+            s_rows = r;
+            s_splits = sp;
         }
     }
     __syncthreads();
-    const int si = s_seq;
-
-    // This split's positions [s0, s1) (block-uniform).
-    long long s0 = 0, s1 = 0;
-    long long table_start = 0;
-    if (si >= 0) {
-        const unsigned* d = seqs + 4ll * si;
-        const long long q_start = d[0], q_len = d[1], kv_len = d[2];
-        table_start = d[3];
-        const long long pos = kv_len - q_len + (row - q_start);
-        long long first = 0;
-        if (window > 0 && pos + 1 > window) {
-            first = pos + 1 - window;
-        }
-        const long long span = pos + 1 - first;
-        long long chunk = (span + splits - 1) / splits;
-        chunk = (chunk + TILE - 1) / TILE * TILE;
-        if (splits > 1 && chunk < MIN_SPLIT_CHUNK) {
-            chunk = MIN_SPLIT_CHUNK;
-        }
-        s0 = first + z * chunk;
-        s1 = min(s0 + chunk, pos + 1);
-        if (s0 > s1) {
-            s0 = s1;
-        }
-    }
-    const long long part = (row * n_heads + h) * splits + z;
+    const long long rows = s_rows;
+    const int splits = s_splits;
+    const long long items = rows * splits;
     float* acc_part = partials + rows * n_heads * splits * 2;
-    if (s0 >= s1) {
-        // Nothing to see here: an empty partial (a row outside every
-        // sequence leaves its output as it was).
-        if (splits > 1 && lane == 0) {
-            partials[2 * part] = NEG_INF;
-            partials[2 * part + 1] = 0.0f;
-        }
-        return;
-    }
 
-    for (int d = lane; d < hd; d += 32) {
-        qs[warp * hd + d] = q[(row * n_heads + h) * hd + d];
-    }
+    for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+        const long long row = item / splits;
+        const int z = (int)(item % splits);
+        __syncthreads();  // every warp has read the previous item's s_seq
 
-    float m = NEG_INF, l = 0.0f;
-    float acc[MAX_DIMS];
+        // The row's sequence: the first whose query rows hold it.
+        if (warp == 0) {
+            int found = 0x7fffffff;
+            for (int s = lane; s < n_seqs; s += 32) {
+                const unsigned* d = seqs + 4ll * s;
+                const long long q_start = d[0], q_len = d[1], kv_len = d[2];
+                if (row >= q_start && row < q_start + q_len && q_len <= kv_len) {
+                    found = min(found, s);
+                }
+            }
 #pragma unroll
-    for (int i = 0; i < MAX_DIMS; ++i) {
-        acc[i] = 0.0f;
-    }
+            for (int o = 16; o > 0; o >>= 1) {
+                found = min(found, __shfl_xor_sync(FULL_MASK, found, o));
+            }
+            if (lane == 0) {
+                s_seq = found == 0x7fffffff ? -1 : found;
+            }
+        }
+        __syncthreads();
+        const int si = s_seq;
 
-    for (long long t0 = s0; t0 < s1; t0 += TILE) {
-        __syncthreads();  // the previous tile's readers are done
-        if (threadIdx.x < TILE) {
-            const long long t = t0 + threadIdx.x;
-            unsigned blk = NO_BLOCK;
-            if (t < s1) {
-                const long long ti = table_start + t / block_size;
-                if (ti < (long long)table_len) {
-                    blk = tables[ti];
-                    if (blk >= num_blocks) {
-                        blk = NO_BLOCK;
+        // This split's positions [s0, s1) (block-uniform).
+        long long s0 = 0, s1 = 0;
+        long long table_start = 0;
+        if (si >= 0) {
+            const unsigned* d = seqs + 4ll * si;
+            const long long q_start = d[0], q_len = d[1], kv_len = d[2];
+            table_start = d[3];
+            const long long pos = kv_len - q_len + (row - q_start);
+            long long first = 0;
+            if (window > 0 && pos + 1 > window) {
+                first = pos + 1 - window;
+            }
+            const long long span = pos + 1 - first;
+            long long chunk = (span + splits - 1) / splits;
+            chunk = (chunk + TILE - 1) / TILE * TILE;
+            if (splits > 1 && chunk < MIN_SPLIT_CHUNK) {
+                chunk = MIN_SPLIT_CHUNK;
+            }
+            s0 = first + z * chunk;
+            s1 = min(s0 + chunk, pos + 1);
+            if (s0 > s1) {
+                s0 = s1;
+            }
+        }
+        const long long part = (row * n_heads + h) * splits + z;
+        if (s0 >= s1) {
+            // Nothing to see: an empty partial (a row outside every
+            // sequence leaves its output as it was).
+            if (splits > 1 && lane == 0) {
+                partials[2 * part] = NEG_INF;
+                partials[2 * part + 1] = 0.0f;
+            }
+            continue;
+        }
+
+        for (int d = lane; d < hd; d += 32) {
+            qs[warp * hd + d] = q[(row * n_heads + h) * hd + d];
+        }
+
+        float m = NEG_INF, l = 0.0f;
+        float acc[MAX_DIMS];
+#pragma unroll
+        for (int i = 0; i < MAX_DIMS; ++i) {
+            acc[i] = 0.0f;
+        }
+
+        for (long long t0 = s0; t0 < s1; t0 += TILE) {
+            __syncthreads();  // the previous tile's readers are done
+            if (threadIdx.x < TILE) {
+                const long long t = t0 + threadIdx.x;
+                unsigned blk = NO_BLOCK;
+                if (t < s1) {
+                    const long long ti = table_start + t / block_size;
+                    if (ti < (long long)table_len) {
+                        blk = tables[ti];
+                        if (blk >= num_blocks) {
+                            blk = NO_BLOCK;
+                        }
                     }
                 }
-            }
-            s_blk[threadIdx.x] = blk;
-        }
-        __syncthreads();
-        // Keys: ks[d * TILE + tt]; positions outside the range read as 0.
-        for (int e = threadIdx.x; e < hd * TILE; e += nthreads) {
-            const int d = e / TILE, tt = e % TILE;
-            const unsigned blk = s_blk[tt];
-            float val = 0.0f;
-            if (blk != NO_BLOCK) {
-                const long long off = (t0 + tt) % block_size;
-                const long long i =
-                    (((long long)blk * n_kv_heads + kvh) * hd + d) * block_size + off;
-                val = load_kv(k_cache, i, kv_dtype);
-            }
-            ks[e] = val;
-        }
-        if (separate_kv) {
-            for (int e = threadIdx.x; e < hd * TILE; e += nthreads) {
-                const int tt = e / hd, d = e % hd;
-                const unsigned blk = s_blk[tt];
-                float val = 0.0f;
-                if (blk != NO_BLOCK) {
-                    const long long off = (t0 + tt) % block_size;
-                    const long long i =
-                        (((long long)blk * block_size + off) * n_kv_heads + kvh) * hd + d;
-                    val = load_kv(v_cache, i, kv_dtype);
-                }
-                vs[e] = val;
-            }
-        }
-        __syncthreads();
-
-        // Lane j scores position t0 + j.
-        float s = NEG_INF;
-        if (t0 + lane < s1 && s_blk[lane] != NO_BLOCK) {
-            const float* qw = qs + warp * hd;
-            float dot = 0.0f;
-            for (int d = 0; d < hd; ++d) {
-                dot += qw[d] * ks[d * TILE + lane];
-            }
-            s = dot * scale;
-        }
-
-        if (!separate_kv) {
-            __syncthreads();  // every warp has scored the keys
-            for (int e = threadIdx.x; e < hd * TILE; e += nthreads) {
-                const int tt = e / hd, d = e % hd;
-                const unsigned blk = s_blk[tt];
-                float val = 0.0f;
-                if (blk != NO_BLOCK) {
-                    const long long off = (t0 + tt) % block_size;
-                    const long long i =
-                        (((long long)blk * block_size + off) * n_kv_heads + kvh) * hd + d;
-                    val = load_kv(v_cache, i, kv_dtype);
-                }
-                vs[e] = val;
+                s_blk[threadIdx.x] = blk;
             }
             __syncthreads();
-        }
-
-        const float m_new = fmaxf(m, warp_max(s));
-        if (m_new != NEG_INF) {  // warp-uniform
-            const float alpha = expf(m - m_new);  // 0 while m is -inf
-            const float p = s == NEG_INF ? 0.0f : expf(s - m_new);
-            l = l * alpha + warp_sum(p);
-#pragma unroll
-            for (int i = 0; i < MAX_DIMS; ++i) {
-                acc[i] *= alpha;
+            // Keys: ks[d * TILE + tt]; positions outside the range read as 0.
+            for (int e = threadIdx.x; e < hd * TILE; e += nthreads) {
+                const int d = e / TILE, tt = e % TILE;
+                const unsigned blk = s_blk[tt];
+                float val = 0.0f;
+                if (blk != NO_BLOCK) {
+                    const long long off = (t0 + tt) % block_size;
+                    const long long i =
+                        (((long long)blk * n_kv_heads + kvh) * hd + d) * block_size + off;
+                    val = load_kv(k_cache, i, kv_dtype);
+                }
+                ks[e] = val;
             }
-            const int count = (int)min((long long)TILE, s1 - t0);
-            for (int tt = 0; tt < count; ++tt) {
-                const float pt = __shfl_sync(FULL_MASK, p, tt);
+            if (separate_kv) {
+                load_values(vs, v_cache, s_blk, t0, block_size, n_kv_heads, kvh, hd, kv_dtype);
+            }
+            __syncthreads();
+
+            // Lane j scores position t0 + j.
+            float s = NEG_INF;
+            if (t0 + lane < s1 && s_blk[lane] != NO_BLOCK) {
+                const float* qw = qs + warp * hd;
+                float dot = 0.0f;
+                for (int d = 0; d < hd; ++d) {
+                    dot += qw[d] * ks[d * TILE + lane];
+                }
+                s = dot * scale;
+            }
+
+            if (!separate_kv) {
+                __syncthreads();  // every warp has scored the keys
+                load_values(vs, v_cache, s_blk, t0, block_size, n_kv_heads, kvh, hd, kv_dtype);
+                __syncthreads();
+            }
+
+            const float m_new = fmaxf(m, warp_max(s));
+            if (m_new != NEG_INF) {  // warp-uniform
+                const float alpha = expf(m - m_new);  // 0 while m is -inf
+                const float p = s == NEG_INF ? 0.0f : expf(s - m_new);
+                l = l * alpha + warp_sum(p);
 #pragma unroll
                 for (int i = 0; i < MAX_DIMS; ++i) {
-                    const int d = lane + 32 * i;
-                    if (d < hd) {
-                        acc[i] += pt * vs[tt * hd + d];
+                    acc[i] *= alpha;
+                }
+                const int count = (int)min((long long)TILE, s1 - t0);
+                for (int tt = 0; tt < count; ++tt) {
+                    const float pt = __shfl_sync(FULL_MASK, p, tt);
+#pragma unroll
+                    for (int i = 0; i < MAX_DIMS; ++i) {
+                        const int d = lane + 32 * i;
+                        if (d < hd) {
+                            acc[i] += pt * vs[tt * hd + d];
+                        }
                     }
                 }
+                m = m_new;
             }
-            m = m_new;
         }
-    }
 
-    if (splits == 1) {
-        float* o = out + (row * n_heads + h) * hd;
+        if (splits == 1) {
+            float* o = out + (row * n_heads + h) * hd;
 #pragma unroll
-        for (int i = 0; i < MAX_DIMS; ++i) {
-            const int d = lane + 32 * i;
-            if (d < hd) {
-                o[d] = l > 0.0f ? acc[i] / l : 0.0f;
+            for (int i = 0; i < MAX_DIMS; ++i) {
+                const int d = lane + 32 * i;
+                if (d < hd) {
+                    o[d] = l > 0.0f ? acc[i] / l : 0.0f;
+                }
             }
-        }
-    } else {
-        if (lane == 0) {
-            partials[2 * part] = m;
-            partials[2 * part + 1] = l;
-        }
-        float* a = acc_part + part * hd;
+        } else {
+            if (lane == 0) {
+                partials[2 * part] = m;
+                partials[2 * part + 1] = l;
+            }
+            float* a = acc_part + part * hd;
 #pragma unroll
-        for (int i = 0; i < MAX_DIMS; ++i) {
-            const int d = lane + 32 * i;
-            if (d < hd) {
-                a[d] = acc[i];
+            for (int i = 0; i < MAX_DIMS; ++i) {
+                const int d = lane + 32 * i;
+                if (d < hd) {
+                    a[d] = acc[i];
+                }
             }
         }
     }
 }
 
-#define MAX_SPLITS 64
-
-// Combines the partials of `paged_attention`'s splits: grid (rows, n_heads).
-// Splits with no keys (sum 0) are left out (their accumulators are never
-// read); a row none of whose splits saw a key is left as it was.
-extern "C" __global__ void attn_reduce(const float* partials, float* out, int n_heads,
-                                       int head_dim, int splits) {
+// Combines the partials of `paged_attention`'s splits, for the same
+// geometry (the same arguments): one (row, head) per block at a time,
+// grid-stride. Splits with no keys (sum 0) are left out (their
+// accumulators are never read); a row none of whose splits saw a key is
+// left as it was. Does nothing when the rows took one split.
+extern "C" __global__ void attn_reduce(const float* partials, const unsigned* seqs, float* out,
+                                       int n_seqs, int n_heads, int head_blocks, int head_dim,
+                                       long long rows_bound, int target_blocks) {
     __shared__ float s_w[MAX_SPLITS];
-    __shared__ float s_inv;
-    const long long row = blockIdx.x, h = blockIdx.y;
-    const long long rows = gridDim.x;
-    const long long base = (row * n_heads + h) * splits;
-    const float* acc = partials + rows * n_heads * splits * 2;
-    if (threadIdx.x == 0) {
-        float mx = NEG_INF;
-        for (int s = 0; s < splits; ++s) {
-            if (partials[2 * (base + s) + 1] > 0.0f) {
-                mx = fmaxf(mx, partials[2 * (base + s)]);
-            }
+    __shared__ float s_total;
+    __shared__ long long s_rows;
+    __shared__ int s_splits;
+    if (threadIdx.x < 32) {
+        long long r;
+        int sp;
+        attn_geometry(seqs, n_seqs, rows_bound, n_heads, head_blocks, head_dim, target_blocks,
+                      &r, &sp);
+        if (threadIdx.x == 0) {
+            s_rows = r;
+            s_splits = sp;
         }
-        float total = 0.0f;
-        for (int s = 0; s < splits; ++s) {
-            const float ls = partials[2 * (base + s) + 1];
-            const float w = ls > 0.0f ? expf(partials[2 * (base + s)] - mx) : 0.0f;
-            s_w[s] = w;
-            total += w * ls;
-        }
-        s_inv = total;
     }
     __syncthreads();
-    const float total = s_inv;
-    if (!(total > 0.0f)) {
+    const long long rows = s_rows;
+    const int splits = s_splits;
+    if (splits <= 1) {
         return;
     }
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float sum = 0.0f;
-        for (int s = 0; s < splits; ++s) {
-            const float w = s_w[s];
-            if (w > 0.0f) {
-                sum += w * acc[(base + s) * head_dim + d];
+    const float* acc = partials + rows * n_heads * splits * 2;
+    for (long long item = blockIdx.x; item < rows * n_heads; item += gridDim.x) {
+        const long long base = item * splits;  // (row * n_heads + h) * splits
+        __syncthreads();  // the previous item's weights are read
+        if (threadIdx.x == 0) {
+            float mx = NEG_INF;
+            for (int s = 0; s < splits; ++s) {
+                if (partials[2 * (base + s) + 1] > 0.0f) {
+                    mx = fmaxf(mx, partials[2 * (base + s)]);
+                }
             }
+            float total = 0.0f;
+            for (int s = 0; s < splits; ++s) {
+                const float ls = partials[2 * (base + s) + 1];
+                const float w = ls > 0.0f ? expf(partials[2 * (base + s)] - mx) : 0.0f;
+                s_w[s] = w;
+                total += w * ls;
+            }
+            s_total = total;
         }
-        out[(row * n_heads + h) * head_dim + d] = sum / total;
+        __syncthreads();
+        const float total = s_total;
+        if (!(total > 0.0f)) {
+            continue;
+        }
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+            float sum = 0.0f;
+            for (int s = 0; s < splits; ++s) {
+                const float w = s_w[s];
+                if (w > 0.0f) {
+                    sum += w * acc[(base + s) * head_dim + d];
+                }
+            }
+            out[item * head_dim + d] = sum / total;
+        }
     }
 }

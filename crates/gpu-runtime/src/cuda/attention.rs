@@ -2,14 +2,19 @@
 //! and `kv_store` of `kernels/dense.cu`): operand checks, the launch shape
 //! and the split of long key ranges across blocks.
 //!
-//! `paged_attention` runs one block per (query row, `hpb` query heads of one
-//! kv head), one warp per query head, over `splits` ranges of the row's
-//! visible keys (grid z). The host knows the step's query rows (`q`'s
-//! length) but not the sequences' lengths (those are in device memory), so
-//! it chooses the splits from the rows alone: few rows (decode) get enough
-//! splits to fill the GPU, many rows (prefill) one. A split covers at least
-//! `MIN_SPLIT_CHUNK` (128) positions, so a short context uses only its first
-//! splits; the others write empty partials, which `attn_reduce` leaves out.
+//! `paged_attention` runs blocks of `hpb` query heads of one kv head (one
+//! warp per query head; grid y), which walk the step's work items, (query
+//! row, split of its visible keys), grid-stride (grid x). The host knows an
+//! upper bound of the step's rows (`q`'s length: the engine passes its
+//! whole activation buffer) but not the sequences (device memory), so the
+//! kernels find the real rows from the descriptors and choose the splits
+//! from them, with [`choose_splits`]'s policy: few rows (decode) get enough
+//! splits to fill the GPU, many rows (prefill) one, and the partials stay
+//! under `PARTIALS_BUDGET`. The host sizes the grid and the partials for
+//! the worst case of that policy over every possible row count. A split
+//! covers at least `MIN_SPLIT_CHUNK` (128) positions, so a short context
+//! uses only its first splits; the others write empty partials, which
+//! `attn_reduce` leaves out.
 
 use metrale_core::DType;
 
@@ -32,9 +37,9 @@ const MAX_HEADS_PER_BLOCK: usize = 16;
 /// Dynamic shared memory a block may use without opting in (48 KiB, less
 /// the kernel's static shared memory and a margin).
 const SHARED_BUDGET: usize = 47 * 1024;
-/// Splits at most (the reduce kernel's `MAX_SPLITS` is 64).
+/// Splits at most (`MAX_SPLITS` of attention.cu).
 pub(super) const MAX_SPLITS: usize = 32;
-/// Split partials stay under this many bytes.
+/// Split partials stay under this many bytes (`PARTIAL_FLOATS` of attention.cu).
 pub(super) const PARTIALS_BUDGET: usize = 64 << 20;
 /// Blocks per multiprocessor a split launch aims for.
 const BLOCKS_PER_SM: usize = 4;
@@ -135,28 +140,65 @@ pub(super) fn block_plan(group: usize, head_dim: usize) -> BlockPlan {
     }
 }
 
-/// Splits of each row's key range: enough blocks for `sms`
-/// multiprocessors when there are few rows, bounded so that the partials
-/// (max, sum and head_dim accumulators per row, head and split) stay under
-/// `PARTIALS_BUDGET`; 1 (no partials) when the rows fill the GPU alone.
+/// Splits of each row's key range when the step has `rows` query rows:
+/// enough blocks (`rows * head_blocks * splits`) for `target_blocks` when
+/// there are few rows, bounded so that the partials (max, sum and head_dim
+/// accumulators per row, head and split) stay under `PARTIALS_BUDGET`; 1
+/// (no partials) when the rows fill the GPU alone. The kernels compute the
+/// same (`attn_geometry` of attention.cu) from the rows they find.
 pub(super) fn choose_splits(
     rows: usize,
     n_heads: usize,
     head_blocks: usize,
     head_dim: usize,
-    sms: usize,
+    target_blocks: usize,
 ) -> usize {
     let blocks = rows * head_blocks;
-    let target = BLOCKS_PER_SM * sms.max(1);
-    if blocks == 0 || blocks >= target {
+    if rows == 0 || blocks >= target_blocks {
         return 1;
     }
     let per_split = rows * n_heads * (head_dim + 2) * 4;
-    target
+    target_blocks
         .div_ceil(blocks)
         .min(MAX_SPLITS)
         .min(PARTIALS_BUDGET / per_split.max(1))
         .max(1)
+}
+
+/// The worst case of [`choose_splits`] over every row count up to
+/// `rows_bound`: the most work items (rows times splits), the most bytes
+/// of partials, and the most rows that take several splits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct SplitBounds {
+    pub items: usize,
+    pub partial_bytes: usize,
+    pub split_rows: usize,
+}
+
+pub(super) fn split_bounds(
+    rows_bound: usize,
+    n_heads: usize,
+    head_blocks: usize,
+    head_dim: usize,
+    target_blocks: usize,
+) -> SplitBounds {
+    let mut b = SplitBounds {
+        items: rows_bound,
+        partial_bytes: 0,
+        split_rows: 0,
+    };
+    // Beyond `target_blocks` rows every row takes one split.
+    for rows in 1..=rows_bound.min(target_blocks) {
+        let splits = choose_splits(rows, n_heads, head_blocks, head_dim, target_blocks);
+        b.items = b.items.max(rows * splits);
+        if splits > 1 {
+            b.partial_bytes = b
+                .partial_bytes
+                .max(rows * n_heads * splits * (head_dim + 2) * 4);
+            b.split_rows = rows;
+        }
+    }
+    b
 }
 
 pub(super) type AttnArgs = (
@@ -176,17 +218,20 @@ pub(super) type AttnArgs = (
     u32,
     u32,
     i32,
+    i64,
     i32,
 );
 
+pub(super) type ReduceArgs = (Ptr, Ptr, Ptr, i32, i32, i32, i32, i64, i32);
+
 /// A checked `paged_attention` call: the main launch (its partials pointer
-/// still null) and, with several splits, the bytes of partials it needs.
+/// still null), and where some row count would split, the bytes of
+/// partials it needs and the reduce launch (its partials pointer null too).
 #[derive(Clone, Copy)]
 pub(super) struct AttnLaunch {
     pub main: Launch<AttnArgs>,
-    pub rows: usize,
-    pub splits: usize,
     pub partial_bytes: usize,
+    pub reduce: Option<Launch<ReduceArgs>>,
 }
 
 pub(super) fn attention_launch(
@@ -228,25 +273,47 @@ pub(super) fn attention_launch(
     expect(OP, seqs.block_tables, DType::U32)?;
     let width = p.n_heads * hd;
     expect(OP, q, DType::F32)?;
-    // The step's query rows: q's (the sequences' rows lie among them).
-    let rows = q.len() / width;
-    f32s(OP, out, rows * width, "out")?;
-    if rows == 0 || seqs.n_seqs == 0 {
+    // At most this many query rows (the sequences' rows lie among them).
+    let rows_bound = q.len() / width;
+    f32s(OP, out, rows_bound * width, "out")?;
+    if rows_bound == 0 || seqs.n_seqs == 0 {
         return Ok(None);
     }
     let kv_width = p.n_kv_heads * hd;
     let num_blocks = cache.k.len().min(cache.v.len()) / (kv_width * bs);
     let plan = block_plan(p.n_heads / p.n_kv_heads, hd);
     let head_blocks = p.n_heads / plan.hpb;
-    let splits = choose_splits(rows, p.n_heads, head_blocks, hd, sms);
-    let grid_x = u32::try_from(rows).map_err(|_| shape_err(OP, format!("{rows} query rows")))?;
+    let target = BLOCKS_PER_SM * sms.max(1);
+    let bounds = split_bounds(rows_bound, p.n_heads, head_blocks, hd, target);
+    // Enough blocks for a few waves; more items are walked grid-stride.
+    let grid_x = bounds.items.min((4 * target).div_ceil(head_blocks)).max(1);
     let window = p
         .sliding_window
         .map_or(0, |w| w.min(i32::MAX as usize) as i32);
+    let flags = code | if plan.separate_kv { 2 } else { 0 };
+    let (n_seqs, n_heads) = (int(OP, seqs.n_seqs, "sequences")?, p.n_heads as i32);
+    let reduce = (bounds.split_rows > 0).then(|| Launch {
+        cfg: LaunchCfg {
+            grid: ((bounds.split_rows * p.n_heads).min(2 * target) as u32, 1, 1),
+            block: (hd.next_multiple_of(32).min(256) as u32, 1, 1),
+            shared_bytes: 0,
+        },
+        args: (
+            Ptr::NULL,
+            Ptr::of(seqs.seqs),
+            Ptr::of(out),
+            n_seqs,
+            n_heads,
+            head_blocks as i32,
+            hd as i32,
+            rows_bound as i64,
+            target as i32,
+        ),
+    });
     Ok(Some(AttnLaunch {
         main: Launch {
             cfg: LaunchCfg {
-                grid: (grid_x, head_blocks as u32, splits as u32),
+                grid: (grid_x as u32, head_blocks as u32, 1),
                 block: ((plan.hpb * 32) as u32, 1, 1),
                 shared_bytes: plan.shared_bytes as u32,
             },
@@ -258,7 +325,7 @@ pub(super) fn attention_launch(
                 Ptr::of(seqs.block_tables),
                 Ptr::of(out),
                 Ptr::NULL,
-                int(OP, seqs.n_seqs, "sequences")?,
+                n_seqs,
                 int(OP, p.n_kv_heads, "n_kv_heads")?,
                 hd as i32,
                 int(OP, bs, "block_size")?,
@@ -266,17 +333,13 @@ pub(super) fn attention_launch(
                 window,
                 num_blocks.min(u32::MAX as usize) as u32,
                 seqs.block_tables.len().min(u32::MAX as usize) as u32,
-                code,
-                plan.separate_kv as i32,
+                flags,
+                rows_bound as i64,
+                target as i32,
             ),
         },
-        rows,
-        splits,
-        partial_bytes: if splits > 1 {
-            rows * p.n_heads * splits * (hd + 2) * 4
-        } else {
-            0
-        },
+        partial_bytes: bounds.partial_bytes,
+        reduce,
     }))
 }
 
@@ -309,24 +372,13 @@ impl CudaBackend {
         let Some(mut a) = attention_launch(q, cache, out, seqs, p, sms)? else {
             return Ok(());
         };
-        if a.splits == 1 {
+        let Some(mut reduce) = a.reduce else {
             return self.launch(&PAGED_ATTENTION, a.main.cfg, a.main.args);
-        }
+        };
         let partials = self.scratch(Scratch::AttnPartials, a.partial_bytes)?;
         a.main.args.6 = partials;
+        reduce.args.0 = partials;
         self.launch(&PAGED_ATTENTION, a.main.cfg, a.main.args)?;
-        let cfg = LaunchCfg {
-            grid: (a.rows as u32, p.n_heads as u32, 1),
-            block: (p.head_dim.next_multiple_of(32).min(256) as u32, 1, 1),
-            shared_bytes: 0,
-        };
-        let args = (
-            partials,
-            Ptr::of(out),
-            p.n_heads as i32,
-            p.head_dim as i32,
-            a.splits as i32,
-        );
-        self.launch(&ATTN_REDUCE, cfg, args)
+        self.launch(&ATTN_REDUCE, reduce.cfg, reduce.args)
     }
 }

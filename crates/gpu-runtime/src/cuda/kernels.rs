@@ -12,10 +12,10 @@ pub static MODULES: [(&str, &str); 2] = [
     ("dense", include_str!("../../kernels/ptx/dense.ptx")),
 ];
 
-/// `attention.cu`: `paged_attention(const float* q, const void* k_cache, const void* v_cache, const unsigned* seqs, const unsigned* tables, float* out, float* partials, int n_seqs, int n_kv_heads, int head_dim, int block_size, float scale, int window, unsigned num_blocks, unsigned table_len, int kv_dtype, int separate_kv)`.
-pub const PAGED_ATTENTION: Kernel<(Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, i32, i32, i32, i32, f32, i32, u32, u32, i32, i32)> = Kernel::new(0, "paged_attention");
-/// `attention.cu`: `attn_reduce(const float* partials, float* out, int n_heads, int head_dim, int splits)`.
-pub const ATTN_REDUCE: Kernel<(Ptr, Ptr, i32, i32, i32)> = Kernel::new(0, "attn_reduce");
+/// `attention.cu`: `paged_attention(const float* q, const void* k_cache, const void* v_cache, const unsigned* seqs, const unsigned* tables, float* out, float* partials, int n_seqs, int n_kv_heads, int head_dim, int block_size, float scale, int window, unsigned num_blocks, unsigned table_len, int flags, long long rows_bound, int target_blocks)`.
+pub const PAGED_ATTENTION: Kernel<(Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, i32, i32, i32, i32, f32, i32, u32, u32, i32, i64, i32)> = Kernel::new(0, "paged_attention");
+/// `attention.cu`: `attn_reduce(const float* partials, const unsigned* seqs, float* out, int n_seqs, int n_heads, int head_blocks, int head_dim, long long rows_bound, int target_blocks)`.
+pub const ATTN_REDUCE: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i32, i64, i32)> = Kernel::new(0, "attn_reduce");
 /// `dense.cu`: `embedding(const void* table, const unsigned* ids, float* out, int n_ids, int hidden, long long vocab, int dtype)`.
 pub const EMBEDDING: Kernel<(Ptr, Ptr, Ptr, i32, i32, i64, i32)> = Kernel::new(1, "embedding");
 /// `dense.cu`: `rms_norm(const float* x, const void* w, float* out, int rows, int dim, float eps, float offset, int w_dtype)`.

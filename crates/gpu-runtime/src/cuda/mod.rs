@@ -27,6 +27,8 @@ mod kernels;
 mod args;
 mod attention;
 mod dense;
+#[cfg(test)]
+mod device_tests;
 mod gemm;
 #[cfg(test)]
 mod tests;

@@ -6,6 +6,7 @@ use metrale_core::DType;
 use super::args;
 use super::attention::{
     MAX_SPLITS, PARTIALS_BUDGET, attention_launch, block_plan, choose_splits, kv_store_launch,
+    split_bounds,
 };
 use super::launch::Ptr;
 use crate::error::GpuError;
@@ -330,25 +331,47 @@ fn block_plan_fits_shared_memory() {
 
 #[test]
 fn splits_policy() {
+    let target = 4 * 132;
     // Decode of one sequence, 8 kv heads: split wide.
-    assert_eq!(choose_splits(1, 32, 4, 128, 132), MAX_SPLITS);
+    assert_eq!(choose_splits(1, 32, 4, 128, target), MAX_SPLITS);
     // A big decode batch already fills the GPU.
-    assert_eq!(choose_splits(256, 32, 4, 128, 132), 1);
+    assert_eq!(choose_splits(256, 32, 4, 128, target), 1);
     // A long prefill: one split.
-    assert_eq!(choose_splits(4096, 32, 4, 128, 132), 1);
-    // In between: enough blocks for 4 per SM.
-    let s = choose_splits(16, 32, 4, 128, 132);
-    assert_eq!(s, (4 * 132usize).div_ceil(64));
+    assert_eq!(choose_splits(4096, 32, 4, 128, target), 1);
+    // In between: enough blocks for the target.
+    assert_eq!(choose_splits(16, 32, 4, 128, target), target.div_ceil(64));
     // The partials stay within their budget.
     for rows in [1, 2, 7, 33, 100, 1000] {
         for (nh, hd) in [(32, 128), (64, 256), (128, 64)] {
-            let s = choose_splits(rows, nh, 1, hd, 1000);
+            let s = choose_splits(rows, nh, 1, hd, 4000);
             assert!((1..=MAX_SPLITS).contains(&s));
             if s > 1 {
                 assert!(rows * nh * s * (hd + 2) * 4 <= PARTIALS_BUDGET);
             }
         }
     }
+}
+
+#[test]
+fn split_bounds_cover_every_row_count() {
+    let target = 4 * 132;
+    for rows_bound in [1, 3, 40, 131, 600, 8192] {
+        let b = split_bounds(rows_bound, 32, 8, 128, target);
+        let mut items = 0;
+        for rows in 1..=rows_bound {
+            let s = choose_splits(rows, 32, 8, 128, target);
+            items = items.max(rows * s);
+            if s > 1 {
+                assert!(rows <= b.split_rows);
+                assert!(rows * 32 * s * 130 * 4 <= b.partial_bytes);
+            }
+        }
+        assert_eq!(b.items, items, "{rows_bound}");
+        assert!(b.partial_bytes <= PARTIALS_BUDGET);
+    }
+    // Rows that fill the GPU alone: no partials at all.
+    let b = split_bounds(10, 32, 64, 128, 64);
+    assert_eq!((b.items, b.partial_bytes, b.split_rows), (10, 0, 0));
 }
 
 fn attn_params(window: Option<usize>) -> AttnParams {
@@ -370,34 +393,61 @@ fn attention_launch_shapes() {
         block_tables: s(DType::U32, 10),
     };
     let p = attn_params(Some(4096));
-    // A decode step of two sequences: splits, partials.
+    // A buffer of 2 rows: decode splits, partials and a reduce.
     let q = s(DType::F32, 2 * 32 * 128);
     let a = attention_launch(q, &c, q, &batch, &p, 132)
         .unwrap()
         .unwrap();
-    assert_eq!(a.rows, 2);
-    assert_eq!(a.main.cfg.grid.0, 2);
     assert_eq!(
         a.main.cfg.grid.1,
         32 / 4,
         "one block per kv head's group of 4"
     );
     assert_eq!(a.main.cfg.block, (4 * 32, 1, 1));
-    assert!(a.splits > 1);
-    assert_eq!(a.main.cfg.grid.2 as usize, a.splits);
-    assert_eq!(a.partial_bytes, 2 * 32 * a.splits * 130 * 4);
+    assert_eq!(
+        a.main.cfg.grid.0 as usize,
+        2 * MAX_SPLITS,
+        "two rows of 32 splits"
+    );
+    assert_eq!(a.partial_bytes, 2 * 32 * MAX_SPLITS * 130 * 4);
+    let r = a.reduce.unwrap();
+    assert_eq!(r.cfg.grid.0, 2 * 32);
+    assert_eq!(
+        (r.args.0, r.args.4, r.args.5, r.args.6, r.args.7),
+        (Ptr::NULL, 32, 8, 128, 2)
+    );
     assert_eq!(a.main.args.6, Ptr::NULL);
     assert_eq!(a.main.args.12, 4096, "window");
     assert_eq!(a.main.args.13, 64, "blocks");
     assert_eq!(a.main.args.14, 10, "table entries");
-    assert_eq!(a.main.args.15, 1, "bf16 cache");
-    // A prefill: one split, no partials.
+    assert_eq!(
+        a.main.args.15,
+        1 | 2,
+        "bf16 cache, keys and values side by side"
+    );
+    assert_eq!((a.main.args.16, a.main.args.17), (2, 4 * 132));
+    // The engine's whole buffer of 2048 rows: the grid covers a few waves,
+    // and a decode among them still splits.
     let q = s(DType::F32, 2048 * 32 * 128);
     let a = attention_launch(q, &c, q, &batch, &attn_params(None), 132)
         .unwrap()
         .unwrap();
-    assert_eq!((a.splits, a.partial_bytes), (1, 0));
+    assert_eq!(a.main.cfg.grid.0 as usize, (16 * 132usize).div_ceil(8));
+    assert!(a.partial_bytes > 0 && a.partial_bytes <= PARTIALS_BUDGET);
     assert_eq!(a.main.args.12, 0);
+    // f32 cache, head_dim 256: one shared tile.
+    let c = cache(DType::F32, 64, 256, 16);
+    let p = AttnParams {
+        n_heads: 8,
+        n_kv_heads: 1,
+        head_dim: 256,
+        ..p
+    };
+    let q = s(DType::F32, 8 * 256);
+    let a = attention_launch(q, &c, q, &batch, &p, 132)
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.main.args.15, 0);
 }
 
 #[test]
