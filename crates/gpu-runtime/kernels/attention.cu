@@ -27,13 +27,18 @@
 // short context is not cut into slivers; the later splits are then empty.
 #define MIN_SPLIT_CHUNK 128
 // Splits per row at most.
-#define MAX_SPLITS 32
+#define MAX_SPLITS 64
 // Partials (rows x heads x splits x (head_dim + 2) floats) stay within this
 // (64 MiB): the splits are bounded by it.
 #define PARTIAL_FLOATS (16ll << 20)
 // Bits of `flags`.
 #define FLAG_BF16 1
 #define FLAG_SEPARATE_KV 2
+// Blocks of a multiple of 8 tokens, head_dim a multiple of 8, both caches
+// 16-byte aligned: tiles are loaded 16 bytes at a time.
+#define FLAG_VEC 4
+// Loads each thread has in flight at once when staging a tile.
+#define LOADS_IN_FLIGHT 4
 #define NO_BLOCK 0xffffffffu
 #define NEG_INF (-__int_as_float(0x7f800000))
 
@@ -41,21 +46,113 @@ __device__ __forceinline__ float load_kv(const void* p, long long i, int dtype) 
     return dtype == DT_BF16 ? bf16_to_f32(((const unsigned short*)p)[i]) : ((const float*)p)[i];
 }
 
-// Values of the tile: vs[tt * head_dim + d]; positions outside the range
-// read as 0 (so that their zero weights never meet a NaN).
-__device__ __forceinline__ void load_values(float* vs, const void* v_cache, const unsigned* s_blk,
-                                            long long t0, int block_size, int n_kv_heads,
-                                            int kvh, int hd, int kv_dtype) {
-    for (int e = threadIdx.x; e < hd * TILE; e += blockDim.x) {
-        const int tt = e / hd, d = e % hd;
-        const unsigned blk = s_blk[tt];
-        float val = 0.0f;
-        if (blk != NO_BLOCK) {
-            const long long off = (t0 + tt) % block_size;
-            const long long i = (((long long)blk * block_size + off) * n_kv_heads + kvh) * hd + d;
-            val = load_kv(v_cache, i, kv_dtype);
+// Stages the tile of positions t0..t0 + TILE: keys as ks[d * TILE + tt]
+// (with `do_k`), values as vs[tt * head_dim + d] (with `do_v`). Positions
+// whose block is NO_BLOCK read as 0, and so do the values of positions
+// outside [s0, s1), so that their zero weights never meet a NaN. With
+// `vec`, 16 bytes at a time (a unit of 8 bf16 or 4 f32 values: 8 divides
+// the block size, so a unit of keys never crosses a block), LOADS_IN_FLIGHT
+// loads issued before any is used.
+__device__ __forceinline__ void load_tile(float* ks, float* vs, bool do_k, bool do_v,
+                                          const void* k_cache, const void* v_cache,
+                                          const unsigned* s_blk, long long t0, long long s0,
+                                          long long s1, int block_size, int n_kv_heads, int kvh,
+                                          int hd, int kv_dtype, bool vec) {
+    const int nthreads = blockDim.x;
+    if (!vec) {
+        if (do_k) {
+            for (int e = threadIdx.x; e < hd * TILE; e += nthreads) {
+                const int d = e / TILE, tt = e % TILE;
+                const unsigned blk = s_blk[tt];
+                float val = 0.0f;
+                if (blk != NO_BLOCK) {
+                    const long long off = (t0 + tt) % block_size;
+                    const long long i =
+                        (((long long)blk * n_kv_heads + kvh) * hd + d) * block_size + off;
+                    val = load_kv(k_cache, i, kv_dtype);
+                }
+                ks[e] = val;
+            }
         }
-        vs[e] = val;
+        if (do_v) {
+            for (int e = threadIdx.x; e < hd * TILE; e += nthreads) {
+                const int tt = e / hd, d = e % hd;
+                const unsigned blk = s_blk[tt];
+                const long long t = t0 + tt;
+                float val = 0.0f;
+                if (blk != NO_BLOCK && t >= s0 && t < s1) {
+                    const long long off = t % block_size;
+                    const long long i =
+                        (((long long)blk * block_size + off) * n_kv_heads + kvh) * hd + d;
+                    val = load_kv(v_cache, i, kv_dtype);
+                }
+                vs[e] = val;
+            }
+        }
+        return;
+    }
+    const bool bf16 = kv_dtype == DT_BF16;
+    const int unit = bf16 ? 8 : 4;
+    const int esize = bf16 ? 2 : 4;
+    const int k_per_row = TILE / unit;  // units of one key row (one d)
+    const int v_per_row = hd / unit;    // units of one value row (one position)
+    const int k_units = do_k ? hd * k_per_row : 0;
+    const int total = k_units + (do_v ? TILE * v_per_row : 0);
+    for (int base = threadIdx.x; base < total; base += LOADS_IN_FLIGHT * nthreads) {
+        uint4 raw[LOADS_IN_FLIGHT];
+#pragma unroll
+        for (int j = 0; j < LOADS_IN_FLIGHT; ++j) {
+            const int e = base + j * nthreads;
+            raw[j] = make_uint4(0u, 0u, 0u, 0u);
+            if (e < k_units) {
+                const int d = e / k_per_row, tt = (e % k_per_row) * unit;
+                const unsigned blk = s_blk[tt];
+                if (blk != NO_BLOCK) {
+                    const long long off = (t0 + tt) % block_size;
+                    const long long i =
+                        (((long long)blk * n_kv_heads + kvh) * hd + d) * block_size + off;
+                    raw[j] = *(const uint4*)((const char*)k_cache + i * esize);
+                }
+            } else if (e < total) {
+                const int ev = e - k_units;
+                const int tt = ev / v_per_row, d = (ev % v_per_row) * unit;
+                const unsigned blk = s_blk[tt];
+                const long long t = t0 + tt;
+                if (blk != NO_BLOCK && t >= s0 && t < s1) {
+                    const long long off = t % block_size;
+                    const long long i =
+                        (((long long)blk * block_size + off) * n_kv_heads + kvh) * hd + d;
+                    raw[j] = *(const uint4*)((const char*)v_cache + i * esize);
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < LOADS_IN_FLIGHT; ++j) {
+            const int e = base + j * nthreads;
+            if (e >= total) {
+                continue;
+            }
+            float* dst;
+            if (e < k_units) {
+                dst = ks + (e / k_per_row) * TILE + (e % k_per_row) * unit;
+            } else {
+                const int ev = e - k_units;
+                dst = vs + (ev / v_per_row) * hd + (ev % v_per_row) * unit;
+            }
+            const unsigned w[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+            if (bf16) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    dst[2 * k] = bf16_to_f32((unsigned short)(w[k] & 0xffffu));
+                    dst[2 * k + 1] = bf16_to_f32((unsigned short)(w[k] >> 16));
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    dst[k] = __uint_as_float(w[k]);
+                }
+            }
+        }
     }
 }
 
@@ -117,9 +214,9 @@ extern "C" __global__ void paged_attention(const float* q, const void* k_cache,
     const int group = n_heads / n_kv_heads;
     const int kvh = (blockIdx.y * hpb) / group;
     const int hd = head_dim;
-    const int nthreads = blockDim.x;
     const int kv_dtype = (flags & FLAG_BF16) ? DT_BF16 : DT_F32;
     const bool separate_kv = (flags & FLAG_SEPARATE_KV) != 0;
+    const bool vec = (flags & FLAG_VEC) != 0;
 
     float* qs = smem;
     float* ks = smem + hpb * hd;
@@ -212,7 +309,8 @@ extern "C" __global__ void paged_attention(const float* q, const void* k_cache,
             acc[i] = 0.0f;
         }
 
-        for (long long t0 = s0; t0 < s1; t0 += TILE) {
+        // Tiles start at multiples of TILE (16-byte units stay aligned).
+        for (long long t0 = s0 / TILE * TILE; t0 < s1; t0 += TILE) {
             __syncthreads();  // the previous tile's readers are done
             if (threadIdx.x < TILE) {
                 const long long t = t0 + threadIdx.x;
@@ -229,27 +327,13 @@ extern "C" __global__ void paged_attention(const float* q, const void* k_cache,
                 s_blk[threadIdx.x] = blk;
             }
             __syncthreads();
-            // Keys: ks[d * TILE + tt]; positions outside the range read as 0.
-            for (int e = threadIdx.x; e < hd * TILE; e += nthreads) {
-                const int d = e / TILE, tt = e % TILE;
-                const unsigned blk = s_blk[tt];
-                float val = 0.0f;
-                if (blk != NO_BLOCK) {
-                    const long long off = (t0 + tt) % block_size;
-                    const long long i =
-                        (((long long)blk * n_kv_heads + kvh) * hd + d) * block_size + off;
-                    val = load_kv(k_cache, i, kv_dtype);
-                }
-                ks[e] = val;
-            }
-            if (separate_kv) {
-                load_values(vs, v_cache, s_blk, t0, block_size, n_kv_heads, kvh, hd, kv_dtype);
-            }
+            load_tile(ks, vs, true, separate_kv, k_cache, v_cache, s_blk, t0, s0, s1, block_size,
+                      n_kv_heads, kvh, hd, kv_dtype, vec);
             __syncthreads();
 
             // Lane j scores position t0 + j.
             float s = NEG_INF;
-            if (t0 + lane < s1 && s_blk[lane] != NO_BLOCK) {
+            if (t0 + lane >= s0 && t0 + lane < s1 && s_blk[lane] != NO_BLOCK) {
                 const float* qw = qs + warp * hd;
                 float dot = 0.0f;
                 for (int d = 0; d < hd; ++d) {
@@ -260,7 +344,8 @@ extern "C" __global__ void paged_attention(const float* q, const void* k_cache,
 
             if (!separate_kv) {
                 __syncthreads();  // every warp has scored the keys
-                load_values(vs, v_cache, s_blk, t0, block_size, n_kv_heads, kvh, hd, kv_dtype);
+                load_tile(ks, vs, false, true, k_cache, v_cache, s_blk, t0, s0, s1, block_size,
+                          n_kv_heads, kvh, hd, kv_dtype, vec);
                 __syncthreads();
             }
 
@@ -346,21 +431,26 @@ extern "C" __global__ void attn_reduce(const float* partials, const unsigned* se
     for (long long item = blockIdx.x; item < rows * n_heads; item += gridDim.x) {
         const long long base = item * splits;  // (row * n_heads + h) * splits
         __syncthreads();  // the previous item's weights are read
-        if (threadIdx.x == 0) {
+        if (threadIdx.x < 32) {
+            const int lane = threadIdx.x;
             float mx = NEG_INF;
-            for (int s = 0; s < splits; ++s) {
+            for (int s = lane; s < splits; s += 32) {
                 if (partials[2 * (base + s) + 1] > 0.0f) {
                     mx = fmaxf(mx, partials[2 * (base + s)]);
                 }
             }
+            mx = warp_max(mx);
             float total = 0.0f;
-            for (int s = 0; s < splits; ++s) {
+            for (int s = lane; s < splits; s += 32) {
                 const float ls = partials[2 * (base + s) + 1];
                 const float w = ls > 0.0f ? expf(partials[2 * (base + s)] - mx) : 0.0f;
                 s_w[s] = w;
                 total += w * ls;
             }
-            s_total = total;
+            total = warp_sum(total);
+            if (lane == 0) {
+                s_total = total;
+            }
         }
         __syncthreads();
         const float total = s_total;

@@ -38,11 +38,11 @@ const MAX_HEADS_PER_BLOCK: usize = 16;
 /// the kernel's static shared memory and a margin).
 const SHARED_BUDGET: usize = 47 * 1024;
 /// Splits at most (`MAX_SPLITS` of attention.cu).
-pub(super) const MAX_SPLITS: usize = 32;
+pub(super) const MAX_SPLITS: usize = 64;
 /// Split partials stay under this many bytes (`PARTIAL_FLOATS` of attention.cu).
 pub(super) const PARTIALS_BUDGET: usize = 64 << 20;
 /// Blocks per multiprocessor a split launch aims for.
-const BLOCKS_PER_SM: usize = 4;
+pub(super) const BLOCKS_PER_SM: usize = 8;
 
 fn cache_code(op: &'static str, cache: &KvLayer) -> Result<i32> {
     if cache.k.dtype() != cache.v.dtype() {
@@ -290,7 +290,14 @@ pub(super) fn attention_launch(
     let window = p
         .sliding_window
         .map_or(0, |w| w.min(i32::MAX as usize) as i32);
-    let flags = code | if plan.separate_kv { 2 } else { 0 };
+    // Tiles move 16 bytes at a time where blocks of keys split into whole
+    // units of 8 tokens, value rows into units of 8 channels, and both
+    // caches are 16-byte aligned.
+    let vec = bs.is_multiple_of(8)
+        && hd.is_multiple_of(8)
+        && cache.k.ptr().raw().is_multiple_of(16)
+        && cache.v.ptr().raw().is_multiple_of(16);
+    let flags = code | if plan.separate_kv { 2 } else { 0 } | if vec { 4 } else { 0 };
     let (n_seqs, n_heads) = (int(OP, seqs.n_seqs, "sequences")?, p.n_heads as i32);
     let reduce = (bounds.split_rows > 0).then(|| Launch {
         cfg: LaunchCfg {

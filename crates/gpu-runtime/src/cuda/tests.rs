@@ -5,8 +5,8 @@ use metrale_core::DType;
 
 use super::args;
 use super::attention::{
-    MAX_SPLITS, PARTIALS_BUDGET, attention_launch, block_plan, choose_splits, kv_store_launch,
-    split_bounds,
+    BLOCKS_PER_SM, MAX_SPLITS, PARTIALS_BUDGET, attention_launch, block_plan, choose_splits,
+    kv_store_launch, split_bounds,
 };
 use super::launch::Ptr;
 use crate::error::GpuError;
@@ -422,17 +422,23 @@ fn attention_launch_shapes() {
     assert_eq!(a.main.args.14, 10, "table entries");
     assert_eq!(
         a.main.args.15,
-        1 | 2,
-        "bf16 cache, keys and values side by side"
+        1 | 2 | 4,
+        "bf16, keys and values side by side, 16-byte units"
     );
-    assert_eq!((a.main.args.16, a.main.args.17), (2, 4 * 132));
+    assert_eq!(
+        (a.main.args.16, a.main.args.17),
+        (2, BLOCKS_PER_SM as i32 * 132)
+    );
     // The engine's whole buffer of 2048 rows: the grid covers a few waves,
     // and a decode among them still splits.
     let q = s(DType::F32, 2048 * 32 * 128);
     let a = attention_launch(q, &c, q, &batch, &attn_params(None), 132)
         .unwrap()
         .unwrap();
-    assert_eq!(a.main.cfg.grid.0 as usize, (16 * 132usize).div_ceil(8));
+    assert_eq!(
+        a.main.cfg.grid.0 as usize,
+        (4 * BLOCKS_PER_SM * 132).div_ceil(8)
+    );
     assert!(a.partial_bytes > 0 && a.partial_bytes <= PARTIALS_BUDGET);
     assert_eq!(a.main.args.12, 0);
     // f32 cache, head_dim 256: one shared tile.
@@ -445,6 +451,20 @@ fn attention_launch_shapes() {
     };
     let q = s(DType::F32, 8 * 256);
     let a = attention_launch(q, &c, q, &batch, &p, 132)
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.main.args.15, 4, "f32, one tile, 16-byte units");
+    // Blocks of 12 tokens, or a cache at an odd offset: element by element.
+    let c12 = cache(DType::F32, 64, 256, 12);
+    let a = attention_launch(q, &c12, q, &batch, &p, 132)
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.main.args.15, 0);
+    let odd = KvLayer {
+        k: at(0x10_0008, DType::F32, 64 * 256 * 16),
+        ..c
+    };
+    let a = attention_launch(q, &odd, q, &batch, &p, 132)
         .unwrap()
         .unwrap();
     assert_eq!(a.main.args.15, 0);
