@@ -10,6 +10,9 @@
 //! checked here; the kernels skip out-of-range ones instead of faulting
 //! (see `kernels/dense.cu`).
 
+// Launch argument tuples mirror the kernels' parameter lists.
+#![allow(clippy::type_complexity, clippy::too_many_arguments)]
+
 use metrale_core::DType;
 
 use super::launch::{LaunchCfg, Ptr};

@@ -227,7 +227,7 @@ fn long_attention_matches_cpu() {
         seqs,
         spare: 0,
     };
-    let cases = vec![
+    let cases = [
         // Decode at long contexts: many splits.
         case(
             32,
