@@ -235,4 +235,14 @@ fn health_models_and_metrics() {
     );
     assert_eq!(metric(&text, "metrale_requests_running"), 0.0);
     assert_eq!(metric(&text, "metrale_requests_waiting"), 0.0);
+    // Every request has ended: the engine holds nothing.
+    for gauge in [
+        "metrale_sequences_running",
+        "metrale_sequences_waiting",
+        "metrale_kv_blocks_in_use",
+        "metrale_ssm_slots_in_use",
+    ] {
+        assert_eq!(metric(&text, gauge), 0.0, "{gauge}: {text}");
+    }
+    assert_eq!(metric(&text, "metrale_kv_blocks_total"), 128.0);
 }

@@ -39,7 +39,7 @@ pub async fn health() -> &'static str {
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
+        state.metrics.render(&state.gauges.read()),
     )
         .into_response()
 }
