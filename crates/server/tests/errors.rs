@@ -246,3 +246,45 @@ fn health_models_and_metrics() {
     }
     assert_eq!(metric(&text, "metrale_kv_blocks_total"), 128.0);
 }
+
+#[test]
+fn a_panicking_handler_is_a_500_and_the_server_stays_up() {
+    let server = start_app(
+        &fixture(),
+        &load_options(),
+        ServerConfig::default(),
+        |state| {
+            let app = metrale_server::api_routes(state.clone()).route(
+                "/test/panic",
+                axum::routing::get(|| async {
+                    if true {
+                        panic!("a test handler panics");
+                    }
+                    "unreachable"
+                }),
+            );
+            metrale_server::layered(app, state)
+        },
+    );
+    for _ in 0..2 {
+        let e = get(server.addr, "/test/panic").error(500);
+        assert_eq!(e["type"], "server_error", "{e}");
+        assert!(e["message"].as_str().unwrap().contains("panicked"), "{e}");
+    }
+    assert_eq!(get(server.addr, "/health").status, 200);
+    let v = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2}),
+    );
+    assert_eq!(v.status, 200, "{}", v.body);
+    let text = get(server.addr, "/metrics").body;
+    assert_eq!(
+        metric(
+            &text,
+            "metrale_requests_total{route=\"/test/panic\",status=\"500\"}"
+        ),
+        2.0,
+        "{text}"
+    );
+}

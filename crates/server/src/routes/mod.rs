@@ -3,6 +3,7 @@
 pub mod chat;
 pub mod completions;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use axum::Json;
@@ -10,6 +11,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
 use serde_json::json;
 
 use crate::error::ApiError;
@@ -78,6 +80,29 @@ pub async fn require_key(
 /// Compares without stopping at the first difference.
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A handler that panics answers 500 in OpenAI's error shape instead of
+/// dropping the connection; the panic is logged and the server goes on
+/// (the handler's state is per request; the engine runs on its own
+/// thread). A panic while a streamed body is being sent cannot become a
+/// status any more: that stream just ends.
+pub async fn catch_panic(request: Request, next: Next) -> Response {
+    match AssertUnwindSafe(next.run(request)).catch_unwind().await {
+        Ok(response) => response,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_owned());
+            tracing::error!("a request handler panicked: {what}");
+            ApiError::Internal(format!(
+                "internal error: the request handler panicked ({what})"
+            ))
+            .into_response()
+        }
+    }
 }
 
 /// Counts every request by route and response status.
