@@ -146,8 +146,8 @@ fn top_json(lps: &[TokenLogprob]) -> Value {
         .iter()
         .map(|l| {
             let mut map = serde_json::Map::new();
-            for (text, lp) in &l.top {
-                map.entry(text.clone()).or_insert(json!(lp));
+            for t in &l.top {
+                map.entry(t.text.clone()).or_insert(json!(t.logprob));
             }
             Value::Object(map)
         })
