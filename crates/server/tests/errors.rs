@@ -82,6 +82,27 @@ fn bad_requests_are_openai_shaped() {
     )
     .error(400);
     get(server.addr, "/v1/nothing").error(404);
+
+    // Completion options this server does not implement are refused, not
+    // ignored.
+    for (body, param) in [
+        (json!({"prompt": "x", "echo": true}), "echo"),
+        (json!({"prompt": "x", "suffix": "!"}), "suffix"),
+        (json!({"prompt": "x", "best_of": 2}), "best_of"),
+        (json!({"prompt": "x", "best_of": 3, "n": 2}), "best_of"),
+        (json!({"prompt": "x", "best_of": 1, "n": 2}), "best_of"),
+    ] {
+        let e = post(server.addr, "/v1/completions", &body).error(400);
+        assert_eq!(e["param"], param, "{body}: {e}");
+    }
+    // best_of = n is plain sampling, and echo: false asks for nothing.
+    for body in [
+        json!({"prompt": "x", "best_of": 2, "n": 2, "max_tokens": 1}),
+        json!({"prompt": "x", "echo": false, "max_tokens": 1}),
+    ] {
+        let r = post(server.addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{body}: {}", r.body);
+    }
 }
 
 #[test]
