@@ -10,6 +10,7 @@
 //! Start one with [`router`] and [`serve`] (what the `metrale-serve` binary
 //! and the tests do).
 
+pub mod cli;
 pub mod error;
 pub mod metrics;
 pub mod openai;
