@@ -309,3 +309,62 @@ fn a_panicking_handler_is_a_500_and_the_server_stays_up() {
         "{text}"
     );
 }
+
+/// A refused request whose body arrives after its headers leaves the
+/// connection usable: a keep-alive client (the openai package's) sends its
+/// next request on it.
+#[test]
+fn a_401_keeps_the_connection_alive() {
+    let server = start(ServerConfig {
+        api_key: Some("sekrit".into()),
+        ..ServerConfig::default()
+    });
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let body = json!({"prompt": "x", "max_tokens": 1}).to_string();
+    s.write_all(
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer wrong\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    s.write_all(body.as_bytes()).unwrap();
+    // One response, then the next request on the same connection.
+    let read_response = |s: &mut TcpStream| {
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            assert!(
+                n > 0,
+                "the connection closed: {}",
+                String::from_utf8_lossy(&raw)
+            );
+            raw.extend_from_slice(&buf[..n]);
+            if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .unwrap()
+                    .trim()
+                    .parse()
+                    .unwrap();
+                if raw.len() >= end + 4 + len {
+                    return parse(&raw[..end + 4 + len]);
+                }
+            }
+        }
+    };
+    read_response(&mut s).error(401);
+    s.write_all(
+        b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer sekrit\r\n\r\n",
+    )
+    .unwrap();
+    let r = read_response(&mut s);
+    assert_eq!(r.status, 200, "{}", r.body);
+}

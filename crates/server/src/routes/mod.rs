@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderMap, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
@@ -63,15 +63,26 @@ pub async fn require_key(
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        match given {
-            None => {
-                return ApiError::Unauthorized("missing API key: send Authorization: Bearer <key>")
-                    .into_response();
+        let refusal = match given {
+            None => Some("missing API key: send Authorization: Bearer <key>"),
+            Some(g) if !same(g.trim().as_bytes(), key.as_bytes()) => Some("incorrect API key"),
+            Some(_) => None,
+        };
+        if let Some(message) = refusal {
+            // Read the body first (within the body limit): a connection
+            // whose request body was left unread is closed after the
+            // response, and a keep-alive client (the openai package's)
+            // that sends its next request on it meets a reset instead.
+            let drained = axum::body::to_bytes(request.into_body(), state.config.body_limit)
+                .await
+                .is_ok();
+            let mut response = ApiError::Unauthorized(message).into_response();
+            if !drained {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            Some(g) if !same(g.trim().as_bytes(), key.as_bytes()) => {
-                return ApiError::Unauthorized("incorrect API key").into_response();
-            }
-            Some(_) => {}
+            return response;
         }
     }
     next.run(request).await
