@@ -10,9 +10,11 @@
 
 mod common;
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
 
 use common::*;
 use metrale::{ChatMessage, Finish, SamplingParams};
@@ -26,41 +28,42 @@ const OPENAI_VERSION: &str = "1.109.1";
 const PROMPT: &str = "The quick brown fox";
 const MAX_TOKENS: usize = 12;
 const API_KEY: &str = "sk-metrale-test";
+/// The script takes a few seconds; past this it is killed and the test fails.
+const SCRIPT_LIMIT: Duration = Duration::from_secs(300);
 
 fn python() -> &'static str {
     "python3"
 }
 
-/// `PYTHONPATH` for a python3 that imports `openai`: none when it already
-/// does, else a directory under the target dir where pip installs the
-/// pinned version (once; later runs reuse it).
+/// `PYTHONPATH` for a python3 that imports `openai` at the pinned version:
+/// none when python3's own is that version (`.ci/run` installs it), else a
+/// directory under the target dir where pip installs it (once; later runs
+/// reuse it).
 fn openai_pythonpath() -> Option<PathBuf> {
-    let probe = Command::new(python())
-        .args(["-c", "import openai; print(openai.__version__)"])
-        .output()
-        .unwrap_or_else(|e| {
+    // The version of `openai` python3 imports with `pythonpath`.
+    let version = |pythonpath: Option<&Path>| {
+        let mut cmd = Command::new(python());
+        cmd.args(["-c", "import openai; print(openai.__version__)"]);
+        if let Some(p) = pythonpath {
+            cmd.env("PYTHONPATH", p);
+        }
+        let out = cmd.output().unwrap_or_else(|e| {
             panic!(
                 "the official-client test needs python3 on PATH to run the `openai` package, \
                  and running it failed: {e}"
             )
         });
-    if probe.status.success() {
-        eprintln!(
-            "python3 has openai {}",
-            String::from_utf8_lossy(&probe.stdout).trim()
-        );
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    if version(None).as_deref() == Some(OPENAI_VERSION) {
+        eprintln!("python3 has openai {OPENAI_VERSION}");
         return None;
     }
     let dir =
         Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("pydeps-openai-{OPENAI_VERSION}"));
-    let imports = |dir: &Path| {
-        Command::new(python())
-            .args(["-c", "import openai"])
-            .env("PYTHONPATH", dir)
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !imports(&dir) {
+    if version(Some(&dir)).as_deref() != Some(OPENAI_VERSION) {
         eprintln!("installing openai=={OPENAI_VERSION} into {}", dir.display());
         let out = Command::new(python())
             .args([
@@ -69,17 +72,19 @@ fn openai_pythonpath() -> Option<PathBuf> {
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
+                "--upgrade",
             ])
             .arg("--target")
             .arg(&dir)
             .arg(format!("openai=={OPENAI_VERSION}"))
             .output()
             .unwrap_or_else(|e| panic!("running `python3 -m pip install` failed: {e}"));
+        let got = version(Some(&dir));
         assert!(
-            out.status.success() && imports(&dir),
+            out.status.success() && got.as_deref() == Some(OPENAI_VERSION),
             "could not install the `openai` Python package (openai=={OPENAI_VERSION}) into {} \
-             with pip ({}); the official-client test cannot run without it.\n\
-             stdout: {}\nstderr: {}",
+             with pip ({}; importing it then gives {got:?}); the official-client test cannot \
+             run without it.\nstdout: {}\nstderr: {}",
             dir.display(),
             out.status,
             String::from_utf8_lossy(&out.stdout),
@@ -87,6 +92,47 @@ fn openai_pythonpath() -> Option<PathBuf> {
         );
     }
     Some(dir)
+}
+
+/// Runs `cmd` to its end, killing it (and failing) after `limit`.
+fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running openai_client.py with python3");
+    // Read both pipes on threads so a full pipe never blocks the script.
+    let pipe = |r: Option<Box<dyn Read + Send>>| {
+        let mut r = r.unwrap();
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let out = pipe(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = pipe(child.stderr.take().map(|p| Box::new(p) as _));
+    let began = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if began.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "openai_client.py ran past {limit:?} and was killed; its output:\n{}\n{}",
+                String::from_utf8_lossy(&out.join().unwrap()),
+                String::from_utf8_lossy(&err.join().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
 }
 
 fn finish(reason: &Finish) -> &'static str {
@@ -173,7 +219,7 @@ fn the_official_openai_client_gets_the_library_s_outputs() {
     if let Some(dir) = &pythonpath {
         cmd.env("PYTHONPATH", dir);
     }
-    let out = cmd.output().expect("running openai_client.py");
+    let out = run_bounded(cmd, SCRIPT_LIMIT);
     let _ = std::fs::remove_file(&spec_path);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
