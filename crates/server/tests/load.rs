@@ -5,7 +5,8 @@
 //! allowed only at a near-tie (the top two log-probabilities at the first
 //! differing token within 1e-4; counted and printed). Afterwards the
 //! engine holds nothing: no sequences running or waiting, no KV blocks, no
-//! SSM slots.
+//! SSM slots. And the gauges against one request: a hybrid stream holds one
+//! SSM slot and KV blocks until its client leaves.
 
 mod common;
 
@@ -241,4 +242,36 @@ fn sixty_four_streaming_clients_a_quarter_leaving() {
         took < Duration::from_secs(60),
         "the load test took {took:?}, past its 60 s bound"
     );
+}
+
+/// The engine gauges against one request on the hybrid model: while it
+/// streams it holds one sequence, one SSM slot and KV blocks; once its
+/// client leaves, none.
+#[test]
+fn a_hybrid_stream_holds_one_ssm_slot_until_its_client_leaves() {
+    let server = start_app(&bamba(), &options(), ServerConfig::default(), |state| {
+        metrale_server::router(state)
+    });
+    let (idle, m) = engine_gauges(server.addr);
+    assert_eq!(idle, [0.0; 6], "{m}");
+    let body = json!({"prompt": PROMPTS[0], "max_tokens": 480, "ignore_eos": true, "stream": true});
+    let socket = open_stream(server.addr, "/v1/completions", &body, 3);
+    let m = get(server.addr, "/metrics").body;
+    assert_eq!(metric(&m, "metrale_sequences_running"), 1.0, "{m}");
+    assert_eq!(metric(&m, "metrale_sequences_waiting"), 0.0, "{m}");
+    assert_eq!(metric(&m, "metrale_ssm_slots_in_use"), 1.0, "{m}");
+    assert!(metric(&m, "metrale_kv_blocks_in_use") >= 1.0, "{m}");
+    drop(socket);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (v, m) = engine_gauges(server.addr);
+        if v.iter().all(|&x| x == 0.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still held 10 s after the client left:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
