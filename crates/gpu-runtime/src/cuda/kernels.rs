@@ -2,9 +2,14 @@
 //! The PTX modules and one typed handle per kernel: a launch whose arguments
 //! do not match the kernel's parameter list does not compile.
 
-#![allow(dead_code, unused_imports)]
-
 use super::launch::{Kernel, Ptr};
 
 /// The PTX of each `kernels/<stem>.cu`, in module-index order.
-pub static MODULES: [(&str, &str); 0] = [];
+pub static MODULES: [(&str, &str); 1] =
+    [("convert", include_str!("../../kernels/ptx/convert.ptx"))];
+
+/// `convert.cu`: `cast_f32_bf16(const float* x, unsigned short* y, long long n)`.
+pub const CAST_F32_BF16: Kernel<(Ptr, Ptr, i64)> = Kernel::new(0, "cast_f32_bf16");
+
+/// `convert.cu`: `cast_f32_f16(const float* x, unsigned short* y, long long n)`.
+pub const CAST_F32_F16: Kernel<(Ptr, Ptr, i64)> = Kernel::new(0, "cast_f32_f16");
