@@ -2,7 +2,10 @@
 //! peak memory of a model directory, or of a random-weight model built from
 //! a config.json alone (real shapes without the weights). Beside the decode
 //! figure it prints the decode roofline: the weight bytes a decode step
-//! reads divided by the memory bandwidth the machine sustains.
+//! reads divided by the memory bandwidth the machine sustains (on a GPU,
+//! the device memory's, from a timed device-to-device copy; on the CPU, the
+//! host's). On a GPU it also reports the device: name, compute capability,
+//! memory.
 //!
 //! Also the hidden `metrale export-random`, which writes the random model of
 //! a config as a Hugging Face checkpoint (for comparisons with other engines).
@@ -16,7 +19,7 @@ use metrale::engine::config::{ModelConfig, load_config, parse_config};
 use metrale::engine::model::{Logits, ModelOptions, Sequence, Step, TransformerModel};
 use metrale::engine::random::write_random_checkpoint;
 use metrale::weights::loader::WeightDType;
-use metrale::{BackendOptions, Device, OpTime, open_backend};
+use metrale::{BackendOptions, Device, DeviceInfo, OpTime, open_backend};
 
 use super::bench_probe::{decode_params_per_token, peak_rss_bytes, read_bandwidth};
 
@@ -78,7 +81,8 @@ pub struct Args {
     /// reference by more than 1e-4). Off: f32 arithmetic throughout.
     #[arg(long)]
     pub bf16_dot: bool,
-    /// Skip the memory-bandwidth probe (no roofline then).
+    /// Skip the memory-bandwidth probe (no roofline then). On a GPU the
+    /// probe times copies of device memory, on the CPU reads of host memory.
     #[arg(long)]
     pub no_probe: bool,
     /// Print one JSON object instead of a table.
@@ -179,6 +183,8 @@ pub fn run(args: Args) -> Result<()> {
     )?;
     // Host threads (the bandwidth probe reads with as many).
     let threads = backend.threads().unwrap_or(1);
+    // The accelerator, before the model takes its memory.
+    let device_info = backend.device_info();
     let bf16_dot = backend.bf16_dot_products();
     let gpu = backend.gpu().clone();
     let max_batch_tokens = n.min(2048).max(b);
@@ -218,7 +224,18 @@ pub fn run(args: Args) -> Result<()> {
     shutdown?;
     // Before the probe, whose buffer would count otherwise.
     let peak_rss = peak_rss_bytes();
-    let bandwidth = (!args.no_probe).then(|| read_bandwidth(threads));
+    let bandwidth = if args.no_probe {
+        None
+    } else {
+        match backend.device_bandwidth() {
+            None => Some(read_bandwidth(threads)),
+            Some(Ok(bw)) => Some(bw),
+            Some(Err(e)) => {
+                eprintln!("metrale bench: the device bandwidth probe failed, no roofline: {e:#}");
+                None
+            }
+        }
+    };
     let mut report = Report::new(
         &config,
         name,
@@ -232,6 +249,7 @@ pub fn run(args: Args) -> Result<()> {
     report.peak_rss = peak_rss;
     report.bf16_dot = bf16_dot;
     report.device = backend.device();
+    report.device_info = device_info;
     if args.json {
         println!("{}", serde_json::to_string(&report.json())?);
     } else {
@@ -364,6 +382,8 @@ struct Report {
     model_type: &'static str,
     /// The backend it ran on.
     device: Device,
+    /// What the accelerator is (None: the CPU).
+    device_info: Option<DeviceInfo>,
     params: usize,
     weight_bytes: usize,
     dtype: DType,
@@ -400,6 +420,7 @@ impl Report {
             model,
             model_type: c.model_type.as_str(),
             device: Device::Cpu,
+            device_info: None,
             params: c.parameter_count(),
             weight_bytes,
             dtype,
@@ -456,6 +477,16 @@ impl Report {
             "roofline_decode_tok_s": roofline,
             "roofline_fraction": roofline.map(|r| self.decode_tok_s / r),
         });
+        if let Some(info) = &self.device_info {
+            v["device_name"] = info.name.clone().into();
+            v["compute_capability"] = format!(
+                "{}.{}",
+                info.compute_capability.0, info.compute_capability.1
+            )
+            .into();
+            v["device_memory_bytes"] = info.total_memory.into();
+            v["device_free_memory_bytes"] = info.free_memory.into();
+        }
         for (phase, secs, ops) in &self.ops {
             let rows: Vec<_> = ops
                 .iter()
@@ -483,12 +514,30 @@ impl Report {
             self.dtype,
             gib(self.weight_bytes as f64)
         );
-        println!(
-            "run          {}, {} thread(s), batch {}, prompt {} tokens, {} generated; load {:.2} s",
-            self.device, self.threads, self.batch, self.prompt_len, self.gen_len, self.load_s
-        );
+        if let Some(info) = &self.device_info {
+            println!(
+                "device       {} ({}), compute capability {}.{}, {:.1} GiB ({:.1} GiB free)",
+                self.device,
+                info.name,
+                info.compute_capability.0,
+                info.compute_capability.1,
+                gib(info.total_memory as f64),
+                gib(info.free_memory as f64)
+            );
+            println!(
+                "run          {}, batch {}, prompt {} tokens, {} generated; load {:.2} s",
+                self.device, self.batch, self.prompt_len, self.gen_len, self.load_s
+            );
+        } else {
+            println!(
+                "run          {}, {} thread(s), batch {}, prompt {} tokens, {} generated; load {:.2} s",
+                self.device, self.threads, self.batch, self.prompt_len, self.gen_len, self.load_s
+            );
+        }
         let math = if self.bf16_dot {
             "bf16 dot products"
+        } else if self.device_info.is_some() && self.dtype != DType::F32 {
+            "f32 accumulation"
         } else {
             "f32"
         };
