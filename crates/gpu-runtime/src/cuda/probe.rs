@@ -39,7 +39,9 @@ impl CudaBackend {
     /// buffers are on the ledger (owner "bandwidth probe") while it runs
     /// and freed before it returns.
     pub fn bandwidth_probe(&self) -> Result<f64> {
-        let (free, _) = self.memory_info()?;
+        // What may be allocated: the device's free memory, within the
+        // backend's memory limit.
+        let free = self.available_memory().unwrap_or(0);
         let mut bytes = PROBE_BYTES;
         // Two buffers, leaving a quarter of the free memory alone.
         while bytes > (16 << 20) && 2 * bytes > free / 4 * 3 {

@@ -82,7 +82,7 @@ impl CudaBackend {
         self.ctx.bind()?;
         let stream = self.ctx.stream;
         if slot.0 != 0 {
-            let old = std::mem::replace(slot, (0, 0));
+            let old = std::mem::take(slot);
             // SAFETY: `old` was allocated here on this stream; the free is
             // ordered after the work already queued that may still use it.
             unsafe { result::free_async(old.0, stream) }
@@ -115,7 +115,7 @@ impl CudaBackend {
             return;
         }
         for slot in buffers.iter_mut() {
-            let (ptr, _) = std::mem::replace(slot, (0, 0));
+            let (ptr, _) = std::mem::take(slot);
             if ptr != 0 {
                 // SAFETY: allocated by `scratch` on this stream, freed once
                 // (the slot is cleared), after the work queued before.
