@@ -253,7 +253,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&report.json())?);
     } else {
-        report.print();
+        print!("{}", report.text());
     }
     Ok(())
 }
@@ -504,9 +504,17 @@ impl Report {
         v
     }
 
-    fn print(&self) {
+    /// The table `metrale bench` prints.
+    fn text(&self) -> String {
+        let mut out = String::new();
+        macro_rules! line {
+            ($($t:tt)*) => {{
+                out.push_str(&format!($($t)*));
+                out.push('\n');
+            }};
+        }
         let gib = |b: f64| b / (1u64 << 30) as f64;
-        println!(
+        line!(
             "model        {} ({}, {:.1}M parameters, weights {} = {:.2} GiB)",
             self.model,
             self.model_type,
@@ -515,7 +523,7 @@ impl Report {
             gib(self.weight_bytes as f64)
         );
         if let Some(info) = &self.device_info {
-            println!(
+            line!(
                 "device       {} ({}), compute capability {}.{}, {:.1} GiB ({:.1} GiB free)",
                 self.device,
                 info.name,
@@ -524,14 +532,23 @@ impl Report {
                 gib(info.total_memory as f64),
                 gib(info.free_memory as f64)
             );
-            println!(
+            line!(
                 "run          {}, batch {}, prompt {} tokens, {} generated; load {:.2} s",
-                self.device, self.batch, self.prompt_len, self.gen_len, self.load_s
+                self.device,
+                self.batch,
+                self.prompt_len,
+                self.gen_len,
+                self.load_s
             );
         } else {
-            println!(
+            line!(
                 "run          {}, {} thread(s), batch {}, prompt {} tokens, {} generated; load {:.2} s",
-                self.device, self.threads, self.batch, self.prompt_len, self.gen_len, self.load_s
+                self.device,
+                self.threads,
+                self.batch,
+                self.prompt_len,
+                self.gen_len,
+                self.load_s
             );
         }
         let math = if self.bf16_dot {
@@ -541,13 +558,13 @@ impl Report {
         } else {
             "f32"
         };
-        println!(
+        line!(
             "prefill      {:>10.1} tok/s ({math} arithmetic)",
             self.prefill_tok_s
         );
-        println!("ttft         {:>10.1} ms", self.ttft_ms);
+        line!("ttft         {:>10.1} ms", self.ttft_ms);
         match (self.roofline(), self.bandwidth) {
-            (Some(r), Some(bw)) => println!(
+            (Some(r), Some(bw)) => line!(
                 "decode       {:>10.2} tok/s   roofline {:.2} tok/s ({:.2} GiB/step at {:.1} GB/s): {:.0}%",
                 self.decode_tok_s,
                 r,
@@ -555,17 +572,17 @@ impl Report {
                 bw / 1e9,
                 100.0 * self.decode_tok_s / r
             ),
-            _ => println!("decode       {:>10.2} tok/s", self.decode_tok_s),
+            _ => line!("decode       {:>10.2} tok/s", self.decode_tok_s),
         }
         match self.peak_rss {
-            Some(p) => println!("peak memory  {:>10.2} GiB (resident)", gib(p as f64)),
-            None => println!("peak memory  unknown on this OS"),
+            Some(p) => line!("peak memory  {:>10.2} GiB (resident)", gib(p as f64)),
+            None => line!("peak memory  unknown on this OS"),
         }
         for (phase, secs, ops) in &self.ops {
-            println!("{phase} by op ({:.1} ms in all):", secs * 1e3);
+            line!("{phase} by op ({:.1} ms in all):", secs * 1e3);
             for t in ops {
                 let ms = t.total.as_secs_f64() * 1e3;
-                println!(
+                line!(
                     "  {:<20} {:>9.1} ms {:>5.1}% {:>7} calls",
                     t.op,
                     ms,
@@ -574,5 +591,95 @@ impl Report {
                 );
             }
         }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn report(bandwidth: Option<f64>, device_info: Option<DeviceInfo>) -> Report {
+        let path = PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../benches/configs/tiny-hybrid.json"
+        ));
+        let config = parse_config(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+        let cli = Cli::parse_from(["bench", "--config", "x.json", "--batch", "2"]);
+        let measured = Measured {
+            load_s: 1.0,
+            prefill_s: 1.0,
+            ttft_s: 0.01,
+            decode_s: 1.0,
+            decoded: 100,
+            prefill_ops: Vec::new(),
+            decode_ops: Vec::new(),
+        };
+        let mut r = Report::new(
+            &config,
+            "tiny".into(),
+            &cli.args,
+            1,
+            DType::BF16,
+            1 << 20,
+            &measured,
+            bandwidth,
+        );
+        r.device_info = device_info;
+        r
+    }
+
+    fn h200() -> DeviceInfo {
+        DeviceInfo {
+            name: "NVIDIA H200".into(),
+            compute_capability: (9, 0),
+            free_memory: 140 << 30,
+            total_memory: 141 << 30,
+            driver_version: 13000,
+            scratch_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn a_gpu_run_reports_the_device_and_its_roofline() {
+        let bw = 4.0e12;
+        let r = report(Some(bw), Some(h200()));
+        let text = r.text();
+        assert!(
+            text.contains("(NVIDIA H200), compute capability 9.0, 141.0 GiB (140.0 GiB free)"),
+            "{text}"
+        );
+        assert!(!text.contains("thread(s)"), "{text}");
+        // Roofline: batch x bandwidth / bytes a decode step reads.
+        let roofline = 2.0 * bw / r.decode_bytes;
+        assert!(
+            text.contains(&format!("roofline {roofline:.2} tok/s")),
+            "{text}"
+        );
+        assert!(text.contains("at 4000.0 GB/s"), "{text}");
+        let v = r.json();
+        assert_eq!(v["device_name"], "NVIDIA H200");
+        assert_eq!(v["compute_capability"], "9.0");
+        assert_eq!(v["device_memory_bytes"], 141u64 << 30);
+        assert_eq!(v["bandwidth_bytes_s"], bw);
+        assert!((v["roofline_decode_tok_s"].as_f64().unwrap() - roofline).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_cpu_run_has_no_device_line() {
+        let r = report(None, None);
+        let text = r.text();
+        assert!(!text.contains("compute capability"), "{text}");
+        assert!(text.contains("1 thread(s), batch 2"), "{text}");
+        assert!(text.contains("decode       "), "{text}");
+        assert!(r.json().get("device_name").is_none());
     }
 }
