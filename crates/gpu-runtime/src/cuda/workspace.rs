@@ -4,8 +4,8 @@
 //! workspace, activations cast to a GEMM's input type, split-KV attention
 //! partials. That memory is the backend's own: it is not on the ledger (so
 //! `live_bytes`, `sweep_unreleased` and a model's teardown never see it),
-//! [`CudaBackend::memory_limit`](super::CudaBackend::with_memory_limit) does
-//! not count it, and it is freed when the backend is dropped, before the
+//! the memory limit ([`CudaBackend::with_memory_limit`]) does not count it,
+//! and it is freed when the backend is dropped, before the
 //! context goes. `available_memory` reports the driver's free memory, which
 //! already leaves it out. [`CudaBackend::scratch_bytes`] tells how much
 //! there is, for reports.
