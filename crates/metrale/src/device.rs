@@ -1,6 +1,7 @@
 //! Which backend a model runs on: a [`Device`] as the user names it
-//! (`--device cpu`), the knobs a backend takes ([`BackendOptions`]), and
-//! [`open_backend`], the one place the facade and the CLI make a backend.
+//! (`--device cpu`, `--device cuda:1`), the knobs a backend takes
+//! ([`BackendOptions`]), and [`open_backend`], the one place the facade and
+//! the CLI make a backend.
 
 use std::fmt;
 use std::str::FromStr;
@@ -8,44 +9,60 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use metrale_gpu_runtime::cpu::{CpuBackend, OpTime};
+#[cfg(feature = "cuda")]
+use metrale_gpu_runtime::cuda::CudaBackend;
 use metrale_gpu_runtime::gpu::GpuBackend;
 
-/// A backend to run on, as `--device` names it: `cpu` or `auto`.
+/// A backend to run on, as `--device` names it: `cpu`, `auto`, and in a
+/// build with the `cuda` feature `cuda` (device 0) or `cuda:N`.
 ///
-/// Non-exhaustive: a build with the `cuda` feature will add `Cuda(ordinal)`
-/// (`cuda` for ordinal 0, `cuda:N`); this build parses those into an error
-/// that says so.
+/// Non-exhaustive: `Cuda(ordinal)` exists only with the `cuda` feature; a
+/// build without it parses `cuda` and `cuda:N` into an error that says so.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Device {
-    /// The best backend this build has (today: the CPU).
+    /// The best backend this build has: with the `cuda` feature CUDA
+    /// device 0 when it opens, else the CPU; without it the CPU.
     #[default]
     Auto,
     /// The CPU backend (every core unless told otherwise).
     Cpu,
+    /// CUDA device `ordinal` (`cuda` is `cuda:0`).
+    #[cfg(feature = "cuda")]
+    Cuda(usize),
 }
 
 impl Device {
     /// The names `--device` accepts in this build.
+    #[cfg(not(feature = "cuda"))]
     pub const ACCEPTED: &'static [&'static str] = &["cpu", "auto"];
+    /// The names `--device` accepts in this build.
+    #[cfg(feature = "cuda")]
+    pub const ACCEPTED: &'static [&'static str] = &["cpu", "auto", "cuda", "cuda:N"];
 
-    /// The device `self` stands for: [`Device::Auto`] becomes the best
-    /// backend this build has; any other device is itself.
+    /// The device `self` stands for without opening anything: any device
+    /// but [`Device::Auto`] is itself; `Auto` becomes the CPU in a build
+    /// without the `cuda` feature and stays `Auto` in one with it (only
+    /// [`open_backend`] can tell whether a GPU is there; ask the opened
+    /// [`Backend::device`]).
     pub fn resolve(self) -> Device {
         match self {
+            #[cfg(not(feature = "cuda"))]
             Device::Auto => Device::Cpu,
             other => other,
         }
     }
 }
 
-/// The name `--device` takes for it: `cpu`, `auto`.
+/// The name `--device` takes for it: `cpu`, `auto`, `cuda:N`.
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Device::Auto => "auto",
-            Device::Cpu => "cpu",
-        })
+        match self {
+            Device::Auto => f.write_str("auto"),
+            Device::Cpu => f.write_str("cpu"),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(ordinal) => write!(f, "cuda:{ordinal}"),
+        }
     }
 }
 
@@ -60,6 +77,9 @@ pub struct ParseDeviceError {
 enum ParseDeviceErrorKind {
     /// A device this build has no backend for (`cuda`, `cuda:N`).
     NotBuilt,
+    /// `cuda:` followed by something that is not a device ordinal.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    BadOrdinal,
     /// Not a device name at all.
     Unknown,
 }
@@ -84,6 +104,12 @@ impl fmt::Display for ParseDeviceError {
             ParseDeviceErrorKind::Unknown => {
                 write!(f, "unknown device {:?} (accepted: {accepted})", self.text)
             }
+            ParseDeviceErrorKind::BadOrdinal => write!(
+                f,
+                "bad CUDA device {:?}: write cuda:N with N a device number such as 0 \
+                 (accepted: {accepted})",
+                self.text
+            ),
         }
     }
 }
@@ -93,14 +119,26 @@ impl std::error::Error for ParseDeviceError {}
 impl FromStr for Device {
     type Err = ParseDeviceError;
 
-    /// `cpu` or `auto`, in any case. `cuda` and `cuda:N` are refused with an
-    /// error saying this build has no CUDA backend.
+    /// `cpu`, `auto`, `cuda` or `cuda:N`, in any case. Without the `cuda`
+    /// feature, `cuda` and `cuda:N` are refused with an error saying this
+    /// build has no CUDA backend.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let name = text.trim().to_ascii_lowercase();
         let kind = match name.as_str() {
             "cpu" => return Ok(Device::Cpu),
             "auto" => return Ok(Device::Auto),
+            #[cfg(feature = "cuda")]
+            "cuda" => return Ok(Device::Cuda(0)),
+            #[cfg(feature = "cuda")]
+            n if n.starts_with("cuda:") => match n["cuda:".len()..].parse::<usize>() {
+                Ok(ordinal) if !n["cuda:".len()..].starts_with('+') => {
+                    return Ok(Device::Cuda(ordinal));
+                }
+                _ => ParseDeviceErrorKind::BadOrdinal,
+            },
+            #[cfg(not(feature = "cuda"))]
             "cuda" => ParseDeviceErrorKind::NotBuilt,
+            #[cfg(not(feature = "cuda"))]
             n if n.starts_with("cuda:") => ParseDeviceErrorKind::NotBuilt,
             _ => ParseDeviceErrorKind::Unknown,
         };
@@ -112,7 +150,7 @@ impl FromStr for Device {
 }
 
 /// What a backend is opened with. Knobs a backend does not have are
-/// ignored by it (today every one applies to the CPU backend).
+/// ignored by it (the CUDA backend takes only `memory_limit`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BackendOptions {
     /// CPU worker threads (0: one per core; at most 4 per core).
@@ -137,6 +175,26 @@ pub struct Backend {
     gpu: Arc<dyn GpuBackend>,
     /// The same backend when it is the CPU's (threads, bf16, op profile).
     cpu: Option<Arc<CpuBackend>>,
+    /// The same backend when it is a CUDA device's (name, memory, probe).
+    #[cfg(feature = "cuda")]
+    cuda: Option<Arc<CudaBackend>>,
+}
+
+/// What a device is, for reports (`metrale bench`, `inspect --memory`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The device's name, e.g. "NVIDIA H200".
+    pub name: String,
+    /// CUDA compute capability, e.g. (9, 0).
+    pub compute_capability: (i32, i32),
+    /// Free device memory when asked, bytes.
+    pub free_memory: usize,
+    /// Total device memory, bytes.
+    pub total_memory: usize,
+    /// The driver's CUDA version, e.g. 13000 for 13.0.
+    pub driver_version: i32,
+    /// The backend's own scratch memory (outside the ledger), bytes.
+    pub scratch_bytes: usize,
 }
 
 impl Backend {
@@ -168,6 +226,35 @@ impl Backend {
     pub fn take_op_times(&self) -> Option<Vec<OpTime>> {
         self.cpu.as_ref().map(|cpu| cpu.take_op_times())
     }
+
+    /// The accelerator it is (name, compute capability, memory); None on
+    /// the CPU.
+    pub fn device_info(&self) -> Option<DeviceInfo> {
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.cuda {
+            let (free_memory, total_memory) = cuda.memory_info().unwrap_or((0, 0));
+            return Some(DeviceInfo {
+                name: cuda.device_name().to_string(),
+                compute_capability: cuda.compute_capability(),
+                free_memory,
+                total_memory,
+                driver_version: cuda.driver_version(),
+                scratch_bytes: cuda.scratch_bytes(),
+            });
+        }
+        None
+    }
+
+    /// The device memory bandwidth in bytes/s, measured now (a timed 1 GiB
+    /// device-to-device copy, read and write counted); None on the CPU,
+    /// whose bandwidth `metrale bench` measures on the host.
+    pub fn device_bandwidth(&self) -> Option<Result<f64>> {
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &self.cuda {
+            return Some(cuda.bandwidth_probe().map_err(anyhow::Error::from));
+        }
+        None
+    }
 }
 
 impl fmt::Debug for Backend {
@@ -180,10 +267,36 @@ impl fmt::Debug for Backend {
 }
 
 /// Opens the backend `device` names ([`Device::Auto`]: the best this build
-/// has), with `options`. Logs the device chosen at the info level.
+/// has), with `options`. Logs the device chosen at the info level; in a
+/// build with the `cuda` feature, `auto` also says on stderr which device
+/// it chose and, when it falls back to the CPU, why.
 pub fn open_backend(device: Device, options: &BackendOptions) -> Result<Backend> {
     let backend = match device {
-        Device::Auto | Device::Cpu => open_cpu(options)?,
+        Device::Cpu => open_cpu(options)?,
+        #[cfg(not(feature = "cuda"))]
+        Device::Auto => open_cpu(options)?,
+        #[cfg(feature = "cuda")]
+        Device::Auto => {
+            // Said once per process (a command may open its backend twice).
+            static SAID: std::sync::Once = std::sync::Once::new();
+            match open_cuda(0, options) {
+                Ok(backend) => {
+                    let name = backend.device_info().map(|i| i.name).unwrap_or_default();
+                    SAID.call_once(|| {
+                        eprintln!("metrale: --device auto: running on cuda:0 ({name})")
+                    });
+                    backend
+                }
+                Err(e) => {
+                    SAID.call_once(|| {
+                        eprintln!("metrale: --device auto: running on the CPU ({e:#})")
+                    });
+                    open_cpu(options)?
+                }
+            }
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => open_cuda(ordinal, options)?,
     };
     match backend.threads() {
         Some(threads) => tracing::info!(
@@ -207,6 +320,24 @@ fn open_cpu(options: &BackendOptions) -> Result<Backend> {
         device: Device::Cpu,
         gpu: cpu.clone(),
         cpu: Some(cpu),
+        #[cfg(feature = "cuda")]
+        cuda: None,
+    })
+}
+
+/// Opens CUDA device `ordinal`; the error says why it cannot (no driver
+/// library, driver too old, no such device, the kernels do not load).
+#[cfg(feature = "cuda")]
+fn open_cuda(ordinal: usize, options: &BackendOptions) -> Result<Backend> {
+    let cuda = CudaBackend::try_new(ordinal)
+        .map_err(|e| anyhow::anyhow!("cannot open CUDA device {ordinal}: {e}"))?
+        .with_memory_limit(options.memory_limit);
+    let cuda = Arc::new(cuda);
+    Ok(Backend {
+        device: Device::Cuda(ordinal),
+        gpu: cuda.clone(),
+        cpu: None,
+        cuda: Some(cuda),
     })
 }
 
@@ -224,10 +355,12 @@ mod tests {
             assert_eq!(name.parse::<Device>().unwrap().to_string(), name);
         }
         assert_eq!(Device::default(), Device::Auto);
+        #[cfg(not(feature = "cuda"))]
         assert_eq!(Device::Auto.resolve(), Device::Cpu);
         assert_eq!(Device::Cpu.resolve(), Device::Cpu);
     }
 
+    #[cfg(not(feature = "cuda"))]
     #[test]
     fn cuda_is_refused_in_this_build() {
         for name in ["cuda", "cuda:0", "CUDA:3"] {
@@ -249,8 +382,68 @@ mod tests {
             assert!(!e.is_not_built(), "{name}");
             let text = e.to_string();
             assert!(text.contains(&format!("{name:?}")), "{text}");
-            assert!(text.contains("accepted: cpu, auto"), "{text}");
+            assert!(
+                text.contains(&format!("accepted: {}", Device::ACCEPTED.join(", "))),
+                "{text}"
+            );
         }
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn parses_cuda_devices() {
+        assert_eq!("cuda".parse::<Device>(), Ok(Device::Cuda(0)));
+        assert_eq!("cuda:0".parse::<Device>(), Ok(Device::Cuda(0)));
+        assert_eq!(" CUDA:3 ".parse::<Device>(), Ok(Device::Cuda(3)));
+        assert_eq!("cuda:12".parse::<Device>(), Ok(Device::Cuda(12)));
+        for name in ["cuda", "cuda:0", "cuda:7"] {
+            let device = name.parse::<Device>().unwrap();
+            assert_eq!(device.resolve(), device);
+            let shown = device.to_string();
+            assert!(shown.starts_with("cuda:"), "{shown}");
+            assert_eq!(shown.parse::<Device>(), Ok(device));
+        }
+        assert_eq!(Device::Auto.resolve(), Device::Auto);
+        for name in ["cuda:", "cuda:x", "cuda:-1", "cuda:+1", "cuda:1.0", "cuda0"] {
+            let e = name.parse::<Device>().unwrap_err();
+            assert!(!e.is_not_built(), "{name}");
+            let text = e.to_string();
+            assert!(text.contains(&format!("{name:?}")), "{text}");
+            assert!(text.contains("cpu, auto, cuda, cuda:N"), "{text}");
+        }
+    }
+
+    /// This machine has no GPU (CI): `cuda` fails with the reason and no
+    /// panic; `auto` falls back to the CPU. On a machine with one, `cuda`
+    /// opens it and reports what it is.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_opens_or_says_why_and_auto_falls_back() {
+        let options = BackendOptions::default();
+        match open_backend(Device::Cuda(0), &options) {
+            Ok(backend) => {
+                assert_eq!(backend.device(), Device::Cuda(0));
+                let info = backend
+                    .device_info()
+                    .expect("a CUDA device describes itself");
+                assert!(!info.name.is_empty());
+                assert!(info.total_memory > 0);
+                assert_eq!(backend.threads(), None);
+            }
+            Err(e) => {
+                let text = format!("{e:#}");
+                assert!(text.contains("cannot open CUDA device 0"), "{text}");
+                let auto = open_backend(Device::Auto, &options).unwrap();
+                assert_eq!(auto.device(), Device::Cpu);
+                assert!(auto.device_info().is_none());
+                assert!(auto.device_bandwidth().is_none());
+            }
+        }
+        let e = open_backend(Device::Cuda(4096), &options).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("cannot open CUDA device 4096"),
+            "{e:#}"
+        );
     }
 
     #[test]
@@ -261,7 +454,13 @@ mod tests {
             op_profile: true,
             ..BackendOptions::default()
         };
-        for device in [Device::Cpu, Device::Auto] {
+        // With the `cuda` feature, `auto` is a GPU where there is one.
+        let devices: &[Device] = if cfg!(feature = "cuda") {
+            &[Device::Cpu]
+        } else {
+            &[Device::Cpu, Device::Auto]
+        };
+        for &device in devices {
             let backend = open_backend(device, &options).unwrap();
             assert_eq!(backend.device(), Device::Cpu);
             assert_eq!(backend.gpu().name(), "cpu");

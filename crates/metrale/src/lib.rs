@@ -17,7 +17,7 @@ pub use metrale_model_engine as engine;
 pub use metrale_model_weights as weights;
 
 mod device;
-pub use device::{Backend, BackendOptions, Device, ParseDeviceError, open_backend};
+pub use device::{Backend, BackendOptions, Device, DeviceInfo, ParseDeviceError, open_backend};
 pub use metrale_gpu_runtime::cpu::OpTime;
 mod generate;
 pub use generate::{

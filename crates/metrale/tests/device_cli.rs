@@ -1,10 +1,14 @@
 //! `--device` on every subcommand that runs a model: `cpu` and `auto` run
-//! (generate, inspect, logits, bench), `cuda` and unknown names are refused
-//! by the argument parser with the flag and the accepted values, and `-v`
-//! logs the device chosen.
+//! (generate, inspect, logits, bench), unknown names (and `cuda` in a build
+//! without the `cuda` feature) are refused by the argument parser with the
+//! flag and the accepted values, and `-v` logs the device chosen. With the
+//! `cuda` feature and no GPU, `--device cuda` fails with the reason and no
+//! panic, and `auto` falls back to the CPU saying so on stderr.
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
+
+use metrale::Device;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(name)
@@ -22,6 +26,18 @@ fn metrale(args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .expect("the metrale binary runs")
+}
+
+/// Whether this build can open a GPU here (then `auto` is not the CPU).
+fn gpu_present() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        metrale::gpu_runtime::cuda::CudaBackend::try_new(0).is_ok()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -47,6 +63,9 @@ fn generate_runs_on_cpu_and_auto_alike() {
     assert!(cpu.status.success(), "{}", text(&cpu.stderr));
     assert!(!text(&cpu.stdout).trim().is_empty());
     assert!(text(&cpu.stderr).contains("generated: 6 tokens"));
+    if gpu_present() {
+        return;
+    }
     let auto = generate("auto");
     assert!(auto.status.success(), "{}", text(&auto.stderr));
     // auto is the CPU in this build: greedy gives the same text.
@@ -67,9 +86,14 @@ fn generate_runs_on_cpu_and_auto_alike() {
 fn inspect_loads_on_cpu_and_auto() {
     let dir = fixture("bamba");
     let dir = dir.to_str().unwrap();
-    let plain = metrale(&["inspect", dir]);
+    let plain = metrale(&["inspect", dir, "--device", "cpu"]);
     assert!(plain.status.success(), "{}", text(&plain.stderr));
-    for device in ["cpu", "auto"] {
+    let devices: &[&str] = if gpu_present() {
+        &["cpu"]
+    } else {
+        &["cpu", "auto"]
+    };
+    for &device in devices {
         let out = metrale(&["inspect", dir, "--device", device]);
         assert!(out.status.success(), "{device}: {}", text(&out.stderr));
         assert_eq!(text(&out.stdout), text(&plain.stdout), "{device}");
@@ -113,12 +137,13 @@ fn logits_and_bench_take_the_flag() {
             "--no-probe",
         ]
     };
-    let mut json = args("auto");
+    let mut json = args(if gpu_present() { "cpu" } else { "auto" });
     json.push("--json");
     let out = metrale(&json);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(v["device"], "cpu", "{v}");
+    assert!(v.get("device_name").is_none(), "{v}");
     let out = metrale(&args("cpu"));
     assert!(out.status.success(), "{}", text(&out.stderr));
     let table = text(&out.stdout);
@@ -158,7 +183,7 @@ fn assert_refused(args: &[String], needle: &str) {
     assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
     assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     assert!(out.stdout.is_empty(), "{args:?}");
-    for want in ["--device", "cpu, auto", needle] {
+    for want in ["--device", &Device::ACCEPTED.join(", "), needle] {
         assert!(
             stderr.contains(want),
             "{args:?}: {want:?} missing in {stderr}"
@@ -166,6 +191,7 @@ fn assert_refused(args: &[String], needle: &str) {
     }
 }
 
+#[cfg(not(feature = "cuda"))]
 #[test]
 fn cuda_is_refused_naming_the_flag_and_the_cuda_feature() {
     for device in ["cuda", "cuda:1"] {
@@ -185,13 +211,77 @@ fn unknown_devices_are_refused_with_the_accepted_values() {
     }
 }
 
+/// Without a GPU (CI), every subcommand given `--device cuda[:N]` exits
+/// non-zero with the reason (the driver library is missing, or there is no
+/// such device) and no panic, and prints nothing on stdout.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_without_a_gpu_fails_clearly() {
+    if gpu_present() {
+        return;
+    }
+    for device in ["cuda", "cuda:1"] {
+        for args in with_device(device) {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = metrale(&args);
+            let stderr = text(&out.stderr);
+            assert!(!out.status.success(), "{args:?} succeeded");
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+            assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+            assert!(out.stdout.is_empty(), "{args:?}");
+            let ordinal = if device == "cuda" { 0 } else { 1 };
+            assert!(
+                stderr.contains(&format!("cannot open CUDA device {ordinal}")),
+                "{args:?}: {stderr}"
+            );
+            assert!(
+                stderr.contains("driver") || stderr.contains("no CUDA device"),
+                "{args:?}: the reason is missing: {stderr}"
+            );
+        }
+    }
+    // A malformed ordinal is the parser's error.
+    assert_refused(
+        &[
+            "generate".into(),
+            "--device".into(),
+            "cuda:x".into(),
+            "hi".into(),
+        ],
+        "bad CUDA device \"cuda:x\"",
+    );
+}
+
+/// `auto` without a GPU runs on the CPU and says so on stderr, with the
+/// reason, at the default log level.
+#[cfg(feature = "cuda")]
+#[test]
+fn auto_falls_back_to_the_cpu_saying_so() {
+    if gpu_present() {
+        return;
+    }
+    let out = generate("auto");
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--device auto: running on the CPU (cannot open CUDA device 0"),
+        "{stderr}"
+    );
+    // An explicit cpu says nothing of CUDA.
+    assert!(!text(&generate("cpu").stderr).contains("CUDA"));
+}
+
 #[test]
 fn help_documents_the_flag_and_verbose_logs_the_device() {
     for sub in ["generate", "chat", "inspect", "logits", "bench"] {
         let out = metrale(&[sub, "--help"]);
         let help = text(&out.stdout);
         assert!(
-            help.contains("--device <cpu|auto>") && help.contains("[default: auto]"),
+            help.contains(if cfg!(feature = "cuda") {
+                "--device <cpu|auto|cuda[:N]>"
+            } else {
+                "--device <cpu|auto>"
+            }) && help.contains("[default: auto]"),
             "{sub}: {help}"
         );
     }
@@ -206,7 +296,12 @@ fn help_documents_the_flag_and_verbose_logs_the_device() {
     ]);
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("device cpu (--device auto)"), "{stderr}");
+    let chosen = if gpu_present() {
+        "device cuda:0 (--device auto)"
+    } else {
+        "device cpu (--device auto)"
+    };
+    assert!(stderr.contains(chosen), "{stderr}");
     // Without -v (RUST_LOG=warn) the line is not there.
     let quiet = generate("cpu");
     assert!(!text(&quiet.stderr).contains("device cpu"));

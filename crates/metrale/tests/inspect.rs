@@ -126,6 +126,30 @@ fn cache_sizes_and_budget() {
     assert!(stdout.contains("does not fit"), "{stdout}");
 }
 
+/// `--memory` without a size (or `--memory free`) plans against the free
+/// memory of the device `--device` opens (here the CPU: the host's).
+#[test]
+fn budget_from_the_devices_free_memory() {
+    let dir = fixture("llama");
+    let dir = dir.to_str().unwrap();
+    for args in [
+        &[dir, "--device", "cpu", "--memory"][..],
+        &[dir, "--memory", "free", "--device", "cpu"][..],
+        &[dir, "--no-load", "--device", "cpu", "--memory", "FREE"][..],
+    ] {
+        let (ok, stdout, stderr) = inspect(args);
+        assert!(ok, "{args:?}: {stderr}");
+        let budget = field(&stdout, "memory budget");
+        assert!(
+            budget.contains("the free memory of cpu"),
+            "{args:?}: {stdout}"
+        );
+        let bytes: u64 = budget.split(' ').next().unwrap().parse().unwrap();
+        assert!(bytes > 0, "{stdout}");
+        assert!(stdout.contains("after weights"), "{stdout}");
+    }
+}
+
 #[test]
 fn clear_failures() {
     let (ok, _, stderr) = inspect(&["/nonexistent/model"]);

@@ -28,11 +28,6 @@ impl Ptr {
     pub fn of(s: DeviceSlice) -> Ptr {
         Ptr(s.ptr().raw())
     }
-
-    /// `s`'s address, or null.
-    pub fn opt(s: Option<DeviceSlice>) -> Ptr {
-        s.map_or(Ptr::NULL, Ptr::of)
-    }
 }
 
 /// A kernel of module `module` (an index into `kernels::MODULES`) named
@@ -116,14 +111,6 @@ impl LaunchCfg {
             block: (threads, 1, 1),
             shared_bytes: 0,
         }
-    }
-
-    /// Enough blocks of `threads` threads to give one thread per element of `n`.
-    pub fn for_elements(n: usize, threads: u32) -> Self {
-        Self::linear(
-            n.div_ceil(threads as usize).min(u32::MAX as usize) as u32,
-            threads,
-        )
     }
 }
 

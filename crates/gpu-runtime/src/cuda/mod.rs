@@ -13,8 +13,10 @@
 //! code holds is on the ledger with its owner and call site, exactly as on
 //! the CPU, so the seed's teardown and `sweep_unreleased` work unchanged.
 //! The backend's own scratch (cuBLASLt's workspace, staging for bf16
-//! operands, attention partials) is allocated once at start, outside the
-//! ledger, and freed on drop; `available_memory` leaves it out.
+//! operands, attention partials; `workspace.rs`) is allocated when first
+//! needed, outside the ledger, grown on demand and freed on drop;
+//! `available_memory` leaves it out and [`CudaBackend::scratch_bytes`]
+//! reports it.
 //!
 //! Part 1 runs the dense transformer ops; the recurrent and MoE ops answer
 //! `supports == false` and error when called, so a hybrid or MoE model is
@@ -26,10 +28,13 @@ pub(crate) mod launch;
 mod kernels;
 mod args;
 mod attention;
+#[cfg(test)]
+mod core_tests;
 mod dense;
 #[cfg(test)]
 mod device_tests;
 mod gemm;
+mod probe;
 #[cfg(test)]
 mod tests;
 mod unsupported;
@@ -88,6 +93,10 @@ pub struct CudaBackend {
     /// Events of fences not yet waited on, by fence id.
     fences: Mutex<HashMap<u64, Event>>,
     next_fence: AtomicU64,
+    /// The backend's own scratch buffers (`workspace.rs`), outside the ledger.
+    scratch: workspace::ScratchBuffers,
+    /// The cuBLASLt handle and plans (`gemm.rs`), created at the first GEMM.
+    blas: gemm::BlasState,
     // Dropped in this order: the modules before the context they live in.
     modules: Modules,
     ctx: Context,
@@ -111,6 +120,8 @@ impl CudaBackend {
             memory_limit: None,
             fences: Mutex::new(HashMap::new()),
             next_fence: AtomicU64::new(1),
+            scratch: Default::default(),
+            blas: Default::default(),
             modules,
             ctx,
         })
@@ -386,6 +397,12 @@ impl Drop for CudaBackend {
                 let _ = result::event::destroy(event);
             }
         }
+        // The backend's own memory and cuBLASLt, before the context goes
+        // (the stream is idle: synchronised above).
+        if self.ctx.bind().is_ok() {
+            self.blas.release();
+        }
+        self.free_scratch();
         let _ = self.stream_sync("drop");
     }
 }

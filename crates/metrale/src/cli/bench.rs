@@ -2,7 +2,10 @@
 //! peak memory of a model directory, or of a random-weight model built from
 //! a config.json alone (real shapes without the weights). Beside the decode
 //! figure it prints the decode roofline: the weight bytes a decode step
-//! reads divided by the memory bandwidth the machine sustains.
+//! reads divided by the memory bandwidth the machine sustains (on a GPU,
+//! the device memory's, from a timed device-to-device copy; on the CPU, the
+//! host's). On a GPU it also reports the device: name, compute capability,
+//! memory.
 //!
 //! Also the hidden `metrale export-random`, which writes the random model of
 //! a config as a Hugging Face checkpoint (for comparisons with other engines).
@@ -16,7 +19,7 @@ use metrale::engine::config::{ModelConfig, load_config, parse_config};
 use metrale::engine::model::{Logits, ModelOptions, Sequence, Step, TransformerModel};
 use metrale::engine::random::write_random_checkpoint;
 use metrale::weights::loader::WeightDType;
-use metrale::{BackendOptions, Device, OpTime, open_backend};
+use metrale::{BackendOptions, Device, DeviceInfo, OpTime, open_backend};
 
 use super::bench_probe::{decode_params_per_token, peak_rss_bytes, read_bandwidth};
 
@@ -78,7 +81,8 @@ pub struct Args {
     /// reference by more than 1e-4). Off: f32 arithmetic throughout.
     #[arg(long)]
     pub bf16_dot: bool,
-    /// Skip the memory-bandwidth probe (no roofline then).
+    /// Skip the memory-bandwidth probe (no roofline then). On a GPU the
+    /// probe times copies of device memory, on the CPU reads of host memory.
     #[arg(long)]
     pub no_probe: bool,
     /// Print one JSON object instead of a table.
@@ -179,6 +183,8 @@ pub fn run(args: Args) -> Result<()> {
     )?;
     // Host threads (the bandwidth probe reads with as many).
     let threads = backend.threads().unwrap_or(1);
+    // The accelerator, before the model takes its memory.
+    let device_info = backend.device_info();
     let bf16_dot = backend.bf16_dot_products();
     let gpu = backend.gpu().clone();
     let max_batch_tokens = n.min(2048).max(b);
@@ -218,7 +224,18 @@ pub fn run(args: Args) -> Result<()> {
     shutdown?;
     // Before the probe, whose buffer would count otherwise.
     let peak_rss = peak_rss_bytes();
-    let bandwidth = (!args.no_probe).then(|| read_bandwidth(threads));
+    let bandwidth = if args.no_probe {
+        None
+    } else {
+        match backend.device_bandwidth() {
+            None => Some(read_bandwidth(threads)),
+            Some(Ok(bw)) => Some(bw),
+            Some(Err(e)) => {
+                eprintln!("metrale bench: the device bandwidth probe failed, no roofline: {e:#}");
+                None
+            }
+        }
+    };
     let mut report = Report::new(
         &config,
         name,
@@ -232,10 +249,11 @@ pub fn run(args: Args) -> Result<()> {
     report.peak_rss = peak_rss;
     report.bf16_dot = bf16_dot;
     report.device = backend.device();
+    report.device_info = device_info;
     if args.json {
         println!("{}", serde_json::to_string(&report.json())?);
     } else {
-        report.print();
+        print!("{}", report.text());
     }
     Ok(())
 }
@@ -364,6 +382,8 @@ struct Report {
     model_type: &'static str,
     /// The backend it ran on.
     device: Device,
+    /// What the accelerator is (None: the CPU).
+    device_info: Option<DeviceInfo>,
     params: usize,
     weight_bytes: usize,
     dtype: DType,
@@ -400,6 +420,7 @@ impl Report {
             model,
             model_type: c.model_type.as_str(),
             device: Device::Cpu,
+            device_info: None,
             params: c.parameter_count(),
             weight_bytes,
             dtype,
@@ -456,6 +477,16 @@ impl Report {
             "roofline_decode_tok_s": roofline,
             "roofline_fraction": roofline.map(|r| self.decode_tok_s / r),
         });
+        if let Some(info) = &self.device_info {
+            v["device_name"] = info.name.clone().into();
+            v["compute_capability"] = format!(
+                "{}.{}",
+                info.compute_capability.0, info.compute_capability.1
+            )
+            .into();
+            v["device_memory_bytes"] = info.total_memory.into();
+            v["device_free_memory_bytes"] = info.free_memory.into();
+        }
         for (phase, secs, ops) in &self.ops {
             let rows: Vec<_> = ops
                 .iter()
@@ -473,9 +504,17 @@ impl Report {
         v
     }
 
-    fn print(&self) {
+    /// The table `metrale bench` prints.
+    fn text(&self) -> String {
+        let mut out = String::new();
+        macro_rules! line {
+            ($($t:tt)*) => {{
+                out.push_str(&format!($($t)*));
+                out.push('\n');
+            }};
+        }
         let gib = |b: f64| b / (1u64 << 30) as f64;
-        println!(
+        line!(
             "model        {} ({}, {:.1}M parameters, weights {} = {:.2} GiB)",
             self.model,
             self.model_type,
@@ -483,22 +522,49 @@ impl Report {
             self.dtype,
             gib(self.weight_bytes as f64)
         );
-        println!(
-            "run          {}, {} thread(s), batch {}, prompt {} tokens, {} generated; load {:.2} s",
-            self.device, self.threads, self.batch, self.prompt_len, self.gen_len, self.load_s
-        );
+        if let Some(info) = &self.device_info {
+            line!(
+                "device       {} ({}), compute capability {}.{}, {:.1} GiB ({:.1} GiB free)",
+                self.device,
+                info.name,
+                info.compute_capability.0,
+                info.compute_capability.1,
+                gib(info.total_memory as f64),
+                gib(info.free_memory as f64)
+            );
+            line!(
+                "run          {}, batch {}, prompt {} tokens, {} generated; load {:.2} s",
+                self.device,
+                self.batch,
+                self.prompt_len,
+                self.gen_len,
+                self.load_s
+            );
+        } else {
+            line!(
+                "run          {}, {} thread(s), batch {}, prompt {} tokens, {} generated; load {:.2} s",
+                self.device,
+                self.threads,
+                self.batch,
+                self.prompt_len,
+                self.gen_len,
+                self.load_s
+            );
+        }
         let math = if self.bf16_dot {
             "bf16 dot products"
+        } else if self.device_info.is_some() && self.dtype != DType::F32 {
+            "f32 accumulation"
         } else {
             "f32"
         };
-        println!(
+        line!(
             "prefill      {:>10.1} tok/s ({math} arithmetic)",
             self.prefill_tok_s
         );
-        println!("ttft         {:>10.1} ms", self.ttft_ms);
+        line!("ttft         {:>10.1} ms", self.ttft_ms);
         match (self.roofline(), self.bandwidth) {
-            (Some(r), Some(bw)) => println!(
+            (Some(r), Some(bw)) => line!(
                 "decode       {:>10.2} tok/s   roofline {:.2} tok/s ({:.2} GiB/step at {:.1} GB/s): {:.0}%",
                 self.decode_tok_s,
                 r,
@@ -506,17 +572,17 @@ impl Report {
                 bw / 1e9,
                 100.0 * self.decode_tok_s / r
             ),
-            _ => println!("decode       {:>10.2} tok/s", self.decode_tok_s),
+            _ => line!("decode       {:>10.2} tok/s", self.decode_tok_s),
         }
         match self.peak_rss {
-            Some(p) => println!("peak memory  {:>10.2} GiB (resident)", gib(p as f64)),
-            None => println!("peak memory  unknown on this OS"),
+            Some(p) => line!("peak memory  {:>10.2} GiB (resident)", gib(p as f64)),
+            None => line!("peak memory  unknown on this OS"),
         }
         for (phase, secs, ops) in &self.ops {
-            println!("{phase} by op ({:.1} ms in all):", secs * 1e3);
+            line!("{phase} by op ({:.1} ms in all):", secs * 1e3);
             for t in ops {
                 let ms = t.total.as_secs_f64() * 1e3;
-                println!(
+                line!(
                     "  {:<20} {:>9.1} ms {:>5.1}% {:>7} calls",
                     t.op,
                     ms,
@@ -525,5 +591,95 @@ impl Report {
                 );
             }
         }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn report(bandwidth: Option<f64>, device_info: Option<DeviceInfo>) -> Report {
+        let path = PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../benches/configs/tiny-hybrid.json"
+        ));
+        let config = parse_config(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+        let cli = Cli::parse_from(["bench", "--config", "x.json", "--batch", "2"]);
+        let measured = Measured {
+            load_s: 1.0,
+            prefill_s: 1.0,
+            ttft_s: 0.01,
+            decode_s: 1.0,
+            decoded: 100,
+            prefill_ops: Vec::new(),
+            decode_ops: Vec::new(),
+        };
+        let mut r = Report::new(
+            &config,
+            "tiny".into(),
+            &cli.args,
+            1,
+            DType::BF16,
+            1 << 20,
+            &measured,
+            bandwidth,
+        );
+        r.device_info = device_info;
+        r
+    }
+
+    fn h200() -> DeviceInfo {
+        DeviceInfo {
+            name: "NVIDIA H200".into(),
+            compute_capability: (9, 0),
+            free_memory: 140 << 30,
+            total_memory: 141 << 30,
+            driver_version: 13000,
+            scratch_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn a_gpu_run_reports_the_device_and_its_roofline() {
+        let bw = 4.0e12;
+        let r = report(Some(bw), Some(h200()));
+        let text = r.text();
+        assert!(
+            text.contains("(NVIDIA H200), compute capability 9.0, 141.0 GiB (140.0 GiB free)"),
+            "{text}"
+        );
+        assert!(!text.contains("thread(s)"), "{text}");
+        // Roofline: batch x bandwidth / bytes a decode step reads.
+        let roofline = 2.0 * bw / r.decode_bytes;
+        assert!(
+            text.contains(&format!("roofline {roofline:.2} tok/s")),
+            "{text}"
+        );
+        assert!(text.contains("at 4000.0 GB/s"), "{text}");
+        let v = r.json();
+        assert_eq!(v["device_name"], "NVIDIA H200");
+        assert_eq!(v["compute_capability"], "9.0");
+        assert_eq!(v["device_memory_bytes"], 141u64 << 30);
+        assert_eq!(v["bandwidth_bytes_s"], bw);
+        assert!((v["roofline_decode_tok_s"].as_f64().unwrap() - roofline).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_cpu_run_has_no_device_line() {
+        let r = report(None, None);
+        let text = r.text();
+        assert!(!text.contains("compute capability"), "{text}");
+        assert!(text.contains("1 thread(s), batch 2"), "{text}");
+        assert!(text.contains("decode       "), "{text}");
+        assert!(r.json().get("device_name").is_none());
     }
 }

@@ -19,7 +19,9 @@ pub struct Args {
     /// The model directory (config.json, *.safetensors).
     pub model_dir: PathBuf,
     /// A memory budget, e.g. 8GiB, 512MiB, 16GB or a byte count, to report what fits.
-    #[arg(long)]
+    /// `--memory` alone (or `--memory free`): the free memory of the device
+    /// `--device` opens (a GPU's free memory; on the CPU, the host's).
+    #[arg(long, value_name = "SIZE", num_args = 0..=1, default_missing_value = "free")]
     pub memory: Option<String>,
     /// Tokens per sequence assumed when counting concurrent sequences
     /// (default: 4096, or the model's maximum if smaller).
@@ -46,6 +48,10 @@ struct CacheSizes {
     kv_dtype: DType,
     rec_per_seq: usize,
     state_dtype: DType,
+    /// The device it was asked of, and the memory it has free (None: it
+    /// does not know).
+    device: metrale::Device,
+    available: Option<usize>,
 }
 
 fn cache_sizes(args: &Args, config: &ModelConfig) -> Result<CacheSizes> {
@@ -68,6 +74,8 @@ fn cache_sizes(args: &Args, config: &ModelConfig) -> Result<CacheSizes> {
         kv_dtype: layout.dtype,
         rec_per_seq,
         state_dtype: gpu.state_layout(1).dtype,
+        device: backend.device(),
+        available: gpu.available_memory(),
     })
 }
 
@@ -81,7 +89,14 @@ struct Totals {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let budget = args.memory.as_deref().map(parse_bytes).transpose()?;
+    let free_budget = args
+        .memory
+        .as_deref()
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("free"));
+    let mut budget = match &args.memory {
+        Some(_) if free_budget => None,
+        memory => memory.as_deref().map(parse_bytes).transpose()?,
+    };
     let config = load_config(&args.model_dir)?;
     let has_weights = ["model.safetensors", "model.safetensors.index.json"]
         .iter()
@@ -101,6 +116,16 @@ pub fn run(args: Args) -> Result<()> {
         load(&args, &config)?
     };
     let sizes = cache_sizes(&args, &config)?;
+    if free_budget {
+        let free = sizes.available.ok_or_else(|| {
+            anyhow::anyhow!(
+                "--memory free: the {} backend does not know its free memory; give a size \
+                 (e.g. --memory 8GiB)",
+                sizes.device
+            )
+        })?;
+        budget = Some(free as u64);
+    }
     print!("{}", report(&args, &config, &totals, &sizes, budget));
     Ok(())
 }
@@ -336,9 +361,15 @@ fn report(
             .unwrap_or(4096)
             .min(c.max_position_embeddings)
             .max(1);
+        let whose = match args.memory.as_deref() {
+            Some(m) if m.trim().eq_ignore_ascii_case("free") => {
+                format!(", the free memory of {}", sizes.device)
+            }
+            _ => String::new(),
+        };
         line(
             "memory budget",
-            format!("{budget} bytes ({})", human_bytes(budget)),
+            format!("{budget} bytes ({}{whose})", human_bytes(budget)),
         );
         let weights = t.bytes as u64;
         let Some(free) = budget.checked_sub(weights) else {

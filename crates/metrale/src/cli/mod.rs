@@ -15,11 +15,18 @@ use metrale::Device;
 /// `--device`, the same on every subcommand that runs a model.
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct DeviceArgs {
-    /// Where to run: cpu, or auto (the best backend this build has: today
-    /// the CPU). `cuda` needs a build with the `cuda` feature.
-    #[arg(long, value_name = "cpu|auto", default_value_t = Device::Auto)]
+    /// Where to run: cpu, auto (the best backend this build has: with the
+    /// `cuda` feature CUDA device 0 when one opens, else the CPU), or
+    /// cuda / cuda:N (needs a build with the `cuda` feature).
+    #[arg(long, value_name = DEVICE_VALUES, default_value_t = Device::Auto)]
     pub device: Device,
 }
+
+/// `--device`'s value name in `--help`.
+#[cfg(not(feature = "cuda"))]
+const DEVICE_VALUES: &str = "cpu|auto";
+#[cfg(feature = "cuda")]
+const DEVICE_VALUES: &str = "cpu|auto|cuda[:N]";
 
 /// `--kv-dtype`: the KV cache's element type.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
