@@ -197,6 +197,17 @@ pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
     /// How this backend stores a recurrent state of `elements` values.
     fn state_layout(&self, elements: usize) -> StateLayout;
 
+    /// The type `matmul`, `matmul_swiglu` and the grouped matmuls round the
+    /// f32 activations to before multiplying them by weights of type
+    /// `weights` (None: they multiply the f32 values). A GPU's tensor cores
+    /// take both operands in the weights' type (bf16 or f16) and accumulate
+    /// in f32; the conformance suite rounds its reference's inputs the same
+    /// way, so the products are still held to f32 accumulation accuracy.
+    fn matmul_input_rounding(&self, weights: DType) -> Option<DType> {
+        let _ = weights;
+        None
+    }
+
     /// Bytes this backend can still allocate, where it can tell (the host's
     /// available memory and cgroup limit for the CPU, free device memory for
     /// a GPU, and any limit the backend was given): what a model's memory

@@ -101,7 +101,7 @@ pub(super) fn matmul(cx: &mut Cx<'_>) -> Outcome {
                 let (x, out) = (m.f32s(&xv)?, m.fill(rows * n, f32::NAN)?);
                 let d = MatmulDims { m: rows, n, k };
                 cx.tested(cx.gpu.matmul(x, w, bias.as_ref().map(|b| b.0), out, d))?;
-                let mut want = matmul64(&xv, &wv, rows, n, k);
+                let mut want = matmul64(&cx.matmul_input(&xv, dtype), &wv, rows, n, k);
                 if let Some((_, bv)) = &bias {
                     for (j, o) in want.iter_mut().enumerate() {
                         *o += bv[j % n] as f64;
@@ -150,9 +150,10 @@ pub(super) fn matmul_swiglu(cx: &mut Cx<'_>) -> Outcome {
                 let d = MatmulDims { m: rows, n, k };
                 cx.tested(cx.gpu.matmul_swiglu(x, gate, up, out, scratch, d))?;
                 let got = m.down(out)?;
+                let xr = cx.matmul_input(&xv, dtype);
                 let (wg, wu) = (
-                    matmul64(&xv, &gv, rows, n, k),
-                    matmul64(&xv, &uv, rows, n, k),
+                    matmul64(&xr, &gv, rows, n, k),
+                    matmul64(&xr, &uv, rows, n, k),
                 );
                 let want: Vec<f64> = wg.iter().zip(&wu).map(|(&g, &u)| silu64(g) * u).collect();
                 let what = format!("[{rows}, {k}] x [{n}, {k}] {dtype}");

@@ -231,6 +231,15 @@ impl<'a> Cx<'a> {
         r.map_err(Fail::Op)
     }
 
+    /// `x` as the backend's matmuls see it next to weights of `weights`:
+    /// rounded to [`GpuBackend::matmul_input_rounding`]'s type, if any.
+    pub fn matmul_input(&self, x: &[f32], weights: DType) -> Vec<f32> {
+        match self.gpu.matmul_input_rounding(weights) {
+            Some(dtype) => round_to(x, dtype).0,
+            None => x.to_vec(),
+        }
+    }
+
     /// Whether helper `op` can be used (a case skips a cross-check whose
     /// helper is unsupported).
     pub fn has(&self, op: Op) -> bool {

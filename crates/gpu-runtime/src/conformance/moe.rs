@@ -335,7 +335,8 @@ pub(super) fn grouped_matmul(cx: &mut Cx<'_>) -> Outcome {
                 );
                 for (e, we) in ws.iter().enumerate() {
                     let (a, b) = (g.offsets[e] as usize, g.offsets[e + 1] as usize);
-                    let want = matmul64(&xv[a * k..b * k], &we.1, b - a, n, k);
+                    let xe = cx.matmul_input(&xv[a * k..b * k], dtype);
+                    let want = matmul64(&xe, &we.1, b - a, n, k);
                     let what = format!("{what}, expert {e}");
                     cx.close(&got[a * n..b * n], &want, MATMUL_TOL, &what)?;
                     if a < b && cx.has(Op::Matmul) {
@@ -383,10 +384,10 @@ pub(super) fn grouped_matmul_swiglu(cx: &mut Cx<'_>) -> Outcome {
             );
             for (e, (ge, ue)) in gws.iter().zip(&uws).enumerate() {
                 let (a, b) = (g.offsets[e] as usize, g.offsets[e + 1] as usize);
-                let xe = &xv[a * k..b * k];
+                let xe = cx.matmul_input(&xv[a * k..b * k], dtype);
                 let (wg, wu) = (
-                    matmul64(xe, &ge.1, b - a, n, k),
-                    matmul64(xe, &ue.1, b - a, n, k),
+                    matmul64(&xe, &ge.1, b - a, n, k),
+                    matmul64(&xe, &ue.1, b - a, n, k),
                 );
                 let want: Vec<f64> = wg.iter().zip(&wu).map(|(&g, &u)| silu64(g) * u).collect();
                 let what = format!("{what}, expert {e}");

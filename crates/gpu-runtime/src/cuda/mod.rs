@@ -372,6 +372,12 @@ impl GpuBackend for CudaBackend {
         }
     }
 
+    /// cuBLASLt multiplies bf16 (f16) weights by activations cast to bf16
+    /// (f16), accumulating in f32 (see `gemm.rs`); f32 weights by f32.
+    fn matmul_input_rounding(&self, weights: DType) -> Option<DType> {
+        matches!(weights, DType::BF16 | DType::F16).then_some(weights)
+    }
+
     fn available_memory(&self) -> Option<usize> {
         let free = self.memory_info().ok().map(|(free, _)| free);
         match (free, self.memory_limit) {
