@@ -92,6 +92,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         bench_prompt: 128,
         bench_gen: 32,
     };
+    let mut list = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || {
@@ -127,18 +128,19 @@ fn parse_args() -> Result<Option<Args>, String> {
             "--bench-gen" => {
                 args.bench_gen = value()?.parse().map_err(|_| "--bench-gen: a number")?
             }
-            "--list" => {
-                for c in checks::names(&args) {
-                    println!("{c}");
-                }
-                return Ok(None);
-            }
+            "--list" => list = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(None);
             }
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
+    }
+    if list {
+        for c in checks::names(&args) {
+            println!("{c}");
+        }
+        return Ok(None);
     }
     Ok(Some(args))
 }

@@ -61,11 +61,11 @@ pub fn run_one_here(args: &Args, name: &str) -> bool {
     let secs = started.elapsed().as_secs_f64();
     match outcome {
         Ok(Ok(detail)) => {
-            result_line(true, name, &format!("{detail} [{secs:.1} s]"));
+            result_line(true, name, &format!("{detail} [{secs:.2} s]"));
             true
         }
         Ok(Err(e)) => {
-            result_line(false, name, &format!("{} [{secs:.1} s]", one_line(&e)));
+            result_line(false, name, &format!("{} [{secs:.2} s]", one_line(&e)));
             false
         }
         Err(_) => {
@@ -74,7 +74,7 @@ pub fn run_one_here(args: &Args, name: &str) -> bool {
                 .ok()
                 .and_then(|l| l.clone())
                 .unwrap_or_else(|| "unknown".into());
-            result_line(false, name, &format!("panicked: {why} [{secs:.1} s]"));
+            result_line(false, name, &format!("panicked: {why} [{secs:.2} s]"));
             false
         }
     }
