@@ -158,16 +158,27 @@ fn open_as(args: &Args, bf16_like: bool) -> Result<Device> {
             // The CPU configured as the CUDA backend computes: bf16 weights
             // (at load), activations rounded to bf16 into the GEMMs, a bf16
             // KV cache (`device_options`).
-            let cpu = CpuBackend::with_threads(threads()).with_bf16_dot_products(bf16_like);
-            let dot = if cpu.bf16_dot_products() {
-                "bf16 dot products (AVX512-BF16)"
-            } else {
-                "f32 dot products (no AVX512-BF16 here)"
+            // It lacks the ops the CUDA backend lacks, so that models
+            // needing them are refused as they are there.
+            let lacking: Vec<conformance::Op> = conformance::Op::ALL
+                .iter()
+                .copied()
+                .filter(|op| !metrale_gpu_runtime::cuda::SUPPORTED_OPS.contains(op))
+                .collect();
+            let cpu = CpuBackend::with_threads(threads())
+                .with_bf16_dot_products(bf16_like)
+                .lacking(&lacking);
+            let dot = match (bf16_like, cpu.bf16_dot_products()) {
+                (false, _) => "f32 arithmetic",
+                (true, true) => "bf16 dot products (AVX512-BF16)",
+                (true, false) => "f32 dot products (no AVX512-BF16 here)",
             };
             Ok(Device {
                 info: format!(
-                    "cpu in the device's place: bf16 weights, bf16 KV cache, {dot}, {} threads",
-                    threads()
+                    "cpu in the device's place: bf16 weights, bf16 KV cache, {dot}, {} threads, \
+                     lacking the {} ops the CUDA backend lacks",
+                    threads(),
+                    lacking.len()
                 ),
                 name: "cpu (standing in for cuda)".into(),
                 gpu: Arc::new(cpu),

@@ -42,7 +42,17 @@ pub fn install_panic_hook() {
 
 /// One-line text of an error chain.
 pub fn one_line(e: &anyhow::Error) -> String {
-    format!("{e:#}").replace('\n', " | ")
+    // Each cause once (an error whose text already ends with its source's
+    // is not followed by the source again).
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if parts.last().is_some_and(|p| p.ends_with(&text)) {
+            continue;
+        }
+        parts.push(text);
+    }
+    parts.join(": ").replace('\n', " | ")
 }
 
 fn result_line(pass: bool, name: &str, detail: &str) {

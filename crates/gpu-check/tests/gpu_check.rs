@@ -110,6 +110,21 @@ fn every_check_passes_with_the_cpu_in_the_devices_place() {
     for line in stdout.lines().filter(|l| l.starts_with("PASS parity/")) {
         assert!(line.contains("within tol"), "{line}");
     }
+    // The CPU lacks what the CUDA backend lacks: the conformance suite
+    // reports those ops unsupported, and models needing them are refused.
+    let unsupported = stdout
+        .lines()
+        .filter(|l| l.starts_with("UNSUPPORTED "))
+        .count();
+    let refused = stdout
+        .lines()
+        .filter(|l| l.starts_with("PASS refusal/") && l.contains(": refused, naming "))
+        .count();
+    assert_eq!(
+        unsupported > 0,
+        refused == 5,
+        "{unsupported} unsupported, {refused} refused"
+    );
 }
 
 #[test]
