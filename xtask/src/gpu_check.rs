@@ -168,26 +168,58 @@ fn assemble(root: &Path, bins: &Path, bundle: &Path) -> Result<()> {
 }
 
 /// Copies `from` to `to` without debug info (symbols stay, for
-/// backtraces): `strip`, else `objcopy`, else as it is, with a warning.
+/// backtraces): with `strip`, `objcopy`, their LLVM namesakes, or the
+/// `rust-objcopy` every Rust toolchain ships.
 fn strip(from: &Path, to: &Path) -> Result<()> {
-    for (tool, flag) in [("strip", "--strip-debug"), ("objcopy", "--strip-debug")] {
-        let status = Command::new(tool)
-            .arg(flag)
-            .arg(from)
-            .arg("-o")
-            .arg(to)
-            .status();
-        if status.is_ok_and(|s| s.success()) {
-            set_executable(to)?;
-            return Ok(());
+    // (tool, the folder of its libLLVM where it needs one)
+    let mut objcopies = vec![
+        (PathBuf::from("objcopy"), None),
+        (PathBuf::from("llvm-objcopy"), None),
+    ];
+    if let Ok(out) = Command::new("rustc").args(["--print", "sysroot"]).output() {
+        let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if let Ok(dirs) = std::fs::read_dir(sysroot.join("lib/rustlib")) {
+            for d in dirs.flatten() {
+                objcopies.push((d.path().join("bin/rust-objcopy"), Some(sysroot.join("lib"))));
+            }
         }
     }
-    println!(
-        "warning: neither strip nor objcopy worked; {} keeps its debug info",
-        from.display()
-    );
-    std::fs::copy(from, to)?;
-    set_executable(to)
+    let mut tried = Vec::new();
+    for tool in ["strip", "llvm-strip"] {
+        let ok = Command::new(tool)
+            .arg("--strip-debug")
+            .arg("-o")
+            .arg(to)
+            .arg(from)
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return set_executable(to);
+        }
+        tried.push(tool.to_string());
+    }
+    for (tool, libs) in objcopies {
+        let mut cmd = Command::new(&tool);
+        if let Some(libs) = libs {
+            cmd.env("LD_LIBRARY_PATH", libs);
+        }
+        let ok = cmd
+            .arg("--strip-debug")
+            .arg(from)
+            .arg(to)
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return set_executable(to);
+        }
+        tried.push(tool.display().to_string());
+    }
+    bail!(
+        "could not strip the debug info of {} (tried {}); the bundle would be far over its \
+         size limit",
+        from.display(),
+        tried.join(", ")
+    )
 }
 
 fn set_executable(path: &Path) -> Result<()> {
