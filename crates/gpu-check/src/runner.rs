@@ -273,6 +273,9 @@ fn run_child(
     if args.no_bench {
         cmd.arg("--no-bench");
     }
+    if args.selftests {
+        cmd.arg("--with-selftests");
+    }
     // Its own process group, so that a hung child and whatever it started
     // (the bench) end together.
     cmd.stdout(Stdio::piped())

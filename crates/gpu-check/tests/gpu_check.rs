@@ -274,3 +274,42 @@ fn run_sh_names_a_missing_library() {
     assert!(out.contains("MISSING libcuda.so.1 (required)"), "{out}");
     assert!(out.contains("found   libnvrtc.so.13: "), "{out}");
 }
+
+#[test]
+fn a_panic_an_abort_a_hang_and_an_error_are_each_one_failure() {
+    let dir = std::env::temp_dir().join(format!("gpu-check-selftest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let started = std::time::Instant::now();
+    let out = Command::new(EXE)
+        .args([
+            "--backend",
+            "cpu",
+            "--no-bench",
+            "--with-selftests",
+            "--budget-s",
+            "60",
+        ])
+        .arg("--fixtures")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let (stdout, _) = text(&out);
+    println!("{stdout}");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout.contains("FAIL selftest/panic: panicked: a planted panic at "));
+    assert!(
+        stdout
+            .contains("FAIL selftest/abort: the check's process was killed by signal 6 (SIGABRT)")
+    );
+    assert!(stdout.contains("FAIL selftest/hang: timed out after 3 s (limit 3 s); killed"));
+    assert!(stdout.contains("FAIL selftest/error: a planted error"));
+    assert!(stdout.contains("PASS device: "));
+    let summary = stdout.lines().last().unwrap();
+    assert!(summary.starts_with("gpu-check: 1 passed, "), "{summary}");
+    assert!(
+        summary.contains("selftest/hang, selftest/error)"),
+        "{summary}"
+    );
+    assert!(started.elapsed().as_secs() < 30);
+    let _ = std::fs::remove_dir_all(&dir);
+}
