@@ -8,6 +8,13 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod kernel_sig;
+mod nvrtc;
+mod ptx;
+mod ptxas;
+mod table;
+mod tools;
+
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "metrale developer tasks")]
 struct Cli {
@@ -17,11 +24,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Compile the CUDA C kernels in kernels/ to PTX with nvcc (kernels/ptx/).
+    /// Compile crates/gpu-runtime/kernels/*.cu to PTX with NVRTC (from a
+    /// pinned pip wheel) into kernels/ptx/, and generate the typed kernel
+    /// table crates/gpu-runtime/src/cuda/kernels.rs.
     Ptx {
-        /// The GPU architecture to target, e.g. sm_90.
-        #[arg(long, default_value = "sm_80")]
-        arch: String,
+        /// Write nothing; fail when the committed PTX or kernel table differs
+        /// from what the sources give.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Assemble every committed PTX file with ptxas (from a pinned pip wheel)
+    /// for sm_80 and sm_90.
+    Ptxas {
+        /// Pass -v to ptxas (registers, shared memory, spills per kernel).
+        #[arg(long, short)]
+        verbose: bool,
     },
     /// Regenerate the golden fixtures with Hugging Face transformers
     /// (needs `pip install torch transformers safetensors tokenizers`).
@@ -36,10 +53,26 @@ enum Task {
     GpuCheck(gpu_check::Args),
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    // The error's chain without a backtrace: NVRTC's and ptxas's messages
+    // are what matter here.
+    match task(Cli::parse().task) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("caused by: {cause}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn task(task: Task) -> Result<()> {
     let root = workspace_root();
-    match Cli::parse().task {
-        Task::Ptx { arch } => ptx(&root, &arch),
+    match task {
+        Task::Ptx { check } => ptx::run(&root, check),
+        Task::Ptxas { verbose } => ptxas::run(&root, verbose),
         Task::Fixtures { out } => run(Command::new("python3")
             .arg(root.join("tests/fixtures/gen_fixtures.py"))
             .arg(root.join(out))
@@ -61,35 +94,6 @@ fn workspace_root() -> PathBuf {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))
-}
-
-fn ptx(root: &Path, arch: &str) -> Result<()> {
-    let dir = root.join("kernels");
-    let sources: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .with_context(|| dir.display().to_string())?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-        .collect();
-    if sources.is_empty() {
-        println!("no CUDA sources in {}; nothing to build", dir.display());
-        return Ok(());
-    }
-    let out = dir.join("ptx");
-    std::fs::create_dir_all(&out)?;
-    for src in sources {
-        let stem = src
-            .file_stem()
-            .context("kernel file name")?
-            .to_string_lossy()
-            .into_owned();
-        let target = out.join(format!("{stem}.ptx"));
-        run(Command::new("nvcc")
-            .args(["--ptx", "-O3", &format!("-arch={arch}"), "-o"])
-            .arg(&target)
-            .arg(&src))
-        .with_context(|| format!("compiling {} (is nvcc on PATH?)", src.display()))?;
-    }
-    Ok(())
 }
 
 fn run(cmd: &mut Command) -> Result<()> {

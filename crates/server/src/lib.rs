@@ -10,6 +10,7 @@
 //! Start one with [`router`] and [`serve`] (what the `metrale-serve` binary
 //! and the tests do).
 
+pub mod cli;
 pub mod error;
 pub mod metrics;
 pub mod openai;
@@ -28,14 +29,19 @@ use axum::routing::{get, post};
 pub use error::ApiError;
 pub use state::{AppState, ServerConfig};
 
-/// The app: every route over `state`.
+/// The app: every route over `state`, under the server's layers.
 pub fn router(state: Arc<AppState>) -> Router {
+    layered(api_routes(state.clone()), state)
+}
+
+/// The routes (the API-key check on `/v1`), without the layers.
+pub fn api_routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
     let v1 = Router::new()
         .route("/v1/completions", post(routes::completions::handler))
         .route("/v1/chat/completions", post(routes::chat::handler))
         .route("/v1/models", get(routes::models))
         .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            state,
             routes::require_key,
         ));
     Router::new()
@@ -43,6 +49,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
         .fallback(routes::fallback)
+}
+
+/// `app` (see [`api_routes`]) under the server's layers, innermost first: a handler that
+/// panics answers an OpenAI-shaped 500 (the server goes on), the body size
+/// limit (413), and the request counter of `/metrics`. [`router`] is
+/// `layered(api_routes(state), state)`; tests add routes of their own.
+pub fn layered(app: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
+    app.layer(axum::middleware::from_fn(routes::catch_panic))
         .layer(DefaultBodyLimit::max(state.config.body_limit))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Parser;
 use metrale::{Device, EngineConfig, Generator, LoadOptions, default_model_dir};
+use metrale_server::cli::{KvDType, parse_memory};
 use metrale_server::{AppState, ServerConfig};
 
 #[derive(Parser, Debug)]
@@ -39,6 +40,14 @@ struct Args {
     /// CPU worker threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// The most memory the model may take, e.g. 8GiB (default: what the
+    /// host and its cgroup have available); checked before loading.
+    #[arg(long, value_parser = parse_memory)]
+    memory_limit: Option<usize>,
+    /// The KV cache's element type: auto (the backend's default: f32 on the
+    /// CPU), f32, or bf16 (half the memory per cached token).
+    #[arg(long, value_enum, default_value_t = KvDType::Auto)]
+    kv_dtype: KvDType,
     /// Most requests the engine runs at once (sequences in the batch).
     #[arg(long)]
     max_seqs: Option<usize>,
@@ -64,8 +73,10 @@ fn main() -> Result<()> {
     let mut options = LoadOptions {
         device: args.device,
         threads: args.threads,
+        memory_limit: args.memory_limit,
         ..LoadOptions::default()
     };
+    options.model.kv_dtype = args.kv_dtype.dtype();
     if let Some(n) = args.max_seqs {
         options.model.max_seqs = n;
     }

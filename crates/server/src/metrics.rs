@@ -1,17 +1,22 @@
 //! Prometheus metrics, written as text by `GET /metrics`.
 //!
-//! The running and waiting gauges are the server's view: a request waits
-//! from its submission to its first token (queued in the engine or being
-//! prefilled) and runs from then to its end. The facade's
-//! [`GeneratorHandle`](metrale::GeneratorHandle) does not expose the
-//! engine's own queue lengths, KV blocks or SSM slots in use, so those are
-//! not reported.
+//! Two views of the requests in flight. `metrale_requests_running` /
+//! `metrale_requests_waiting` are the server's: a request waits from its
+//! submission to its first token (queued in the engine or being prefilled)
+//! and runs from then to its end (the 429 bound counts these waiting
+//! requests). `metrale_sequences_running` / `metrale_sequences_waiting`
+//! are the engine's ([`EngineGauges`](metrale::engine::engine::EngineGauges)):
+//! requests holding a sequence, and requests queued for memory; with
+//! `metrale_kv_blocks_in_use` and `metrale_ssm_slots_in_use` (and their
+//! `_total` capacities) as of the engine's last step, queueing or cancel.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
+
+use metrale::engine::engine::GaugeValues;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const TTFT_BUCKETS: &[f64] = &[
@@ -151,7 +156,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
+    pub fn render(&self, engine: &GaugeValues) -> String {
         let mut out = String::new();
         out.push_str("# HELP metrale_requests_total HTTP requests by route and status.\n");
         out.push_str("# TYPE metrale_requests_total counter\n");
@@ -190,6 +195,42 @@ impl Metrics {
                 "Requests submitted that have no token yet (queued or prefilling).",
                 "gauge",
                 self.waiting(),
+            ),
+            (
+                "metrale_sequences_running",
+                "Requests holding a sequence in the engine (prefilling or decoding).",
+                "gauge",
+                engine.running as i64,
+            ),
+            (
+                "metrale_sequences_waiting",
+                "Requests queued in the engine for memory (no sequence yet).",
+                "gauge",
+                engine.waiting as i64,
+            ),
+            (
+                "metrale_kv_blocks_in_use",
+                "KV cache blocks held by sequences.",
+                "gauge",
+                engine.kv_blocks_in_use as i64,
+            ),
+            (
+                "metrale_kv_blocks_total",
+                "KV cache blocks in all.",
+                "gauge",
+                engine.kv_blocks_total as i64,
+            ),
+            (
+                "metrale_ssm_slots_in_use",
+                "SSM state slots held by sequences.",
+                "gauge",
+                engine.ssm_slots_in_use as i64,
+            ),
+            (
+                "metrale_ssm_slots_total",
+                "SSM state slots in all.",
+                "gauge",
+                engine.ssm_slots_total as i64,
             ),
         ] {
             let _ = writeln!(

@@ -22,11 +22,65 @@ use crate::openai::UsageInfo;
 #[derive(Clone, Debug)]
 pub struct TokenLogprob {
     pub token: u32,
-    /// The token on its own, decoded with special tokens kept.
+    /// The token on its own, decoded with special tokens kept (U+FFFD where
+    /// it holds only part of a UTF-8 character).
     pub text: String,
+    /// The token's own bytes ([`token_bytes`]): what `text` cannot show of
+    /// a partial UTF-8 character.
+    pub bytes: Vec<u8>,
     pub logprob: f32,
-    /// `(text, logprob)` of the most likely tokens, best first.
-    pub top: Vec<(String, f32)>,
+    /// The most likely tokens, best first.
+    pub top: Vec<TopLogprob>,
+}
+
+/// One of the most likely tokens at a position.
+#[derive(Clone, Debug)]
+pub struct TopLogprob {
+    pub text: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+/// The bytes token `id` stands for. Its decoded text's bytes, unless the
+/// text holds U+FFFD (the token is part of a UTF-8 character, or a byte
+/// that is not UTF-8 alone): then the vocabulary entry's bytes, read
+/// through byte-level BPE's byte-to-character table (`Ġ` is a space) or as
+/// a byte-fallback `<0xNN>`. Concatenated over a reply, the bytes of its
+/// tokens are the reply's UTF-8.
+pub fn token_bytes(tokenizer: &Tokenizer, id: u32, text: &str) -> Vec<u8> {
+    if !text.contains('\u{FFFD}') {
+        return text.as_bytes().to_vec();
+    }
+    let Some(raw) = tokenizer.id_to_token(id) else {
+        return text.as_bytes().to_vec();
+    };
+    if let Some(hex) = raw.strip_prefix("<0x").and_then(|r| r.strip_suffix('>'))
+        && hex.len() == 2
+        && let Ok(b) = u8::from_str_radix(hex, 16)
+    {
+        return vec![b];
+    }
+    raw.chars()
+        .map(byte_level_byte)
+        .collect::<Option<Vec<u8>>>()
+        .unwrap_or_else(|| text.as_bytes().to_vec())
+}
+
+/// The byte a character of byte-level BPE's alphabet (GPT-2's
+/// `bytes_to_unicode`) stands for: printable Latin-1 bytes as themselves,
+/// the others as U+0100 on, in byte order.
+fn byte_level_byte(c: char) -> Option<u8> {
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let c = c as u32;
+    if c < 256 {
+        return printable(c).then_some(c as u8);
+    }
+    let n = (c - 256) as usize;
+    (0u32..256)
+        .filter(|&b| !printable(b))
+        .nth(n)
+        .map(|b| b as u8)
 }
 
 /// A finished choice.
@@ -69,11 +123,25 @@ pub struct Events {
 impl Events {
     fn logprob(&self, token: u32, logprob: f32, top: &[(u32, f32)]) -> Option<TokenLogprob> {
         let text = |id: u32| self.tokenizer.token_text(id).unwrap_or_default();
-        self.logprobs.then(|| TokenLogprob {
-            token,
-            text: text(token),
-            logprob,
-            top: top.iter().map(|&(id, lp)| (text(id), lp)).collect(),
+        self.logprobs.then(|| {
+            let main = text(token);
+            TokenLogprob {
+                token,
+                bytes: token_bytes(&self.tokenizer, token, &main),
+                text: main,
+                logprob,
+                top: top
+                    .iter()
+                    .map(|&(id, logprob)| {
+                        let text = text(id);
+                        TopLogprob {
+                            bytes: token_bytes(&self.tokenizer, id, &text),
+                            text,
+                            logprob,
+                        }
+                    })
+                    .collect(),
+            }
         })
     }
 
@@ -205,4 +273,58 @@ fn add_usage(total: &mut UsageInfo, usage: &metrale::Usage, index: usize, n: usi
         u.prompt_tokens = 0;
     }
     total.add(&u);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_level_table() {
+        assert_eq!(byte_level_byte('A'), Some(b'A'));
+        assert_eq!(byte_level_byte('\u{120}'), Some(b' '), "Ġ");
+        assert_eq!(byte_level_byte('\u{10A}'), Some(b'\n'), "Ċ");
+        assert_eq!(byte_level_byte('\u{100}'), Some(0));
+        assert_eq!(byte_level_byte('\u{143}'), Some(0xAD), "the last one");
+        assert_eq!(byte_level_byte('\u{144}'), None);
+        assert_eq!(byte_level_byte(' '), None, "a space is not in the alphabet");
+    }
+
+    /// On the llama fixture's byte-level tokenizer: a token that is part
+    /// of a UTF-8 character has its own bytes, not U+FFFD's; any other has
+    /// its text's.
+    #[test]
+    fn partial_utf8_tokens_have_their_bytes() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/llama");
+        let tok = Tokenizer::from_dir(dir).unwrap();
+        let mut partial = 0;
+        for id in 0..tok.vocab_size() as u32 {
+            let Ok(text) = tok.token_text(id) else {
+                continue;
+            };
+            let bytes = token_bytes(&tok, id, &text);
+            if text.contains('\u{FFFD}') {
+                partial += 1;
+                assert_ne!(bytes, text.as_bytes(), "token {id}");
+                assert_eq!(
+                    String::from_utf8_lossy(&bytes),
+                    text,
+                    "token {id} ({:?}): {bytes:?}",
+                    tok.id_to_token(id)
+                );
+            } else {
+                assert_eq!(bytes, text.as_bytes(), "{id}");
+            }
+        }
+        assert!(
+            partial > 0,
+            "the fixture has tokens that are parts of characters"
+        );
+        // The single-byte token of 0xE2 (the first byte of many 3-byte
+        // characters) is spelled U+00E2 in the byte-level alphabet.
+        let id = tok
+            .token_to_id("\u{E2}")
+            .expect("a byte-level token for 0xE2");
+        assert_eq!(token_bytes(&tok, id, &tok.token_text(id).unwrap()), [0xE2]);
+    }
 }

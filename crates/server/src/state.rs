@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrale::engine::chat::ChatTemplate;
+use metrale::engine::engine::EngineGauges;
 use metrale::engine::tokenizer::Tokenizer;
 use metrale::{Generator, GeneratorHandle, SamplingParams, StreamEvent};
 use tokio::sync::mpsc;
@@ -49,6 +50,9 @@ pub struct AppState {
     pub context_limit: usize,
     pub config: ServerConfig,
     pub metrics: Arc<Metrics>,
+    /// The engine's own counts: requests running and waiting for memory,
+    /// KV blocks and SSM slots in use.
+    pub gauges: EngineGauges,
     pub created: u64,
 }
 
@@ -66,6 +70,7 @@ impl AppState {
         });
         let template = generator.chat_template().map_err(|e| format!("{e:#}"));
         let context_limit = generator.engine().context_limit();
+        let gauges = generator.engine().gauges();
         Ok(Self {
             handle: generator.spawn()?,
             model_name,
@@ -74,6 +79,7 @@ impl AppState {
             context_limit,
             config,
             metrics: Arc::new(Metrics::default()),
+            gauges,
             created: unix_now(),
         })
     }

@@ -82,6 +82,27 @@ fn bad_requests_are_openai_shaped() {
     )
     .error(400);
     get(server.addr, "/v1/nothing").error(404);
+
+    // Completion options this server does not implement are refused, not
+    // ignored.
+    for (body, param) in [
+        (json!({"prompt": "x", "echo": true}), "echo"),
+        (json!({"prompt": "x", "suffix": "!"}), "suffix"),
+        (json!({"prompt": "x", "best_of": 2}), "best_of"),
+        (json!({"prompt": "x", "best_of": 3, "n": 2}), "best_of"),
+        (json!({"prompt": "x", "best_of": 1, "n": 2}), "best_of"),
+    ] {
+        let e = post(server.addr, "/v1/completions", &body).error(400);
+        assert_eq!(e["param"], param, "{body}: {e}");
+    }
+    // best_of = n is plain sampling, and echo: false asks for nothing.
+    for body in [
+        json!({"prompt": "x", "best_of": 2, "n": 2, "max_tokens": 1}),
+        json!({"prompt": "x", "echo": false, "max_tokens": 1}),
+    ] {
+        let r = post(server.addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{body}: {}", r.body);
+    }
 }
 
 #[test]
@@ -235,4 +256,115 @@ fn health_models_and_metrics() {
     );
     assert_eq!(metric(&text, "metrale_requests_running"), 0.0);
     assert_eq!(metric(&text, "metrale_requests_waiting"), 0.0);
+    // Every request has ended: the engine holds nothing.
+    for gauge in [
+        "metrale_sequences_running",
+        "metrale_sequences_waiting",
+        "metrale_kv_blocks_in_use",
+        "metrale_ssm_slots_in_use",
+    ] {
+        assert_eq!(metric(&text, gauge), 0.0, "{gauge}: {text}");
+    }
+    assert_eq!(metric(&text, "metrale_kv_blocks_total"), 128.0);
+}
+
+#[test]
+fn a_panicking_handler_is_a_500_and_the_server_stays_up() {
+    let server = start_app(
+        &fixture(),
+        &load_options(),
+        ServerConfig::default(),
+        |state| {
+            let app = metrale_server::api_routes(state.clone()).route(
+                "/test/panic",
+                axum::routing::get(|| async {
+                    if true {
+                        panic!("a test handler panics");
+                    }
+                    "unreachable"
+                }),
+            );
+            metrale_server::layered(app, state)
+        },
+    );
+    for _ in 0..2 {
+        let e = get(server.addr, "/test/panic").error(500);
+        assert_eq!(e["type"], "server_error", "{e}");
+        assert!(e["message"].as_str().unwrap().contains("panicked"), "{e}");
+    }
+    assert_eq!(get(server.addr, "/health").status, 200);
+    let v = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2}),
+    );
+    assert_eq!(v.status, 200, "{}", v.body);
+    let text = get(server.addr, "/metrics").body;
+    assert_eq!(
+        metric(
+            &text,
+            "metrale_requests_total{route=\"/test/panic\",status=\"500\"}"
+        ),
+        2.0,
+        "{text}"
+    );
+}
+
+/// A refused request whose body arrives after its headers leaves the
+/// connection usable: a keep-alive client (the openai package's) sends its
+/// next request on it.
+#[test]
+fn a_401_keeps_the_connection_alive() {
+    let server = start(ServerConfig {
+        api_key: Some("sekrit".into()),
+        ..ServerConfig::default()
+    });
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let body = json!({"prompt": "x", "max_tokens": 1}).to_string();
+    s.write_all(
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer wrong\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    s.write_all(body.as_bytes()).unwrap();
+    // One response, then the next request on the same connection.
+    let read_response = |s: &mut TcpStream| {
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            assert!(
+                n > 0,
+                "the connection closed: {}",
+                String::from_utf8_lossy(&raw)
+            );
+            raw.extend_from_slice(&buf[..n]);
+            if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .unwrap()
+                    .trim()
+                    .parse()
+                    .unwrap();
+                if raw.len() >= end + 4 + len {
+                    return parse(&raw[..end + 4 + len]);
+                }
+            }
+        }
+    };
+    read_response(&mut s).error(401);
+    s.write_all(
+        b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer sekrit\r\n\r\n",
+    )
+    .unwrap();
+    let r = read_response(&mut s);
+    assert_eq!(r.status, 200, "{}", r.body);
 }

@@ -325,12 +325,38 @@ fn a_client_leaving_mid_stream_cancels_its_request() {
         server.state.metrics.running() + server.state.metrics.waiting(),
         1
     );
+    // The engine's view: one sequence, holding KV blocks (the prompt's and
+    // the tokens streamed so far).
+    let m = get(server.addr, "/metrics").body;
+    assert_eq!(metric(&m, "metrale_sequences_running"), 1.0, "{m}");
+    assert_eq!(metric(&m, "metrale_sequences_waiting"), 0.0);
+    assert!(metric(&m, "metrale_kv_blocks_in_use") >= 1.0, "{m}");
+    assert_eq!(metric(&m, "metrale_kv_blocks_total"), 128.0);
+    assert_eq!(
+        metric(&m, "metrale_ssm_slots_in_use"),
+        0.0,
+        "llama has no SSM layers"
+    );
     drop(socket);
     let start = Instant::now();
     while server.state.metrics.running() + server.state.metrics.waiting() > 0 {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "the request is still running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The engine frees the request's memory at its next step boundary.
+    loop {
+        let m = get(server.addr, "/metrics").body;
+        if metric(&m, "metrale_sequences_running") == 0.0
+            && metric(&m, "metrale_kv_blocks_in_use") == 0.0
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the engine still holds the request: {m}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -2,9 +2,80 @@
 //! The PTX modules and one typed handle per kernel: a launch whose arguments
 //! do not match the kernel's parameter list does not compile.
 
-#![allow(dead_code, unused_imports)]
-
 use super::launch::{Kernel, Ptr};
 
 /// The PTX of each `kernels/<stem>.cu`, in module-index order.
-pub static MODULES: [(&str, &str); 0] = [];
+pub static MODULES: [(&str, &str); 2] = [
+    ("attention", include_str!("../../kernels/ptx/attention.ptx")),
+    ("dense", include_str!("../../kernels/ptx/dense.ptx")),
+];
+
+/// `attention.cu`: `paged_attention(const float* q, const void* k_cache, const void* v_cache, const unsigned* seqs, const unsigned* tables, float* out, float* partials, int n_seqs, int n_kv_heads, int head_dim, int block_size, float scale, int window, unsigned num_blocks, unsigned table_len, int flags, long long rows_bound, int target_blocks)`.
+pub const PAGED_ATTENTION: Kernel<(
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    i32,
+    i32,
+    i32,
+    i32,
+    f32,
+    i32,
+    u32,
+    u32,
+    i32,
+    i64,
+    i32,
+)> = Kernel::new(0, "paged_attention");
+
+/// `attention.cu`: `attn_reduce(const float* partials, const unsigned* seqs, float* out, int n_seqs, int n_heads, int head_blocks, int head_dim, long long rows_bound, int target_blocks)`.
+pub const ATTN_REDUCE: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i32, i64, i32)> =
+    Kernel::new(0, "attn_reduce");
+
+/// `dense.cu`: `embedding(const void* table, const unsigned* ids, float* out, int n_ids, int hidden, long long vocab, int dtype)`.
+pub const EMBEDDING: Kernel<(Ptr, Ptr, Ptr, i32, i32, i64, i32)> = Kernel::new(1, "embedding");
+
+/// `dense.cu`: `rms_norm(const float* x, const void* w, float* out, int rows, int dim, float eps, float offset, int w_dtype)`.
+pub const RMS_NORM: Kernel<(Ptr, Ptr, Ptr, i32, i32, f32, f32, i32)> = Kernel::new(1, "rms_norm");
+
+/// `dense.cu`: `rope(float* x, const unsigned* positions, const float* inv_freq, int rows, int n_heads, int head_dim, int rotary_dim, float scaling)`.
+pub const ROPE: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i32, f32)> = Kernel::new(1, "rope");
+
+/// `dense.cu`: `kv_store(const float* k, const float* v, void* k_cache, void* v_cache, const unsigned* slots, int n, int kv_width, int block_size, long long capacity, int cache_dtype)`.
+pub const KV_STORE: Kernel<(Ptr, Ptr, Ptr, Ptr, Ptr, i32, i32, i32, i64, i32)> =
+    Kernel::new(1, "kv_store");
+
+/// `dense.cu`: `silu_mul(const float* gate, const float* up, float* out, long long n)`.
+pub const SILU_MUL: Kernel<(Ptr, Ptr, Ptr, i64)> = Kernel::new(1, "silu_mul");
+
+/// `dense.cu`: `relu2(const float* x, float* out, long long n)`.
+pub const RELU2: Kernel<(Ptr, Ptr, i64)> = Kernel::new(1, "relu2");
+
+/// `dense.cu`: `sigmoid_mul(const float* x, const float* gate, float* out, long long n)`.
+pub const SIGMOID_MUL: Kernel<(Ptr, Ptr, Ptr, i64)> = Kernel::new(1, "sigmoid_mul");
+
+/// `dense.cu`: `add_scaled(float* acc, const float* x, float factor, long long n)`.
+pub const ADD_SCALED: Kernel<(Ptr, Ptr, f32, i64)> = Kernel::new(1, "add_scaled");
+
+/// `dense.cu`: `scale(float* x, float factor, long long n)`.
+pub const SCALE: Kernel<(Ptr, f32, i64)> = Kernel::new(1, "scale");
+
+/// `dense.cu`: `bias_add(float* out, const void* bias, int m, int n, int dtype)`.
+pub const BIAS_ADD: Kernel<(Ptr, Ptr, i32, i32, i32)> = Kernel::new(1, "bias_add");
+
+/// `dense.cu`: `copy_cols(const float* src, float* dst, int rows, int src_width, int col_start, int cols)`.
+pub const COPY_COLS: Kernel<(Ptr, Ptr, i32, i32, i32, i32)> = Kernel::new(1, "copy_cols");
+
+/// `dense.cu`: `scatter_cols(const float* src, float* dst, int rows, int cols, int dst_width, int col_start)`.
+pub const SCATTER_COLS: Kernel<(Ptr, Ptr, i32, i32, i32, i32)> = Kernel::new(1, "scatter_cols");
+
+/// `dense.cu`: `gather_rows(const void* src, const unsigned* rows, void* out, int n, long long row_units, long long src_rows, int unit)`.
+pub const GATHER_ROWS: Kernel<(Ptr, Ptr, Ptr, i32, i64, i64, i32)> = Kernel::new(1, "gather_rows");
+
+/// `dense.cu`: `scatter_add_rows(const float* src, const unsigned* rows, const float* weights, float* dst, int n, int width, long long dst_rows)`.
+pub const SCATTER_ADD_ROWS: Kernel<(Ptr, Ptr, Ptr, Ptr, i32, i32, i64)> =
+    Kernel::new(1, "scatter_add_rows");

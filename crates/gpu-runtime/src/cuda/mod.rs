@@ -24,8 +24,14 @@ mod driver;
 pub(crate) mod launch;
 #[rustfmt::skip]
 mod kernels;
+mod args;
+mod attention;
 mod dense;
+#[cfg(test)]
+mod device_tests;
 mod gemm;
+#[cfg(test)]
+mod tests;
 mod unsupported;
 mod workspace;
 

@@ -19,8 +19,9 @@ const SERVER: &str = "metrale-serve";
 pub struct Args {
     /// The server's arguments: [--model DIR] [--host 127.0.0.1] [--port
     /// 8000] [--api-key KEY] [--served-model-name NAME] [--device cpu|auto]
-    /// [--threads N] [--max-seqs N] [--max-waiting N] (`metrale serve
-    /// --help` lists them).
+    /// [--threads N] [--memory-limit SIZE] [--kv-dtype auto|f32|bf16]
+    /// [--max-seqs N] [--max-waiting N] (`metrale serve --help` lists
+    /// them).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub args: Vec<String>,
 }

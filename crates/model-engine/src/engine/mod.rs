@@ -12,6 +12,7 @@
 //! queue; one that can never fit is rejected with an error that says why.
 //! Whenever a request leaves, its KV blocks and SSM slot are freed at once.
 
+mod gauges;
 mod intake;
 mod request;
 mod scheduler;
@@ -20,6 +21,7 @@ mod tests;
 
 use std::collections::VecDeque;
 
+pub use gauges::{EngineGauges, GaugeValues};
 pub use intake::{Intake, NewRequest};
 pub use request::{Event, RequestId, Usage};
 
@@ -100,6 +102,9 @@ pub struct Engine {
     /// Requests with a sequence, oldest first.
     running: Vec<Request>,
     stats: EngineStats,
+    /// Running and waiting requests, KV blocks and SSM slots in use, for
+    /// other threads.
+    gauges: EngineGauges,
 }
 
 impl Engine {
@@ -118,7 +123,7 @@ impl Engine {
         let paged = model.config().attention_layers().next().is_some();
         let step_tokens = step_tokens(&model, &config);
         let intake = Intake::new(&model, tokenizer, step_tokens, paged);
-        Self {
+        let engine = Self {
             model,
             intake,
             eos_ids,
@@ -127,7 +132,10 @@ impl Engine {
             waiting: VecDeque::new(),
             running: Vec::new(),
             stats: EngineStats::default(),
-        }
+            gauges: EngineGauges::default(),
+        };
+        engine.publish();
+        engine
     }
 
     pub fn model(&self) -> &TransformerModel {
@@ -150,6 +158,30 @@ impl Engine {
 
     pub fn stats(&self) -> EngineStats {
         self.stats
+    }
+
+    /// A handle on the engine's gauges (running and waiting requests, KV
+    /// blocks and SSM slots in use), readable from any thread. They are
+    /// updated when a request is queued or cancelled and after every step.
+    pub fn gauges(&self) -> EngineGauges {
+        self.gauges.clone()
+    }
+
+    /// Stores the current counts in the gauges.
+    fn publish(&self) {
+        let (kv_blocks_in_use, kv_blocks_total) = {
+            let kv = self.model.kv_cache();
+            (kv.used_blocks(), kv.num_blocks())
+        };
+        let pool = self.model.ssm_pool();
+        self.gauges.store(GaugeValues {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            kv_blocks_in_use,
+            kv_blocks_total,
+            ssm_slots_in_use: pool.in_use(),
+            ssm_slots_total: pool.capacity(),
+        });
     }
 
     /// The ids that end generation (unless a request ignores EOS).
@@ -213,12 +245,19 @@ impl Engine {
         }
         let at = self.waiting.partition_point(|r| r.id < id);
         self.waiting.insert(at, request.request);
+        self.publish();
         Ok(id)
     }
 
     /// Ends a request at once, freeing its KV blocks and SSM slot. Returns
     /// whether it was waiting or running.
     pub fn cancel(&mut self, id: RequestId) -> bool {
+        let found = self.cancel_one(id);
+        self.publish();
+        found
+    }
+
+    fn cancel_one(&mut self, id: RequestId) -> bool {
         if let Some(i) = self.running.iter().position(|r| r.id == id) {
             self.remove_running(i);
             true
@@ -235,6 +274,12 @@ impl Engine {
     /// when there is no work. A failure of the step fails the requests in it
     /// (`Error` events), not the engine; running out of KV blocks preempts.
     pub fn step(&mut self) -> Result<Vec<Event>> {
+        let events = self.step_inner();
+        self.publish();
+        events
+    }
+
+    fn step_inner(&mut self) -> Result<Vec<Event>> {
         let mut events = Vec::new();
         let plan = self.schedule(&mut events);
         if plan.is_empty() {
@@ -352,6 +397,7 @@ impl Engine {
             self.remove_running(self.running.len() - 1);
         }
         self.waiting.clear();
+        self.publish();
     }
 
     /// Cancels every request and hands the model back.

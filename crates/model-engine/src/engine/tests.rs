@@ -235,12 +235,23 @@ fn cancel_frees_blocks_and_slot_at_once() {
         ..EngineConfig::default()
     };
     let (cpu, mut e) = engine("bamba", options(32, 2), config, false);
+    let gauges = e.gauges();
+    let g = gauges.read();
+    assert_eq!((g.running, g.waiting, g.kv_blocks_in_use), (0, 0, 0));
+    assert_eq!(
+        (g.ssm_slots_in_use, g.ssm_slots_total, g.kv_blocks_total),
+        (0, 2, 32)
+    );
     let a = e.add_request(prompt(30, 1), greedy(10)).expect("add");
     let b = e.add_request(prompt(5, 2), greedy(10)).expect("add");
     let c = e.add_request(prompt(5, 3), greedy(10)).expect("add");
+    assert_eq!(gauges.read().waiting, 3, "queued requests count at once");
     e.step().expect("step");
     assert_eq!(e.num_running(), 2, "a and b run, c waits for a slot");
     assert!(e.model().kv_cache().used_blocks() > 0);
+    let g = gauges.read();
+    assert_eq!((g.running, g.waiting, g.ssm_slots_in_use), (2, 1, 2));
+    assert_eq!(g.kv_blocks_in_use, e.model().kv_cache().used_blocks());
     assert!(e.cancel(a), "a is mid-prefill");
     assert!(e.cancel(c), "c is waiting");
     assert!(!e.cancel(c));
@@ -250,6 +261,12 @@ fn cancel_frees_blocks_and_slot_at_once() {
     assert!(e.cancel(b), "b is decoding");
     assert_eq!(e.model().kv_cache().used_blocks(), 0);
     assert_eq!(e.model().ssm_pool().in_use(), 0);
+    let g = gauges.read();
+    assert_eq!(
+        (g.running, g.waiting, g.kv_blocks_in_use, g.ssm_slots_in_use),
+        (0, 0, 0, 0),
+        "a cancel updates the gauges at once"
+    );
     assert!(!e.has_unfinished());
     assert!(e.step().expect("idle step").is_empty());
     teardown(&cpu, e);

@@ -4,7 +4,10 @@
 //! `logprobs: true` reports, per choice, `logprobs.content` as
 //! `[{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]`: the
 //! sampled token's log-probability under the model (log-softmax of the raw
-//! logits) and the `top_logprobs` (at most 20) most likely tokens.
+//! logits) and the `top_logprobs` (at most 20) most likely tokens. `bytes`
+//! are the token's own ([`token_bytes`](crate::sse::token_bytes)): for a
+//! token that is part of a UTF-8 character, whose `token` text shows
+//! U+FFFD, they are the bytes it stands for.
 //! `tools` / `functions` (and their
 //! `*_choice`) are refused with a 400: no tool calling yet.
 
@@ -156,11 +159,11 @@ fn logprobs_json(lps: &[TokenLogprob]) -> Value {
             json!({
                 "token": l.text,
                 "logprob": l.logprob,
-                "bytes": l.text.as_bytes(),
-                "top_logprobs": l.top.iter().map(|(text, lp)| json!({
-                    "token": text,
-                    "logprob": lp,
-                    "bytes": text.as_bytes(),
+                "bytes": l.bytes,
+                "top_logprobs": l.top.iter().map(|t| json!({
+                    "token": t.text,
+                    "logprob": t.logprob,
+                    "bytes": t.bytes,
                 })).collect::<Vec<_>>(),
             })
         })

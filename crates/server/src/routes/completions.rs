@@ -31,13 +31,34 @@ pub async fn handler(
     let Json(request) = body?;
     state.check_model(request.model.as_deref())?;
     if request.echo {
-        return Err(ApiError::bad_param("echo", "echo is not supported"));
+        return Err(ApiError::bad_param(
+            "echo",
+            "echo is not supported (the prompt is never repeated in the output)",
+        ));
     }
     if request.suffix.is_some() {
-        return Err(ApiError::bad_param("suffix", "suffix is not supported"));
+        return Err(ApiError::bad_param(
+            "suffix",
+            "suffix is not supported (no fill-in-the-middle)",
+        ));
     }
-    if request.best_of.is_some_and(|b| b > 1) {
-        return Err(ApiError::bad_param("best_of", "best_of is not supported"));
+    // best_of = n is plain sampling; more would generate candidates and
+    // return the best, which this server does not do.
+    let n = request.sampling.n()? as u64;
+    match request.best_of {
+        Some(b) if b > n => {
+            return Err(ApiError::bad_param(
+                "best_of",
+                format!("best_of > n is not supported (best_of {b}, n {n})"),
+            ));
+        }
+        Some(b) if b < n => {
+            return Err(ApiError::bad_param(
+                "best_of",
+                format!("best_of must be at least n (best_of {b}, n {n})"),
+            ));
+        }
+        _ => {}
     }
     let (logprobs, top) = match request.logprobs {
         None => (false, 0),
@@ -146,8 +167,8 @@ fn top_json(lps: &[TokenLogprob]) -> Value {
         .iter()
         .map(|l| {
             let mut map = serde_json::Map::new();
-            for (text, lp) in &l.top {
-                map.entry(text.clone()).or_insert(json!(lp));
+            for t in &l.top {
+                map.entry(t.text.clone()).or_insert(json!(t.logprob));
             }
             Value::Object(map)
         })

@@ -65,6 +65,34 @@ pub fn start(config: ServerConfig) -> TestServer {
     start_until(config, std::future::pending())
 }
 
+/// A server on `fixture` whose app `app` makes from the shared state.
+pub fn start_app(
+    fixture: &std::path::Path,
+    options: &LoadOptions,
+    config: ServerConfig,
+    app: impl FnOnce(Arc<AppState>) -> axum::Router,
+) -> TestServer {
+    let generator = Generator::load(fixture, options, EngineConfig::default(), &mut |_| {})
+        .unwrap_or_else(|e| panic!("loading {}: {e:#}", fixture.display()));
+    let state = Arc::new(AppState::new(generator, config).expect("starting the engine"));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = app(state.clone());
+    runtime.spawn(metrale_server::serve(listener, app, std::future::pending()));
+    TestServer {
+        addr,
+        state,
+        runtime: Some(runtime),
+    }
+}
+
 /// A server that shuts down gracefully when `shutdown` completes.
 pub fn start_until(
     config: ServerConfig,

@@ -1,0 +1,83 @@
+//! The parsers of `metrale-serve`'s options that take more than a number,
+//! spelled as the `metrale` subcommands spell them (`--kv-dtype`,
+//! `--memory-limit`).
+
+use metrale::core::DType;
+
+/// `--kv-dtype`: the KV cache's element type.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KvDType {
+    /// The backend's default (f32 on the CPU).
+    #[default]
+    Auto,
+    F32,
+    /// Half the bytes per cached token; logits move by up to about 1e-2.
+    Bf16,
+}
+
+impl KvDType {
+    pub fn dtype(self) -> Option<DType> {
+        match self {
+            KvDType::Auto => None,
+            KvDType::F32 => Some(DType::F32),
+            KvDType::Bf16 => Some(DType::BF16),
+        }
+    }
+}
+
+/// `--memory-limit`: `8GiB`, `8 GiB`, `1.5GB`, `512MiB`, `4096` (bytes).
+/// Binary units KiB, MiB, GiB, TiB (and K, M, G, T); decimal KB, MB, GB,
+/// TB.
+pub fn parse_memory(text: &str) -> Result<usize, String> {
+    let s = text.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = (s[..split].trim(), s[split..].trim());
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a memory size (e.g. 8GiB, 512MiB, 16GB)"))?;
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
+            ));
+        }
+    };
+    let bytes = value * scale;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > usize::MAX as f64 {
+        return Err(format!("{text:?} is not a usable memory size"));
+    }
+    Ok(bytes as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_sizes() {
+        assert_eq!(parse_memory("8GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_memory("8 gib").unwrap(), 8 << 30);
+        assert_eq!(parse_memory("1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_memory("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_memory("4096").unwrap(), 4096);
+        assert!(parse_memory("lots").is_err());
+        assert!(parse_memory("8 parsecs").is_err());
+    }
+
+    #[test]
+    fn kv_dtypes() {
+        assert_eq!(KvDType::Auto.dtype(), None);
+        assert_eq!(KvDType::Bf16.dtype(), Some(DType::BF16));
+    }
+}

@@ -1,0 +1,374 @@
+"""Drives a running metrale server with the official `openai` Python client.
+
+Run by crates/server/tests/openai_client.rs, which starts the servers,
+computes the expected greedy texts with the metrale library and passes
+everything in a JSON file:
+
+    python3 openai_client.py SPEC.json
+
+Every check runs (a failure does not stop the others); each failure is
+printed, and the script exits 1 if any check failed, 0 otherwise.
+"""
+
+import json
+import math
+import sys
+import traceback
+
+import openai
+from openai import OpenAI
+
+FAILURES = []
+PASSED = 0
+
+
+def check(cond, what):
+    global PASSED
+    if cond:
+        PASSED += 1
+    else:
+        FAILURES.append(what)
+        print(f"FAIL: {what}", flush=True)
+
+
+def section(fn):
+    """Runs one group of checks; an exception is a failure of the group."""
+
+    def run(*args):
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - reported, not hidden
+            FAILURES.append(f"{fn.__name__}: {type(e).__name__}: {e}")
+            print(f"FAIL: {fn.__name__} raised", flush=True)
+            traceback.print_exc()
+
+    run.__name__ = fn.__name__
+    return run
+
+
+def expect_error(kind, call, what, status=None, code=None):
+    """`call()` must raise the client's `kind` (with `status` and error `code`)."""
+    try:
+        call()
+    except kind as e:
+        check(status is None or e.status_code == status,
+              f"{what}: status {e.status_code}, expected {status}")
+        check(code is None or e.code == code,
+              f"{what}: error code {e.code!r}, expected {code!r}")
+        body = e.body if isinstance(e.body, dict) else {}
+        check(isinstance(body.get("message"), str) and body["message"],
+              f"{what}: the error has no message: {e.body!r}")
+        return
+    except Exception as e:  # noqa: BLE001
+        check(False, f"{what}: raised {type(e).__name__} ({e}), expected {kind.__name__}")
+        return
+    check(False, f"{what}: no error, expected {kind.__name__}")
+
+
+@section
+def models(client, spec):
+    ids = [m.id for m in client.models.list().data]
+    check(ids == [spec["model"]], f"models.list: {ids}")
+
+
+@section
+def completions(client, spec):
+    want = spec["completion"]
+    prompt, max_tokens = want["prompt"], want["max_tokens"]
+    r = client.completions.create(
+        model=spec["model"], prompt=prompt, max_tokens=max_tokens, temperature=0)
+    text = r.choices[0].text
+    check(text == want["text"],
+          f"greedy completion {text!r} != metrale generate's {want['text']!r}")
+    check(r.choices[0].finish_reason == want["finish_reason"],
+          f"completion finish_reason {r.choices[0].finish_reason}, expected {want['finish_reason']}")
+    check(r.object == "text_completion", f"completion object {r.object}")
+    u = r.usage
+    check(u is not None and u.prompt_tokens == want["prompt_tokens"],
+          f"completion usage.prompt_tokens {u and u.prompt_tokens}, expected {want['prompt_tokens']}")
+    check(u is not None and u.completion_tokens == want["completion_tokens"],
+          f"completion usage.completion_tokens {u and u.completion_tokens}, expected {want['completion_tokens']}")
+    check(u is not None and u.total_tokens == u.prompt_tokens + u.completion_tokens,
+          f"completion usage.total_tokens {u}")
+
+    # Streamed: the chunks add up to the same text; include_usage adds a
+    # last chunk with no choices and the usage.
+    chunks = list(client.completions.create(
+        model=spec["model"], prompt=prompt, max_tokens=max_tokens, temperature=0,
+        stream=True, stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    check(streamed == want["text"],
+          f"streamed greedy completion {streamed!r} != {want['text']!r}")
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    check(reasons == [want["finish_reason"]], f"streamed completion finish_reasons {reasons}")
+    last = chunks[-1]
+    check(last.choices == [] and last.usage is not None
+          and last.usage.completion_tokens == want["completion_tokens"]
+          and last.usage.prompt_tokens == want["prompt_tokens"],
+          f"streamed completion usage chunk {last}")
+
+
+@section
+def chat(client, spec):
+    want = spec["chat"]
+    r = client.chat.completions.create(
+        model=spec["model"], messages=want["messages"], max_tokens=want["max_tokens"],
+        temperature=0)
+    msg = r.choices[0].message
+    check(msg.role == "assistant", f"chat role {msg.role}")
+    check(msg.content == want["text"],
+          f"greedy chat {msg.content!r} != the library's templated generation {want['text']!r}")
+    check(r.choices[0].finish_reason == want["finish_reason"],
+          f"chat finish_reason {r.choices[0].finish_reason}, expected {want['finish_reason']}")
+    check(r.object == "chat.completion", f"chat object {r.object}")
+    check(r.usage.prompt_tokens == want["prompt_tokens"]
+          and r.usage.completion_tokens == want["completion_tokens"]
+          and r.usage.total_tokens == want["prompt_tokens"] + want["completion_tokens"],
+          f"chat usage {r.usage}, expected {want['prompt_tokens']} + {want['completion_tokens']}")
+
+    # max_completion_tokens is the newer spelling of max_tokens.
+    r = client.chat.completions.create(
+        model=spec["model"], messages=want["messages"],
+        max_completion_tokens=want["max_tokens"], temperature=0)
+    check(r.choices[0].message.content == want["text"],
+          f"chat with max_completion_tokens: {r.choices[0].message.content!r}")
+
+    chunks = list(client.chat.completions.create(
+        model=spec["model"], messages=want["messages"], max_tokens=want["max_tokens"],
+        temperature=0, stream=True, stream_options={"include_usage": True}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    check(deltas and deltas[0].role == "assistant", f"first chat delta {deltas[:1]}")
+    streamed = "".join(d.content or "" for d in deltas)
+    check(streamed == want["text"], f"streamed greedy chat {streamed!r} != {want['text']!r}")
+    check(all(c.object == "chat.completion.chunk" for c in chunks), "chat chunk objects")
+    last = chunks[-1]
+    check(last.choices == [] and last.usage is not None
+          and last.usage.completion_tokens == want["completion_tokens"],
+          f"streamed chat usage chunk {last}")
+
+
+@section
+def stop(client, spec):
+    want = spec["completion"]
+    text = want["text"]
+    if len(text) < 6:
+        check(False, f"the greedy text {text!r} is too short to cut a stop string from")
+        return
+    stop = text[3:5]
+    expected = text[: text.find(stop)]
+    for stops in (stop, [stop, "\u0001never"]):
+        r = client.completions.create(
+            model=spec["model"], prompt=want["prompt"], max_tokens=want["max_tokens"],
+            temperature=0, stop=stops)
+        check(r.choices[0].text == expected,
+              f"stop {stops!r}: {r.choices[0].text!r}, expected {expected!r}")
+        check(r.choices[0].finish_reason == "stop",
+              f"stop {stops!r}: finish_reason {r.choices[0].finish_reason}")
+    chunks = list(client.completions.create(
+        model=spec["model"], prompt=want["prompt"], max_tokens=want["max_tokens"],
+        temperature=0, stop=stop, stream=True))
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    check(streamed == expected, f"streamed stop {stop!r}: {streamed!r}, expected {expected!r}")
+    # Chat, too.
+    chat_text = spec["chat"]["text"]
+    if len(chat_text) >= 6:
+        cstop = chat_text[3:5]
+        r = client.chat.completions.create(
+            model=spec["model"], messages=spec["chat"]["messages"],
+            max_tokens=spec["chat"]["max_tokens"], temperature=0, stop=[cstop])
+        check(r.choices[0].message.content == chat_text[: chat_text.find(cstop)],
+              f"chat stop {cstop!r}: {r.choices[0].message.content!r}")
+        check(r.choices[0].finish_reason == "stop", "chat stop finish_reason")
+
+
+@section
+def seed(client, spec):
+    prompt = spec["completion"]["prompt"]
+
+    def sample(seed):
+        r = client.completions.create(
+            model=spec["model"], prompt=prompt, max_tokens=12, temperature=1.0,
+            seed=seed, extra_body={"ignore_eos": True})
+        return r.choices[0].text
+
+    a, b = sample(7), sample(7)
+    check(a == b, f"seed 7 twice gave {a!r} and {b!r}")
+    others = [sample(s) for s in (8, 9, 10)]
+    check(any(o != a for o in others), f"seeds 8, 9, 10 all gave seed 7's text {a!r}")
+    # Chat with a seed.
+    msgs = spec["chat"]["messages"]
+    ca = client.chat.completions.create(
+        model=spec["model"], messages=msgs, max_tokens=8, temperature=1.0, seed=3)
+    cb = client.chat.completions.create(
+        model=spec["model"], messages=msgs, max_tokens=8, temperature=1.0, seed=3)
+    check(ca.choices[0].message.content == cb.choices[0].message.content,
+          "chat: the same seed gave different texts")
+
+
+@section
+def n_choices(client, spec):
+    want = spec["completion"]
+    r = client.completions.create(
+        model=spec["model"], prompt=want["prompt"], max_tokens=want["max_tokens"],
+        temperature=0, n=3)
+    check([c.index for c in r.choices] == [0, 1, 2], f"n=3 indices {[c.index for c in r.choices]}")
+    check(all(c.text == want["text"] for c in r.choices),
+          f"n=3 greedy choices {[c.text for c in r.choices]}")
+    check(r.usage.prompt_tokens == want["prompt_tokens"],
+          f"n=3 prompt_tokens {r.usage.prompt_tokens}: the prompt is counted once")
+    check(r.usage.completion_tokens == 3 * want["completion_tokens"],
+          f"n=3 completion_tokens {r.usage.completion_tokens}")
+    # Sampled choices under one seed: reproducible as a set.
+    runs = []
+    for _ in range(2):
+        r = client.chat.completions.create(
+            model=spec["model"], messages=spec["chat"]["messages"], max_tokens=6,
+            temperature=1.0, seed=11, n=2)
+        check(sorted(c.index for c in r.choices) == [0, 1], f"chat n=2 indices {r.choices}")
+        runs.append([c.message.content for c in r.choices])
+    check(runs[0] == runs[1], f"chat n=2 with a seed: {runs}")
+    # Streamed n: every index gets its own finish.
+    chunks = list(client.completions.create(
+        model=spec["model"], prompt=want["prompt"], max_tokens=4, temperature=0, n=2,
+        stream=True))
+    finished = sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason)
+    check(finished == [0, 1], f"streamed n=2 finishes {finished}")
+
+
+@section
+def logprobs(client, spec):
+    want = spec["completion"]
+    r = client.completions.create(
+        model=spec["model"], prompt=want["prompt"], max_tokens=want["max_tokens"],
+        temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    n = want["completion_tokens"]
+    check(lp is not None and len(lp.tokens) == n and len(lp.token_logprobs) == n,
+          f"completion logprobs: {n} tokens expected, got {lp}")
+    if lp is not None:
+        check(all(x <= 0 and math.isfinite(x) for x in lp.token_logprobs),
+              f"token_logprobs {lp.token_logprobs}")
+        ref = want["logprobs"]
+        check(all(abs(a - b) <= 1e-4 for a, b in zip(lp.token_logprobs, ref)),
+              f"token_logprobs {lp.token_logprobs} != the library's {ref}")
+        check(lp.top_logprobs is not None and len(lp.top_logprobs) == n,
+              f"top_logprobs {lp.top_logprobs}")
+        for i, top in enumerate(lp.top_logprobs or []):
+            check(1 <= len(top) <= 2, f"top_logprobs[{i}] {top}")
+            # Greedy: the sampled token is the most likely one.
+            check(abs(max(top.values()) - lp.token_logprobs[i]) <= 1e-6,
+                  f"greedy token {i} logprob {lp.token_logprobs[i]} is not the top {top}")
+        check(lp.text_offset == sorted(lp.text_offset), f"text_offset {lp.text_offset}")
+    # Streamed: one logprob per token across the chunks.
+    chunks = list(client.completions.create(
+        model=spec["model"], prompt=want["prompt"], max_tokens=want["max_tokens"],
+        temperature=0, logprobs=0, stream=True))
+    streamed = [x for c in chunks if c.choices and c.choices[0].logprobs
+                for x in c.choices[0].logprobs.token_logprobs]
+    check(len(streamed) == n and all(abs(a - b) <= 1e-4 for a, b in zip(streamed, want["logprobs"])),
+          f"streamed completion logprobs {streamed}")
+
+    cw = spec["chat"]
+    r = client.chat.completions.create(
+        model=spec["model"], messages=cw["messages"], max_tokens=cw["max_tokens"],
+        temperature=0, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs and r.choices[0].logprobs.content
+    check(content is not None and len(content) == cw["completion_tokens"],
+          f"chat logprobs.content: {cw['completion_tokens']} entries expected, got {content}")
+    for i, t in enumerate(content or []):
+        check(len(t.top_logprobs) == 2, f"chat token {i}: top_logprobs {t.top_logprobs}")
+        check(t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob,
+              f"chat token {i}: top_logprobs not best first")
+        check(abs(t.top_logprobs[0].logprob - t.logprob) <= 1e-6,
+              f"chat token {i}: greedy logprob {t.logprob} is not the top {t.top_logprobs[0]}")
+        check(isinstance(t.bytes, list) and all(0 <= b < 256 for b in t.bytes),
+              f"chat token {i}: bytes {t.bytes}")
+    if content:
+        joined = bytes(b for t in content for b in t.bytes)
+        check(joined.decode("utf-8", errors="replace") == r.choices[0].message.content,
+              f"chat: the tokens' bytes {joined!r} do not spell the reply {r.choices[0].message.content!r}")
+    r = client.chat.completions.create(
+        model=spec["model"], messages=cw["messages"], max_tokens=cw["max_tokens"],
+        temperature=0, logprobs=True)
+    content = r.choices[0].logprobs and r.choices[0].logprobs.content
+    check(content is not None and all(t.top_logprobs == [] for t in content),
+          f"chat logprobs without top_logprobs: {content}")
+
+
+@section
+def errors(client, spec, keyed_url, key):
+    m = spec["model"]
+    expect_error(openai.NotFoundError,
+                 lambda: client.completions.create(model="no-such-model", prompt="hi", max_tokens=2),
+                 "an unknown model (completions)", 404, "model_not_found")
+    expect_error(openai.NotFoundError,
+                 lambda: client.chat.completions.create(
+                     model="no-such-model", messages=[{"role": "user", "content": "hi"}]),
+                 "an unknown model (chat)", 404, "model_not_found")
+    expect_error(openai.BadRequestError,
+                 lambda: client.completions.create(model=m, prompt="hi", max_tokens=-1),
+                 "max_tokens -1", 400)
+    expect_error(openai.BadRequestError,
+                 lambda: client.completions.create(model=m, prompt="hi", max_tokens=10**9),
+                 "a huge max_tokens", 400)
+    expect_error(openai.BadRequestError,
+                 lambda: client.completions.create(model=m, prompt="hi", temperature="hot"),
+                 "a string temperature", 400)
+    expect_error(openai.BadRequestError,
+                 lambda: client.completions.create(model=m, prompt="hi", echo=True),
+                 "echo", 400)
+    expect_error(openai.BadRequestError,
+                 lambda: client.completions.create(model=m, prompt="hi", suffix="!"),
+                 "suffix", 400)
+    expect_error(openai.BadRequestError,
+                 lambda: client.completions.create(model=m, prompt="hi", best_of=3, n=1),
+                 "best_of > n", 400)
+    expect_error(openai.BadRequestError,
+                 lambda: client.chat.completions.create(
+                     model=m, messages=[{"role": "user", "content": "hi"}],
+                     tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+                 "tools", 400)
+    expect_error(openai.BadRequestError,
+                 lambda: client.chat.completions.create(model=m, messages=[]),
+                 "no messages", 400)
+
+    wrong = OpenAI(base_url=keyed_url, api_key="wrong-key", max_retries=0, timeout=60)
+    expect_error(openai.AuthenticationError,
+                 lambda: wrong.completions.create(model=m, prompt="hi", max_tokens=2),
+                 "a wrong API key", 401)
+    expect_error(openai.AuthenticationError, lambda: wrong.models.list(),
+                 "a wrong API key (models)", 401)
+    right = OpenAI(base_url=keyed_url, api_key=key, max_retries=0, timeout=60)
+    r = right.completions.create(model=m, prompt=spec["completion"]["prompt"],
+                                 max_tokens=spec["completion"]["max_tokens"], temperature=0)
+    check(r.choices[0].text == spec["completion"]["text"], "the right API key: wrong text")
+
+    # The server is still healthy after all that.
+    r = client.completions.create(model=m, prompt=spec["completion"]["prompt"],
+                                  max_tokens=spec["completion"]["max_tokens"], temperature=0)
+    check(r.choices[0].text == spec["completion"]["text"], "after the errors: wrong text")
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    print(f"openai {openai.__version__} against {spec['base_url']}", flush=True)
+    client = OpenAI(base_url=spec["base_url"], api_key="unused", max_retries=0, timeout=120)
+    models(client, spec)
+    completions(client, spec)
+    chat(client, spec)
+    stop(client, spec)
+    seed(client, spec)
+    n_choices(client, spec)
+    logprobs(client, spec)
+    errors(client, spec, spec["keyed_base_url"], spec["api_key"])
+    print(f"{PASSED} checks passed, {len(FAILURES)} failed", flush=True)
+    if FAILURES:
+        print("FAILED CHECKS:", flush=True)
+        for f in FAILURES:
+            print(f"  - {f}", flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

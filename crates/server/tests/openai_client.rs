@@ -1,0 +1,237 @@
+//! The official `openai` Python client against the server (never skipped:
+//! no python3, or an `openai` package that cannot be installed, fails the
+//! test). The expected greedy texts come from the library: a completion's
+//! from `Generator::generate` (what `metrale generate` runs: the prompt
+//! encoded with special tokens, streamed to its end), a chat's from the
+//! model's chat template through `Generator::chat_prompt` and
+//! `generate_ids`. `openai_client.py` checks completions and chat, streamed
+//! and not, stop, seed, n, logprobs, usage, and the errors as the client's
+//! exception types (400, 404 `model_not_found`, 401 with an API key).
+
+mod common;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use metrale::{ChatMessage, Finish, SamplingParams};
+use metrale_server::ServerConfig;
+use serde_json::json;
+
+/// The `openai` package version the test installs when python3 has none
+/// (`.ci/run` installs the same).
+const OPENAI_VERSION: &str = "1.109.1";
+
+const PROMPT: &str = "The quick brown fox";
+const MAX_TOKENS: usize = 12;
+const API_KEY: &str = "sk-metrale-test";
+/// The script takes a few seconds; past this it is killed and the test fails.
+const SCRIPT_LIMIT: Duration = Duration::from_secs(300);
+
+fn python() -> &'static str {
+    "python3"
+}
+
+/// `PYTHONPATH` for a python3 that imports `openai` at the pinned version:
+/// none when python3's own is that version (`.ci/run` installs it), else a
+/// directory under the target dir where pip installs it (once; later runs
+/// reuse it).
+fn openai_pythonpath() -> Option<PathBuf> {
+    // The version of `openai` python3 imports with `pythonpath`.
+    let version = |pythonpath: Option<&Path>| {
+        let mut cmd = Command::new(python());
+        cmd.args(["-c", "import openai; print(openai.__version__)"]);
+        if let Some(p) = pythonpath {
+            cmd.env("PYTHONPATH", p);
+        }
+        let out = cmd.output().unwrap_or_else(|e| {
+            panic!(
+                "the official-client test needs python3 on PATH to run the `openai` package, \
+                 and running it failed: {e}"
+            )
+        });
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    if version(None).as_deref() == Some(OPENAI_VERSION) {
+        eprintln!("python3 has openai {OPENAI_VERSION}");
+        return None;
+    }
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("pydeps-openai-{OPENAI_VERSION}"));
+    if version(Some(&dir)).as_deref() != Some(OPENAI_VERSION) {
+        eprintln!("installing openai=={OPENAI_VERSION} into {}", dir.display());
+        let out = Command::new(python())
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--upgrade",
+            ])
+            .arg("--target")
+            .arg(&dir)
+            .arg(format!("openai=={OPENAI_VERSION}"))
+            .output()
+            .unwrap_or_else(|e| panic!("running `python3 -m pip install` failed: {e}"));
+        let got = version(Some(&dir));
+        assert!(
+            out.status.success() && got.as_deref() == Some(OPENAI_VERSION),
+            "could not install the `openai` Python package (openai=={OPENAI_VERSION}) into {} \
+             with pip ({}; importing it then gives {got:?}); the official-client test cannot \
+             run without it.\nstdout: {}\nstderr: {}",
+            dir.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+    }
+    Some(dir)
+}
+
+/// Runs `cmd` to its end, killing it (and failing) after `limit`.
+fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running openai_client.py with python3");
+    // Read both pipes on threads so a full pipe never blocks the script.
+    let pipe = |r: Option<Box<dyn Read + Send>>| {
+        let mut r = r.unwrap();
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let out = pipe(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = pipe(child.stderr.take().map(|p| Box::new(p) as _));
+    let began = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if began.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "openai_client.py ran past {limit:?} and was killed; its output:\n{}\n{}",
+                String::from_utf8_lossy(&out.join().unwrap()),
+                String::from_utf8_lossy(&err.join().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+fn finish(reason: &Finish) -> &'static str {
+    match reason {
+        Finish::Length => "length",
+        _ => "stop",
+    }
+}
+
+#[test]
+fn the_official_openai_client_gets_the_library_s_outputs() {
+    let started = Instant::now();
+    let pythonpath = openai_pythonpath();
+
+    // The expected outputs, from the library.
+    let mut g = generator();
+    let greedy = SamplingParams {
+        max_tokens: Some(MAX_TOKENS),
+        logprobs: true,
+        ..SamplingParams::greedy()
+    };
+    let completion = g.generate(PROMPT, &greedy).unwrap();
+    let messages = [
+        ChatMessage::new("system", "You are terse."),
+        ChatMessage::new("user", "Name a colour."),
+    ];
+    let template = g
+        .chat_template()
+        .expect("the llama fixture has a chat template");
+    let chat_ids = g.chat_prompt(&template, &messages).unwrap();
+    let chat = g.generate_ids(chat_ids, &greedy).unwrap();
+    g.shutdown().unwrap();
+
+    let server = served();
+    let keyed = start(ServerConfig {
+        api_key: Some(API_KEY.into()),
+        ..ServerConfig::default()
+    });
+    let spec = json!({
+        "base_url": format!("http://{}/v1", server.addr),
+        "keyed_base_url": format!("http://{}/v1", keyed.addr),
+        "api_key": API_KEY,
+        "model": server.state.model_name,
+        "completion": {
+            "prompt": PROMPT,
+            "max_tokens": MAX_TOKENS,
+            "text": completion.text,
+            "finish_reason": finish(&completion.finish_reason),
+            "prompt_tokens": completion.usage.prompt_tokens,
+            "completion_tokens": completion.usage.completion_tokens,
+            "logprobs": completion.logprobs,
+        },
+        "chat": {
+            "messages": [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Name a colour."},
+            ],
+            "max_tokens": MAX_TOKENS,
+            "text": chat.text,
+            "finish_reason": finish(&chat.finish_reason),
+            "prompt_tokens": chat.usage.prompt_tokens,
+            "completion_tokens": chat.usage.completion_tokens,
+        },
+    });
+    let spec_path = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("openai-client-spec-{}.json", std::process::id()));
+    std::fs::write(&spec_path, spec.to_string()).unwrap();
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let mut cmd = Command::new(python());
+    cmd.arg(&script)
+        .arg(&spec_path)
+        // Loopback only: no proxy between the client and the server.
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("ALL_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .env_remove("all_proxy")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("OPENAI_API_KEY");
+    if let Some(dir) = &pythonpath {
+        cmd.env("PYTHONPATH", dir);
+    }
+    let out = run_bounded(cmd, SCRIPT_LIMIT);
+    let _ = std::fs::remove_file(&spec_path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(
+        out.status.success(),
+        "openai_client.py failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(stdout.contains(" 0 failed"), "{stdout}");
+    eprintln!(
+        "official-client test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
