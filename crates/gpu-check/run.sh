@@ -149,9 +149,7 @@ fi
 # ---------------------------------------------------------------------------
 # The machine.
 
-LOG="${GPU_CHECK_LOG:-/tmp/metrale-gpu-check-$(date +%Y%m%d-%H%M%S).log}"
-exec > >(tee -a "$LOG") 2>&1
-
+main() {
 say "== metrale gpu-check bundle: $HERE"
 [ -f "$HERE/BUILD-INFO" ] && sed 's/^/  /' "$HERE/BUILD-INFO"
 say "host: $(uname -srm), $(nproc 2>/dev/null || echo '?') cores, $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")"
@@ -193,5 +191,10 @@ case "$RC" in
         ;;
 esac
 say "== done in $(( $(date +%s) - START )) s, status $RC; log: $LOG"
-[ "$RC" = 0 ] || exit 1
+[ "$RC" = 0 ]
+}
+
+LOG="${GPU_CHECK_LOG:-/tmp/metrale-gpu-check-$(date +%Y%m%d-%H%M%S).log}"
+main "$@" 2>&1 | tee -a "$LOG"
+[ "${PIPESTATUS[0]}" = 0 ] || exit 1
 exit 0
