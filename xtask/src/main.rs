@@ -1,5 +1,7 @@
 //! Developer tasks: `cargo xtask <task>`.
 
+mod gpu_check;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -47,6 +49,8 @@ enum Task {
     },
     /// Run what CI runs: formatting check and the test suite.
     Ci,
+    /// Build the GPU check's bundle (docs/GPU-CHECK.md).
+    GpuCheck(gpu_check::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -73,6 +77,7 @@ fn task(task: Task) -> Result<()> {
             .arg(root.join("tests/fixtures/gen_fixtures.py"))
             .arg(root.join(out))
             .current_dir(&root)),
+        Task::GpuCheck(args) => gpu_check::run(&root, args),
         Task::Ci => {
             run(Command::new("cargo")
                 .args(["fmt", "--all", "--", "--check"])
