@@ -105,27 +105,9 @@ fn build(root: &Path) -> Result<()> {
     let mut cmd = Command::new(cargo());
     cmd.args(["test", "--workspace", "--no-run"])
         .current_dir(root);
-    // Until the gpu-check package turns on `metrale/cuda` itself, ask for it
-    // here (it rebuilds the facade and what depends on it).
-    let facade = std::fs::read_to_string(root.join("crates/metrale/Cargo.toml"))?;
-    let check = std::fs::read_to_string(root.join("crates/gpu-check/Cargo.toml"))?;
-    let has_feature = facade.lines().any(|l| l.trim_start().starts_with("cuda ="));
-    let enabled = check
-        .lines()
-        .any(|l| l.trim_start().starts_with("metrale =") && l.contains("\"cuda\""));
-    if has_feature && !enabled {
-        println!(
-            "note: metrale has a `cuda` feature that crates/gpu-check/Cargo.toml does not turn \
-             on; building with --features metrale/cuda (turn it on there so that `cargo test \
-             --workspace` builds it once)"
-        );
-        cmd.args(["--features", "metrale/cuda"]);
-    } else if !has_feature {
-        println!(
-            "warning: crates/metrale has no `cuda` feature yet: the bundled `metrale` cannot \
-             run `--device cuda`, so the bench check will fail on the GPU machine"
-        );
-    }
+    // The workspace's features are unified: the `tests` package turns on
+    // `metrale/cuda` and this package `metrale-gpu-runtime/cuda`, so the
+    // bundled `metrale` runs `--device cuda` with no second build.
     run_cmd(&mut cmd).context("building the test binaries")
 }
 
