@@ -5,10 +5,11 @@
 use super::launch::{Kernel, Ptr};
 
 /// The PTX of each `kernels/<stem>.cu`, in module-index order.
-pub static MODULES: [(&str, &str); 3] = [
+pub static MODULES: [(&str, &str); 4] = [
     ("attention", include_str!("../../kernels/ptx/attention.ptx")),
     ("convert", include_str!("../../kernels/ptx/convert.ptx")),
     ("dense", include_str!("../../kernels/ptx/dense.ptx")),
+    ("mamba", include_str!("../../kernels/ptx/mamba.ptx")),
 ];
 
 /// `attention.cu`: `paged_attention(const float* q, const void* k_cache, const void* v_cache, const unsigned* seqs, const unsigned* tables, float* out, float* partials, int n_seqs, int n_kv_heads, int head_dim, int block_size, float scale, int window, unsigned num_blocks, unsigned table_len, int flags, long long rows_bound, int target_blocks)`.
@@ -86,3 +87,59 @@ pub const GATHER_ROWS: Kernel<(Ptr, Ptr, Ptr, i32, i64, i64, i32)> = Kernel::new
 /// `dense.cu`: `scatter_add_rows(const float* src, const unsigned* rows, const float* weights, float* dst, int n, int width, long long dst_rows)`.
 pub const SCATTER_ADD_ROWS: Kernel<(Ptr, Ptr, Ptr, Ptr, i32, i32, i64)> =
     Kernel::new(2, "scatter_add_rows");
+
+/// `mamba.cu`: `causal_conv1d(const float* __restrict__ x, const void* __restrict__ w, const void* __restrict__ bias, float* __restrict__ out, const float* __restrict__ states, const unsigned* __restrict__ seqs, int n_seqs, int channels, int kernel, long long per_slot, unsigned n_slots, long long rows_bound, int w_dtype, int b_dtype, int silu)`.
+pub const CAUSAL_CONV1D: Kernel<(
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    i32,
+    i32,
+    i32,
+    i64,
+    u32,
+    i64,
+    i32,
+    i32,
+    i32,
+)> = Kernel::new(3, "causal_conv1d");
+
+/// `mamba.cu`: `conv_state_update(const float* __restrict__ x, float* states, const unsigned* __restrict__ seqs, int n_seqs, int channels, int kernel, long long per_slot, unsigned n_slots, long long rows_bound)`.
+pub const CONV_STATE_UPDATE: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i64, u32, i64)> =
+    Kernel::new(3, "conv_state_update");
+
+/// `mamba.cu`: `gated_rms_norm(const float* __restrict__ x, const float* __restrict__ gate, const void* __restrict__ w, float* __restrict__ out, long long n_groups_total, int dim, int group_size, float eps, int order, int w_dtype)`.
+pub const GATED_RMS_NORM: Kernel<(Ptr, Ptr, Ptr, Ptr, i64, i32, i32, f32, i32, i32)> =
+    Kernel::new(3, "gated_rms_norm");
+
+/// `mamba.cu`: `ssd_scan(const float* __restrict__ x, const float* __restrict__ dt_raw, const float* __restrict__ b, const float* __restrict__ c, const void* __restrict__ a_log, const void* __restrict__ d_skip, const void* __restrict__ dt_bias, float* __restrict__ y, float* __restrict__ states, const unsigned* __restrict__ seqs, int n_seqs, int n_heads, int head_dim, int d_state, int n_groups, float dt_min, float dt_max, long long x_stride, long long bc_stride, long long per_slot, unsigned n_slots, long long rows_bound, int a_dtype, int d_dtype, int bias_dtype)`.
+pub const SSD_SCAN: Kernel<(
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    f32,
+    f32,
+    i64,
+    i64,
+    i64,
+    u32,
+    i64,
+    i32,
+    i32,
+    i32,
+)> = Kernel::new(3, "ssd_scan");

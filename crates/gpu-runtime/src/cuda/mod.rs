@@ -35,6 +35,9 @@ mod dense;
 mod device_tests;
 mod gemm;
 mod probe;
+mod recurrent;
+#[cfg(test)]
+mod recurrent_tests;
 #[cfg(test)]
 mod tests;
 mod unsupported;
@@ -75,6 +78,9 @@ pub const SUPPORTED_OPS: &[Op] = &[
     Op::ScatterCols,
     Op::GatherRows,
     Op::ScatterAddRows,
+    Op::CausalConv1d,
+    Op::SsdScan,
+    Op::GatedRmsNorm,
 ];
 
 /// A recorded CUDA event.

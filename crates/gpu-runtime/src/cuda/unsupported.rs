@@ -1,88 +1,19 @@
-//! The op families part 1 of the backend does not run yet: the recurrent
-//! (Mamba-2, Gated DeltaNet) and MoE ops. [`GpuBackend::supports`] answers
+//! The ops the backend does not run yet: the MoE ops (the gated delta rule's
+//! stub is with the other recurrent ops, in `recurrent.rs`). [`GpuBackend::supports`] answers
 //! false for them, so a model that needs one is refused at load with its
 //! name; called anyway, each returns an error naming itself.
 
 use super::CudaBackend;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
-use crate::ops::{
-    DeltaParams, ExpertGroups, ExpertTable, GateOrder, GroupedTopK, MoeOps, Op, RecurrentBatch,
-    RecurrentOps, Routes, SsdParams, StateSlots,
-};
+use crate::ops::{ExpertGroups, ExpertTable, GroupedTopK, MoeOps, Op, Routes};
 
 impl CudaBackend {
-    fn lacks(&self, op: Op) -> Result<()> {
+    pub(super) fn lacks(&self, op: Op) -> Result<()> {
         self.hooks.check(op.name())?;
         Err(GpuError::Unavailable(format!(
             "{op} is not implemented by the CUDA backend yet"
         )))
-    }
-}
-
-impl RecurrentOps for CudaBackend {
-    fn causal_conv1d(
-        &self,
-        _x: DeviceSlice,
-        _weight: DeviceSlice,
-        _bias: Option<DeviceSlice>,
-        _out: DeviceSlice,
-        _states: StateSlots,
-        _seqs: &RecurrentBatch,
-        _channels: usize,
-        _kernel: usize,
-        _silu: bool,
-    ) -> Result<()> {
-        self.lacks(Op::CausalConv1d)
-    }
-
-    fn ssd_scan(
-        &self,
-        _x: DeviceSlice,
-        _dt_raw: DeviceSlice,
-        _b: DeviceSlice,
-        _c: DeviceSlice,
-        _a_log: DeviceSlice,
-        _d: DeviceSlice,
-        _dt_bias: DeviceSlice,
-        _y: DeviceSlice,
-        _states: StateSlots,
-        _seqs: &RecurrentBatch,
-        _p: &SsdParams,
-    ) -> Result<()> {
-        self.lacks(Op::SsdScan)
-    }
-
-    fn gated_rms_norm(
-        &self,
-        _x: DeviceSlice,
-        _gate: DeviceSlice,
-        _weight: DeviceSlice,
-        _out: DeviceSlice,
-        _rows: usize,
-        _dim: usize,
-        _group_size: usize,
-        _eps: f32,
-        _order: GateOrder,
-    ) -> Result<()> {
-        self.lacks(Op::GatedRmsNorm)
-    }
-
-    fn gated_delta_rule(
-        &self,
-        _q: DeviceSlice,
-        _k: DeviceSlice,
-        _v: DeviceSlice,
-        _a: DeviceSlice,
-        _b: DeviceSlice,
-        _a_log: DeviceSlice,
-        _dt_bias: DeviceSlice,
-        _out: DeviceSlice,
-        _states: StateSlots,
-        _seqs: &RecurrentBatch,
-        _p: &DeltaParams,
-    ) -> Result<()> {
-        self.lacks(Op::GatedDeltaRule)
     }
 }
 
