@@ -37,6 +37,8 @@ mod gemm;
 mod probe;
 mod recurrent;
 #[cfg(test)]
+mod recurrent_device_tests;
+#[cfg(test)]
 mod recurrent_tests;
 #[cfg(test)]
 mod tests;

@@ -420,8 +420,8 @@ pub(super) fn ssd_launch(
     }))
 }
 
-impl CudaBackend {
-    pub(super) fn causal_conv1d_op(
+impl RecurrentOps for CudaBackend {
+    fn causal_conv1d(
         &self,
         x: DeviceSlice,
         weight: DeviceSlice,
@@ -446,7 +446,7 @@ impl CudaBackend {
         }
     }
 
-    pub(super) fn ssd_scan_op(
+    fn ssd_scan(
         &self,
         x: DeviceSlice,
         dt_raw: DeviceSlice,
@@ -467,7 +467,7 @@ impl CudaBackend {
         }
     }
 
-    pub(super) fn gated_rms_norm_op(
+    fn gated_rms_norm(
         &self,
         x: DeviceSlice,
         gate: DeviceSlice,
@@ -485,55 +485,6 @@ impl CudaBackend {
             None => Ok(()),
         }
     }
-}
-
-impl RecurrentOps for CudaBackend {
-    fn causal_conv1d(
-        &self,
-        x: DeviceSlice,
-        weight: DeviceSlice,
-        bias: Option<DeviceSlice>,
-        out: DeviceSlice,
-        states: StateSlots,
-        seqs: &RecurrentBatch,
-        channels: usize,
-        kernel: usize,
-        silu: bool,
-    ) -> Result<()> {
-        self.causal_conv1d_op(x, weight, bias, out, states, seqs, channels, kernel, silu)
-    }
-
-    fn ssd_scan(
-        &self,
-        x: DeviceSlice,
-        dt_raw: DeviceSlice,
-        b: DeviceSlice,
-        c: DeviceSlice,
-        a_log: DeviceSlice,
-        d: DeviceSlice,
-        dt_bias: DeviceSlice,
-        y: DeviceSlice,
-        states: StateSlots,
-        seqs: &RecurrentBatch,
-        p: &SsdParams,
-    ) -> Result<()> {
-        self.ssd_scan_op(x, dt_raw, b, c, a_log, d, dt_bias, y, states, seqs, p)
-    }
-
-    fn gated_rms_norm(
-        &self,
-        x: DeviceSlice,
-        gate: DeviceSlice,
-        weight: DeviceSlice,
-        out: DeviceSlice,
-        rows: usize,
-        dim: usize,
-        group_size: usize,
-        eps: f32,
-        order: GateOrder,
-    ) -> Result<()> {
-        self.gated_rms_norm_op(x, gate, weight, out, rows, dim, group_size, eps, order)
-    }
 
     fn gated_delta_rule(
         &self,
@@ -549,6 +500,7 @@ impl RecurrentOps for CudaBackend {
         _seqs: &RecurrentBatch,
         _p: &DeltaParams,
     ) -> Result<()> {
+        // Not here yet: refused at load (not in SUPPORTED_OPS).
         self.lacks(Op::GatedDeltaRule)
     }
 }
