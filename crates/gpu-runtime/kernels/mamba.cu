@@ -237,9 +237,9 @@ extern "C" __global__ void __launch_bounds__(SSD_WARPS * 32)
             cb[j] = nb[j];
             cc[j] = nc[j];
         }
-        if (t + 1 < len) {
-            load(row + 1);
-        }
+        // The next token's operands (the last token's again at the end:
+        // no branch, so the loop body stays one block for the scheduler).
+        load(row0 + min(t + 1, len - 1));
         // dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max), as Rust's
         // f32::clamp (a NaN stays NaN).
         dt = softplus_f(dt + bias);

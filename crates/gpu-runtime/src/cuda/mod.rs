@@ -18,9 +18,10 @@
 //! `available_memory` leaves it out and [`CudaBackend::scratch_bytes`]
 //! reports it.
 //!
-//! Part 1 runs the dense transformer ops; the recurrent and MoE ops answer
-//! `supports == false` and error when called, so a hybrid or MoE model is
-//! refused at load with the ops' names.
+//! Part 1 runs the dense transformer ops; the Mamba-2 ops (causal conv1d,
+//! SSD scan, gated RMSNorm) are in `recurrent.rs`. The ops not yet here
+//! answer `supports == false` and error when called, so a model needing
+//! one is refused at load with the ops' names.
 
 mod driver;
 pub(crate) mod launch;
@@ -62,7 +63,7 @@ pub use driver::MIN_DRIVER_VERSION;
 use driver::{Context, driver_error, is_sticky};
 use launch::Modules;
 
-/// The ops this backend runs (part 1: the dense transformer's).
+/// The ops this backend runs (the dense transformer's, then Mamba-2's).
 pub const SUPPORTED_OPS: &[Op] = &[
     Op::Embedding,
     Op::Matmul,
