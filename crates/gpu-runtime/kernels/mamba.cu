@@ -145,7 +145,7 @@ extern "C" __global__ void gated_rms_norm(const float* __restrict__ x,
 // Grid (n_seqs, n_heads * p_blocks). A block of SSD_WARPS warps takes
 // SSD_WARPS * SSD_ROWS consecutive rows p of one head's state; each warp
 // SSD_ROWS of them, its lanes splitting d_state (k = lane + 32 j, j <
-// SSD_KPL). The state stays in registers over the sequence's tokens:
+// KPL: 1, 2, 4 or SSD_KPL, the fewest that cover d_state). The state stays in registers over the sequence's tokens:
 //   dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max); da = exp(dt A)
 //   s[p, k] = s[p, k] * da + (x[p] dt) * B[k];  y[p] = sum_k s[p, k] C[k] + D x[p]
 // with A = -exp(a_log). Head h reads B and C of group h / (n_heads / n_groups).
@@ -154,15 +154,16 @@ extern "C" __global__ void gated_rms_norm(const float* __restrict__ x,
 #define SSD_ROWS 2
 #define SSD_KPL 8  // d_state <= 32 * SSD_KPL
 
-extern "C" __global__ void __launch_bounds__(SSD_WARPS * 32)
-    ssd_scan(const float* __restrict__ x, const float* __restrict__ dt_raw,
-             const float* __restrict__ b, const float* __restrict__ c,
-             const void* __restrict__ a_log, const void* __restrict__ d_skip,
-             const void* __restrict__ dt_bias, float* __restrict__ y, float* __restrict__ states,
-             const unsigned* __restrict__ seqs, int n_seqs, int n_heads, int head_dim,
-             int d_state, int n_groups, float dt_min, float dt_max, long long x_stride,
-             long long bc_stride, long long per_slot, unsigned n_slots, long long rows_bound,
-             int a_dtype, int d_dtype, int bias_dtype) {
+// The scan with KPL d_state values per lane (d_state <= 32 * KPL).
+template <int KPL>
+__device__ __forceinline__ void ssd_scan_kpl(
+    const float* __restrict__ x, const float* __restrict__ dt_raw, const float* __restrict__ b,
+    const float* __restrict__ c, const void* __restrict__ a_log, const void* __restrict__ d_skip,
+    const void* __restrict__ dt_bias, float* __restrict__ y, float* __restrict__ states,
+    const unsigned* __restrict__ seqs, int n_seqs, int n_heads, int head_dim, int d_state,
+    int n_groups, float dt_min, float dt_max, long long x_stride, long long bc_stride,
+    long long per_slot, unsigned n_slots, long long rows_bound, int a_dtype, int d_dtype,
+    int bias_dtype) {
     const int s = blockIdx.x;
     const int p_blocks = (head_dim + SSD_WARPS * SSD_ROWS - 1) / (SSD_WARPS * SSD_ROWS);
     const int h = blockIdx.y / p_blocks;
@@ -185,21 +186,21 @@ extern "C" __global__ void __launch_bounds__(SSD_WARPS * 32)
     float* st = states + (long long)slot * per_slot + (long long)h * head_dim * d_state;
 
     bool row_ok[SSD_ROWS];
-    bool k_ok[SSD_KPL];
+    bool k_ok[KPL];
 #pragma unroll
     for (int r = 0; r < SSD_ROWS; ++r) {
         row_ok[r] = p0 + r < head_dim;
     }
 #pragma unroll
-    for (int j = 0; j < SSD_KPL; ++j) {
+    for (int j = 0; j < KPL; ++j) {
         k_ok[j] = lane + 32 * j < d_state;
     }
 
-    float sv[SSD_ROWS][SSD_KPL];
+    float sv[SSD_ROWS][KPL];
 #pragma unroll
     for (int r = 0; r < SSD_ROWS; ++r) {
 #pragma unroll
-        for (int j = 0; j < SSD_KPL; ++j) {
+        for (int j = 0; j < KPL; ++j) {
             sv[r][j] = row_ok[r] && k_ok[j]
                            ? st[(long long)(p0 + r) * d_state + lane + 32 * j]
                            : 0.0f;
@@ -207,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(SSD_WARPS * 32)
     }
 
     // Operands of token t: dt_raw, x of the warp's rows, the lane's B and C.
-    float nd, nx[SSD_ROWS], nb[SSD_KPL], nc[SSD_KPL];
+    float nd, nx[SSD_ROWS], nb[KPL], nc[KPL];
     auto load = [&](long long row) {
         nd = dt_raw[row * n_heads + h];
         const float* xr = x + row * x_stride + (long long)h * head_dim + p0;
@@ -218,7 +219,7 @@ extern "C" __global__ void __launch_bounds__(SSD_WARPS * 32)
         const float* br = b + row * bc_stride + (long long)g * d_state + lane;
         const float* cr = c + row * bc_stride + (long long)g * d_state + lane;
 #pragma unroll
-        for (int j = 0; j < SSD_KPL; ++j) {
+        for (int j = 0; j < KPL; ++j) {
             nb[j] = k_ok[j] ? br[32 * j] : 0.0f;
             nc[j] = k_ok[j] ? cr[32 * j] : 0.0f;
         }
@@ -226,14 +227,14 @@ extern "C" __global__ void __launch_bounds__(SSD_WARPS * 32)
     load(row0);
     for (int t = 0; t < len; ++t) {
         const long long row = row0 + t;
-        float cx[SSD_ROWS], cb[SSD_KPL], cc[SSD_KPL];
+        float cx[SSD_ROWS], cb[KPL], cc[KPL];
         float dt = nd;
 #pragma unroll
         for (int r = 0; r < SSD_ROWS; ++r) {
             cx[r] = nx[r];
         }
 #pragma unroll
-        for (int j = 0; j < SSD_KPL; ++j) {
+        for (int j = 0; j < KPL; ++j) {
             cb[j] = nb[j];
             cc[j] = nc[j];
         }
@@ -251,7 +252,7 @@ extern "C" __global__ void __launch_bounds__(SSD_WARPS * 32)
             const float xdt = cx[r] * dt;
             float acc = 0.0f;
 #pragma unroll
-            for (int j = 0; j < SSD_KPL; ++j) {
+            for (int j = 0; j < KPL; ++j) {
                 const float v = sv[r][j] * da + xdt * cb[j];
                 sv[r][j] = v;
                 acc += v * cc[j];
@@ -266,10 +267,35 @@ extern "C" __global__ void __launch_bounds__(SSD_WARPS * 32)
 #pragma unroll
     for (int r = 0; r < SSD_ROWS; ++r) {
 #pragma unroll
-        for (int j = 0; j < SSD_KPL; ++j) {
+        for (int j = 0; j < KPL; ++j) {
             if (row_ok[r] && k_ok[j]) {
                 st[(long long)(p0 + r) * d_state + lane + 32 * j] = sv[r][j];
             }
         }
+    }
+}
+
+// Lanes hold as few d_state values as d_state needs (no idle multiply-adds).
+#define SSD_SCAN_KPL(kpl)                                                                      \
+    ssd_scan_kpl<kpl>(x, dt_raw, b, c, a_log, d_skip, dt_bias, y, states, seqs, n_seqs,        \
+                      n_heads, head_dim, d_state, n_groups, dt_min, dt_max, x_stride, bc_stride, \
+                      per_slot, n_slots, rows_bound, a_dtype, d_dtype, bias_dtype)
+extern "C" __global__ void __launch_bounds__(SSD_WARPS * 32)
+    ssd_scan(const float* __restrict__ x, const float* __restrict__ dt_raw,
+             const float* __restrict__ b, const float* __restrict__ c,
+             const void* __restrict__ a_log, const void* __restrict__ d_skip,
+             const void* __restrict__ dt_bias, float* __restrict__ y, float* __restrict__ states,
+             const unsigned* __restrict__ seqs, int n_seqs, int n_heads, int head_dim,
+             int d_state, int n_groups, float dt_min, float dt_max, long long x_stride,
+             long long bc_stride, long long per_slot, unsigned n_slots, long long rows_bound,
+             int a_dtype, int d_dtype, int bias_dtype) {
+    if (d_state <= 32) {
+        SSD_SCAN_KPL(1);
+    } else if (d_state <= 64) {
+        SSD_SCAN_KPL(2);
+    } else if (d_state <= 128) {
+        SSD_SCAN_KPL(4);
+    } else {
+        SSD_SCAN_KPL(SSD_KPL);
     }
 }

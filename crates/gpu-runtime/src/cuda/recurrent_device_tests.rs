@@ -1,6 +1,6 @@
 //! Tests of the Mamba-2 ops that need an NVIDIA GPU (they pass at once,
 //! saying so, without one): the conformance suite at model-like Mamba
-//! shapes (d_state 128 and above 128, several row blocks per head), and a
+//! shapes (d_state 64, 128 and above 128, several row blocks per head), and a
 //! long prefill of the SSD scan, fed whole and in pieces, against the CPU
 //! backend, timed.
 
@@ -66,6 +66,20 @@ fn mamba_ops_conform_at_model_shapes() {
                 chunk_size: 20,
                 norm_group_size: 144,
                 dt_limit: (0.01, 0.5),
+            },
+        ),
+        // Zamba2-like: d_state 64, one group, nemotron_h's one-sided clamp.
+        mamba_arch(
+            "zamba2-like",
+            MambaShapes {
+                n_heads: 4,
+                head_dim: 32,
+                d_state: 64,
+                n_groups: 1,
+                conv_kernel: 4,
+                chunk_size: 16,
+                norm_group_size: 128,
+                dt_limit: (0.001, f32::INFINITY),
             },
         ),
     ];
