@@ -5,9 +5,10 @@
 use super::launch::{Kernel, Ptr};
 
 /// The PTX of each `kernels/<stem>.cu`, in module-index order.
-pub static MODULES: [(&str, &str); 3] = [
+pub static MODULES: [(&str, &str); 4] = [
     ("attention", include_str!("../../kernels/ptx/attention.ptx")),
     ("convert", include_str!("../../kernels/ptx/convert.ptx")),
+    ("delta", include_str!("../../kernels/ptx/delta.ptx")),
     ("dense", include_str!("../../kernels/ptx/dense.ptx")),
 ];
 
@@ -43,46 +44,68 @@ pub const CAST_F32_BF16: Kernel<(Ptr, Ptr, i64)> = Kernel::new(1, "cast_f32_bf16
 /// `convert.cu`: `cast_f32_f16(const float* x, unsigned short* y, long long n)`.
 pub const CAST_F32_F16: Kernel<(Ptr, Ptr, i64)> = Kernel::new(1, "cast_f32_f16");
 
+/// `delta.cu`: `gated_delta_rule(const float* q, const float* k, const float* v, const float* a, const float* b, const void* a_log, const void* dt_bias, float* out, float* states, const unsigned* seqs, int n_seqs, int n_v_heads, int k_head_dim, int v_head_dim, long long rows_bound, long long n_slots, long long per_slot, int flags)`.
+pub const GATED_DELTA_RULE: Kernel<(
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    i32,
+    i32,
+    i32,
+    i32,
+    i64,
+    i64,
+    i64,
+    i32,
+)> = Kernel::new(2, "gated_delta_rule");
+
 /// `dense.cu`: `embedding(const void* table, const unsigned* ids, float* out, int n_ids, int hidden, long long vocab, int dtype)`.
-pub const EMBEDDING: Kernel<(Ptr, Ptr, Ptr, i32, i32, i64, i32)> = Kernel::new(2, "embedding");
+pub const EMBEDDING: Kernel<(Ptr, Ptr, Ptr, i32, i32, i64, i32)> = Kernel::new(3, "embedding");
 
 /// `dense.cu`: `rms_norm(const float* x, const void* w, float* out, int rows, int dim, float eps, float offset, int w_dtype)`.
-pub const RMS_NORM: Kernel<(Ptr, Ptr, Ptr, i32, i32, f32, f32, i32)> = Kernel::new(2, "rms_norm");
+pub const RMS_NORM: Kernel<(Ptr, Ptr, Ptr, i32, i32, f32, f32, i32)> = Kernel::new(3, "rms_norm");
 
 /// `dense.cu`: `rope(float* x, const unsigned* positions, const float* inv_freq, int rows, int n_heads, int head_dim, int rotary_dim, float scaling)`.
-pub const ROPE: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i32, f32)> = Kernel::new(2, "rope");
+pub const ROPE: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i32, f32)> = Kernel::new(3, "rope");
 
 /// `dense.cu`: `kv_store(const float* k, const float* v, void* k_cache, void* v_cache, const unsigned* slots, int n, int kv_width, int block_size, long long capacity, int cache_dtype)`.
 pub const KV_STORE: Kernel<(Ptr, Ptr, Ptr, Ptr, Ptr, i32, i32, i32, i64, i32)> =
-    Kernel::new(2, "kv_store");
+    Kernel::new(3, "kv_store");
 
 /// `dense.cu`: `silu_mul(const float* gate, const float* up, float* out, long long n)`.
-pub const SILU_MUL: Kernel<(Ptr, Ptr, Ptr, i64)> = Kernel::new(2, "silu_mul");
+pub const SILU_MUL: Kernel<(Ptr, Ptr, Ptr, i64)> = Kernel::new(3, "silu_mul");
 
 /// `dense.cu`: `relu2(const float* x, float* out, long long n)`.
-pub const RELU2: Kernel<(Ptr, Ptr, i64)> = Kernel::new(2, "relu2");
+pub const RELU2: Kernel<(Ptr, Ptr, i64)> = Kernel::new(3, "relu2");
 
 /// `dense.cu`: `sigmoid_mul(const float* x, const float* gate, float* out, long long n)`.
-pub const SIGMOID_MUL: Kernel<(Ptr, Ptr, Ptr, i64)> = Kernel::new(2, "sigmoid_mul");
+pub const SIGMOID_MUL: Kernel<(Ptr, Ptr, Ptr, i64)> = Kernel::new(3, "sigmoid_mul");
 
 /// `dense.cu`: `add_scaled(float* acc, const float* x, float factor, long long n)`.
-pub const ADD_SCALED: Kernel<(Ptr, Ptr, f32, i64)> = Kernel::new(2, "add_scaled");
+pub const ADD_SCALED: Kernel<(Ptr, Ptr, f32, i64)> = Kernel::new(3, "add_scaled");
 
 /// `dense.cu`: `scale(float* x, float factor, long long n)`.
-pub const SCALE: Kernel<(Ptr, f32, i64)> = Kernel::new(2, "scale");
+pub const SCALE: Kernel<(Ptr, f32, i64)> = Kernel::new(3, "scale");
 
 /// `dense.cu`: `bias_add(float* out, const void* bias, int m, int n, int dtype)`.
-pub const BIAS_ADD: Kernel<(Ptr, Ptr, i32, i32, i32)> = Kernel::new(2, "bias_add");
+pub const BIAS_ADD: Kernel<(Ptr, Ptr, i32, i32, i32)> = Kernel::new(3, "bias_add");
 
 /// `dense.cu`: `copy_cols(const float* src, float* dst, int rows, int src_width, int col_start, int cols)`.
-pub const COPY_COLS: Kernel<(Ptr, Ptr, i32, i32, i32, i32)> = Kernel::new(2, "copy_cols");
+pub const COPY_COLS: Kernel<(Ptr, Ptr, i32, i32, i32, i32)> = Kernel::new(3, "copy_cols");
 
 /// `dense.cu`: `scatter_cols(const float* src, float* dst, int rows, int cols, int dst_width, int col_start)`.
-pub const SCATTER_COLS: Kernel<(Ptr, Ptr, i32, i32, i32, i32)> = Kernel::new(2, "scatter_cols");
+pub const SCATTER_COLS: Kernel<(Ptr, Ptr, i32, i32, i32, i32)> = Kernel::new(3, "scatter_cols");
 
 /// `dense.cu`: `gather_rows(const void* src, const unsigned* rows, void* out, int n, long long row_units, long long src_rows, int unit)`.
-pub const GATHER_ROWS: Kernel<(Ptr, Ptr, Ptr, i32, i64, i64, i32)> = Kernel::new(2, "gather_rows");
+pub const GATHER_ROWS: Kernel<(Ptr, Ptr, Ptr, i32, i64, i64, i32)> = Kernel::new(3, "gather_rows");
 
 /// `dense.cu`: `scatter_add_rows(const float* src, const unsigned* rows, const float* weights, float* dst, int n, int width, long long dst_rows)`.
 pub const SCATTER_ADD_ROWS: Kernel<(Ptr, Ptr, Ptr, Ptr, i32, i32, i64)> =
-    Kernel::new(2, "scatter_add_rows");
+    Kernel::new(3, "scatter_add_rows");

@@ -30,6 +30,9 @@ mod args;
 mod attention;
 #[cfg(test)]
 mod core_tests;
+mod delta;
+#[cfg(test)]
+mod delta_tests;
 mod dense;
 #[cfg(test)]
 mod device_tests;
@@ -75,6 +78,7 @@ pub const SUPPORTED_OPS: &[Op] = &[
     Op::ScatterCols,
     Op::GatherRows,
     Op::ScatterAddRows,
+    Op::GatedDeltaRule,
 ];
 
 /// A recorded CUDA event.

@@ -70,19 +70,20 @@ impl RecurrentOps for CudaBackend {
 
     fn gated_delta_rule(
         &self,
-        _q: DeviceSlice,
-        _k: DeviceSlice,
-        _v: DeviceSlice,
-        _a: DeviceSlice,
-        _b: DeviceSlice,
-        _a_log: DeviceSlice,
-        _dt_bias: DeviceSlice,
-        _out: DeviceSlice,
-        _states: StateSlots,
-        _seqs: &RecurrentBatch,
-        _p: &DeltaParams,
+        q: DeviceSlice,
+        k: DeviceSlice,
+        v: DeviceSlice,
+        a: DeviceSlice,
+        b: DeviceSlice,
+        a_log: DeviceSlice,
+        dt_bias: DeviceSlice,
+        out: DeviceSlice,
+        states: StateSlots,
+        seqs: &RecurrentBatch,
+        p: &DeltaParams,
     ) -> Result<()> {
-        self.lacks(Op::GatedDeltaRule)
+        // Implemented in `delta.rs`.
+        self.gated_delta_rule_op(q, k, v, a, b, a_log, dt_bias, out, states, seqs, p)
     }
 }
 
