@@ -2,6 +2,9 @@
 //! The PTX modules and one typed handle per kernel: a launch whose arguments
 //! do not match the kernel's parameter list does not compile.
 
+// A kernel's type spells its whole parameter list, however long.
+#![allow(clippy::type_complexity)]
+
 use super::launch::{Kernel, Ptr};
 
 /// The PTX of each `kernels/<stem>.cu`, in module-index order.
