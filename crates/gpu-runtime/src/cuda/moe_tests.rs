@@ -210,7 +210,11 @@ fn the_grid_bounds_every_expert_tile() {
                     .wrapping_add(1442695040888963407);
                 let r = (seed >> 33) as usize;
                 // Half the entries to expert 0, the rest anywhere.
-                let e = if r % 2 == 0 { 0 } else { (r / 2) % n_experts };
+                let e = if r.is_multiple_of(2) {
+                    0
+                } else {
+                    (r / 2) % n_experts
+                };
                 counts[e] += 1;
             }
             let mut offsets = vec![0u32];
@@ -223,9 +227,9 @@ fn the_grid_bounds_every_expert_tile() {
             for t in 0..rows as usize {
                 if let Some((e, r0, end)) = tile_of(&offsets, t) {
                     assert!(r0 < end && end <= offsets[e + 1] as usize);
-                    for r in r0..end.min(r0 + TILE) {
-                        covered[r] += 1;
-                    }
+                    covered[r0..end.min(r0 + TILE)]
+                        .iter_mut()
+                        .for_each(|c| *c += 1);
                 }
             }
             assert!(covered.iter().all(|&c| c == 1), "{entries} x {n_experts}");
