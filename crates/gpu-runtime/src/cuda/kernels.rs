@@ -8,11 +8,12 @@
 use super::launch::{Kernel, Ptr};
 
 /// The PTX of each `kernels/<stem>.cu`, in module-index order.
-pub static MODULES: [(&str, &str); 4] = [
+pub static MODULES: [(&str, &str); 5] = [
     ("attention", include_str!("../../kernels/ptx/attention.ptx")),
     ("convert", include_str!("../../kernels/ptx/convert.ptx")),
     ("delta", include_str!("../../kernels/ptx/delta.ptx")),
     ("dense", include_str!("../../kernels/ptx/dense.ptx")),
+    ("moe", include_str!("../../kernels/ptx/moe.ptx")),
 ];
 
 /// `attention.cu`: `paged_attention(const float* q, const void* k_cache, const void* v_cache, const unsigned* seqs, const unsigned* tables, float* out, float* partials, int n_seqs, int n_kv_heads, int head_dim, int block_size, float scale, int window, unsigned num_blocks, unsigned table_len, int flags, long long rows_bound, int target_blocks)`.
@@ -112,3 +113,25 @@ pub const GATHER_ROWS: Kernel<(Ptr, Ptr, Ptr, i32, i64, i64, i32)> = Kernel::new
 /// `dense.cu`: `scatter_add_rows(const float* src, const unsigned* rows, const float* weights, float* dst, int n, int width, long long dst_rows)`.
 pub const SCATTER_ADD_ROWS: Kernel<(Ptr, Ptr, Ptr, Ptr, i32, i32, i64)> =
     Kernel::new(3, "scatter_add_rows");
+
+/// `moe.cu`: `softmax_topk(const float* logits, unsigned* experts, float* weights, int rows, int n, int k, int renormalize)`.
+pub const SOFTMAX_TOPK: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i32)> =
+    Kernel::new(4, "softmax_topk");
+
+/// `moe.cu`: `sigmoid_topk(const float* logits, const void* bias, int bias_dtype, unsigned* experts, float* weights, int rows, int n, int k, int n_group, int topk_group, int renormalize, float scale)`.
+pub const SIGMOID_TOPK: Kernel<(Ptr, Ptr, i32, Ptr, Ptr, i32, i32, i32, i32, i32, i32, f32)> =
+    Kernel::new(4, "sigmoid_topk");
+
+/// `moe.cu`: `moe_group(const unsigned* experts, const float* weights, unsigned* offsets, unsigned* rows_out, float* weights_out, int entries, int k, int n_experts)`.
+pub const MOE_GROUP: Kernel<(Ptr, Ptr, Ptr, Ptr, Ptr, i32, i32, i32)> = Kernel::new(4, "moe_group");
+
+/// `moe.cu`: `grouped_matmul(const float* x, const unsigned long long* table, int dtype, const unsigned* offsets, float* out, int entries, int n, int k, int n_experts)`.
+pub const GROUPED_MATMUL: Kernel<(Ptr, Ptr, i32, Ptr, Ptr, i32, i32, i32, i32)> =
+    Kernel::new(4, "grouped_matmul");
+
+/// `moe.cu`: `grouped_matmul_swiglu(const float* x, const unsigned long long* gate, const unsigned long long* up, int dtype, const unsigned* offsets, float* out, float* scratch, int entries, int n, int k, int n_experts)`.
+pub const GROUPED_MATMUL_SWIGLU: Kernel<(Ptr, Ptr, Ptr, i32, Ptr, Ptr, Ptr, i32, i32, i32, i32)> =
+    Kernel::new(4, "grouped_matmul_swiglu");
+
+/// `moe.cu`: `sigmoid_gate_add(float* acc, const float* x, const float* gate, int width, long long n)`.
+pub const SIGMOID_GATE_ADD: Kernel<(Ptr, Ptr, Ptr, i32, i64)> = Kernel::new(4, "sigmoid_gate_add");

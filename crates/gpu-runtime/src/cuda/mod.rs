@@ -37,6 +37,10 @@ mod dense;
 #[cfg(test)]
 mod device_tests;
 mod gemm;
+mod moe;
+mod moe_args;
+#[cfg(test)]
+mod moe_tests;
 mod probe;
 #[cfg(test)]
 mod tests;
@@ -79,6 +83,12 @@ pub const SUPPORTED_OPS: &[Op] = &[
     Op::GatherRows,
     Op::ScatterAddRows,
     Op::GatedDeltaRule,
+    Op::SoftmaxTopk,
+    Op::SigmoidTopk,
+    Op::MoeGroup,
+    Op::GroupedMatmul,
+    Op::GroupedMatmulSwiglu,
+    Op::SigmoidGateAdd,
 ];
 
 /// A recorded CUDA event.

@@ -1,15 +1,12 @@
-//! The op families part 1 of the backend does not run yet: the recurrent
-//! (Mamba-2, Gated DeltaNet) and MoE ops. [`GpuBackend::supports`] answers
+//! The op family the backend does not run yet: the recurrent ops (Mamba-2,
+//! Gated DeltaNet). [`GpuBackend::supports`] answers
 //! false for them, so a model that needs one is refused at load with its
 //! name; called anyway, each returns an error naming itself.
 
 use super::CudaBackend;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
-use crate::ops::{
-    DeltaParams, ExpertGroups, ExpertTable, GateOrder, GroupedTopK, MoeOps, Op, RecurrentBatch,
-    RecurrentOps, Routes, SsdParams, StateSlots,
-};
+use crate::ops::{DeltaParams, GateOrder, Op, RecurrentBatch, RecurrentOps, SsdParams, StateSlots};
 
 impl CudaBackend {
     fn lacks(&self, op: Op) -> Result<()> {
@@ -84,65 +81,5 @@ impl RecurrentOps for CudaBackend {
     ) -> Result<()> {
         // Implemented in `delta.rs`.
         self.gated_delta_rule_op(q, k, v, a, b, a_log, dt_bias, out, states, seqs, p)
-    }
-}
-
-impl MoeOps for CudaBackend {
-    fn softmax_topk(
-        &self,
-        _logits: DeviceSlice,
-        _n: usize,
-        _renormalize: bool,
-        _routes: &Routes,
-    ) -> Result<()> {
-        self.lacks(Op::SoftmaxTopk)
-    }
-
-    fn sigmoid_topk(
-        &self,
-        _logits: DeviceSlice,
-        _bias: Option<DeviceSlice>,
-        _n: usize,
-        _p: &GroupedTopK,
-        _routes: &Routes,
-    ) -> Result<()> {
-        self.lacks(Op::SigmoidTopk)
-    }
-
-    fn moe_group(&self, _routes: &Routes, _groups: &ExpertGroups) -> Result<()> {
-        self.lacks(Op::MoeGroup)
-    }
-
-    fn grouped_matmul(
-        &self,
-        _x: DeviceSlice,
-        _w: &ExpertTable,
-        _groups: &ExpertGroups,
-        _out: DeviceSlice,
-    ) -> Result<()> {
-        self.lacks(Op::GroupedMatmul)
-    }
-
-    fn grouped_matmul_swiglu(
-        &self,
-        _x: DeviceSlice,
-        _gate: &ExpertTable,
-        _up: &ExpertTable,
-        _groups: &ExpertGroups,
-        _out: DeviceSlice,
-        _scratch: DeviceSlice,
-    ) -> Result<()> {
-        self.lacks(Op::GroupedMatmulSwiglu)
-    }
-
-    fn sigmoid_gate_add(
-        &self,
-        _acc: DeviceSlice,
-        _x: DeviceSlice,
-        _gate: DeviceSlice,
-        _rows: usize,
-        _width: usize,
-    ) -> Result<()> {
-        self.lacks(Op::SigmoidGateAdd)
     }
 }
