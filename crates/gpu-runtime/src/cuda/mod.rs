@@ -392,6 +392,13 @@ impl GpuBackend for CudaBackend {
         matches!(weights, DType::BF16 | DType::F16).then_some(weights)
     }
 
+    /// The grouped GEMM is `moe.cu`'s tiled kernel (it reads the routing on
+    /// the device); `matmul` is cuBLASLt's: they agree to f32 accumulation,
+    /// not to the bit.
+    fn grouped_matmul_is_matmul(&self) -> bool {
+        false
+    }
+
     fn available_memory(&self) -> Option<usize> {
         let free = self.memory_info().ok().map(|(free, _)| free);
         match (free, self.memory_limit) {
