@@ -18,10 +18,9 @@
 //! `available_memory` leaves it out and [`CudaBackend::scratch_bytes`]
 //! reports it.
 //!
-//! Part 1 runs the dense transformer ops; the Mamba-2 ops (causal conv1d,
-//! SSD scan, gated RMSNorm) are in `recurrent.rs`. The ops not yet here
-//! answer `supports == false` and error when called, so a model needing
-//! one is refused at load with the ops' names.
+//! Every op of `ops/` runs here: the dense transformer's (`dense.rs`,
+//! `attention.rs`, `gemm.rs`), Mamba-2's (`recurrent.rs`), the gated delta
+//! rule (`delta.rs`) and the MoE ops (`moe.rs`).
 
 mod driver;
 pub(crate) mod launch;
@@ -31,10 +30,17 @@ mod args;
 mod attention;
 #[cfg(test)]
 mod core_tests;
+mod delta;
+#[cfg(test)]
+mod delta_tests;
 mod dense;
 #[cfg(test)]
 mod device_tests;
 mod gemm;
+mod moe;
+mod moe_args;
+#[cfg(test)]
+mod moe_tests;
 mod probe;
 mod recurrent;
 #[cfg(test)]
@@ -43,7 +49,6 @@ mod recurrent_device_tests;
 mod recurrent_tests;
 #[cfg(test)]
 mod tests;
-mod unsupported;
 mod workspace;
 
 use std::collections::HashMap;
@@ -63,7 +68,7 @@ pub use driver::MIN_DRIVER_VERSION;
 use driver::{Context, driver_error, is_sticky};
 use launch::Modules;
 
-/// The ops this backend runs (the dense transformer's, then Mamba-2's).
+/// The ops this backend runs: all of them.
 pub const SUPPORTED_OPS: &[Op] = &[
     Op::Embedding,
     Op::Matmul,
@@ -84,6 +89,13 @@ pub const SUPPORTED_OPS: &[Op] = &[
     Op::CausalConv1d,
     Op::SsdScan,
     Op::GatedRmsNorm,
+    Op::GatedDeltaRule,
+    Op::SoftmaxTopk,
+    Op::SigmoidTopk,
+    Op::MoeGroup,
+    Op::GroupedMatmul,
+    Op::GroupedMatmulSwiglu,
+    Op::SigmoidGateAdd,
 ];
 
 /// A recorded CUDA event.
@@ -385,6 +397,13 @@ impl GpuBackend for CudaBackend {
     /// (f16), accumulating in f32 (see `gemm.rs`); f32 weights by f32.
     fn matmul_input_rounding(&self, weights: DType) -> Option<DType> {
         matches!(weights, DType::BF16 | DType::F16).then_some(weights)
+    }
+
+    /// The grouped GEMM is `moe.cu`'s tiled kernel (it reads the routing on
+    /// the device); `matmul` is cuBLASLt's: they agree to f32 accumulation,
+    /// not to the bit.
+    fn grouped_matmul_is_matmul(&self) -> bool {
+        false
     }
 
     fn available_memory(&self) -> Option<usize> {

@@ -21,7 +21,7 @@ use super::launch::{LaunchCfg, Ptr};
 use crate::error::Result;
 use crate::gpu::DeviceSlice;
 use crate::ops::step::RECURRENT_SEQ_WORDS;
-use crate::ops::{DeltaParams, GateOrder, Op, RecurrentBatch, RecurrentOps, SsdParams, StateSlots};
+use crate::ops::{DeltaParams, GateOrder, RecurrentBatch, RecurrentOps, SsdParams, StateSlots};
 
 /// Warps per block, state rows per warp and d_state values per lane of
 /// `ssd_scan` (`SSD_WARPS`, `SSD_ROWS`, `SSD_KPL` of mamba.cu).
@@ -488,19 +488,19 @@ impl RecurrentOps for CudaBackend {
 
     fn gated_delta_rule(
         &self,
-        _q: DeviceSlice,
-        _k: DeviceSlice,
-        _v: DeviceSlice,
-        _a: DeviceSlice,
-        _b: DeviceSlice,
-        _a_log: DeviceSlice,
-        _dt_bias: DeviceSlice,
-        _out: DeviceSlice,
-        _states: StateSlots,
-        _seqs: &RecurrentBatch,
-        _p: &DeltaParams,
+        q: DeviceSlice,
+        k: DeviceSlice,
+        v: DeviceSlice,
+        a: DeviceSlice,
+        b: DeviceSlice,
+        a_log: DeviceSlice,
+        dt_bias: DeviceSlice,
+        out: DeviceSlice,
+        states: StateSlots,
+        seqs: &RecurrentBatch,
+        p: &DeltaParams,
     ) -> Result<()> {
-        // Not here yet: refused at load (not in SUPPORTED_OPS).
-        self.lacks(Op::GatedDeltaRule)
+        // In `delta.rs`.
+        self.gated_delta_rule_op(q, k, v, a, b, a_log, dt_bias, out, states, seqs, p)
     }
 }
