@@ -149,7 +149,8 @@ extern "C" __global__ void gated_rms_norm(const float* __restrict__ x,
 //   dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max); da = exp(dt A)
 //   s[p, k] = s[p, k] * da + (x[p] dt) * B[k];  y[p] = sum_k s[p, k] C[k] + D x[p]
 // with A = -exp(a_log). Head h reads B and C of group h / (n_heads / n_groups).
-// Each token's operands are loaded one token ahead.
+// Each token's operands are loaded one token ahead; dt and exp(dt A) are
+// computed for 32 tokens at once, a token per lane.
 #define SSD_WARPS 8
 #define SSD_ROWS 2
 #define SSD_KPL 8  // d_state <= 32 * SSD_KPL
@@ -207,10 +208,13 @@ __device__ __forceinline__ void ssd_scan_kpl(
         }
     }
 
-    // Operands of token t: dt_raw, x of the warp's rows, the lane's B and C.
-    float nd, nx[SSD_ROWS], nb[KPL], nc[KPL];
+    // dt and exp(dt A) of 32 tokens at a time, lane i holding token
+    // t0 + i's (handed out by shuffles); the next 32 raw values loaded ahead.
+    auto raw_dt = [&](int tt) { return tt < len ? dt_raw[(row0 + tt) * n_heads + h] : 0.0f; };
+    float raw_next = raw_dt(lane), dtv = 0.0f, dav = 0.0f;
+    // Operands of token t: x of the warp's rows, the lane's B and C.
+    float nx[SSD_ROWS], nb[KPL], nc[KPL];
     auto load = [&](long long row) {
-        nd = dt_raw[row * n_heads + h];
         const float* xr = x + row * x_stride + (long long)h * head_dim + p0;
 #pragma unroll
         for (int r = 0; r < SSD_ROWS; ++r) {
@@ -227,8 +231,19 @@ __device__ __forceinline__ void ssd_scan_kpl(
     load(row0);
     for (int t = 0; t < len; ++t) {
         const long long row = row0 + t;
+        if ((t & 31) == 0) {
+            // dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max), as
+            // Rust's f32::clamp (a NaN stays NaN).
+            float v = softplus_f(raw_next + bias);
+            v = v < dt_min ? dt_min : v;
+            v = v > dt_max ? dt_max : v;
+            dtv = v;
+            dav = expf(v * neg_a);
+            raw_next = raw_dt(t + 32 + lane);
+        }
+        const float dt = __shfl_sync(FULL_MASK, dtv, t & 31);
+        const float da = __shfl_sync(FULL_MASK, dav, t & 31);
         float cx[SSD_ROWS], cb[KPL], cc[KPL];
-        float dt = nd;
 #pragma unroll
         for (int r = 0; r < SSD_ROWS; ++r) {
             cx[r] = nx[r];
@@ -241,12 +256,6 @@ __device__ __forceinline__ void ssd_scan_kpl(
         // The next token's operands (the last token's again at the end:
         // no branch, so the loop body stays one block for the scheduler).
         load(row0 + min(t + 1, len - 1));
-        // dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max), as Rust's
-        // f32::clamp (a NaN stays NaN).
-        dt = softplus_f(dt + bias);
-        dt = dt < dt_min ? dt_min : dt;
-        dt = dt > dt_max ? dt_max : dt;
-        const float da = expf(dt * neg_a);
 #pragma unroll
         for (int r = 0; r < SSD_ROWS; ++r) {
             const float xdt = cx[r] * dt;
