@@ -145,14 +145,15 @@ extern "C" __global__ void gated_rms_norm(const float* __restrict__ x,
 // Grid (n_seqs, n_heads * p_blocks). A block of SSD_WARPS warps takes
 // SSD_WARPS * SSD_ROWS consecutive rows p of one head's state; each warp
 // SSD_ROWS of them, its lanes splitting d_state (k = lane + 32 j, j <
-// KPL: 1, 2, 4 or SSD_KPL, the fewest that cover d_state). The state stays in registers over the sequence's tokens:
+// KPL: 1, 2, 4 or SSD_KPL, the fewest that cover d_state). The state stays
+// in registers over the sequence's tokens:
 //   dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max); da = exp(dt A)
 //   s[p, k] = s[p, k] * da + (x[p] dt) * B[k];  y[p] = sum_k s[p, k] C[k] + D x[p]
 // with A = -exp(a_log). Head h reads B and C of group h / (n_heads / n_groups).
 // Each token's operands are loaded one token ahead; dt and exp(dt A) are
 // computed for 32 tokens at once, a token per lane.
-#define SSD_WARPS 8
-#define SSD_ROWS 2
+#define SSD_WARPS 4
+#define SSD_ROWS 4  // the butterfly below reduces exactly four rows
 #define SSD_KPL 8  // d_state <= 32 * SSD_KPL
 
 // The scan with KPL d_state values per lane (d_state <= 32 * KPL).
@@ -256,6 +257,7 @@ __device__ __forceinline__ void ssd_scan_kpl(
         // The next token's operands (the last token's again at the end:
         // no branch, so the loop body stays one block for the scheduler).
         load(row0 + min(t + 1, len - 1));
+        float part[SSD_ROWS];
 #pragma unroll
         for (int r = 0; r < SSD_ROWS; ++r) {
             const float xdt = cx[r] * dt;
@@ -266,10 +268,24 @@ __device__ __forceinline__ void ssd_scan_kpl(
                 sv[r][j] = v;
                 acc += v * cc[j];
             }
-            acc = warp_sum(acc);
-            if (lane == 0 && row_ok[r]) {
-                y[row * width + (long long)h * head_dim + p0 + r] = acc + dh * cx[r];
-            }
+            part[r] = acc;
+        }
+        // The four rows' sums over the warp in one butterfly: lanes with
+        // bit 4 clear keep rows 0 and 1 (set: 2 and 3), then bit 3 picks
+        // one of the two; row 2 * bit4 + bit3 ends whole in lane 8 * row.
+        const bool hi16 = (lane & 16) != 0, hi8 = (lane & 8) != 0;
+        float k0 = hi16 ? part[2] : part[0], k1 = hi16 ? part[3] : part[1];
+        k0 += __shfl_xor_sync(FULL_MASK, hi16 ? part[0] : part[2], 16);
+        k1 += __shfl_xor_sync(FULL_MASK, hi16 ? part[1] : part[3], 16);
+        float sum = hi8 ? k1 : k0;
+        sum += __shfl_xor_sync(FULL_MASK, hi8 ? k0 : k1, 8);
+        sum += __shfl_xor_sync(FULL_MASK, sum, 4);
+        sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+        sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+        const int mine = (hi16 ? 2 : 0) + (hi8 ? 1 : 0);
+        if ((lane & 7) == 0 && p0 + mine < head_dim) {
+            const float xm = mine == 0 ? cx[0] : mine == 1 ? cx[1] : mine == 2 ? cx[2] : cx[3];
+            y[row * width + (long long)h * head_dim + p0 + mine] = sum + dh * xm;
         }
     }
 

@@ -65,8 +65,8 @@ static void test_ssd(int nh, int hd, int ds, int ng, bool strided) {
     const float* xp = strided ? all.data() : xv.data();
     const float* bp = strided ? all.data() + w : bv.data();
     const float* cp = strided ? all.data() + w + bc : cv.data();
-    const int pblocks = (hd + 15) / 16;
-    launch(Dim3{(unsigned)seqs.size(), (unsigned)(nh * pblocks), 1}, 256, [&] {
+    const int pblocks = (hd + SSD_WARPS * SSD_ROWS - 1) / (SSD_WARPS * SSD_ROWS);
+    launch(Dim3{(unsigned)seqs.size(), (unsigned)(nh * pblocks), 1}, SSD_WARPS * 32, [&] {
         ssd_scan(xp, dtr.data(), bp, cp, alog.data(), d16.data(), b16.data(), y.data(), st.data(), words.data(),
                  seqs.size(), nh, hd, ds, ng, dtmin, dtmax, xs, bs, per, 4, rows, 0, 1, 2);
     });
@@ -160,6 +160,7 @@ int main() {
     test_ssd(3, 8, 16, 1, false);
     test_ssd(2, 16, 200, 2, true);
     test_ssd(2, 20, 40, 1, false);
+    test_ssd(3, 6, 24, 3, true);
     test_conv(70, 4, true, true);
     test_conv(300, 3, false, false);
     test_conv(33, 2, true, false);

@@ -25,8 +25,8 @@ use crate::ops::{DeltaParams, GateOrder, RecurrentBatch, RecurrentOps, SsdParams
 
 /// Warps per block, state rows per warp and d_state values per lane of
 /// `ssd_scan` (`SSD_WARPS`, `SSD_ROWS`, `SSD_KPL` of mamba.cu).
-const SSD_WARPS: usize = 8;
-const SSD_ROWS: usize = 2;
+const SSD_WARPS: usize = 4;
+const SSD_ROWS: usize = 4;
 const SSD_KPL: usize = 8;
 /// d_state up to this.
 pub(super) const MAX_D_STATE: usize = 32 * SSD_KPL;

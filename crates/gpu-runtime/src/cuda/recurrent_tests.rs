@@ -420,7 +420,7 @@ fn ssd_launch_shapes() {
     // 64 rows of state per head: 4 blocks of 16 rows, 8 heads.
     assert_eq!(ssd_row_blocks(64), 4);
     assert_eq!(l.cfg.grid, (2, 32, 1));
-    assert_eq!(l.cfg.block, (256, 1, 1));
+    assert_eq!(l.cfg.block, (128, 1, 1));
     let a = l.args;
     assert_eq!((a.10, a.11, a.12, a.13, a.14), (2, 8, 64, 128, 2));
     assert_eq!((a.15, a.16), (0.0, f32::INFINITY));
