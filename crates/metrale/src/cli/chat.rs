@@ -105,6 +105,10 @@ fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
             eprint!("> ");
         }
         let Some(line) = read_line(&mut input, &mut number)? else {
+            if interactive {
+                // Ctrl-D leaves the shell's prompt on a line of its own.
+                eprintln!();
+            }
             break;
         };
         match line.trim() {
