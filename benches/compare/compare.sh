@@ -65,16 +65,16 @@ for shape in $SHAPES; do
   cfg="$ROOT/benches/configs/$shape.json"
   dir="$WORK/models/$shape-$DTYPE"
   gguf="$dir.gguf"
-  [ -f "$dir/model.safetensors" ] || "$METRALE" export-random --config "$cfg" --out "$dir" --dtype "$DTYPE"
+  [ -f "$dir/model.safetensors" ] || "$METRALE" export-random --config "$cfg" --out "$dir" --weight-dtype "$DTYPE"
   [ -f "$gguf" ] || "$PY" "$HERE/convert.py" "$LLAMA_SRC" "$dir" "$gguf" "$DTYPE" > "$WORK/convert-$shape.log" 2>&1 ||
     { echo "converting $shape failed; see $WORK/convert-$shape.log" >&2; continue; }
   for round in $(seq 1 "$REPEAT"); do
   echo "== $shape (round $round of $REPEAT)" >&2
-  m="$("$METRALE" bench --model "$dir" --dtype "$DTYPE" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len "$GEN" --json)" ||
+  m="$("$METRALE" bench --model "$dir" --weight-dtype "$DTYPE" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len "$GEN" --json)" ||
     { echo "metrale failed on $shape" >&2; continue; }
   # The same with bf16 dot products in prefill (llama.cpp's arithmetic for
   # bf16 weights); its prefill figure is reported beside the f32 one.
-  mb="$("$METRALE" bench --model "$dir" --dtype "$DTYPE" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len 1 --no-probe --bf16-dot --json)" || mb=null
+  mb="$("$METRALE" bench --model "$dir" --weight-dtype "$DTYPE" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len 1 --no-probe --dtype bf16 --json)" || mb=null
   l="$("$PY" "$HERE/llama_bench.py" "$gguf" --threads "$THREADS" --prompt-len "$PROMPT" --gen-len "$GEN" 2> "$WORK/llama-$shape.log")" ||
     { echo "llama.cpp failed on $shape; see $WORK/llama-$shape.log" >&2; continue; }
   printf '{"shape": "%s", "round": %s, "metrale": %s, "metrale_bf16_dot": %s, "llama": %s}\n' "$shape" "$round" "$m" "$mb" "$l" >> "$OUT"

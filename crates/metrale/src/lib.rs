@@ -49,6 +49,11 @@ pub struct LoadOptions {
     /// model's memory plan is checked against it before anything is
     /// allocated.
     pub memory_limit: Option<usize>,
+    /// The arithmetic: matmuls with bf16 weights round their activations
+    /// to bf16 and use bf16 dot products where the hardware has them
+    /// ([`BackendOptions::bf16_dot_products`]; the CLI's `--dtype bf16`).
+    /// Off (the default): f32 arithmetic throughout.
+    pub bf16_dot_products: bool,
 }
 
 impl Default for LoadOptions {
@@ -59,6 +64,7 @@ impl Default for LoadOptions {
             dtype: WeightDType::AsStored,
             model: ModelOptions::default(),
             memory_limit: None,
+            bf16_dot_products: false,
         }
     }
 }
@@ -83,14 +89,16 @@ impl Model {
             &BackendOptions {
                 threads: options.threads,
                 memory_limit: options.memory_limit,
+                bf16_dot_products: options.bf16_dot_products,
                 ..BackendOptions::default()
             },
         )?;
         Self::load_on(dir, backend.gpu().clone(), options, progress)
     }
 
-    /// Loads `dir` on a given backend (`options.device`, `threads` and
-    /// `memory_limit` are the backend's business then, not read).
+    /// Loads `dir` on a given backend (`options.device`, `threads`,
+    /// `memory_limit` and `bf16_dot_products` are the backend's business
+    /// then, not read).
     pub fn load_on(
         dir: &Path,
         gpu: Arc<dyn GpuBackend>,

@@ -1,6 +1,7 @@
 //! The `metrale` command line.
 
-use anyhow::Result;
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 
 mod cli;
@@ -8,14 +9,17 @@ mod cli;
 #[derive(Parser)]
 #[command(
     name = "metrale",
-    version,
+    version = env!("METRALE_BUILD_VERSION"),
     about = "LLM inference for hybrid transformer / state-space models"
 )]
 struct Cli {
-    /// Log more to stderr: -v info (the device chosen, ...), -vv debug
-    /// (default: warnings, or what RUST_LOG says).
+    /// Log more to stderr: -v info (the device chosen, ...), -vv debug,
+    /// -vvv trace (default: warnings, or what RUST_LOG says).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
+    /// Only errors on stderr: no progress bar, no summary lines, no warnings.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -42,10 +46,10 @@ enum Command {
     Serve(cli::serve::Args),
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    cli::init_tracing(cli.verbose);
-    match cli.command {
+    cli::init_tracing(cli.verbose, cli.quiet);
+    let result = match cli.command {
         Command::Inspect(args) => cli::inspect::run(args),
         Command::Logits(args) => cli::logits::run(args),
         Command::Bench(args) => cli::bench::run(args),
@@ -53,5 +57,13 @@ fn main() -> Result<()> {
         Command::Generate(args) => cli::generate::run(args),
         Command::Chat(args) => cli::chat::run(args),
         Command::Serve(args) => cli::serve::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One message, never a backtrace (whatever RUST_BACKTRACE says).
+            eprintln!("error: {}", cli::format_error(&e));
+            ExitCode::FAILURE
+        }
     }
 }

@@ -56,7 +56,7 @@ fn bench_json_from_a_config_alone() {
     let v = bench(&[
         "--config",
         config.to_str().unwrap(),
-        "--dtype",
+        "--weight-dtype",
         "f32",
         "--batch",
         "2",
@@ -73,7 +73,8 @@ fn bench_with_bf16_dot_products() {
             "bench",
             "--config",
             tiny_config().to_str().unwrap(),
-            "--bf16-dot",
+            "--dtype",
+            "bf16",
         ])
         .args([
             "--prompt-len",

@@ -20,7 +20,7 @@ use metrale_server::{AppState, ServerConfig};
 struct Args {
     /// Model directory (config.json, *.safetensors, tokenizer.json). Default:
     /// $METRALE_MODEL, else the bundled models/default (random weights).
-    #[arg(long)]
+    #[arg(short, long)]
     model: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
@@ -38,8 +38,17 @@ struct Args {
     #[arg(long, value_name = "cpu|auto", default_value_t = Device::Auto)]
     device: Device,
     /// CPU worker threads (0: one per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(short, long, default_value_t = 0)]
     threads: usize,
+    /// The context: the most tokens one request (prompt plus output) may
+    /// hold (default: the model's max_position_embeddings, within the KV
+    /// cache).
+    #[arg(long, visible_alias = "max-model-len", value_name = "TOKENS")]
+    ctx_size: Option<usize>,
+    /// The arithmetic: f32 (exact, the default) or bf16 (matmuls with bf16
+    /// weights use bf16 dot products; logits off by more than 1e-4).
+    #[arg(long, value_enum, default_value_t = ArithDType::F32)]
+    dtype: ArithDType,
     /// The most memory the model may take, e.g. 8GiB (default: what the
     /// host and its cgroup have available); checked before loading.
     #[arg(long, value_parser = parse_memory)]
@@ -57,11 +66,46 @@ struct Args {
     /// Log more to stderr (-v info, -vv debug).
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+    /// Only errors on stderr.
+    #[arg(short, long, conflicts_with = "verbose")]
+    quiet: bool,
 }
 
-fn main() -> Result<()> {
+/// `--dtype`: the arithmetic, as the `metrale` subcommands spell it.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum ArithDType {
+    F32,
+    Bf16,
+}
+
+fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    init_tracing(args.verbose);
+    init_tracing(args.verbose, args.quiet);
+    match run(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line, never a backtrace, a context that repeats its
+            // source said once.
+            let mut line = String::new();
+            let mut last = String::new();
+            for cause in e.chain() {
+                let text = cause.to_string();
+                if text.is_empty() || last.contains(&text) {
+                    continue;
+                }
+                if !line.is_empty() {
+                    line.push_str(": ");
+                }
+                line.push_str(&text);
+                last = text;
+            }
+            eprintln!("error: {line}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<()> {
     let dir = args.model.clone().unwrap_or_else(default_model_dir);
     if !dir.join("config.json").is_file() {
         anyhow::bail!(
@@ -74,13 +118,28 @@ fn main() -> Result<()> {
         device: args.device,
         threads: args.threads,
         memory_limit: args.memory_limit,
+        bf16_dot_products: args.dtype == ArithDType::Bf16,
         ..LoadOptions::default()
     };
     options.model.kv_dtype = args.kv_dtype.dtype();
     if let Some(n) = args.max_seqs {
         options.model.max_seqs = n;
     }
-    let generator = Generator::load(&dir, &options, EngineConfig::default(), &mut |_| {})?;
+    let mut engine = EngineConfig::default();
+    if let Some(ctx) = args.ctx_size {
+        let most = metrale::engine::config::load_config(&dir)?.max_position_embeddings;
+        if ctx == 0 || ctx > most {
+            anyhow::bail!(
+                "--ctx-size {ctx} is not within 1 and the model's context of {most} positions \
+                 (max_position_embeddings)"
+            );
+        }
+        engine.max_model_len = ctx;
+        // The KV cache holds at least one whole context.
+        let blocks = ctx.div_ceil(options.model.kv_block_size);
+        options.model.kv_blocks = options.model.kv_blocks.max(blocks);
+    }
+    let generator = Generator::load(&dir, &options, engine, &mut |_| {})?;
     let config = ServerConfig {
         served_model_name: args.served_model_name.clone(),
         api_key: args.api_key.clone(),
@@ -115,11 +174,12 @@ fn main() -> Result<()> {
     }
 }
 
-fn init_tracing(verbose: u8) {
-    let filter = match verbose {
-        0 => tracing_subscriber::EnvFilter::try_from_default_env()
+fn init_tracing(verbose: u8, quiet: bool) {
+    let filter = match (quiet, verbose) {
+        (true, _) => tracing_subscriber::EnvFilter::new("error"),
+        (false, 0) => tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        1 => tracing_subscriber::EnvFilter::new("info"),
+        (false, 1) => tracing_subscriber::EnvFilter::new("info"),
         _ => tracing_subscriber::EnvFilter::new("debug"),
     };
     let _ = tracing_subscriber::fmt()

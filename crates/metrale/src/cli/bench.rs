@@ -43,7 +43,7 @@ impl BenchDType {
 #[command(group(clap::ArgGroup::new("source").required(true).args(["model", "config"])))]
 pub struct Args {
     /// A model directory (config.json, *.safetensors).
-    #[arg(long)]
+    #[arg(short, long)]
     pub model: Option<PathBuf>,
     /// A config.json alone: the model gets seeded random weights.
     #[arg(long)]
@@ -59,9 +59,15 @@ pub struct Args {
     pub batch: usize,
     #[command(flatten)]
     pub device: super::DeviceArgs,
+    #[command(flatten)]
+    pub dtype: super::DTypeArgs,
     /// CPU worker threads (0: one per core; at most 4 per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(short, long, default_value_t = 0)]
     pub threads: usize,
+    /// The context the run must fit: --prompt-len plus --gen-len at most
+    /// this (default: the model's max_position_embeddings).
+    #[arg(long, visible_alias = "max-model-len", value_name = "TOKENS")]
+    pub ctx_size: Option<usize>,
     /// The most memory the model may take, e.g. 8GiB (default: what the
     /// host and its cgroup have available); checked before loading.
     #[arg(long, value_parser = super::parse_memory)]
@@ -70,17 +76,12 @@ pub struct Args {
     /// CPU), f32, or bf16 (half the memory per cached token).
     #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
     pub kv_dtype: super::KvDType,
-    /// How weights are held in memory.
+    /// How weights are held in memory (converted on load).
     #[arg(long, value_enum, default_value_t = BenchDType::Bf16)]
-    pub dtype: BenchDType,
+    pub weight_dtype: BenchDType,
     /// Seed of the random weights (with --config) and of the prompt.
-    #[arg(long, default_value_t = 0)]
+    #[arg(short, long, default_value_t = 0)]
     pub seed: u64,
-    /// Prefill matmuls with bf16 weights round activations to bf16 and use
-    /// AVX512-BF16 dot products (as llama.cpp does; logits move off the f32
-    /// reference by more than 1e-4). Off: f32 arithmetic throughout.
-    #[arg(long)]
-    pub bf16_dot: bool,
     /// Skip the memory-bandwidth probe (no roofline then). On a GPU the
     /// probe times copies of device memory, on the CPU reads of host memory.
     #[arg(long)]
@@ -102,8 +103,9 @@ pub struct ExportArgs {
     /// The directory to write (config.json, model.safetensors).
     #[arg(long)]
     pub out: PathBuf,
-    #[arg(long, value_enum, default_value_t = BenchDType::Bf16)]
-    pub dtype: BenchDType,
+    /// How the weights are stored.
+    #[arg(long, visible_alias = "dtype", value_enum, default_value_t = BenchDType::Bf16)]
+    pub weight_dtype: BenchDType,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
@@ -124,12 +126,18 @@ pub fn export_random(args: ExportArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config)
         .with_context(|| format!("reading {}", args.config.display()))?;
     let config = parse_config(&text, &args.config)?;
-    write_random_checkpoint(&args.out, &text, &config, args.seed, args.dtype.dtype())?;
+    write_random_checkpoint(
+        &args.out,
+        &text,
+        &config,
+        args.seed,
+        args.weight_dtype.dtype(),
+    )?;
     eprintln!(
         "wrote {} ({} parameters, {})",
         args.out.display(),
         config.parameter_count(),
-        args.dtype.dtype()
+        args.weight_dtype.dtype()
     );
     Ok(())
 }
@@ -148,13 +156,22 @@ fn check_sizes(args: &Args, config: &ModelConfig, block_size: usize) -> Result<u
     if b > MAX_BATCH {
         bail!("--batch {b} is more than {MAX_BATCH} sequences");
     }
-    let limit = config.max_position_embeddings;
+    let most = config.max_position_embeddings;
+    let (limit, what) = match args.ctx_size {
+        Some(0) => bail!("--ctx-size must be at least 1"),
+        Some(ctx) if ctx > most => bail!(
+            "--ctx-size {ctx} is more than the model's context of {most} positions \
+             (max_position_embeddings)"
+        ),
+        Some(ctx) => (ctx, format!("the context of {ctx} positions (--ctx-size)")),
+        None => (
+            most,
+            format!("the model's context of {most} positions (max_position_embeddings)"),
+        ),
+    };
     match n.checked_add(m) {
         Some(len) if len <= limit => {}
-        _ => bail!(
-            "--prompt-len {n} plus --gen-len {m} tokens is more than the model's context of \
-             {limit} positions (max_position_embeddings)"
-        ),
+        _ => bail!("--prompt-len {n} plus --gen-len {m} tokens is more than {what}"),
     }
     // Within the context, so these products cannot overflow.
     Ok(b * ((n + m).div_ceil(block_size) + 1))
@@ -177,7 +194,7 @@ pub fn run(args: Args) -> Result<()> {
         &BackendOptions {
             threads: args.threads,
             memory_limit: args.memory_limit,
-            bf16_dot_products: args.bf16_dot,
+            bf16_dot_products: args.dtype.bf16_dot_products(),
             op_profile: args.profile,
         },
     )?;
@@ -195,16 +212,17 @@ pub fn run(args: Args) -> Result<()> {
         kv_dtype: args.kv_dtype.dtype(),
         ..ModelOptions::default()
     };
-    let dtype = args.dtype.dtype();
+    let dtype = args.weight_dtype.dtype();
     let start = Instant::now();
     let (model, name) = match (&args.model, &args.config) {
         (Some(dir), _) => {
-            let wd = match args.dtype {
+            let wd = match args.weight_dtype {
                 BenchDType::Bf16 => WeightDType::BF16,
                 BenchDType::F32 => WeightDType::F32,
             };
-            let model = TransformerModel::load(dir, gpu.clone(), options, wd, &mut |_| {})
-                .with_context(|| format!("loading {}", dir.display()))?;
+            let model =
+                TransformerModel::load(dir, gpu.clone(), options, wd, &mut super::load_progress())
+                    .with_context(|| format!("loading {}", dir.display()))?;
             (model, dir.display().to_string())
         }
         (None, Some(path)) => (

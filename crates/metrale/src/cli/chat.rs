@@ -2,14 +2,23 @@
 //! one user message per line from stdin until end of input (so it also runs
 //! with stdin from a pipe or a file); streams each reply to stdout, one
 //! summary line per reply to stderr.
+//!
+//! Ctrl-C while a reply is generated stops it (the request is cancelled and
+//! its memory freed; the part already shown stays in the conversation) and
+//! the session goes on; at the prompt of a terminal it says how to leave,
+//! and with stdin that is not a terminal it ends the process. Ctrl-D (end
+//! of input) or `/exit` leaves; `/reset` forgets the conversation after a
+//! confirmation (`y`) read from the next line.
 
 use std::io::{BufRead, IsTerminal, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::Result;
-use metrale::{ChatMessage, Generator};
+use anyhow::{Context, Result};
+use metrale::{ChatMessage, Generator, StreamEvent};
 use metrale_model_engine::chat::ChatTemplate;
 
-use super::generate::{ModelArgs, SamplingArgs, stream_to, summary};
+use super::generate::{ModelArgs, SamplingArgs, summary};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -30,12 +39,56 @@ pub fn run(args: Args) -> Result<()> {
     shutdown
 }
 
+/// Ctrl-C: while a reply is generated (`generating`), asks it to stop
+/// (`stop`); otherwise, at a terminal's prompt, a hint, and without a
+/// terminal, the end of the process (exit status 130, as a shell reports
+/// SIGINT).
+#[derive(Clone)]
+struct Interrupt {
+    generating: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Interrupt {
+    fn install(interactive: bool) -> Result<Self> {
+        let this = Self {
+            generating: Arc::new(AtomicBool::new(false)),
+            stop: Arc::new(AtomicBool::new(false)),
+        };
+        let handler = this.clone();
+        // ctrlc runs this on a thread of its own, not in the signal handler:
+        // it may print and exit.
+        ctrlc::set_handler(move || {
+            if handler.generating.load(Ordering::SeqCst) {
+                handler.stop.store(true, Ordering::SeqCst);
+            } else if interactive {
+                eprint!("\n(Ctrl-D or /exit leaves)\n> ");
+            } else {
+                std::process::exit(130);
+            }
+        })
+        .context("installing the Ctrl-C handler")?;
+        Ok(this)
+    }
+
+    /// Marks a reply as running (true) or done (false); clears a stop.
+    fn generating(&self, on: bool) {
+        self.stop.store(false, Ordering::SeqCst);
+        self.generating.store(on, Ordering::SeqCst);
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+}
+
 fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
     let template = generator.chat_template()?;
     let interactive = std::io::stdin().is_terminal();
+    let interrupt = Interrupt::install(interactive)?;
     if interactive {
         eprintln!(
-            "metrale chat with {} (end with Ctrl-D or /exit; /reset starts over)",
+            "metrale chat with {} (Ctrl-C stops a reply; end with Ctrl-D or /exit; /reset starts over)",
             generator.dir().display()
         );
     }
@@ -46,45 +99,75 @@ fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
         .collect();
     let mut messages = start.clone();
     let mut input = std::io::stdin().lock();
-    let mut raw = Vec::new();
-    for number in 1.. {
+    let mut number = 0;
+    loop {
         if interactive {
             eprint!("> ");
         }
-        raw.clear();
-        if input.read_until(b'\n', &mut raw)? == 0 {
-            break;
-        }
-        // A bad line is reported and the session goes on.
-        let line = match std::str::from_utf8(&raw) {
-            Ok(text) => text.trim_end_matches(['\n', '\r']).to_string(),
-            Err(e) => {
-                eprintln!("line {number} is not valid UTF-8 ({e}); skipped");
-                continue;
+        let Some(line) = read_line(&mut input, &mut number)? else {
+            if interactive {
+                // Ctrl-D leaves the shell's prompt on a line of its own.
+                eprintln!();
             }
+            break;
         };
         match line.trim() {
             "" => continue,
             "/exit" | "/quit" => break,
             "/reset" => {
-                messages = start.clone();
+                if interactive {
+                    eprint!("forget the conversation? [y/N] ");
+                }
+                let answer = read_line(&mut input, &mut number)?;
+                let yes = answer
+                    .as_deref()
+                    .is_some_and(|a| matches!(a.trim().to_ascii_lowercase().as_str(), "y" | "yes"));
+                if yes {
+                    messages = start.clone();
+                    eprintln!("(the conversation starts over)");
+                } else {
+                    eprintln!("(the conversation goes on)");
+                }
+                if answer.is_none() {
+                    break;
+                }
                 continue;
             }
             _ => {}
         }
         messages.push(ChatMessage::new("user", line));
-        match turn(generator, &template, &mut messages, args) {
+        interrupt.generating(true);
+        let result = turn(generator, &template, &mut messages, args, &interrupt);
+        interrupt.generating(false);
+        match result {
             Ok(reply) => messages.push(ChatMessage::new("assistant", reply)),
             Err(e) if is_broken_pipe(&e) => return Err(e),
             Err(e) => {
                 // The message is dropped again, so the next turn starts from
                 // a conversation the model could answer.
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", super::format_error(&e));
                 messages.pop();
             }
         }
     }
     Ok(())
+}
+
+/// The next line of input without its line ending; `None` at the end of
+/// input. A line that is not UTF-8 is reported and skipped.
+fn read_line(input: &mut impl BufRead, number: &mut usize) -> Result<Option<String>> {
+    let mut raw = Vec::new();
+    loop {
+        raw.clear();
+        *number += 1;
+        if input.read_until(b'\n', &mut raw)? == 0 {
+            return Ok(None);
+        }
+        match std::str::from_utf8(&raw) {
+            Ok(text) => return Ok(Some(text.trim_end_matches(['\n', '\r']).to_string())),
+            Err(e) => eprintln!("line {number} is not valid UTF-8 ({e}); skipped"),
+        }
+    }
 }
 
 /// Whether `e` is a write to a closed stdout: the session cannot go on.
@@ -96,12 +179,14 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 /// One reply: renders the conversation (dropping its oldest turns if it no
-/// longer fits the context), streams the answer, returns its text.
+/// longer fits the context), streams the answer until it ends or Ctrl-C
+/// stops it, returns its text (what was shown, when stopped).
 fn turn(
     generator: &mut Generator,
     template: &ChatTemplate,
     messages: &mut Vec<ChatMessage>,
     args: &Args,
+    interrupt: &Interrupt,
 ) -> Result<String> {
     let limit = generator.engine().context_limit();
     let mut ids = generator.chat_prompt(template, messages)?;
@@ -110,10 +195,41 @@ fn turn(
     }
     let params = args.sampling.params(generator, ids.len())?;
     let mut out = std::io::stdout().lock();
-    let (text, finish, timings) = stream_to(generator, ids, &params, &mut out)?;
+    let mut text = String::new();
+    let mut finished = None;
+    {
+        // Dropping the stream early cancels the request.
+        let stream = generator.stream_ids(ids, &params)?;
+        for event in stream {
+            match event? {
+                StreamEvent::Token { text: delta, .. } => {
+                    out.write_all(delta.as_bytes())
+                        .context("writing to stdout")?;
+                    out.flush().context("writing to stdout")?;
+                    text.push_str(&delta);
+                }
+                StreamEvent::Finished {
+                    reason, timings, ..
+                } => {
+                    finished = Some((reason, timings));
+                    break;
+                }
+            }
+            if interrupt.stopped() {
+                break;
+            }
+        }
+    }
     writeln!(out)?;
     out.flush()?;
-    eprintln!("{}", summary(&timings, &finish));
+    match finished {
+        Some((reason, timings)) => {
+            if !super::quiet() {
+                eprintln!("{}", summary(&timings, &reason));
+            }
+        }
+        None => eprintln!("[stopped]"),
+    }
     Ok(text)
 }
 

@@ -16,13 +16,20 @@ const DEFAULT_MODEL_NOTE: &str = "Model directory (config.json, *.safetensors, t
 /// Which model to load and how.
 #[derive(clap::Args, Debug)]
 pub struct ModelArgs {
-    #[arg(long, help = DEFAULT_MODEL_NOTE)]
+    #[arg(short, long, help = DEFAULT_MODEL_NOTE)]
     pub model: Option<PathBuf>,
     #[command(flatten)]
     pub device: super::DeviceArgs,
+    #[command(flatten)]
+    pub dtype: super::DTypeArgs,
     /// CPU worker threads (0: one per core; at most 4 per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(short, long, default_value_t = 0)]
     pub threads: usize,
+    /// The context: the most tokens a conversation (prompt plus reply) may
+    /// hold; the KV cache is sized for it (default: 4096, or the model's
+    /// max_position_embeddings if smaller).
+    #[arg(long, visible_alias = "max-model-len", value_name = "TOKENS")]
+    pub ctx_size: Option<usize>,
     /// The most memory the model may take, e.g. 8GiB (default: what the
     /// host and its cgroup have available); checked before loading.
     #[arg(long, value_parser = super::parse_memory)]
@@ -48,37 +55,70 @@ impl ModelArgs {
             device: self.device.device,
             threads: self.threads,
             memory_limit: self.memory_limit,
+            bf16_dot_products: self.dtype.bf16_dot_products(),
             ..LoadOptions::default()
         };
         options.model.max_seqs = 1;
         options.model.kv_dtype = self.kv_dtype.dtype();
-        Generator::load(&dir, &options, EngineConfig::default(), &mut |_| {})
+        let mut config = EngineConfig::default();
+        if let Some(ctx) = self.ctx_size {
+            check_ctx_size(ctx, &dir)?;
+            options.model.kv_blocks = ctx.div_ceil(options.model.kv_block_size);
+            config.max_model_len = ctx;
+        }
+        tracing::debug!("loading {} with {options:?}, {config:?}", dir.display());
+        Generator::load(&dir, &options, config, &mut super::load_progress())
     }
+}
+
+/// `--ctx-size`: at least 1 and at most the model's
+/// `max_position_embeddings` (vLLM refuses a longer `--max-model-len` too).
+pub fn check_ctx_size(ctx: usize, dir: &std::path::Path) -> Result<()> {
+    if ctx == 0 {
+        anyhow::bail!("--ctx-size must be at least 1");
+    }
+    let config = metrale::engine::config::load_config(dir)?;
+    let most = config.max_position_embeddings;
+    if ctx > most {
+        anyhow::bail!(
+            "--ctx-size {ctx} is more than the model's context of {most} positions \
+             (max_position_embeddings)"
+        );
+    }
+    Ok(())
 }
 
 /// Sampling options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
     /// Most tokens to generate (fewer if the context runs out first).
-    #[arg(long, default_value_t = 256)]
+    #[arg(short = 'n', long, default_value_t = 256)]
     pub max_tokens: usize,
     /// Softmax temperature; 0 means greedy.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub temperature: f32,
-    /// Keep only the K most likely tokens (0: off).
-    #[arg(long, default_value_t = 0)]
+    /// Keep only the K most likely tokens (0 or -1: off).
+    #[arg(long, default_value_t = 0, value_parser = parse_top_k, allow_negative_numbers = true)]
     pub top_k: usize,
     /// Keep the most likely tokens up to this total probability (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Drop tokens less likely than this times the most likely one (0: off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub min_p: f32,
     /// Penalise tokens already in the prompt or output (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token already generated
+    /// (OpenAI's presence penalty); in [-2, 2], 0: off.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was generated
+    /// (OpenAI's frequency penalty); in [-2, 2], 0: off.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
     /// Random seed, for reproducible sampling.
-    #[arg(long)]
+    #[arg(short, long)]
     pub seed: Option<u64>,
     /// Stop before this text (repeatable).
     #[arg(long = "stop", value_name = "TEXT")]
@@ -86,6 +126,16 @@ pub struct SamplingArgs {
     /// Keep going past the model's end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
+}
+
+/// `--top-k`: a count, or -1 for off as vLLM spells it.
+fn parse_top_k(text: &str) -> Result<usize, String> {
+    match text.trim() {
+        "-1" => Ok(0),
+        t => t
+            .parse()
+            .map_err(|_| format!("{t:?} is not a token count (0 or -1 turns top-k off)")),
+    }
 }
 
 impl SamplingArgs {
@@ -108,6 +158,8 @@ impl SamplingArgs {
             top_p: self.top_p,
             min_p: self.min_p,
             repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             seed: self.seed,
             max_tokens: Some(self.max_tokens.min(room)),
             stop: self.stop.clone(),
@@ -120,25 +172,64 @@ impl SamplingArgs {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_flag", "file"])))]
 pub struct Args {
-    /// The prompt (its continuation is printed, not the prompt).
-    pub prompt: String,
+    /// The prompt (its continuation is printed, not the prompt); `-` reads
+    /// it from stdin.
+    #[arg(value_name = "PROMPT", allow_hyphen_values = true)]
+    pub prompt: Option<String>,
+    /// The prompt, as an option (`-` reads it from stdin).
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        value_name = "PROMPT",
+        allow_hyphen_values = true
+    )]
+    pub prompt_flag: Option<String>,
+    /// Read the prompt from a file (`-`: stdin).
+    #[arg(short = 'f', long, value_name = "PATH")]
+    pub file: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }
 
+impl Args {
+    /// The prompt's text: given, or read from the file or stdin (`-`).
+    /// Read before the model loads, so a missing file fails fast.
+    fn prompt_text(&self) -> Result<String> {
+        let stdin = || -> Result<String> {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .context("reading the prompt from stdin")?;
+            Ok(text)
+        };
+        match (&self.prompt, &self.prompt_flag, &self.file) {
+            (Some(p), _, _) | (None, Some(p), _) if p == "-" => stdin(),
+            (Some(p), _, _) | (None, Some(p), _) => Ok(p.clone()),
+            (None, None, Some(path)) if path.as_os_str() == "-" => stdin(),
+            (None, None, Some(path)) => std::fs::read_to_string(path)
+                .with_context(|| format!("reading the prompt from {}", path.display())),
+            (None, None, None) => anyhow::bail!("give a prompt, -p PROMPT or --file PATH"),
+        }
+    }
+}
+
 pub fn run(args: Args) -> Result<()> {
+    let prompt = args.prompt_text()?;
+    if prompt.is_empty() {
+        anyhow::bail!("the prompt is empty");
+    }
     let mut generator = args.model.load()?;
-    let result = generate(&mut generator, &args);
+    let result = generate(&mut generator, &args, &prompt);
     let shutdown = generator.shutdown();
     result?;
     shutdown
 }
 
-fn generate(generator: &mut Generator, args: &Args) -> Result<()> {
-    let ids = generator.encode(&args.prompt)?;
+fn generate(generator: &mut Generator, args: &Args, prompt: &str) -> Result<()> {
+    let ids = generator.encode(prompt)?;
     let params = args.sampling.params(generator, ids.len())?;
     let mut out = std::io::stdout().lock();
     let (text, finish, timings) = stream_to(generator, ids, &params, &mut out)?;
@@ -146,7 +237,9 @@ fn generate(generator: &mut Generator, args: &Args) -> Result<()> {
         writeln!(out)?;
     }
     out.flush()?;
-    eprintln!("{}", summary(&timings, &finish));
+    if !super::quiet() {
+        eprintln!("{}", summary(&timings, &finish));
+    }
     Ok(())
 }
 

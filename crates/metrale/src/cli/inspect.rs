@@ -1,10 +1,8 @@
 //! `metrale inspect`: what a model directory holds and what fits in memory.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use indicatif::{ProgressBar, ProgressStyle};
 use metrale::{BackendOptions, open_backend};
 use metrale_core::DType;
 use metrale_core::scope::ModelResource;
@@ -12,7 +10,7 @@ use metrale_model_engine::config::{MixerKind, ModelConfig, RopeScaling, load_con
 use metrale_model_engine::loader::load_weights;
 use metrale_model_engine::model::ModelOptions;
 use metrale_model_engine::model::types::{kv_spec, recurrent_state_shapes};
-use metrale_model_weights::loader::{LoadProgress, WeightDType, scan_safetensors};
+use metrale_model_weights::loader::{WeightDType, scan_safetensors};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -135,29 +133,7 @@ pub fn run(args: Args) -> Result<()> {
 fn load(args: &Args, config: &ModelConfig) -> Result<Totals> {
     let backend = open_backend(args.device.device, &BackendOptions::default())?;
     let gpu = backend.gpu().as_ref();
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::new(0);
-        if let Ok(style) =
-            ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {msg}")
-        {
-            bar.set_style(style);
-        }
-        bar
-    });
-    let mut progress = |p: LoadProgress| {
-        let Some(bar) = &bar else { return };
-        match p {
-            LoadProgress::Start { bytes, .. } => bar.set_length(bytes),
-            LoadProgress::Tensor {
-                bytes_done, name, ..
-            } => {
-                bar.set_position(bytes_done);
-                bar.set_message(name);
-            }
-            LoadProgress::Done { .. } => bar.finish_and_clear(),
-            LoadProgress::Warning(_) => {}
-        }
-    };
+    let mut progress = super::load_progress();
     let result = load_weights(
         &args.model_dir,
         config,
@@ -165,9 +141,9 @@ fn load(args: &Args, config: &ModelConfig) -> Result<Totals> {
         WeightDType::AsStored,
         &mut progress,
     );
-    if let Some(bar) = &bar {
-        bar.finish_and_clear();
-    }
+    // The bar is cleared by `Done`; after an error it is dropped with
+    // `progress` (indicatif clears a dropped bar's line).
+    drop(progress);
     let mut store = result?;
     let mut dtypes: Vec<String> = store
         .names()

@@ -11,7 +11,7 @@ use safetensors::tensor::{Dtype, TensorView};
 #[derive(clap::Args)]
 pub struct Args {
     /// The model directory.
-    #[arg(long)]
+    #[arg(short, long)]
     pub model: PathBuf,
     /// Comma-separated token ids.
     #[arg(long, value_delimiter = ',', required = true)]
@@ -24,9 +24,15 @@ pub struct Args {
     pub out: PathBuf,
     #[command(flatten)]
     pub device: super::DeviceArgs,
+    #[command(flatten)]
+    pub dtype: super::DTypeArgs,
     /// Worker threads (0: one per core; at most 4 per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(short, long, default_value_t = 0)]
     pub threads: usize,
+    /// The context: the most ids the model may be run over (default: the
+    /// model's max_position_embeddings).
+    #[arg(long, visible_alias = "max-model-len", value_name = "TOKENS")]
+    pub ctx_size: Option<usize>,
     /// The most memory the model may take, e.g. 8GiB (default: what the
     /// host and its cgroup have available); checked before loading.
     #[arg(long, value_parser = super::parse_memory)]
@@ -46,17 +52,28 @@ pub fn run(args: Args) -> Result<()> {
             args.ids.len()
         );
     }
+    if let Some(ctx) = args.ctx_size {
+        super::generate::check_ctx_size(ctx, &args.model)?;
+        if args.ids.len() > ctx {
+            bail!(
+                "{} ids are more than the context of {ctx} positions (--ctx-size)",
+                args.ids.len()
+            );
+        }
+    }
     let mut options = LoadOptions {
         device: args.device.device,
         threads: args.threads,
         memory_limit: args.memory_limit,
+        bf16_dot_products: args.dtype.bf16_dot_products(),
         ..LoadOptions::default()
     };
     options.model.max_batch_tokens = args.ids.len().clamp(1, 4096);
     options.model.kv_blocks = args.ids.len().div_ceil(options.model.kv_block_size) + 1;
     options.model.max_seqs = 1;
     options.model.kv_dtype = args.kv_dtype.dtype();
-    let model = Model::load(&args.model, &options, &mut |_| {})?;
+    tracing::debug!("loading {} with {options:?}", args.model.display());
+    let model = Model::load(&args.model, &options, &mut super::load_progress())?;
     let vocab = model.engine().config().vocab_size;
     let logits = model.logits(&args.ids, args.decode_from);
     let shutdown = model.shutdown();

@@ -9,8 +9,11 @@ pub mod logits;
 pub mod serve;
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use indicatif::{ProgressBar, ProgressStyle};
 use metrale::Device;
+use metrale::weights::loader::LoadProgress;
 
 /// `--device`, the same on every subcommand that runs a model.
 #[derive(clap::Args, Debug, Clone, Copy)]
@@ -57,19 +60,143 @@ pub fn parse_memory(text: &str) -> Result<usize, String> {
     usize::try_from(bytes).map_err(|_| format!("{text} is more than this machine can address"))
 }
 
-/// Logs to stderr: with `verbose` (`-v`) 1, info and up (the device chosen,
-/// ...), with 2 or more, debug; otherwise filtered by `RUST_LOG` (default:
-/// warnings).
-pub fn init_tracing(verbose: u8) {
-    let filter = match verbose {
-        0 => tracing_subscriber::EnvFilter::try_from_default_env()
+/// `--dtype`: the arithmetic, the same on every subcommand that runs a model.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ArithDType {
+    /// f32 arithmetic throughout (exact against the f32 reference).
+    #[default]
+    F32,
+    /// Matmuls with bf16 weights round their activations to bf16 and use
+    /// bf16 dot products where the hardware has them (the CPU:
+    /// AVX512-BF16), as llama.cpp does; the logits move off the f32
+    /// reference by more than 1e-4. Weights stored in f32 still multiply in
+    /// f32.
+    Bf16,
+}
+
+/// `--dtype` (and its old spelling, the hidden `--bf16-dot`).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct DTypeArgs {
+    /// The arithmetic: f32 (exact, the default) or bf16 (matmuls with bf16
+    /// weights use bf16 dot products; faster prefill, logits off by more
+    /// than 1e-4).
+    #[arg(long, value_enum, default_value_t = ArithDType::F32)]
+    pub dtype: ArithDType,
+    /// The old spelling of `--dtype bf16`.
+    #[arg(long, hide = true)]
+    pub bf16_dot: bool,
+}
+
+impl DTypeArgs {
+    /// Whether bf16 dot products are asked for.
+    pub fn bf16_dot_products(&self) -> bool {
+        self.bf16_dot || self.dtype == ArithDType::Bf16
+    }
+}
+
+/// `-q`: no progress bars and no summary lines (errors still print).
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+pub fn quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
+
+/// The progress callback of a model load: a bar on stderr counting the
+/// bytes uploaded when stderr is a terminal (and not `-q`), nothing
+/// otherwise. The load's warnings (unused tensors, config defaults) are
+/// logged at warn level, which shows by default.
+pub fn load_progress() -> impl FnMut(LoadProgress) {
+    let show = std::io::stderr().is_terminal() && !quiet();
+    let mut bar: Option<ProgressBar> = None;
+    move |p: LoadProgress| match p {
+        LoadProgress::Start { bytes, .. } if show => {
+            // Cleared when done, and when dropped after a failed load.
+            let b = ProgressBar::new(bytes).with_finish(indicatif::ProgressFinish::AndClear);
+            if let Ok(style) =
+                ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} {msg}")
+            {
+                b.set_style(style);
+            }
+            bar = Some(b);
+        }
+        LoadProgress::Tensor {
+            bytes_done, name, ..
+        } => {
+            if let Some(b) = &bar {
+                b.set_position(bytes_done);
+                b.set_message(name);
+            }
+        }
+        LoadProgress::Done { .. } => {
+            if let Some(b) = bar.take() {
+                b.finish_and_clear();
+            }
+        }
+        // Already in the log at warn level (the config reader's and the
+        // weight loader's), before the bar starts.
+        LoadProgress::Warning(_) => {}
+        _ => {}
+    }
+}
+
+/// Logs to stderr: `-q` errors only, `-v` info and up (the device chosen,
+/// the defaults applied, ...), `-vv` debug, `-vvv` trace; with neither,
+/// what `RUST_LOG` says, else warnings (a load's warnings among them).
+pub fn init_tracing(verbose: u8, quiet: bool) {
+    QUIET.store(quiet, Ordering::Relaxed);
+    let filter = match (quiet, verbose) {
+        (true, _) => tracing_subscriber::EnvFilter::new("error"),
+        (false, 0) => tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        1 => tracing_subscriber::EnvFilter::new("info"),
-        _ => tracing_subscriber::EnvFilter::new("debug"),
+        (false, 1) => tracing_subscriber::EnvFilter::new("info"),
+        (false, 2) => tracing_subscriber::EnvFilter::new("debug"),
+        _ => tracing_subscriber::EnvFilter::new("trace"),
     };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .without_time()
         .try_init();
+}
+
+/// An error for people: its messages from the outermost in, joined by
+/// ": ", leaving out a cause whose text the message before it already
+/// holds (a context that repeats its source). Never a backtrace.
+pub fn format_error(error: &anyhow::Error) -> String {
+    let mut out = String::new();
+    let mut last = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || last.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+        last = text;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::format_error;
+    use anyhow::Context;
+
+    #[test]
+    fn format_error_joins_the_chain_without_repeats() {
+        let e = Err::<(), _>(std::io::Error::other("no such file x.json"))
+            .context("reading x.json: no such file x.json")
+            .context("loading model")
+            .unwrap_err();
+        assert_eq!(
+            format_error(&e),
+            "loading model: reading x.json: no such file x.json"
+        );
+        let e = anyhow::anyhow!("a").context("b");
+        assert_eq!(format_error(&e), "b: a");
+    }
 }

@@ -28,6 +28,9 @@ pub struct Intake {
     tokenizer: Option<Tokenizer>,
     vocab_size: usize,
     max_positions: usize,
+    /// Whether `max_positions` is the engine's `max_model_len`, below the
+    /// model's own.
+    bounded: bool,
     /// The KV cache's blocks and tokens per block; `None` without
     /// attention layers.
     kv: Option<(usize, usize)>,
@@ -82,7 +85,10 @@ impl Intake {
         tokenizer: Option<Tokenizer>,
         step_tokens: usize,
         paged: bool,
+        max_model_len: usize,
     ) -> Self {
+        let model_positions = model.config().max_position_embeddings;
+        let bounded = max_model_len > 0 && max_model_len < model_positions;
         let kv = paged.then(|| {
             let kv = model.kv_cache();
             (kv.num_blocks(), kv.block_size())
@@ -92,7 +98,12 @@ impl Intake {
             ids: Arc::new(AtomicU64::new(0)),
             tokenizer,
             vocab_size: model.config().vocab_size,
-            max_positions: model.config().max_position_embeddings,
+            max_positions: if bounded {
+                max_model_len
+            } else {
+                model_positions
+            },
+            bounded,
             kv,
             step_tokens,
             no_ssm_slots: pool.layers() > 0 && pool.capacity() == 0,
@@ -109,7 +120,8 @@ impl Intake {
     }
 
     /// The longest sequence (prompt plus output) a request may have: the
-    /// model's `max_position_embeddings`, and the whole KV cache for models
+    /// model's `max_position_embeddings` (or the engine's smaller
+    /// `max_model_len`), and the whole KV cache for models
     /// with attention layers.
     pub fn context_limit(&self) -> usize {
         match self.kv {
@@ -191,6 +203,10 @@ impl Intake {
             Some((blocks, block_size)) if limit != self.max_positions => {
                 format!("the whole KV cache holds {limit} tokens ({blocks} blocks of {block_size})")
             }
+            _ if self.bounded => format!(
+                "the context is limited to {} positions (max_model_len)",
+                self.max_positions
+            ),
             _ => format!(
                 "the model takes at most {} positions (max_position_embeddings)",
                 self.max_positions

@@ -63,6 +63,10 @@ pub struct EngineConfig {
     /// prefilled at full speed. 0: no limit but `step_tokens`. Default:
     /// [`DEFAULT_MIXED_PREFILL_TOKENS`].
     pub mixed_prefill_tokens: usize,
+    /// The longest sequence (prompt plus output) a request may have, below
+    /// the model's `max_position_embeddings` (vLLM's `max_model_len`); 0
+    /// (the default): the model's. More than the model's is the model's.
+    pub max_model_len: usize,
 }
 
 impl Default for EngineConfig {
@@ -71,6 +75,7 @@ impl Default for EngineConfig {
             step_tokens: 0,
             prefill_chunk: 0,
             mixed_prefill_tokens: DEFAULT_MIXED_PREFILL_TOKENS,
+            max_model_len: 0,
         }
     }
 }
@@ -122,7 +127,7 @@ impl Engine {
         };
         let paged = model.config().attention_layers().next().is_some();
         let step_tokens = step_tokens(&model, &config);
-        let intake = Intake::new(&model, tokenizer, step_tokens, paged);
+        let intake = Intake::new(&model, tokenizer, step_tokens, paged, config.max_model_len);
         let engine = Self {
             model,
             intake,
