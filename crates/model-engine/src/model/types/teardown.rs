@@ -20,8 +20,8 @@ impl TransformerModel {
         self.weight_store = Some(store);
     }
 
-    /// Releases every device resource this model owns, in this order: derived
-    /// weights, SSM snapshots, the SSM state pool, the KV cache, the buffer
+    /// Releases every device resource this model owns, in this order: the
+    /// captured decode graphs (not ledger memory), derived weights, SSM snapshots, the SSM state pool, the KV cache, the buffer
     /// arena, the weight store, then whatever the backend still tracks
     /// (`GpuBackend::sweep_unreleased`). Every step is attempted even after an
     /// earlier one fails; the first error is returned, with its label as context.
@@ -43,6 +43,9 @@ impl TransformerModel {
             }
         };
 
+        // Derived state first: the captured decode graphs point into the
+        // arena, the caches and the weights released below.
+        attempt("decode graphs", self.graphs.get_mut().release(gpu));
         attempt("derived weights", self.derived.release(gpu));
         attempt("ssm snapshots", self.ssm_snapshots.release(gpu));
         // The pool is Arc'd because sequences hold slots. Another live handle
