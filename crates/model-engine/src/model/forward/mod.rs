@@ -7,6 +7,8 @@
 mod attention;
 mod ffn;
 #[cfg(test)]
+mod graph_fake;
+#[cfg(test)]
 mod graph_tests;
 mod graphs;
 mod meta;
