@@ -52,6 +52,7 @@ impl ModelArgs {
         };
         options.model.max_seqs = 1;
         options.model.kv_dtype = self.kv_dtype.dtype();
+        options.model.cuda_graphs = !self.device.no_cuda_graphs;
         Generator::load(&dir, &options, EngineConfig::default(), &mut |_| {})
     }
 }

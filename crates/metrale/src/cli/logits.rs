@@ -56,6 +56,7 @@ pub fn run(args: Args) -> Result<()> {
     options.model.kv_blocks = args.ids.len().div_ceil(options.model.kv_block_size) + 1;
     options.model.max_seqs = 1;
     options.model.kv_dtype = args.kv_dtype.dtype();
+    options.model.cuda_graphs = !args.device.no_cuda_graphs;
     let model = Model::load(&args.model, &options, &mut |_| {})?;
     let vocab = model.engine().config().vocab_size;
     let logits = model.logits(&args.ids, args.decode_from);
