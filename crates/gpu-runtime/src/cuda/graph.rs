@@ -344,6 +344,62 @@ mod tests {
         g.refuse_during_capture("copy_d2h").unwrap();
     }
 
+    /// On a GPU (passes at once, saying so, without one): a graph captures
+    /// without running, replays, goes stale when scratch moves, and host
+    /// work inside a capture is refused with the stream left usable.
+    #[test]
+    fn on_a_device_graphs_capture_replay_and_refuse_host_work() {
+        use super::super::workspace::Scratch;
+        use crate::gpu::GpuBackend;
+        use metrale_core::DType;
+        let gpu = match CudaBackend::try_new(0) {
+            Ok(gpu) => gpu,
+            Err(e) => {
+                eprintln!("no CUDA device, skipped: {e}");
+                return;
+            }
+        };
+        let g: &dyn GpuBackend = &gpu;
+        assert!(g.graphs_supported());
+        let x = g.alloc_slice(DType::F32, 1024, "x").unwrap();
+        g.upload_f32(&[1.0; 1024], x).unwrap();
+        for which in 0..4 {
+            let e = g
+                .capture(&mut || match which {
+                    0 => g.download_f32(x).map(|_| ()),
+                    1 => g.upload_f32(&[0.0; 4], x),
+                    2 => g.synchronize(),
+                    _ => g.alloc(16, "in capture").map(|_| ()),
+                })
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("captured"), "{which}: {e}");
+        }
+        let graph = g.capture(&mut || g.scale(x, 2.0, 1024)).unwrap();
+        assert_eq!(
+            g.download_f32(x).unwrap()[0],
+            1.0,
+            "nothing ran while capturing"
+        );
+        assert!(g.replay(graph).unwrap());
+        assert!(g.replay(graph).unwrap());
+        assert_eq!(g.download_f32(x).unwrap()[7], 4.0);
+        // Scratch that moves makes the graph stale.
+        gpu.scratch(Scratch::AttnPartials, 1).unwrap();
+        let graph2 = g.capture(&mut || g.scale(x, 0.5, 1024)).unwrap();
+        gpu.scratch(Scratch::AttnPartials, 64 << 20).unwrap();
+        assert!(!g.replay(graph2).unwrap(), "stale after scratch moved");
+        assert_eq!(
+            g.download_f32(x).unwrap()[7],
+            4.0,
+            "a stale graph queues nothing"
+        );
+        g.release_graph(graph).unwrap();
+        assert_eq!(gpu.graph_count(), 1);
+        g.free(x.ptr()).unwrap();
+        // graph2 is destroyed with the backend.
+    }
+
     #[test]
     fn a_scratch_move_makes_earlier_graphs_stale() {
         let g = Graphs::default();
