@@ -222,7 +222,6 @@ impl CudaBackend {
         let ended = open.end();
         let graph = match (ran, ended) {
             (Ok(()), Ok(g)) if !g.is_null() => g,
-            (Ok(()), Ok(_)) => return Err(refused("capture", "the body queued no work")),
             (ran, ended) => {
                 if let Ok(g) = ended
                     && !g.is_null()
@@ -233,7 +232,10 @@ impl CudaBackend {
                     }
                 }
                 ran?;
-                return Err(self.device_error("capture", ended.err().expect("an error")));
+                return Err(match ended {
+                    Err(e) => self.device_error("capture", e),
+                    Ok(_) => refused("capture", "the body queued no work"),
+                });
             }
         };
         // SAFETY: a valid graph from `end_capture`; the template is destroyed
