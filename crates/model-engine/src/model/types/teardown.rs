@@ -21,8 +21,9 @@ impl TransformerModel {
     }
 
     /// Releases every device resource this model owns, in this order: the
-    /// captured decode graphs (not ledger memory), derived weights, SSM snapshots, the SSM state pool, the KV cache, the buffer
-    /// arena, the weight store, then whatever the backend still tracks
+    /// captured decode graphs (no ledger memory, but they point into all the
+    /// rest), derived weights, SSM snapshots, the SSM state pool, the KV
+    /// cache, the buffer arena, the weight store, then whatever the backend still tracks
     /// (`GpuBackend::sweep_unreleased`). Every step is attempted even after an
     /// earlier one fails; the first error is returned, with its label as context.
     pub(in crate::model) fn release_pools(&mut self) -> anyhow::Result<()> {
