@@ -172,6 +172,7 @@ say "== checks (time limit ${LIMIT} s)"
 timeout -k 10 "$LIMIT" "$HERE/bin/metrale-gpu-check" \
     --fixtures "$HERE/fixtures" \
     --bench-config "$HERE/bench/llama-370m.json" \
+    --bench-hybrid-config "$HERE/bench/granite-4.0-h-350m.json" \
     --metrale "$HERE/bin/metrale" \
     --budget-s "$BUDGET" "$@"
 RC=$?

@@ -32,8 +32,12 @@ const FIXTURES: &[&str] = &[
     "tokenizer",
 ];
 
-/// The bench shape `metrale bench` runs on the GPU.
-const BENCH_CONFIG: &str = "benches/configs/llama-370m.json";
+/// The bench shapes `metrale bench` runs on the GPU (the check program finds
+/// the second beside the first).
+const BENCH_CONFIGS: [&str; 2] = [
+    "benches/configs/llama-370m.json",
+    "benches/configs/granite-4.0-h-350m.json",
+];
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -138,10 +142,10 @@ fn assemble(root: &Path, bins: &Path, bundle: &Path) -> Result<()> {
         }
     }
     std::fs::create_dir_all(bundle.join("bench"))?;
-    std::fs::copy(
-        root.join(BENCH_CONFIG),
-        bundle.join("bench").join("llama-370m.json"),
-    )?;
+    for config in BENCH_CONFIGS {
+        let name = Path::new(config).file_name().context("file name")?;
+        std::fs::copy(root.join(config), bundle.join("bench").join(name))?;
+    }
     let script = bundle.join("run.sh");
     std::fs::copy(root.join("crates/gpu-check/run.sh"), &script)?;
     set_executable(&script)?;
@@ -286,6 +290,7 @@ fn verify(bundle: &Path, archive: &Path) -> Result<()> {
         "bin/metrale".into(),
         "bin/metrale-gpu-check".into(),
         "bench/llama-370m.json".into(),
+        "bench/granite-4.0-h-350m.json".into(),
         "fixtures/tokenizer/tokenizer.json".into(),
     ];
     for f in FIXTURES.iter().filter(|f| **f != "tokenizer") {

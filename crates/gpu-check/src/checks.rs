@@ -24,10 +24,11 @@ use metrale_tests::{GoldenCase, argmax, golden_file, max_abs_diff, run_chunked};
 
 use crate::{Args, BackendKind};
 
-/// The dense fixtures: conformance at their shapes, golden parity.
-pub const DENSE: [&str; 2] = ["llama", "qwen3"];
-/// The fixtures that need recurrent or MoE ops (part 2 of the backend).
-pub const HYBRID: [&str; 5] = [
+/// Every fixture architecture: conformance at its shapes, then golden
+/// parity where the backend has every op it needs, else its refusal.
+pub const FIXTURES: [&str; 7] = [
+    "llama",
+    "qwen3",
     "mamba2",
     "bamba",
     "nemotron_h",
@@ -50,18 +51,43 @@ pub fn device_name_seen() -> Option<String> {
 /// Every check, in the order they run.
 pub fn names(args: &Args) -> Vec<String> {
     let mut names = vec!["device".to_string()];
-    names.extend(DENSE.iter().map(|f| format!("conformance/{f}")));
-    names.extend(DENSE.iter().map(|f| format!("parity/{f}")));
-    names.extend(HYBRID.iter().map(|f| format!("refusal/{f}")));
-    names.push("generation/llama".into());
-    names.push("teardown/llama".into());
+    let (runnable, refused): (Vec<&str>, Vec<&str>) =
+        FIXTURES.iter().partition(|f| runs_here(args, f));
+    names.extend(runnable.iter().map(|f| format!("conformance/{f}")));
+    names.extend(runnable.iter().map(|f| format!("parity/{f}")));
+    names.extend(refused.iter().map(|f| format!("refusal/{f}")));
+    for f in ["llama", "granitemoehybrid"] {
+        if runs_here(args, f) {
+            names.push(format!("generation/{f}"));
+            names.push(format!("teardown/{f}"));
+        }
+    }
     if !args.no_bench {
-        names.push("bench".into());
+        // Each shape at each batch, with CUDA graphs and without.
+        for shape in ["llama", "granite"] {
+            for b in &args.bench_batches {
+                names.push(format!("bench/{shape}/b{b}"));
+                names.push(format!("bench/{shape}/b{b}/eager"));
+            }
+        }
     }
     if args.selftests {
         names.extend(SELFTESTS.iter().map(|s| s.to_string()));
     }
     names
+}
+
+/// Whether the backend under test has every op fixture `name` needs (the
+/// CUDA backend's list; the CPU stand-in lacks what it lacks). A fixture
+/// whose config cannot be read counts as runnable: its parity check then
+/// fails saying why.
+fn runs_here(args: &Args, name: &str) -> bool {
+    let Ok(config) = fixture(args, name).and_then(|dir| Ok(load_config(&dir)?)) else {
+        return true;
+    };
+    required_ops(&config)
+        .into_iter()
+        .all(|op| metrale_gpu_runtime::cuda::SUPPORTED_OPS.contains(&op))
 }
 
 /// Checks that fail on purpose, each in its own way (hidden
@@ -95,7 +121,7 @@ pub fn time_limit(name: &str) -> Duration {
         "refusal" => 20,
         "generation" => 60,
         "teardown" => 30,
-        "bench" => 100,
+        "bench" => 40,
         "selftest" => 3,
         _ => 60,
     };
@@ -115,7 +141,7 @@ pub fn run(args: &Args, name: &str) -> Result<String> {
         "refusal" => refusal(args, fixture),
         "generation" => generation(args, fixture),
         "teardown" => teardown(args, fixture),
-        "bench" => bench(args),
+        "bench" => bench(args, fixture),
         "selftest" => selftest(fixture),
         _ => bail!("no check named {name} (see --list)"),
     }
@@ -837,11 +863,19 @@ fn teardown(args: &Args, name: &str) -> Result<String> {
 // ---------------------------------------------------------------------------
 // g. `metrale bench`.
 
-fn bench(args: &Args) -> Result<String> {
-    let config = args
-        .bench_config
-        .as_ref()
-        .ok_or_else(|| anyhow!("no --bench-config"))?;
+fn bench(args: &Args, spec: &str) -> Result<String> {
+    let mut parts = spec.split('/');
+    let (shape, batch, eager) = (parts.next(), parts.next(), parts.next() == Some("eager"));
+    let batch: usize = batch
+        .and_then(|b| b.strip_prefix('b'))
+        .and_then(|b| b.parse().ok())
+        .ok_or_else(|| anyhow!("bench/{spec}: want bench/<shape>/b<batch>[/eager]"))?;
+    let config = match shape {
+        Some("llama") => args.bench_config.as_ref(),
+        Some("granite") => args.bench_hybrid_config.as_ref(),
+        other => bail!("bench/{spec}: no bench shape {other:?}"),
+    }
+    .ok_or_else(|| anyhow!("bench/{spec}: no bench config given"))?;
     ensure!(config.is_file(), "no bench config {}", config.display());
     ensure!(
         args.metrale.is_file(),
@@ -855,7 +889,11 @@ fn bench(args: &Args) -> Result<String> {
         .args(["--device", args.backend.name()])
         .args(["--prompt-len", &args.bench_prompt.to_string()])
         .args(["--gen-len", &args.bench_gen.to_string()])
+        .args(["--batch", &batch.to_string()])
         .arg("--json");
+    if eager {
+        cmd.arg("--no-cuda-graphs");
+    }
     println!("    $ {cmd:?}");
     let limit = args
         .budget
@@ -880,9 +918,10 @@ fn bench(args: &Args) -> Result<String> {
         args.backend.name()
     );
     Ok(format!(
-        "{} on {device}: prompt {} gen {}: prefill {:.0} tok/s, decode {:.1} tok/s, ttft {:.1} ms, \
-         load {:.2} s{}",
+        "{} on {device}: batch {batch}{}, prompt {} gen {}: prefill {:.0} tok/s, decode {:.1} \
+         tok/s, ttft {:.1} ms, load {:.2} s{}",
         json.get("model").and_then(|v| v.as_str()).unwrap_or("?"),
+        if eager { " without CUDA graphs" } else { "" },
         args.bench_prompt,
         args.bench_gen,
         num("prefill_tok_s").unwrap_or(f64::NAN),

@@ -48,6 +48,10 @@ impl BackendKind {
 pub struct Args {
     pub fixtures: PathBuf,
     pub bench_config: Option<PathBuf>,
+    /// The hybrid bench shape (Granite-4.0-H-350M's).
+    pub bench_hybrid_config: Option<PathBuf>,
+    /// The batch sizes each bench shape runs at.
+    pub bench_batches: Vec<usize>,
     pub metrale: PathBuf,
     pub backend: BackendKind,
     pub budget: Duration,
@@ -69,7 +73,10 @@ through the engine, teardown, and `metrale bench`. One line per check, a
 summary line; exit status 1 when a check failed.
 
   --fixtures DIR       the fixture models (default: ../fixtures beside this binary)
-  --bench-config FILE  the config.json `metrale bench` runs (default: ../bench/llama-370m.json)
+  --bench-config FILE  the dense shape `metrale bench` runs (default: ../bench/llama-370m.json)
+  --bench-hybrid-config FILE
+                       the hybrid shape (default: ../bench/granite-4.0-h-350m.json)
+  --bench-batches LIST each shape's batch sizes, with CUDA graphs and without (default: 1,64)
   --metrale PATH       the metrale binary (default: metrale beside this binary)
   --budget-s SECONDS   the whole run's time limit (default 270)
   --only CHECK         run one check, in this process
@@ -84,6 +91,8 @@ fn parse_args() -> Result<Option<Args>, String> {
     let mut args = Args {
         fixtures: exe_dir.join("../fixtures"),
         bench_config: Some(exe_dir.join("../bench/llama-370m.json")),
+        bench_hybrid_config: Some(exe_dir.join("../bench/granite-4.0-h-350m.json")),
+        bench_batches: vec![1, 64],
         metrale: exe_dir.join("metrale"),
         backend: BackendKind::Cuda,
         budget: Duration::from_secs(270),
@@ -104,6 +113,15 @@ fn parse_args() -> Result<Option<Args>, String> {
         match flag.as_str() {
             "--fixtures" => args.fixtures = PathBuf::from(value()?),
             "--bench-config" => args.bench_config = Some(PathBuf::from(value()?)),
+            "--bench-hybrid-config" => args.bench_hybrid_config = Some(PathBuf::from(value()?)),
+            "--bench-batches" => {
+                let v = value()?;
+                args.bench_batches = v
+                    .split(',')
+                    .map(|b| b.trim().parse().ok().filter(|&b: &usize| b > 0))
+                    .collect::<Option<Vec<usize>>>()
+                    .ok_or_else(|| format!("--bench-batches {v}: batch sizes, e.g. 1,64"))?;
+            }
             "--metrale" => args.metrale = PathBuf::from(value()?),
             "--budget-s" => {
                 let v = value()?;

@@ -93,6 +93,9 @@ fn every_check_passes_with_the_cpu_in_the_devices_place() {
                 .arg(bin)
                 .arg("--bench-config")
                 .arg(repo().join("benches/configs/tiny-hybrid.json"))
+                .arg("--bench-hybrid-config")
+                .arg(repo().join("benches/configs/tiny-hybrid.json"))
+                .args(["--bench-batches", "1,2"])
                 .args(["--bench-prompt", "16", "--bench-gen", "4"]);
         }
         None => {

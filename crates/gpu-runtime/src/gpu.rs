@@ -225,6 +225,16 @@ pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
         None
     }
 
+    /// Whether the grouped matmuls compute each expert's rows to the bit as
+    /// `matmul` / `matmul_swiglu` compute a call with those rows (the CPU:
+    /// one kernel serves both). A GPU whose dense GEMM is a vendor library
+    /// and whose grouped GEMM reads device-side routing in its own kernel
+    /// says false: its rows then agree with `matmul` to f32-accumulation
+    /// accuracy, which the conformance suite checks instead.
+    fn grouped_matmul_is_matmul(&self) -> bool {
+        true
+    }
+
     /// Bytes this backend can still allocate, where it can tell (the host's
     /// available memory and cgroup limit for the CPU, free device memory for
     /// a GPU, and any limit the backend was given): what a model's memory

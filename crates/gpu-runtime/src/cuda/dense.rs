@@ -15,7 +15,11 @@ use crate::ops::{AttnBatch, AttnParams, DenseOps, KvLayer, MatmulDims, RopeParam
 
 impl CudaBackend {
     /// Queues `l` on `kernel`, if there is anything to do.
-    fn launch_opt<A: KernelArgs>(&self, kernel: &Kernel<A>, l: Option<Launch<A>>) -> Result<()> {
+    pub(super) fn launch_opt<A: KernelArgs>(
+        &self,
+        kernel: &Kernel<A>,
+        l: Option<Launch<A>>,
+    ) -> Result<()> {
         match l {
             Some(l) => self.launch(kernel, l.cfg, l.args),
             None => Ok(()),

@@ -2,13 +2,19 @@
 //! The PTX modules and one typed handle per kernel: a launch whose arguments
 //! do not match the kernel's parameter list does not compile.
 
+// A kernel's type spells its whole parameter list, however long.
+#![allow(clippy::type_complexity)]
+
 use super::launch::{Kernel, Ptr};
 
 /// The PTX of each `kernels/<stem>.cu`, in module-index order.
-pub static MODULES: [(&str, &str); 3] = [
+pub static MODULES: [(&str, &str); 6] = [
     ("attention", include_str!("../../kernels/ptx/attention.ptx")),
     ("convert", include_str!("../../kernels/ptx/convert.ptx")),
+    ("delta", include_str!("../../kernels/ptx/delta.ptx")),
     ("dense", include_str!("../../kernels/ptx/dense.ptx")),
+    ("mamba", include_str!("../../kernels/ptx/mamba.ptx")),
+    ("moe", include_str!("../../kernels/ptx/moe.ptx")),
 ];
 
 /// `attention.cu`: `paged_attention(const float* q, const void* k_cache, const void* v_cache, const unsigned* seqs, const unsigned* tables, float* out, float* partials, int n_seqs, int n_kv_heads, int head_dim, int block_size, float scale, int window, unsigned num_blocks, unsigned table_len, int flags, long long rows_bound, int target_blocks)`.
@@ -43,46 +49,146 @@ pub const CAST_F32_BF16: Kernel<(Ptr, Ptr, i64)> = Kernel::new(1, "cast_f32_bf16
 /// `convert.cu`: `cast_f32_f16(const float* x, unsigned short* y, long long n)`.
 pub const CAST_F32_F16: Kernel<(Ptr, Ptr, i64)> = Kernel::new(1, "cast_f32_f16");
 
+/// `delta.cu`: `gated_delta_rule(const float* q, const float* k, const float* v, const float* a, const float* b, const void* a_log, const void* dt_bias, float* out, float* states, const unsigned* seqs, int n_seqs, int n_v_heads, int k_head_dim, int v_head_dim, long long rows_bound, long long n_slots, long long per_slot, int flags)`.
+pub const GATED_DELTA_RULE: Kernel<(
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    i32,
+    i32,
+    i32,
+    i32,
+    i64,
+    i64,
+    i64,
+    i32,
+)> = Kernel::new(2, "gated_delta_rule");
+
 /// `dense.cu`: `embedding(const void* table, const unsigned* ids, float* out, int n_ids, int hidden, long long vocab, int dtype)`.
-pub const EMBEDDING: Kernel<(Ptr, Ptr, Ptr, i32, i32, i64, i32)> = Kernel::new(2, "embedding");
+pub const EMBEDDING: Kernel<(Ptr, Ptr, Ptr, i32, i32, i64, i32)> = Kernel::new(3, "embedding");
 
 /// `dense.cu`: `rms_norm(const float* x, const void* w, float* out, int rows, int dim, float eps, float offset, int w_dtype)`.
-pub const RMS_NORM: Kernel<(Ptr, Ptr, Ptr, i32, i32, f32, f32, i32)> = Kernel::new(2, "rms_norm");
+pub const RMS_NORM: Kernel<(Ptr, Ptr, Ptr, i32, i32, f32, f32, i32)> = Kernel::new(3, "rms_norm");
 
 /// `dense.cu`: `rope(float* x, const unsigned* positions, const float* inv_freq, int rows, int n_heads, int head_dim, int rotary_dim, float scaling)`.
-pub const ROPE: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i32, f32)> = Kernel::new(2, "rope");
+pub const ROPE: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i32, f32)> = Kernel::new(3, "rope");
 
 /// `dense.cu`: `kv_store(const float* k, const float* v, void* k_cache, void* v_cache, const unsigned* slots, int n, int kv_width, int block_size, long long capacity, int cache_dtype)`.
 pub const KV_STORE: Kernel<(Ptr, Ptr, Ptr, Ptr, Ptr, i32, i32, i32, i64, i32)> =
-    Kernel::new(2, "kv_store");
+    Kernel::new(3, "kv_store");
 
 /// `dense.cu`: `silu_mul(const float* gate, const float* up, float* out, long long n)`.
-pub const SILU_MUL: Kernel<(Ptr, Ptr, Ptr, i64)> = Kernel::new(2, "silu_mul");
+pub const SILU_MUL: Kernel<(Ptr, Ptr, Ptr, i64)> = Kernel::new(3, "silu_mul");
 
 /// `dense.cu`: `relu2(const float* x, float* out, long long n)`.
-pub const RELU2: Kernel<(Ptr, Ptr, i64)> = Kernel::new(2, "relu2");
+pub const RELU2: Kernel<(Ptr, Ptr, i64)> = Kernel::new(3, "relu2");
 
 /// `dense.cu`: `sigmoid_mul(const float* x, const float* gate, float* out, long long n)`.
-pub const SIGMOID_MUL: Kernel<(Ptr, Ptr, Ptr, i64)> = Kernel::new(2, "sigmoid_mul");
+pub const SIGMOID_MUL: Kernel<(Ptr, Ptr, Ptr, i64)> = Kernel::new(3, "sigmoid_mul");
 
 /// `dense.cu`: `add_scaled(float* acc, const float* x, float factor, long long n)`.
-pub const ADD_SCALED: Kernel<(Ptr, Ptr, f32, i64)> = Kernel::new(2, "add_scaled");
+pub const ADD_SCALED: Kernel<(Ptr, Ptr, f32, i64)> = Kernel::new(3, "add_scaled");
 
 /// `dense.cu`: `scale(float* x, float factor, long long n)`.
-pub const SCALE: Kernel<(Ptr, f32, i64)> = Kernel::new(2, "scale");
+pub const SCALE: Kernel<(Ptr, f32, i64)> = Kernel::new(3, "scale");
 
 /// `dense.cu`: `bias_add(float* out, const void* bias, int m, int n, int dtype)`.
-pub const BIAS_ADD: Kernel<(Ptr, Ptr, i32, i32, i32)> = Kernel::new(2, "bias_add");
+pub const BIAS_ADD: Kernel<(Ptr, Ptr, i32, i32, i32)> = Kernel::new(3, "bias_add");
 
 /// `dense.cu`: `copy_cols(const float* src, float* dst, int rows, int src_width, int col_start, int cols)`.
-pub const COPY_COLS: Kernel<(Ptr, Ptr, i32, i32, i32, i32)> = Kernel::new(2, "copy_cols");
+pub const COPY_COLS: Kernel<(Ptr, Ptr, i32, i32, i32, i32)> = Kernel::new(3, "copy_cols");
 
 /// `dense.cu`: `scatter_cols(const float* src, float* dst, int rows, int cols, int dst_width, int col_start)`.
-pub const SCATTER_COLS: Kernel<(Ptr, Ptr, i32, i32, i32, i32)> = Kernel::new(2, "scatter_cols");
+pub const SCATTER_COLS: Kernel<(Ptr, Ptr, i32, i32, i32, i32)> = Kernel::new(3, "scatter_cols");
 
 /// `dense.cu`: `gather_rows(const void* src, const unsigned* rows, void* out, int n, long long row_units, long long src_rows, int unit)`.
-pub const GATHER_ROWS: Kernel<(Ptr, Ptr, Ptr, i32, i64, i64, i32)> = Kernel::new(2, "gather_rows");
+pub const GATHER_ROWS: Kernel<(Ptr, Ptr, Ptr, i32, i64, i64, i32)> = Kernel::new(3, "gather_rows");
 
 /// `dense.cu`: `scatter_add_rows(const float* src, const unsigned* rows, const float* weights, float* dst, int n, int width, long long dst_rows)`.
 pub const SCATTER_ADD_ROWS: Kernel<(Ptr, Ptr, Ptr, Ptr, i32, i32, i64)> =
-    Kernel::new(2, "scatter_add_rows");
+    Kernel::new(3, "scatter_add_rows");
+
+/// `mamba.cu`: `causal_conv1d(const float* __restrict__ x, const void* __restrict__ w, const void* __restrict__ bias, float* __restrict__ out, const float* __restrict__ states, const unsigned* __restrict__ seqs, int n_seqs, int channels, int kernel, long long per_slot, unsigned n_slots, long long rows_bound, int w_dtype, int b_dtype, int silu)`.
+pub const CAUSAL_CONV1D: Kernel<(
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    i32,
+    i32,
+    i32,
+    i64,
+    u32,
+    i64,
+    i32,
+    i32,
+    i32,
+)> = Kernel::new(4, "causal_conv1d");
+
+/// `mamba.cu`: `conv_state_update(const float* __restrict__ x, float* states, const unsigned* __restrict__ seqs, int n_seqs, int channels, int kernel, long long per_slot, unsigned n_slots, long long rows_bound)`.
+pub const CONV_STATE_UPDATE: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i64, u32, i64)> =
+    Kernel::new(4, "conv_state_update");
+
+/// `mamba.cu`: `gated_rms_norm(const float* __restrict__ x, const float* __restrict__ gate, const void* __restrict__ w, float* __restrict__ out, long long n_groups_total, int dim, int group_size, float eps, int order, int w_dtype)`.
+pub const GATED_RMS_NORM: Kernel<(Ptr, Ptr, Ptr, Ptr, i64, i32, i32, f32, i32, i32)> =
+    Kernel::new(4, "gated_rms_norm");
+
+/// `mamba.cu`: `ssd_scan(const float* __restrict__ x, const float* __restrict__ dt_raw, const float* __restrict__ b, const float* __restrict__ c, const void* __restrict__ a_log, const void* __restrict__ d_skip, const void* __restrict__ dt_bias, float* __restrict__ y, float* __restrict__ states, const unsigned* __restrict__ seqs, int n_seqs, int n_heads, int head_dim, int d_state, int n_groups, float dt_min, float dt_max, long long x_stride, long long bc_stride, long long per_slot, unsigned n_slots, long long rows_bound, int a_dtype, int d_dtype, int bias_dtype)`.
+pub const SSD_SCAN: Kernel<(
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    Ptr,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    f32,
+    f32,
+    i64,
+    i64,
+    i64,
+    u32,
+    i64,
+    i32,
+    i32,
+    i32,
+)> = Kernel::new(4, "ssd_scan");
+
+/// `moe.cu`: `softmax_topk(const float* logits, unsigned* experts, float* weights, int rows, int n, int k, int renormalize)`.
+pub const SOFTMAX_TOPK: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i32)> =
+    Kernel::new(5, "softmax_topk");
+
+/// `moe.cu`: `sigmoid_topk(const float* logits, const void* bias, int bias_dtype, unsigned* experts, float* weights, int rows, int n, int k, int n_group, int topk_group, int renormalize, float scale)`.
+pub const SIGMOID_TOPK: Kernel<(Ptr, Ptr, i32, Ptr, Ptr, i32, i32, i32, i32, i32, i32, f32)> =
+    Kernel::new(5, "sigmoid_topk");
+
+/// `moe.cu`: `moe_group(const unsigned* experts, const float* weights, unsigned* offsets, unsigned* rows_out, float* weights_out, int entries, int k, int n_experts)`.
+pub const MOE_GROUP: Kernel<(Ptr, Ptr, Ptr, Ptr, Ptr, i32, i32, i32)> = Kernel::new(5, "moe_group");
+
+/// `moe.cu`: `grouped_matmul(const float* x, const unsigned long long* table, int dtype, const unsigned* offsets, float* out, int entries, int n, int k, int n_experts)`.
+pub const GROUPED_MATMUL: Kernel<(Ptr, Ptr, i32, Ptr, Ptr, i32, i32, i32, i32)> =
+    Kernel::new(5, "grouped_matmul");
+
+/// `moe.cu`: `grouped_matmul_swiglu(const float* x, const unsigned long long* gate, const unsigned long long* up, int dtype, const unsigned* offsets, float* out, float* scratch, int entries, int n, int k, int n_experts)`.
+pub const GROUPED_MATMUL_SWIGLU: Kernel<(Ptr, Ptr, Ptr, i32, Ptr, Ptr, Ptr, i32, i32, i32, i32)> =
+    Kernel::new(5, "grouped_matmul_swiglu");
+
+/// `moe.cu`: `sigmoid_gate_add(float* acc, const float* x, const float* gate, int width, long long n)`.
+pub const SIGMOID_GATE_ADD: Kernel<(Ptr, Ptr, Ptr, i32, i64)> = Kernel::new(5, "sigmoid_gate_add");

@@ -18,9 +18,9 @@
 //! `available_memory` leaves it out and [`CudaBackend::scratch_bytes`]
 //! reports it.
 //!
-//! Part 1 runs the dense transformer ops; the recurrent and MoE ops answer
-//! `supports == false` and error when called, so a hybrid or MoE model is
-//! refused at load with the ops' names.
+//! Every op of `ops/` runs here: the dense transformer's (`dense.rs`,
+//! `attention.rs`, `gemm.rs`), Mamba-2's (`recurrent.rs`), the gated delta
+//! rule (`delta.rs`) and the MoE ops (`moe.rs`).
 
 mod driver;
 pub(crate) mod launch;
@@ -30,15 +30,26 @@ mod args;
 mod attention;
 #[cfg(test)]
 mod core_tests;
+mod delta;
+#[cfg(test)]
+mod delta_tests;
 mod dense;
 #[cfg(test)]
 mod device_tests;
 mod gemm;
 mod graph;
+mod moe;
+mod moe_args;
+#[cfg(test)]
+mod moe_tests;
 mod probe;
+mod recurrent;
+#[cfg(test)]
+mod recurrent_device_tests;
+#[cfg(test)]
+mod recurrent_tests;
 #[cfg(test)]
 mod tests;
-mod unsupported;
 mod workspace;
 
 use std::collections::HashMap;
@@ -58,7 +69,7 @@ pub use driver::MIN_DRIVER_VERSION;
 use driver::{Context, driver_error, is_sticky};
 use launch::Modules;
 
-/// The ops this backend runs (part 1: the dense transformer's).
+/// The ops this backend runs: all of them.
 pub const SUPPORTED_OPS: &[Op] = &[
     Op::Embedding,
     Op::Matmul,
@@ -76,6 +87,16 @@ pub const SUPPORTED_OPS: &[Op] = &[
     Op::ScatterCols,
     Op::GatherRows,
     Op::ScatterAddRows,
+    Op::CausalConv1d,
+    Op::SsdScan,
+    Op::GatedRmsNorm,
+    Op::GatedDeltaRule,
+    Op::SoftmaxTopk,
+    Op::SigmoidTopk,
+    Op::MoeGroup,
+    Op::GroupedMatmul,
+    Op::GroupedMatmulSwiglu,
+    Op::SigmoidGateAdd,
 ];
 
 /// A recorded CUDA event.
@@ -405,6 +426,13 @@ impl GpuBackend for CudaBackend {
 
     fn release_graph(&self, graph: GraphId) -> Result<()> {
         self.destroy_graph(graph)
+    }
+
+    /// The grouped GEMM is `moe.cu`'s tiled kernel (it reads the routing on
+    /// the device); `matmul` is cuBLASLt's: they agree to f32 accumulation,
+    /// not to the bit.
+    fn grouped_matmul_is_matmul(&self) -> bool {
+        false
     }
 
     fn available_memory(&self) -> Option<usize> {

@@ -104,7 +104,11 @@ pub trait MoeOps {
     /// For every expert `e`: rows `offsets[e]..offsets[e + 1]` of `out`
     /// (`[entries, w.n]`) are those rows of `x` (`[entries, w.k]`) times
     /// expert `e`'s weight, transposed. Each row is computed as `matmul`
-    /// computes a row of a call with as many rows as the expert has.
+    /// computes a row of a call with as many rows as the expert has: to the
+    /// bit where [`GpuBackend::grouped_matmul_is_matmul`] says so, else to
+    /// f32-accumulation accuracy.
+    ///
+    /// [`GpuBackend::grouped_matmul_is_matmul`]: crate::gpu::GpuBackend::grouped_matmul_is_matmul
     fn grouped_matmul(
         &self,
         x: DeviceSlice,
