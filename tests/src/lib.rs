@@ -85,6 +85,7 @@ pub fn options() -> ModelOptions {
         max_seqs: 8,
         max_batch_tokens: 256,
         kv_dtype: None,
+        cuda_graphs: true,
     }
 }
 

@@ -40,6 +40,7 @@ fn roomy() -> ModelOptions {
         max_seqs: 16,
         max_batch_tokens: 256,
         kv_dtype: None,
+        cuda_graphs: true,
     }
 }
 
@@ -184,6 +185,7 @@ fn greedy_parity(name: &str) -> Result<()> {
         max_seqs: 5,
         max_batch_tokens: 64,
         kv_dtype: None,
+        cuda_graphs: true,
     };
     let (cpu, mut engine) = load(name, tight, chunked)?;
     check_greedy(name, &mut engine, 16, 16)?;
@@ -513,6 +515,7 @@ fn stress(name: &str) -> Result<()> {
         max_seqs: 6,
         max_batch_tokens: 64,
         kv_dtype: None,
+        cuda_graphs: true,
     };
     let (cpu, mut engine) = load(
         name,

@@ -287,6 +287,7 @@ fn options(kv_dtype: Option<DType>) -> ModelOptions {
         max_seqs: CONCURRENT,
         max_batch_tokens: 256,
         kv_dtype,
+        cuda_graphs: true,
     }
 }
 

@@ -126,6 +126,23 @@ impl Fence {
     }
 }
 
+/// A captured run of queued work ([`GpuBackend::capture`]) that the
+/// backend can replay. Only meaningful to the backend that captured it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GraphId(u64);
+
+impl GraphId {
+    /// For backends: wraps the backend's own id.
+    pub fn from_raw(raw: u64) -> Self {
+        Self(raw)
+    }
+
+    /// For backends: the id.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+}
+
 /// A device: memory on the shared allocation ledger, and the compute ops.
 ///
 /// Object safe; held as `Box<dyn GpuBackend>` / `&dyn GpuBackend`. Backends
@@ -224,6 +241,54 @@ pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
     /// plan is checked against before anything is allocated.
     fn available_memory(&self) -> Option<usize> {
         None
+    }
+
+    /// Whether [`capture`](Self::capture) works here (a CUDA backend, not in
+    /// debug-sync mode). A backend without graphs runs every step eagerly.
+    fn graphs_supported(&self) -> bool {
+        false
+    }
+
+    /// Runs `body`, which queues ops on this backend, *capturing* them
+    /// instead of running them: the returned graph replays the same work
+    /// (the same kernels, device addresses and scalar arguments) on each
+    /// [`replay`](Self::replay), reading whatever device memory then holds.
+    /// Nothing `body` queues runs during the capture. While capturing,
+    /// whatever would wait for the device, copy from host memory, or
+    /// allocate or free (copies to and from the host, `synchronize`,
+    /// fences, `alloc`/`free`, growth of the backend's own scratch) fails
+    /// with an error saying so, and the capture is discarded: a caller runs
+    /// `body`'s work once eagerly first, so the backend's scratch has grown.
+    /// On failure nothing was queued.
+    fn capture(&self, body: &mut dyn FnMut() -> Result<()>) -> Result<GraphId> {
+        let _ = body;
+        Err(GpuError::Unavailable(format!(
+            "{} does not capture graphs",
+            self.name()
+        )))
+    }
+
+    /// Queues graph `graph` on the stream, ordered like any op. `Ok(false)`:
+    /// the graph is stale (memory of the backend's own it points into has
+    /// moved since the capture, e.g. a scratch buffer grew) and nothing was
+    /// queued; the caller releases it and captures again.
+    fn replay(&self, graph: GraphId) -> Result<bool> {
+        let _ = graph;
+        Err(GpuError::Unavailable(format!(
+            "{} does not replay graphs",
+            self.name()
+        )))
+    }
+
+    /// Destroys a captured graph (once no longer queued it frees its
+    /// resources). Graphs are not on the ledger; a backend destroys the ones
+    /// still alive when it is dropped.
+    fn release_graph(&self, graph: GraphId) -> Result<()> {
+        let _ = graph;
+        Err(GpuError::Unavailable(format!(
+            "{} has no graphs",
+            self.name()
+        )))
     }
 
     /// Copies host bytes to `dst + offset` (bytes). Ordered on the backend's

@@ -27,5 +27,5 @@ pub mod ledger;
 pub mod ops;
 
 pub use error::GpuError;
-pub use gpu::{DevicePtr, DeviceSlice, Fence, GpuBackend};
+pub use gpu::{DevicePtr, DeviceSlice, Fence, GpuBackend, GraphId};
 pub use hooks::{Hooks, Transfers};

@@ -32,6 +32,7 @@ fn load(debug_sync: bool) -> (Arc<CpuBackend>, TransformerModel) {
         max_seqs: 2,
         max_batch_tokens: 16,
         kv_dtype: None,
+        cuda_graphs: true,
     };
     let gpu: Arc<dyn GpuBackend> = cpu.clone();
     let model = TransformerModel::load(

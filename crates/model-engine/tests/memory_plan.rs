@@ -22,6 +22,7 @@ fn options() -> ModelOptions {
         max_seqs: 3,
         max_batch_tokens: 40,
         kv_dtype: None,
+        cuda_graphs: true,
     }
 }
 

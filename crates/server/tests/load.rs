@@ -54,6 +54,7 @@ fn options() -> LoadOptions {
             max_seqs: 16,
             max_batch_tokens: 256,
             kv_dtype: None,
+            cuda_graphs: true,
         },
         ..LoadOptions::default()
     }

@@ -205,6 +205,7 @@ impl CudaBackend {
         if cfg.grid.0 == 0 || cfg.grid.1 == 0 || cfg.grid.2 == 0 {
             return Ok(());
         }
+        self.graphs.check_queue(kernel.name)?;
         self.ctx.bind()?;
         let f = self.modules.function(kernel)?;
         let stream = self.ctx.stream;

@@ -37,6 +37,7 @@ mod dense;
 #[cfg(test)]
 mod device_tests;
 mod gemm;
+mod graph;
 mod moe;
 mod moe_args;
 #[cfg(test)]
@@ -59,7 +60,7 @@ use metrale_core::DType;
 use parking_lot::Mutex;
 
 use crate::error::{GpuError, Result};
-use crate::gpu::{DevicePtr, Fence, GpuBackend};
+use crate::gpu::{DevicePtr, Fence, GpuBackend, GraphId};
 use crate::hooks::Hooks;
 use crate::ledger::Ledger;
 use crate::ops::{KvLayout, KvSpec, Op, StateLayout};
@@ -118,6 +119,8 @@ pub struct CudaBackend {
     scratch: workspace::ScratchBuffers,
     /// The cuBLASLt handle and plans (`gemm.rs`), created at the first GEMM.
     blas: gemm::BlasState,
+    /// Captured graphs and the capture state (`graph.rs`).
+    graphs: graph::Graphs,
     // Dropped in this order: the modules before the context they live in.
     modules: Modules,
     ctx: Context,
@@ -143,6 +146,7 @@ impl CudaBackend {
             next_fence: AtomicU64::new(1),
             scratch: Default::default(),
             blas: Default::default(),
+            graphs: Default::default(),
             modules,
             ctx,
         })
@@ -201,6 +205,7 @@ impl CudaBackend {
     }
 
     fn stream_sync(&self, op: &'static str) -> Result<()> {
+        self.graphs.refuse_during_capture(op)?;
         self.ctx.bind()?;
         // SAFETY: the stream lives as long as the context.
         unsafe { result::stream::synchronize(self.ctx.stream) }
@@ -249,6 +254,7 @@ impl GpuBackend for CudaBackend {
             owner: String::new(),
             live,
         };
+        self.graphs.refuse_during_capture("alloc")?;
         if self.memory_limit.is_some_and(|limit| live + bytes > limit) {
             return Err(oom());
         }
@@ -269,6 +275,7 @@ impl GpuBackend for CudaBackend {
     }
 
     fn free_raw(&self, ptr: DevicePtr, _bytes: usize) -> Result<()> {
+        self.graphs.refuse_during_capture("free")?;
         self.ctx.bind()?;
         // SAFETY: `ptr` came from `alloc_raw` (the ledger entry was removed
         // first, so it is freed once); the free is ordered after the work
@@ -278,6 +285,7 @@ impl GpuBackend for CudaBackend {
     }
 
     fn copy_h2d_raw(&self, src: &[u8], dst: DevicePtr, offset: usize) -> Result<()> {
+        self.graphs.refuse_during_capture("copy_h2d")?;
         let at = self.check_range("copy_h2d", dst, offset, src.len())?;
         if src.is_empty() {
             return Ok(());
@@ -292,6 +300,7 @@ impl GpuBackend for CudaBackend {
     }
 
     fn copy_d2h_raw(&self, src: DevicePtr, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.graphs.refuse_during_capture("copy_d2h")?;
         let at = self.check_range("copy_d2h", src, offset, dst.len())?;
         if dst.is_empty() {
             return Ok(());
@@ -312,6 +321,7 @@ impl GpuBackend for CudaBackend {
         dst_offset: usize,
         bytes: usize,
     ) -> Result<()> {
+        self.graphs.check_queue("copy_d2d")?;
         let from = self.check_range("copy_d2d", src, src_offset, bytes)?;
         let to = self.check_range("copy_d2d", dst, dst_offset, bytes)?;
         if bytes == 0 {
@@ -325,6 +335,7 @@ impl GpuBackend for CudaBackend {
     }
 
     fn memset_zero_raw(&self, dst: DevicePtr, offset: usize, bytes: usize) -> Result<()> {
+        self.graphs.check_queue("memset_zero")?;
         let at = self.check_range("memset_zero", dst, offset, bytes)?;
         if bytes == 0 {
             return Ok(());
@@ -341,6 +352,7 @@ impl GpuBackend for CudaBackend {
     }
 
     fn record_fence_raw(&self) -> Result<Fence> {
+        self.graphs.refuse_during_capture("record_fence")?;
         self.ctx.bind()?;
         let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .map_err(|e| self.device_error("record_fence", e))?;
@@ -358,6 +370,7 @@ impl GpuBackend for CudaBackend {
     }
 
     fn wait_fence_raw(&self, fence: Fence) -> Result<()> {
+        self.graphs.refuse_during_capture("wait_fence")?;
         let Some(Event(event)) = self.fences.lock().remove(&fence.raw()) else {
             // Waited on before: everything before it has finished.
             return Ok(());
@@ -399,6 +412,22 @@ impl GpuBackend for CudaBackend {
         matches!(weights, DType::BF16 | DType::F16).then_some(weights)
     }
 
+    fn graphs_supported(&self) -> bool {
+        self.graphs_supported_here()
+    }
+
+    fn capture(&self, body: &mut dyn FnMut() -> Result<()>) -> Result<GraphId> {
+        self.capture_graph(body)
+    }
+
+    fn replay(&self, graph: GraphId) -> Result<bool> {
+        self.replay_graph(graph)
+    }
+
+    fn release_graph(&self, graph: GraphId) -> Result<()> {
+        self.destroy_graph(graph)
+    }
+
     /// The grouped GEMM is `moe.cu`'s tiled kernel (it reads the routing on
     /// the device); `matmul` is cuBLASLt's: they agree to f32 accumulation,
     /// not to the bit.
@@ -418,6 +447,8 @@ impl GpuBackend for CudaBackend {
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         let _ = self.stream_sync("drop");
+        // Graphs first: they point into the memory freed below.
+        self.destroy_graphs();
         let n = self.sweep_unreleased();
         if n > 0 {
             tracing::warn!(

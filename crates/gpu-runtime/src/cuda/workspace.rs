@@ -78,11 +78,14 @@ impl CudaBackend {
         if slot.0 != 0 && slot.1 >= bytes.max(1) {
             return Ok(Ptr(slot.0));
         }
+        // Growth frees the old buffer, which a captured graph may point into.
+        self.graphs.refuse_during_capture("scratch growth")?;
         let size = bytes.max(1).div_ceil(GRANULE) * GRANULE;
         self.ctx.bind()?;
         let stream = self.ctx.stream;
         if slot.0 != 0 {
             let old = std::mem::take(slot);
+            self.graphs.scratch_moved();
             // SAFETY: `old` was allocated here on this stream; the free is
             // ordered after the work already queued that may still use it.
             unsafe { result::free_async(old.0, stream) }

@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use metrale::core::DType;
 use metrale::engine::config::{ModelConfig, load_config, parse_config};
-use metrale::engine::model::{Logits, ModelOptions, Sequence, Step, TransformerModel};
+use metrale::engine::model::{GraphStats, Logits, ModelOptions, Sequence, Step, TransformerModel};
 use metrale::engine::random::write_random_checkpoint;
 use metrale::weights::loader::WeightDType;
 use metrale::{BackendOptions, Device, DeviceInfo, OpTime, open_backend};
@@ -210,6 +210,7 @@ pub fn run(args: Args) -> Result<()> {
         max_seqs: b,
         kv_blocks,
         kv_dtype: args.kv_dtype.dtype(),
+        cuda_graphs: !args.device.no_cuda_graphs,
         ..ModelOptions::default()
     };
     let dtype = args.weight_dtype.dtype();
@@ -237,6 +238,10 @@ pub fn run(args: Args) -> Result<()> {
     });
     let config = model.config().clone();
     let weight_bytes = model.weight_store().map_or(0, |s| s.bytes());
+    // Decode graphs: whether they were on, and what they did (warm-up included).
+    let graphs = gpu
+        .graphs_supported()
+        .then(|| (options.cuda_graphs, model.graph_stats()));
     let shutdown = model.shutdown();
     let measured = measured?;
     shutdown?;
@@ -268,6 +273,7 @@ pub fn run(args: Args) -> Result<()> {
     report.bf16_dot = bf16_dot;
     report.device = backend.device();
     report.device_info = device_info;
+    report.graphs = graphs;
     if args.json {
         println!("{}", serde_json::to_string(&report.json())?);
     } else {
@@ -417,6 +423,8 @@ struct Report {
     bandwidth: Option<f64>,
     decode_bytes: f64,
     bf16_dot: bool,
+    /// On a backend with graphs: whether decode graphs were on, and their counters.
+    graphs: Option<(bool, GraphStats)>,
     /// (phase, its seconds, its ops) for --profile.
     ops: Vec<(&'static str, f64, Vec<OpTime>)>,
 }
@@ -454,6 +462,7 @@ impl Report {
             bandwidth,
             decode_bytes: decode_params_per_token(c) * dtype.size_of() as f64,
             bf16_dot: false,
+            graphs: None,
             ops: [
                 ("prefill", m.prefill_s, &m.prefill_ops),
                 ("decode", m.decode_s, &m.decode_ops),
@@ -505,6 +514,14 @@ impl Report {
             v["device_memory_bytes"] = info.total_memory.into();
             v["device_free_memory_bytes"] = info.free_memory.into();
         }
+        if let Some((on, g)) = &self.graphs {
+            v["cuda_graphs"] = serde_json::json!({
+                "enabled": on,
+                "captures": g.captures,
+                "replays": g.replays,
+                "failed": g.failed,
+            });
+        }
         for (phase, secs, ops) in &self.ops {
             let rows: Vec<_> = ops
                 .iter()
@@ -550,6 +567,22 @@ impl Report {
                 gib(info.total_memory as f64),
                 gib(info.free_memory as f64)
             );
+            if let Some((on, g)) = &self.graphs {
+                if *on {
+                    line!(
+                        "graphs       decode steps as CUDA graphs: {} captured, {} steps replayed{}",
+                        g.captures,
+                        g.replays,
+                        if g.failed > 0 {
+                            format!(", {} batch size(s) eager after a failed capture", g.failed)
+                        } else {
+                            String::new()
+                        }
+                    );
+                } else {
+                    line!("graphs       off (--no-cuda-graphs): every step eager");
+                }
+            }
             line!(
                 "run          {}, batch {}, prompt {} tokens, {} generated; load {:.2} s",
                 self.device,

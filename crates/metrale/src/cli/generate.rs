@@ -60,6 +60,7 @@ impl ModelArgs {
         };
         options.model.max_seqs = 1;
         options.model.kv_dtype = self.kv_dtype.dtype();
+        options.model.cuda_graphs = !self.device.no_cuda_graphs;
         let mut config = EngineConfig::default();
         if let Some(ctx) = self.ctx_size {
             check_ctx_size(ctx, &dir)?;

@@ -72,6 +72,7 @@ pub fn run(args: Args) -> Result<()> {
     options.model.kv_blocks = args.ids.len().div_ceil(options.model.kv_block_size) + 1;
     options.model.max_seqs = 1;
     options.model.kv_dtype = args.kv_dtype.dtype();
+    options.model.cuda_graphs = !args.device.no_cuda_graphs;
     tracing::debug!("loading {} with {options:?}", args.model.display());
     let model = Model::load(&args.model, &options, &mut super::load_progress())?;
     let vocab = model.engine().config().vocab_size;

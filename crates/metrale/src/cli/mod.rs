@@ -23,6 +23,11 @@ pub struct DeviceArgs {
     /// cuda / cuda:N (needs a build with the `cuda` feature).
     #[arg(long, value_name = DEVICE_VALUES, default_value_t = Device::Auto)]
     pub device: Device,
+    /// Run every decode step eagerly instead of replaying it as a captured
+    /// CUDA graph (graphs are on by default on a CUDA device; the CPU
+    /// backend has none).
+    #[arg(long)]
+    pub no_cuda_graphs: bool,
 }
 
 /// `--device`'s value name in `--help`.

@@ -10,6 +10,6 @@ pub mod rope;
 pub mod types;
 pub(crate) mod weights;
 
-pub use forward::{Logits, Sequence, Step};
+pub use forward::{GraphStats, Logits, Sequence, Step};
 pub use memory::MemoryPlan;
 pub use types::{ModelOptions, TransformerModel};

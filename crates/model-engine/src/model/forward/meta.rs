@@ -3,6 +3,14 @@
 //! of the step reads it (token ids, positions, KV slots, attention
 //! sequences and their block tables, recurrent sequences and their slots,
 //! the rows whose logits are wanted).
+//!
+//! The layout is fixed for a decode step of B sequences (one token each,
+//! one logit row each), whatever their positions and block tables: every
+//! part but the block tables has a size set by B (and the model), and the
+//! block tables come last, their view running to the end of the buffer, so
+//! every view's address and length, and every count an op is given, is the
+//! same for all such steps. A captured graph of the step (a CUDA graph)
+//! stays valid when replayed with the next step's metadata uploaded.
 
 use std::ops::Range;
 
@@ -114,9 +122,6 @@ impl StepMeta {
         w.extend_from_slice(&descs);
         let attn = mark(&w, start);
         let start = w.len();
-        w.extend_from_slice(&tables);
-        let tables = mark(&w, start);
-        let start = w.len();
         let mut row = 0u32;
         for s in steps {
             let len = s.tokens.len() as u32;
@@ -148,6 +153,10 @@ impl StepMeta {
             row += len;
         }
         let logit_rows = mark(&w, start);
+        // Last, so that nothing after them moves with their length.
+        let start = w.len();
+        w.extend_from_slice(&tables);
+        let tables = mark(&w, start);
         Ok(Self {
             words: w,
             ids,
@@ -181,7 +190,10 @@ impl StepMeta {
             attn: AttnBatch {
                 seqs: view(&self.attn)?,
                 n_seqs: self.attn.len() / ATTN_SEQ_WORDS,
-                block_tables: view(&self.tables)?,
+                // To the buffer's end, not the tables' (a length that would
+                // vary from step to step): the descriptors say where each
+                // table lies and how long it is.
+                block_tables: view(&(self.tables.start..buffer.len()))?,
             },
             recurrent: RecurrentBatch {
                 seqs: view(&self.recurrent)?,
@@ -189,6 +201,29 @@ impl StepMeta {
             },
             logit_rows: view(&self.logit_rows)?,
         })
+    }
+}
+
+impl StepMeta {
+    /// Where each part lies, in words: ids, positions, KV slots, attention
+    /// descriptors, recurrent descriptors, logit rows, block tables.
+    #[cfg(test)]
+    pub fn layout(&self) -> [Range<usize>; 7] {
+        [
+            self.ids.clone(),
+            self.positions.clone(),
+            self.kv_slots.clone(),
+            self.attn.clone(),
+            self.recurrent.clone(),
+            self.logit_rows.clone(),
+            self.tables.clone(),
+        ]
+    }
+
+    /// The words uploaded.
+    #[cfg(test)]
+    pub fn words(&self) -> &[u32] {
+        &self.words
     }
 }
 

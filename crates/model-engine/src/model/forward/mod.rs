@@ -6,9 +6,15 @@
 
 mod attention;
 mod ffn;
+#[cfg(test)]
+mod graph_fake;
+#[cfg(test)]
+mod graph_tests;
+mod graphs;
 mod meta;
 mod recurrent;
 
+pub use graphs::{DecodeGraphs, GraphStats, MAX_GRAPH_BATCH};
 pub use meta::step_meta_words;
 
 use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
@@ -183,8 +189,13 @@ impl TransformerModel {
                 batch: &batch,
                 s: &scratch,
             };
-            self.run_layers(&cx, weights)
-                .and_then(|_| self.logits(&cx, weights, &meta.logit_counts))
+            let counts = &meta.logit_counts;
+            match graphs::graph_batch(steps_ro, self.options.cuda_graphs, gpu) {
+                Some(b) => self.forward_graphed(&cx, weights, b, counts),
+                None => self
+                    .run_layers(&cx, weights)
+                    .and_then(|_| self.logits(&cx, weights, counts)),
+            }
         };
         if result.is_ok() {
             for s in steps.iter_mut() {
@@ -318,31 +329,52 @@ impl TransformerModel {
     /// The wanted rows' logits, `LOGIT_ROWS` rows per LM-head pass (a
     /// decode step: one pass), each pass one download.
     fn logits(&self, cx: &Cx<'_>, w: &ModelWeights, counts: &[usize]) -> Result<Vec<Vec<f32>>> {
-        let (gpu, s, c) = (cx.gpu, cx.s, &self.config);
-        let (h, vocab) = (c.hidden_size, c.vocab_size);
+        let gpu = cx.gpu;
         let wanted: usize = counts.iter().sum();
-        let mut all = Vec::with_capacity(wanted * vocab);
+        let mut all = Vec::with_capacity(wanted * self.config.vocab_size);
         let mut done = 0;
         while done < wanted {
             let n = LOGIT_ROWS.min(wanted - done);
-            let rows = cx
-                .batch
-                .meta
-                .logit_rows
-                .slice(done, n)
-                .map_err(dev("logits"))?;
-            let (gathered, normed) = (
-                s.normed.slice(0, n * h).map_err(dev("logits"))?,
-                s.mixed.slice(0, n * h).map_err(dev("logits"))?,
-            );
-            gpu.gather_rows(s.residual, rows, h, gathered)
-                .map_err(dev("gather"))?;
-            self.norm(cx, Some(w.final_norm), gathered, normed)?;
-            let out = s.logits.slice(0, n * vocab).map_err(dev("logits"))?;
-            cx.linear(normed, &w.lm_head, out, n)?;
+            let out = self.logit_pass(cx, w, done, n)?;
             all.extend(gpu.download_f32(out).map_err(dev("logits download"))?);
             done += n;
         }
+        Ok(self.split_logits(all, counts))
+    }
+
+    /// One LM-head pass: wanted rows `done..done + n` (n <= LOGIT_ROWS)
+    /// gathered, normed and projected into the arena's `logits` region;
+    /// returns that region's `n` rows.
+    fn logit_pass(
+        &self,
+        cx: &Cx<'_>,
+        w: &ModelWeights,
+        done: usize,
+        n: usize,
+    ) -> Result<DeviceSlice> {
+        let (gpu, s, c) = (cx.gpu, cx.s, &self.config);
+        let (h, vocab) = (c.hidden_size, c.vocab_size);
+        let rows = cx
+            .batch
+            .meta
+            .logit_rows
+            .slice(done, n)
+            .map_err(dev("logits"))?;
+        let (gathered, normed) = (
+            s.normed.slice(0, n * h).map_err(dev("logits"))?,
+            s.mixed.slice(0, n * h).map_err(dev("logits"))?,
+        );
+        gpu.gather_rows(s.residual, rows, h, gathered)
+            .map_err(dev("gather"))?;
+        self.norm(cx, Some(w.final_norm), gathered, normed)?;
+        let out = s.logits.slice(0, n * vocab).map_err(dev("logits"))?;
+        cx.linear(normed, &w.lm_head, out, n)?;
+        Ok(out)
+    }
+
+    /// The downloaded logits divided as the config says and split per step.
+    fn split_logits(&self, mut all: Vec<f32>, counts: &[usize]) -> Vec<Vec<f32>> {
+        let (c, vocab) = (&self.config, self.config.vocab_size);
         if c.logits_divisor != 1.0 {
             all.iter_mut().for_each(|v| *v /= c.logits_divisor);
         }
@@ -352,6 +384,6 @@ impl TransformerModel {
             out.push(all[offset * vocab..(offset + n) * vocab].to_vec());
             offset += n;
         }
-        Ok(out)
+        out
     }
 }

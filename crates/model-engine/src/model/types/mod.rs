@@ -19,7 +19,7 @@ use crate::cache::{KvCache, SsmSnapshots, SsmStatePool, StateShape};
 use crate::config::{MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::model::derived::DerivedWeights;
-use crate::model::forward::step_meta_words;
+use crate::model::forward::{DecodeGraphs, step_meta_words};
 use crate::model::weights::{ModelWeights, resolve};
 
 /// How much per-sequence memory to set aside.
@@ -36,6 +36,11 @@ pub struct ModelOptions {
     /// The KV cache's element type; `None`: the backend's default (f32 on
     /// the CPU). See `GpuBackend::kv_layout`.
     pub kv_dtype: Option<DType>,
+    /// Replay decode steps as captured device graphs where the backend
+    /// supports them (CUDA): a step of B single-token sequences runs as one
+    /// graph launch instead of hundreds of kernel launches. Off: every step
+    /// runs eagerly (what a backend without graphs always does).
+    pub cuda_graphs: bool,
 }
 
 impl Default for ModelOptions {
@@ -46,6 +51,7 @@ impl Default for ModelOptions {
             max_seqs: 16,
             max_batch_tokens: 512,
             kv_dtype: None,
+            cuda_graphs: true,
         }
     }
 }
@@ -66,6 +72,8 @@ pub struct TransformerModel {
     pub(crate) weights: Option<ModelWeights>,
     /// Forward steps share the arena: one at a time.
     pub(crate) forward_lock: Mutex<()>,
+    /// Captured decode graphs, by batch size (`forward/graphs.rs`).
+    pub(crate) graphs: Mutex<DecodeGraphs>,
     released: bool,
 }
 
@@ -119,6 +127,7 @@ impl TransformerModel {
             weight_store: None,
             weights: None,
             forward_lock: Mutex::new(()),
+            graphs: Mutex::new(DecodeGraphs::default()),
             released: false,
         })
     }
@@ -151,6 +160,10 @@ impl TransformerModel {
     /// derived copies the kernels need). On failure the store is still
     /// adopted, so teardown frees it.
     pub fn attach_weights(&mut self, store: WeightStore) -> Result<()> {
+        // Graphs captured before point at the weights being replaced.
+        if let Err(e) = self.graphs.get_mut().release(self.gpu.as_ref()) {
+            tracing::warn!("releasing decode graphs before new weights: {e}");
+        }
         self.adopt_weight_store(store);
         let store = self
             .weight_store

@@ -20,9 +20,10 @@ impl TransformerModel {
         self.weight_store = Some(store);
     }
 
-    /// Releases every device resource this model owns, in this order: derived
-    /// weights, SSM snapshots, the SSM state pool, the KV cache, the buffer
-    /// arena, the weight store, then whatever the backend still tracks
+    /// Releases every device resource this model owns, in this order: the
+    /// captured decode graphs (no ledger memory, but they point into all the
+    /// rest), derived weights, SSM snapshots, the SSM state pool, the KV
+    /// cache, the buffer arena, the weight store, then whatever the backend still tracks
     /// (`GpuBackend::sweep_unreleased`). Every step is attempted even after an
     /// earlier one fails; the first error is returned, with its label as context.
     pub(in crate::model) fn release_pools(&mut self) -> anyhow::Result<()> {
@@ -43,6 +44,9 @@ impl TransformerModel {
             }
         };
 
+        // Derived state first: the captured decode graphs point into the
+        // arena, the caches and the weights released below.
+        attempt("decode graphs", self.graphs.get_mut().release(gpu));
         attempt("derived weights", self.derived.release(gpu));
         attempt("ssm snapshots", self.ssm_snapshots.release(gpu));
         // The pool is Arc'd because sequences hold slots. Another live handle

@@ -100,6 +100,7 @@ fn options() -> ModelOptions {
         max_seqs: 3,
         max_batch_tokens: 16,
         kv_dtype: None,
+        cuda_graphs: true,
     }
 }
 
