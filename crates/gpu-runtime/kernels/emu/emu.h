@@ -212,6 +212,8 @@ inline T atomicMax(T* p, T v) {
     *p = std::max(old, v);
     return old;
 }
+struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }

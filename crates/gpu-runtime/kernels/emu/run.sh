@@ -33,7 +33,7 @@ if [ $# -gt 0 ]; then stems="$*"; else
 pids=""
 for s in $stems; do
     rewrite "$src/$s.cu" "$tmp/$s.cu"
-    ( g++ -std=c++20 -O2 -I"$here" -DKERNEL_CU="\"$tmp/$s.cu\"" \
+    ( g++ -std=c++20 -O2 -fno-strict-aliasing -I"$here" -DKERNEL_CU="\"$tmp/$s.cu\"" \
         -o "$tmp/$s" "$here/${s}_test.cpp" > "$tmp/$s.log" 2>&1 || echo "compile failed" >> "$tmp/$s.log" ) &
     pids="$pids $!"
     if [ $(echo $pids | wc -w) -ge 2 ]; then wait $pids; pids=""; fi
