@@ -2,9 +2,13 @@
 // (which includes it at the top of a copy of ../common.cuh). A block runs on one
 // host thread: each of its CUDA threads is a ucontext fiber, switched
 // cooperatively at barriers (__syncthreads, and the warp-wide exchange of
-// every shuffle, ballot and match). Between barriers the fibers run in a
-// random order, reshuffled every pass, so a read of shared memory that
-// misses a __syncthreads sees stale data in some runs instead of none.
+// every shuffle, ballot and match). Half the blocks run their warps one
+// after another in a random order, each until it waits at a __syncthreads;
+// the others give turns (up to the next barrier) to the fibers of a random
+// subset of the warps in a random order. So warps drift apart between
+// __syncthreads, and a read of shared memory that misses one sees stale
+// data in some runs
+// (EMU_SEED=n in the environment runs another order).
 // Blocks run one after another, so `__shared__` (function statics here) is
 // the running block's. `extern __shared__` arrays are rewritten by run.sh
 // into pointers to the launch's dynamic shared memory, which starts filled
@@ -49,7 +53,8 @@ struct EmuBlock {
 };
 inline EmuBlock* emu_blk = nullptr;
 inline unsigned char* emu_dyn_smem = nullptr;
-inline std::mt19937 emu_order_rng(7);
+// EMU_SEED (environment) picks another order of the fibers.
+inline std::mt19937 emu_order_rng(getenv("EMU_SEED") ? (unsigned)atoi(getenv("EMU_SEED")) : 7u);
 
 inline void emu_yield() { swapcontext(&emu_blk->ctx[emu_blk->cur], &emu_blk->sched); }
 
@@ -119,16 +124,47 @@ inline void launch(Dim3 grid, unsigned threads, size_t dyn_bytes, const std::fun
                     makecontext(&b.ctx[t], emu_trampoline, 0);
                     order[t] = t;
                 }
+                const int warps = (threads + 31) / 32;
+                std::vector<char> run_warp(warps);
+                std::vector<int> warp_order(warps);
+                for (int w = 0; w < warps; ++w) warp_order[w] = w;
+                // Half the blocks run warp after warp (each until it waits
+                // at a __syncthreads), the others interleave the fibers.
+                const bool serial = emu_order_rng() % 2;
+                auto turn = [&](int t) {
+                    b.cur = t;
+                    threadIdx = Dim3{(unsigned)t, 0, 0};
+                    swapcontext(&b.sched, &b.ctx[t]);
+                };
                 while (b.live > 0) {
                     const unsigned long long before = b.progress;
-                    std::shuffle(order.begin(), order.end(), emu_order_rng);
-                    for (int t : order) {
-                        if (b.done[t]) continue;
-                        b.cur = t;
-                        threadIdx = Dim3{(unsigned)t, 0, 0};
-                        swapcontext(&b.sched, &b.ctx[t]);
+                    bool all = true;
+                    if (serial) {
+                        std::shuffle(warp_order.begin(), warp_order.end(), emu_order_rng);
+                        for (int w : warp_order) {
+                            const int lanes = std::min(32, (int)threads - 32 * w);
+                            for (;;) {
+                                const unsigned long long p0 = b.progress;
+                                const int start = emu_order_rng() % lanes;
+                                for (int l = 0; l < lanes; ++l) {
+                                    const int t = 32 * w + (start + l) % lanes;
+                                    if (!b.done[t]) turn(t);
+                                }
+                                if (b.progress == p0) break;
+                            }
+                        }
+                    } else {
+                        std::shuffle(order.begin(), order.end(), emu_order_rng);
+                        // Mostly a random half of the warps gets a turn.
+                        all = emu_order_rng() % 3 == 0;
+                        int chosen = 0;
+                        for (auto& r : run_warp) chosen += r = all || emu_order_rng() % 2;
+                        if (chosen == warps) all = true;
+                        if (chosen == 0) std::fill(run_warp.begin(), run_warp.end(), 1), all = true;
+                        for (int t : order)
+                            if (!b.done[t] && run_warp[t >> 5]) turn(t);
                     }
-                    if (b.live > 0 && b.progress == before) {
+                    if (all && b.live > 0 && b.progress == before) {
                         fprintf(stderr, "deadlock: block (%u,%u,%u), %d of %d threads live\n", bx, by, bz,
                                 b.live, threads);
                         abort();
