@@ -97,6 +97,9 @@ int main() {
     for (int i = 0; i < 19; ++i) tab2.push_back((i * 5) % 12);
     test_attn(2, 1, 32, 16, 2, true, false, true, 0, decode, tab2, 3, 4000, 7);
     test_attn(2, 1, 32, 16, 1, false, true, true, 100, decode, tab2, 4, 60, 2);
+    // A sequence whose rows run past the rows q holds: those rows are not
+    // computed.
+    test_attn(2, 1, 32, 8, 2, true, false, true, 0, {{0, 2, 9, 0}, {2, 4, 30, 2}}, tab, 4, 4000, 3);
     printf("%s (%d fails)\n", fails ? "FAILED" : "ALL OK", fails);
     return fails != 0;
 }

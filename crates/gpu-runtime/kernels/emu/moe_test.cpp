@@ -270,6 +270,11 @@ int main() {
         test_gemm({1}, 3, 7, DT_BF16, sw);
         test_gemm({40, 0, 30, 9}, 20, 96, DT_F32, sw, true);
     }
+    // Tiles found past the first 32 experts (find_tile's later chunks).
+    std::vector<int> many(70);
+    for (int e = 0; e < 70; ++e) many[e] = e % 3 == 0 ? 0 : (e * 37) % 90;
+    test_gemm(many, 65, 20, DT_BF16, false);
+    test_gemm(many, 8, 40, DT_F32, true);
     test_gate_add(3, 100, 1);
     test_gate_add(5, 300, 4);
     test_gate_add(1, 1, 1);

@@ -5,6 +5,7 @@
 # fiber, shuffles and __syncthreads as barriers). A check of the kernels'
 # indexing and semantics without a GPU, not of their speed.
 # Needs g++ >= 11 (C++20, _Float16). Exits non-zero when any test fails.
+# See ../README.md.
 # `run.sh moe delta` runs only those stems' tests.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
