@@ -18,7 +18,19 @@ static void test_attn(int n_heads, int n_kv, int hd, int bs, int hpb, bool separ
     for (size_t i = 0; i < cells; ++i)
         if (bf16) k16[i] = to_bf16(kf[i]), kf[i] = bf16_to_f32(k16[i]), v16[i] = to_bf16(vf[i]), vf[i] = bf16_to_f32(v16[i]);
     std::vector<float> q = rv((size_t)rows_bound * n_heads * hd, -1, 1), out((size_t)rows_bound * n_heads * hd, 7.0f);
-    std::vector<float> partials((size_t)rows_bound * n_heads * MAX_SPLITS * (hd + 2), NAN);
+    // The partials as the host sizes them (split_bounds of
+    // src/cuda/attention.rs: the worst case over every row count), then a
+    // guard that must stay as it is.
+    size_t pfloats = 0;
+    const long long head_blocks = n_heads / hpb;
+    for (long long r = 1; r <= std::min<long long>(rows_bound, target); ++r) {
+        if (r * head_blocks >= target) continue;
+        long long sp = (target + r * head_blocks - 1) / (r * head_blocks);
+        sp = std::min<long long>({sp, MAX_SPLITS, (4 * PARTIAL_FLOATS) / (r * n_heads * (hd + 2) * 4)});
+        if (sp > 1) pfloats = std::max<size_t>(pfloats, r * n_heads * sp * (hd + 2));
+    }
+    std::vector<float> partials(pfloats + 64, NAN);
+    for (size_t i = pfloats; i < partials.size(); ++i) partials[i] = -1.5f;
     std::vector<unsigned> words;
     for (auto d : seqs) words.insert(words.end(), {d.q_start, d.q_len, d.kv_len, d.table_start});
     const float scale = 1.0f / std::sqrt((float)hd);
@@ -34,6 +46,7 @@ static void test_attn(int n_heads, int n_kv, int hd, int bs, int hpb, bool separ
         attn_reduce(partials.data(), words.data(), out.data(), seqs.size(), n_heads, n_heads / hpb, hd, rows_bound,
                     target);
     });
+    for (size_t i = pfloats; i < partials.size(); ++i) check("attention partials guard", partials[i], -1.5, 0);
     std::vector<char> done(rows_bound);
     for (auto d : seqs) {
         if (d.q_len == 0 || d.q_len > d.kv_len) continue;
