@@ -96,6 +96,8 @@ int main() {
     test_delta(1, 1, 256, 33, {{0, 3, 0}, {3, 2, 1}}, 5, 2, 0, DT_F32, DT_F32, 2);
     test_delta(3, 3, 3, 130, {{1, 6, 1}, {7, 1, 0}}, 8, 2, 1, DT_BF16, DT_BF16, 1);
     test_delta(1, 4, 8, 7, {{0, 0, 0}}, 2, 1, 0, DT_F32, DT_F32, 1);
+    // Qwen3-Next's head shape (two of its v heads), a 64-token prefill and a decode.
+    test_delta(1, 2, 128, 128, {{0, 64, 1}, {64, 1, 0}}, 65, 2, 0, DT_F32, DT_BF16, 2);
     printf("%s (%d fails)\n", fails ? "FAILED" : "ALL OK", fails);
     return fails != 0;
 }

@@ -251,6 +251,7 @@ int main() {
     test_softmax(2, 60, 60, true, false);
     test_softmax(4, 64, 4, true, true);
     test_softmax(1, 5, 1, false, true);
+    test_softmax(2, 512, 10, true, false);  // Qwen3-Next's router
     test_sigmoid(3, 256, 8, 8, 4, DT_BF16, true, 2.5f, false);
     test_sigmoid(2, 128, 6, 1, 1, -1, true, 1.0f, false);
     test_sigmoid(2, 64, 4, 64, 4, DT_F32, false, 1.5f, false);
