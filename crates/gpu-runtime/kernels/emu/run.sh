@@ -7,6 +7,7 @@
 # Needs g++ >= 11 (C++20, _Float16). Exits non-zero when any test fails.
 # See ../README.md.
 # `run.sh moe delta` runs only those stems' tests.
+# EMU_CXXFLAGS adds compiler flags (e.g. "-fsanitize=address -g").
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(dirname "$here")
@@ -34,7 +35,7 @@ if [ $# -gt 0 ]; then stems="$*"; else
 pids=""
 for s in $stems; do
     rewrite "$src/$s.cu" "$tmp/$s.cu"
-    ( g++ -std=c++20 -O2 -fno-strict-aliasing -I"$here" -DKERNEL_CU="\"$tmp/$s.cu\"" \
+    ( g++ -std=c++20 -O2 -fno-strict-aliasing ${EMU_CXXFLAGS:-} -I"$here" -DKERNEL_CU="\"$tmp/$s.cu\"" \
         -o "$tmp/$s" "$here/${s}_test.cpp" > "$tmp/$s.log" 2>&1 || echo "compile failed" >> "$tmp/$s.log" ) &
     pids="$pids $!"
     if [ $(echo $pids | wc -w) -ge 2 ]; then wait $pids; pids=""; fi
