@@ -1,47 +1,9 @@
-#include "common.cuh"
-#include <thread>
-#include <vector>
-#include <functional>
-#include <random>
-#include <cstdio>
-thread_local Dim3 threadIdx, blockIdx;
-Dim3 blockDim, gridDim;
-Emu* emu;
-#include MAMBA_CU
-
-static void launch(Dim3 grid, unsigned threads, std::function<void()> f) {
-    gridDim = grid; blockDim = Dim3{threads, 1, 1};
-    for (unsigned by = 0; by < grid.y; ++by)
-        for (unsigned bx = 0; bx < grid.x; ++bx) {
-            Emu e;
-            std::barrier<> bb(threads);
-            std::vector<std::barrier<>*> wb;
-            for (unsigned w = 0; w < (threads + 31) / 32; ++w) e.warp_bar[w] = new std::barrier<>(32);
-            e.block_bar = &bb;
-            emu = &e;
-            std::vector<std::thread> ts;
-            for (unsigned t = 0; t < threads; ++t)
-                ts.emplace_back([&, t] { threadIdx = Dim3{t, 0, 0}; blockIdx = Dim3{bx, by, 0}; f(); });
-            for (auto& t : ts) t.join();
-            for (unsigned w = 0; w < (threads + 31) / 32; ++w) delete e.warp_bar[w];
-        }
-}
-static std::mt19937 rng(42);
-static std::vector<float> rv(size_t n, float lo, float hi) {
-    std::uniform_real_distribution<float> d(lo, hi);
-    std::vector<float> v(n); for (auto& x : v) x = d(rng); return v;
-}
-static unsigned short to_bf16(float x) { unsigned b = __float_as_uint(x); return (b + 0x7fff + ((b >> 16) & 1)) >> 16; }
-static unsigned short to_f16(float x) { _Float16 h = (_Float16)x; unsigned short u; memcpy(&u, &h, 2); return u; }
+// mamba.cu against f64 references: the SSD scan, the causal conv1d with its
+// state, and the gated RMSNorm.
+#include KERNEL_CU
+#include "test.h"
 static double softplus64(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
 static double silu64(double x) { return x / (1 + std::exp(-x)); }
-static int fails = 0;
-static void check(const char* what, double got, double want, double tol) {
-    if (!(std::fabs(got - want) <= tol * (1 + std::fabs(want)))) {
-        if (fails++ < 10) printf("FAIL %s: got %g want %g\n", what, got, want);
-    }
-}
-
 static void test_ssd(int nh, int hd, int ds, int ng, bool strided) {
     const int w = nh * hd, bc = ng * ds;
     struct S { int r0, len, slot; };
@@ -66,7 +28,7 @@ static void test_ssd(int nh, int hd, int ds, int ng, bool strided) {
     const float* bp = strided ? all.data() + w : bv.data();
     const float* cp = strided ? all.data() + w + bc : cv.data();
     const int pblocks = (hd + SSD_WARPS * SSD_ROWS - 1) / (SSD_WARPS * SSD_ROWS);
-    launch(Dim3{(unsigned)seqs.size(), (unsigned)(nh * pblocks), 1}, SSD_WARPS * 32, [&] {
+    launch(Dim3{(unsigned)seqs.size(), (unsigned)(nh * pblocks), 1}, SSD_WARPS * 32, 0, [&] {
         ssd_scan(xp, dtr.data(), bp, cp, alog.data(), d16.data(), b16.data(), y.data(), st.data(), words.data(),
                  seqs.size(), nh, hd, ds, ng, dtmin, dtmax, xs, bs, per, 4, rows, 0, 1, 2);
     });
@@ -107,11 +69,11 @@ static void test_conv(int ch, int k, bool with_bias, bool silu) {
     std::vector<unsigned> words; for (auto s : seqs) { words.push_back(s.r0); words.push_back(s.len); words.push_back(s.slot); }
     unsigned nslots = per == 0 ? 0xffffffffu : 4;
     unsigned gx = std::min<long long>((rows * ch + 255) / 256, std::max<long long>((ch + 255) / 256, (4096 + seqs.size() - 1) / seqs.size()));
-    launch(Dim3{gx, (unsigned)seqs.size(), 1}, 256, [&] {
+    launch(Dim3{gx, (unsigned)seqs.size(), 1}, 256, 0, [&] {
         causal_conv1d(x.data(), w16.data(), with_bias ? b16.data() : nullptr, out.data(), st.data(), words.data(), seqs.size(), ch, k, per, nslots, rows, 1, 2, silu);
     });
     if (km1 > 0)
-        launch(Dim3{(unsigned)((ch + 255) / 256), (unsigned)seqs.size(), 1}, 256, [&] {
+        launch(Dim3{(unsigned)((ch + 255) / 256), (unsigned)seqs.size(), 1}, 256, 0, [&] {
             conv_state_update(x.data(), st.data(), words.data(), seqs.size(), ch, k, per, nslots, rows);
         });
     for (auto s : seqs)
@@ -136,7 +98,7 @@ static void test_norm(int rows, int dim, int gs, int order) {
     for (int i = 0; i < dim; ++i) { w16[i] = to_f16(wf[i]); wf[i] = f16_to_f32(w16[i]); }
     const int groups = dim / gs;
     unsigned threads = std::clamp(((gs + 3) / 4 + 31) / 32 * 32, 32, 1024);
-    launch(Dim3{(unsigned)(rows * groups), 1, 1}, threads, [&] {
+    launch(Dim3{(unsigned)(rows * groups), 1, 1}, threads, 0, [&] {
         gated_rms_norm(x.data(), g.data(), w16.data(), out.data(), rows * groups, dim, gs, 1e-5f, order, 2);
     });
     for (int r = 0; r < rows; ++r)
