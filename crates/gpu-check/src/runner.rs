@@ -270,6 +270,11 @@ fn run_child(
     if let Some(c) = &args.bench_config {
         cmd.arg("--bench-config").arg(c);
     }
+    if let Some(c) = &args.bench_hybrid_config {
+        cmd.arg("--bench-hybrid-config").arg(c);
+    }
+    let batches: Vec<String> = args.bench_batches.iter().map(|b| b.to_string()).collect();
+    cmd.arg("--bench-batches").arg(batches.join(","));
     if args.no_bench {
         cmd.arg("--no-bench");
     }
