@@ -126,7 +126,10 @@ fn every_check_passes_with_the_cpu_in_the_devices_place() {
     // Since part 2 the CUDA backend has every op: nothing is unsupported,
     // nothing refused, and every fixture architecture's parity passed.
     assert_eq!((unsupported, refused), (0, 0), "unsupported / refused");
-    let parity = stdout.lines().filter(|l| l.starts_with("PASS parity/")).count();
+    let parity = stdout
+        .lines()
+        .filter(|l| l.starts_with("PASS parity/"))
+        .count();
     assert_eq!(parity, 7, "parity of every fixture architecture");
 }
 

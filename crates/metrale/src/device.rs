@@ -266,6 +266,16 @@ impl fmt::Debug for Backend {
     }
 }
 
+/// Whether `open_backend` says on stderr which device `--device auto`
+/// chose (with the `cuda` feature). On by default; a quiet program turns it
+/// off with [`announce_device_choice`].
+static ANNOUNCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns the one stderr line saying which device `auto` chose on or off.
+pub fn announce_device_choice(on: bool) {
+    ANNOUNCE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Opens the backend `device` names ([`Device::Auto`]: the best this build
 /// has), with `options`. Logs the device chosen at the info level; in a
 /// build with the `cuda` feature, `auto` also says on stderr which device
@@ -277,20 +287,26 @@ pub fn open_backend(device: Device, options: &BackendOptions) -> Result<Backend>
         Device::Auto => open_cpu(options)?,
         #[cfg(feature = "cuda")]
         Device::Auto => {
-            // Said once per process (a command may open its backend twice).
+            // Said once per process (a command may open its backend twice),
+            // unless the program asked for quiet.
             static SAID: std::sync::Once = std::sync::Once::new();
+            let say = |line: String| {
+                if ANNOUNCE.load(std::sync::atomic::Ordering::Relaxed) {
+                    SAID.call_once(|| eprintln!("{line}"));
+                }
+            };
             match open_cuda(0, options) {
                 Ok(backend) => {
                     let name = backend.device_info().map(|i| i.name).unwrap_or_default();
-                    SAID.call_once(|| {
-                        eprintln!("metrale: --device auto: running on cuda:0 ({name})")
-                    });
+                    say(format!(
+                        "metrale: --device auto: running on cuda:0 ({name})"
+                    ));
                     backend
                 }
                 Err(e) => {
-                    SAID.call_once(|| {
-                        eprintln!("metrale: --device auto: running on the CPU ({e:#})")
-                    });
+                    say(format!(
+                        "metrale: --device auto: running on the CPU ({e:#})"
+                    ));
                     open_cpu(options)?
                 }
             }

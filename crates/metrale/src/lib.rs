@@ -17,7 +17,10 @@ pub use metrale_model_engine as engine;
 pub use metrale_model_weights as weights;
 
 mod device;
-pub use device::{Backend, BackendOptions, Device, DeviceInfo, ParseDeviceError, open_backend};
+pub use device::{
+    Backend, BackendOptions, Device, DeviceInfo, ParseDeviceError, announce_device_choice,
+    open_backend,
+};
 pub use metrale_gpu_runtime::cpu::OpTime;
 mod generate;
 pub use generate::{

@@ -149,6 +149,7 @@ pub fn load_progress() -> impl FnMut(LoadProgress) {
 /// what `RUST_LOG` says, else warnings (a load's warnings among them).
 pub fn init_tracing(verbose: u8, quiet: bool) {
     QUIET.store(quiet, Ordering::Relaxed);
+    metrale::announce_device_choice(!quiet);
     let filter = match (quiet, verbose) {
         (true, _) => tracing_subscriber::EnvFilter::new("error"),
         (false, 0) => tracing_subscriber::EnvFilter::try_from_default_env()
