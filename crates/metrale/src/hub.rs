@@ -28,7 +28,8 @@ pub const DEFAULT_REVISION: &str = "main";
 ///   name under `refs/`, or a commit hash naming a snapshot directly).
 ///
 /// A hub id not in the cache is an error saying where it looked and that
-/// this build does not download. `revision` given with a local path is
+/// this build does not download. A path that does not exist and is no hub
+/// id comes back as it is, for the loader to report as missing. `revision` given with a local path is
 /// ignored, with a warning.
 pub fn resolve_model(spec: impl AsRef<Path>, revision: Option<&str>) -> Result<PathBuf> {
     resolve_model_in(spec.as_ref(), revision, hub_cache_dir().as_deref())
@@ -51,11 +52,9 @@ pub fn resolve_model_in(
         return local(spec);
     }
     let Some(id) = spec.to_str().filter(|s| is_hub_id(s)) else {
-        bail!(
-            "{}: no such file or directory (--model takes a model directory, a .safetensors \
-             file, or a Hugging Face hub id org/name in the local cache)",
-            spec.display()
-        );
+        // Neither a path that exists nor a hub id: the path, for the
+        // loader to report as missing (naming the file it wanted).
+        return Ok(spec.to_path_buf());
     };
     let Some(cache) = cache else {
         bail!(

@@ -82,7 +82,7 @@ fn the_library_defaults_are_the_checkpoints() {
     g.shutdown().unwrap();
 
     // Without sampling keys (the fixture as committed): temperature 1, top_p 1.
-    let mut g = load(&fixture("llama"));
+    let g = load(&fixture("llama"));
     assert_eq!(g.default_params(), SamplingParams::default());
     assert_eq!(
         (g.default_params().temperature, g.default_params().top_p),

@@ -472,7 +472,12 @@ fn absent_request_fields_take_the_checkpoints_defaults() {
     let body = json!({"messages": [{"role": "user", "content": "Hi"}], "ignore_eos": true});
     let resp = post(server.addr, "/v1/chat/completions", &body);
     assert_eq!(resp.status, 200, "{}", resp.body);
-    assert_eq!(resp.json()["usage"]["completion_tokens"], 3, "{}", resp.body);
+    assert_eq!(
+        resp.json()["usage"]["completion_tokens"],
+        3,
+        "{}",
+        resp.body
+    );
 }
 
 const HASH: &str = "0123456789abcdef0123456789abcdef01234567";

@@ -90,7 +90,7 @@ impl Checkpoint {
             quantized(checkpoint.entries().map(|(_, t)| t.name.as_str()))
         {
             return Err(WeightsError::Quantized {
-                path: checkpoint.source,
+                path: checkpoint.source.clone(),
                 method: method.to_string(),
                 tensor: tensor.to_string(),
             });
