@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use metrale_model_engine::chat::{ChatMessage, ChatTemplate};
 use metrale_model_engine::engine::{Engine, EngineConfig, Event, RequestId, Usage};
-use metrale_model_engine::sampling::{Finish, SamplingParams};
+use metrale_model_engine::sampling::{
+    Finish, GenerationDefaults, SamplingOverrides, SamplingParams,
+};
 use metrale_model_engine::tokenizer::Tokenizer;
 use metrale_model_weights::loader::LoadProgress;
 
@@ -131,24 +133,37 @@ pub struct Generator {
     dir: PathBuf,
     pub(crate) engine: Engine,
     tokenizer: Tokenizer,
+    defaults: GenerationDefaults,
 }
 
 impl Model {
-    /// Loads the directory's tokenizer and puts the model under an engine.
-    /// On failure the model is torn down.
+    /// Loads the directory's tokenizer and sampling defaults
+    /// (`generation_config.json`, [`GenerationDefaults`]) and puts the
+    /// model under an engine. On failure the model is torn down.
     pub fn into_generator(self, config: EngineConfig) -> Result<Generator> {
         let Model { dir, model, .. } = self;
-        match Tokenizer::from_dir(&dir) {
-            Ok(tokenizer) => Ok(Generator {
-                engine: Engine::new(model, Some(tokenizer.clone()), config),
-                dir,
-                tokenizer,
-            }),
+        let loaded = Tokenizer::from_dir(&dir)
+            .with_context(|| format!("loading the tokenizer of {}", dir.display()))
+            .and_then(|tokenizer| {
+                let defaults = GenerationDefaults::from_checkpoint(&dir)
+                    .context("reading the model's sampling defaults")?;
+                Ok((tokenizer, defaults))
+            });
+        match loaded {
+            Ok((tokenizer, defaults)) => {
+                tracing::info!("{}", defaults.describe());
+                Ok(Generator {
+                    engine: Engine::new(model, Some(tokenizer.clone()), config),
+                    dir,
+                    tokenizer,
+                    defaults,
+                })
+            }
             Err(e) => {
                 if let Err(t) = model.shutdown() {
-                    tracing::error!("tearing down after a tokenizer error: {t:#}");
+                    tracing::error!("tearing down after a load error: {t:#}");
                 }
-                Err(e).with_context(|| format!("loading the tokenizer of {}", dir.display()))
+                Err(e)
             }
         }
     }
@@ -171,6 +186,25 @@ impl Generator {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The checkpoint's sampling defaults (its `generation_config.json`,
+    /// else temperature 1 and top_p 1): see [`GenerationDefaults`].
+    pub fn defaults(&self) -> &GenerationDefaults {
+        &self.defaults
+    }
+
+    /// The sampling parameters to use when the caller sets none: the
+    /// checkpoint's defaults ([`GenerationDefaults::params`]). Change what
+    /// you need on the result, or use [`params`](Self::params).
+    pub fn default_params(&self) -> SamplingParams {
+        self.defaults.params()
+    }
+
+    /// The checkpoint's defaults under `overrides`: each field given wins
+    /// ([`GenerationDefaults::apply`]).
+    pub fn params(&self, overrides: &SamplingOverrides) -> SamplingParams {
+        self.defaults.apply(overrides)
     }
 
     /// The engine (read-only: requests go through the generator).

@@ -5,6 +5,12 @@
 //! it down. The crates behind it can be used one by one:
 //! [`metrale_core`], [`metrale_gpu_runtime`], [`metrale_model_weights`],
 //! [`metrale_model_engine`].
+//!
+//! A model is named by [`resolve_model`] (a directory, a `.safetensors`
+//! file, or a Hugging Face hub id in the local cache); its sampling
+//! defaults are the checkpoint's `generation_config.json`
+//! ([`GenerationDefaults`], [`Generator::default_params`]), for the
+//! library, the CLI and the server alike.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,7 +34,13 @@ pub use generate::{
 };
 pub use metrale_model_engine::chat::ChatMessage;
 pub use metrale_model_engine::engine::{EngineConfig, RequestId, Usage};
-pub use metrale_model_engine::sampling::{Finish, SamplingParams};
+pub use metrale_model_engine::sampling::{
+    Finish, GenerationDefaults, SamplingOverrides, SamplingParams,
+};
+mod hub;
+pub use hub::{
+    DEFAULT_REVISION, hub_cache_dir, hub_cache_dir_from, is_hub_id, resolve_model, resolve_model_in,
+};
 mod runner;
 pub use runner::{GeneratorHandle, RequestStream};
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use metrale_model_engine::engine::{Intake, NewRequest, RequestId};
-use metrale_model_engine::sampling::SamplingParams;
+use metrale_model_engine::sampling::{GenerationDefaults, SamplingParams};
 use metrale_model_engine::tokenizer::Tokenizer;
 
 use crate::Generator;
@@ -40,6 +40,7 @@ pub struct GeneratorHandle {
     commands: Sender<Command>,
     intake: Intake,
     tokenizer: Tokenizer,
+    defaults: GenerationDefaults,
     thread: Option<JoinHandle<Result<()>>>,
 }
 
@@ -57,6 +58,7 @@ impl Generator {
     /// Moves the generator to a thread that runs the engine loop.
     pub fn spawn(self) -> Result<GeneratorHandle> {
         let tokenizer = self.tokenizer().clone();
+        let defaults = self.defaults().clone();
         let intake = self.engine.intake();
         let (commands, inbox) = mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -66,6 +68,7 @@ impl Generator {
             commands,
             intake,
             tokenizer,
+            defaults,
             thread: Some(thread),
         })
     }
@@ -74,6 +77,11 @@ impl Generator {
 impl GeneratorHandle {
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The checkpoint's sampling defaults ([`Generator::defaults`]).
+    pub fn defaults(&self) -> &GenerationDefaults {
+        &self.defaults
     }
 
     /// Submits a text prompt (encoded with the tokenizer's special tokens,

@@ -76,6 +76,16 @@ pub enum WeightsError {
     /// A shard named by the index does not exist.
     #[error("{index}: shard {shard:?} does not exist")]
     MissingShard { index: PathBuf, shard: String },
+    /// The checkpoint stores quantized weights (GPTQ / AWQ packed
+    /// `qweight`s, bitsandbytes or FP8 scales), recognised by a tensor name.
+    #[error(
+        "{path}: this checkpoint is quantized with {method} (tensor {tensor:?}); metrale does not load quantized safetensors yet: use the unquantized (f32, bf16 or f16) checkpoint"
+    )]
+    Quantized {
+        path: PathBuf,
+        method: String,
+        tensor: String,
+    },
     /// The same tensor name is stored in two files.
     #[error("tensor {tensor:?} is stored twice: in {first} and in {second}")]
     DuplicateTensor {

@@ -408,3 +408,82 @@ fn a_file_truncated_while_loading() {
     assert!(message.contains("changed while loading"), "{message}");
     assert_eq!(gpu.live_bytes(), 0, "{message}");
 }
+
+/// A GPTQ / AWQ / bitsandbytes / FP8 checkpoint is refused by its method
+/// (from the tensor names), before the tensor the model expects in its
+/// place (`q_proj.weight`) is reported missing, by a load and by a scan.
+#[test]
+fn quantized_tensor_names_are_refused_as_such() {
+    let i32_spec = |name: &'static str| Spec {
+        name,
+        dtype: "I32",
+        shape: vec![2, 2],
+        data: vec![0; 16],
+    };
+    let cases: [(&str, Vec<Spec<'static>>, &str); 5] = [
+        (
+            "gptq",
+            vec![
+                i32_spec("model.layers.0.self_attn.q_proj.qweight"),
+                i32_spec("model.layers.0.self_attn.q_proj.qzeros"),
+                f32_spec("model.layers.0.self_attn.q_proj.scales", vec![2]),
+                i32_spec("model.layers.0.self_attn.q_proj.g_idx"),
+            ],
+            "GPTQ",
+        ),
+        (
+            "awq",
+            vec![
+                i32_spec("model.layers.0.self_attn.q_proj.qweight"),
+                i32_spec("model.layers.0.self_attn.q_proj.qzeros"),
+                f32_spec("model.layers.0.self_attn.q_proj.scales", vec![2]),
+            ],
+            "AWQ",
+        ),
+        (
+            "bnb",
+            vec![
+                f32_spec("model.layers.0.self_attn.q_proj.weight", vec![2, 2]),
+                f32_spec("model.layers.0.self_attn.q_proj.weight.absmax", vec![2]),
+            ],
+            "bitsandbytes",
+        ),
+        (
+            "fp8",
+            vec![
+                f32_spec("model.layers.0.self_attn.q_proj.weight", vec![2, 2]),
+                f32_spec("model.layers.0.self_attn.q_proj.weight_scale_inv", vec![1]),
+            ],
+            "FP8",
+        ),
+        (
+            "plain",
+            vec![f32_spec(
+                "model.layers.0.self_attn.o_proj.weight",
+                vec![2, 2],
+            )],
+            "",
+        ),
+    ];
+    let wanted = vec![expected(
+        "model.layers.0.self_attn.q_proj.weight",
+        vec![4, 4],
+    )];
+    for (tag, specs, method) in cases {
+        let dir = scratch(&format!("quantized-{tag}"));
+        write_model(&dir, &image(&specs));
+        if method.is_empty() {
+            // Nothing quantized: the missing tensor is what is reported.
+            let err = load_err(&dir, &wanted, &["q_proj.weight"]);
+            assert!(matches!(err, WeightsError::MissingTensor { .. }), "{err:?}");
+            continue;
+        }
+        let err = load_err(&dir, &wanted, &[method, "quantized", "model.safetensors"]);
+        assert!(
+            matches!(err, WeightsError::Quantized { .. }),
+            "{tag}: {err:?}"
+        );
+        let scan = metrale_model_weights::loader::scan_safetensors(&dir).expect_err(tag);
+        assert!(scan.to_string().contains(method), "{scan}");
+    }
+}

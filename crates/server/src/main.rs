@@ -18,10 +18,17 @@ use metrale_server::{AppState, ServerConfig};
     about = "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)"
 )]
 struct Args {
-    /// Model directory (config.json, *.safetensors, tokenizer.json). Default:
+    /// Model: a directory (config.json, *.safetensors, tokenizer.json), a
+    /// .safetensors file in one, or a Hugging Face hub id org/name in the
+    /// local cache (HF_HUB_CACHE, else HF_HOME/hub, else
+    /// ~/.cache/huggingface/hub; nothing is downloaded). Default:
     /// $METRALE_MODEL, else the bundled models/default (random weights).
     #[arg(short, long)]
     model: Option<PathBuf>,
+    /// The revision of a hub id --model: a branch, tag or commit hash
+    /// (default: main).
+    #[arg(long, value_name = "REV")]
+    revision: Option<String>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -31,7 +38,8 @@ struct Args {
     /// Require `Authorization: Bearer KEY` on every /v1 route.
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
-    /// The model's id in /v1/models and requests (default: the directory's name).
+    /// The model's id in /v1/models and requests (default: the hub id
+    /// --model names, else the directory's name).
     #[arg(long)]
     served_model_name: Option<String>,
     /// Where to run: cpu, or auto.
@@ -106,7 +114,18 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
-    let dir = args.model.clone().unwrap_or_else(default_model_dir);
+    let dir = match &args.model {
+        Some(spec) => metrale::resolve_model(spec, args.revision.as_deref())?,
+        None => default_model_dir(),
+    };
+    // A hub id is the model's name, as vLLM serves it (a snapshot
+    // directory's name is a commit hash).
+    let hub_name = args
+        .model
+        .as_ref()
+        .filter(|spec| !spec.exists())
+        .and_then(|spec| spec.to_str())
+        .map(str::to_string);
     if !dir.join("config.json").is_file() {
         anyhow::bail!(
             "no model at {} (give --model DIR or set {})",
@@ -141,7 +160,7 @@ fn run(args: Args) -> Result<()> {
     }
     let generator = Generator::load(&dir, &options, engine, &mut |_| {})?;
     let config = ServerConfig {
-        served_model_name: args.served_model_name.clone(),
+        served_model_name: args.served_model_name.clone().or(hub_name),
         api_key: args.api_key.clone(),
         max_waiting: args.max_waiting,
         ..ServerConfig::default()

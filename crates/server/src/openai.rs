@@ -1,7 +1,7 @@
 //! OpenAI's request and response types (the parts this server speaks), and
 //! the mapping of a request's sampling fields onto [`SamplingParams`].
 
-use metrale::{Finish, SamplingParams, Usage};
+use metrale::{Finish, GenerationDefaults, SamplingOverrides, SamplingParams, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -55,11 +55,15 @@ pub struct Sampling {
 pub const MAX_N: i64 = 128;
 
 impl Sampling {
-    /// The engine's parameters; `max_tokens` is the request's or, when it
-    /// gives none, `default_max`: at most `context_limit` (the engine
-    /// refuses more than the prompt leaves of it, a 400 too). `logprobs`:
-    /// whether log-probabilities are reported, with `top_logprobs`
-    /// alternatives per token (at most `MAX_TOP_LOGPROBS`).
+    /// The engine's parameters: the request's fields over the checkpoint's
+    /// `defaults` (its generation_config.json: temperature, top_p, top_k,
+    /// min_p, repetition_penalty; else temperature 1, top_p 1).
+    /// `max_tokens` is the request's or, when it gives none, `default_max`
+    /// (the route's, or the checkpoint's max_new_tokens): at most
+    /// `context_limit` (the engine refuses more than the prompt leaves of
+    /// it, a 400 too). `logprobs`: whether log-probabilities are reported,
+    /// with `top_logprobs` alternatives per token (at most
+    /// `MAX_TOP_LOGPROBS`).
     pub fn params(
         &self,
         max_tokens: Option<i64>,
@@ -67,11 +71,12 @@ impl Sampling {
         logprobs: bool,
         top_logprobs: usize,
         context_limit: usize,
+        defaults: &GenerationDefaults,
     ) -> Result<SamplingParams, ApiError> {
-        let d = SamplingParams::default();
         let top_k = match self.top_k {
-            None | Some(-1) | Some(0) => 0,
-            Some(k) if k > 0 => k as usize,
+            None => None,
+            Some(-1) | Some(0) => Some(0),
+            Some(k) if k > 0 => Some(k as usize),
             Some(k) => {
                 return Err(ApiError::bad_param(
                     "top_k",
@@ -102,12 +107,15 @@ impl Sampling {
             Some(StringOrList::One(s)) => vec![s.clone()],
             Some(StringOrList::Many(v)) => v.clone(),
         };
-        let params = SamplingParams {
-            temperature: self.temperature.unwrap_or(d.temperature),
+        let d = defaults.apply(&SamplingOverrides {
+            temperature: self.temperature,
+            top_p: self.top_p,
             top_k,
-            top_p: self.top_p.unwrap_or(d.top_p),
-            min_p: self.min_p.unwrap_or(d.min_p),
-            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            max_tokens,
+        });
+        let params = SamplingParams {
             presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
             frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
             seed: self.seed,
@@ -123,6 +131,21 @@ impl Sampling {
             return Err(ApiError::from_submit(e.into()));
         }
         Ok(params)
+    }
+
+    /// The `default_max` of [`params`](Self::params) for a route whose own
+    /// default is `route_default`: the checkpoint's max_new_tokens when it
+    /// has one, cut to `room` (the fewest tokens any of the request's
+    /// prompts leaves of the context, as vLLM cuts it), else the route's.
+    pub fn default_max(
+        defaults: &GenerationDefaults,
+        route_default: Option<usize>,
+        room: usize,
+    ) -> Option<usize> {
+        match defaults.max_new_tokens {
+            Some(n) => Some(n.min(room).max(1)),
+            None => route_default,
+        }
     }
 
     /// `n`, checked.

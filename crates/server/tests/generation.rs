@@ -409,3 +409,150 @@ fn shutdown_lets_a_running_stream_finish_and_stops_accepting() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A copy of the llama fixture whose generation_config.json also holds
+/// `extra` (JSON members, without braces).
+fn with_generation_config(tag: &str, extra: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "metrale-server-gen-defaults-{}-{tag}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(fixture()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    let path = dir.join("generation_config.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replacen('{', &format!("{{\n  {extra},"), 1)).unwrap();
+    dir
+}
+
+/// A request that leaves a field out gets the checkpoint's default for it
+/// (generation_config.json: top_k 1, so any seed gives the greedy text;
+/// max_new_tokens 3); a field given overrides it.
+#[test]
+fn absent_request_fields_take_the_checkpoints_defaults() {
+    let dir = with_generation_config("server", r#""top_k": 1, "max_new_tokens": 3"#);
+    let mut g = metrale::Generator::load(
+        &dir,
+        &load_options(),
+        metrale::EngineConfig::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let greedy = SamplingParams {
+        max_tokens: Some(3),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    let want = g.generate(PROMPT, &greedy).unwrap();
+    g.shutdown().unwrap();
+
+    let server = start_app(
+        &dir,
+        &load_options(),
+        metrale_server::ServerConfig::default(),
+        metrale_server::router,
+    );
+    for seed in 0..3 {
+        let body = json!({"prompt": PROMPT, "seed": seed, "ignore_eos": true});
+        let resp = post(server.addr, "/v1/completions", &body);
+        assert_eq!(resp.status, 200, "{}", resp.body);
+        let v = resp.json();
+        assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+        assert_eq!(v["choices"][0]["text"], want.text.as_str(), "seed {seed}");
+    }
+    // Given fields win: max_tokens 5 instead of 3.
+    let body = json!({"prompt": PROMPT, "max_tokens": 5, "ignore_eos": true, "top_k": -1});
+    let v = post(server.addr, "/v1/completions", &body).json();
+    assert_eq!(v["usage"]["completion_tokens"], 5, "{v}");
+    // Chat's default is the checkpoint's max_new_tokens too.
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "ignore_eos": true});
+    let resp = post(server.addr, "/v1/chat/completions", &body);
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert_eq!(
+        resp.json()["usage"]["completion_tokens"],
+        3,
+        "{}",
+        resp.body
+    );
+}
+
+const HASH: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// `metrale-serve --model org/name` finds the model in the Hugging Face
+/// cache (refs/main, a snapshot of symlinks into blobs/) and serves it
+/// under that name; a model not in the cache is a clear error.
+#[test]
+fn the_server_binary_takes_a_hub_id() {
+    use std::io::BufRead;
+    let cache = std::env::temp_dir().join(format!("metrale-server-hub-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let root = cache.join("models--org--tiny");
+    let snapshot = root.join("snapshots").join(HASH);
+    std::fs::create_dir_all(root.join("blobs")).unwrap();
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(root.join("refs")).unwrap();
+    std::fs::write(root.join("refs/main"), HASH).unwrap();
+    for entry in std::fs::read_dir(fixture()).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        std::fs::copy(entry.path(), root.join("blobs").join(&name)).unwrap();
+        std::os::unix::fs::symlink(
+            std::path::Path::new("../../blobs").join(&name),
+            snapshot.join(&name),
+        )
+        .unwrap();
+    }
+    let serve = |model: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_metrale-serve"))
+            .args([
+                "--model",
+                model,
+                "--port",
+                "0",
+                "--device",
+                "cpu",
+                "--threads",
+                "1",
+            ])
+            .env("HF_HUB_CACHE", &cache)
+            .env_remove("METRALE_MODEL")
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let out = serve("org/absent").wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not in the Hugging Face cache"), "{stderr}");
+
+    let mut child = serve("org/tiny");
+    let stderr = child.stderr.take().unwrap();
+    let mut addr = None;
+    let mut seen = String::new();
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if let Some(a) = line.split("http://").nth(1) {
+            addr = Some(a.trim().parse::<std::net::SocketAddr>().unwrap());
+            break;
+        }
+    }
+    let Some(addr) = addr else {
+        let _ = child.kill();
+        panic!("the server did not start: {seen}");
+    };
+    let models = get(addr, "/v1/models").json();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(models["data"][0]["id"], "org/tiny", "{models}");
+    assert!(
+        seen.contains(HASH),
+        "it names the snapshot it loaded: {seen}"
+    );
+}

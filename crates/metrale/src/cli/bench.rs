@@ -42,9 +42,14 @@ impl BenchDType {
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("source").required(true).args(["model", "config"])))]
 pub struct Args {
-    /// A model directory (config.json, *.safetensors).
+    /// A model: a directory (config.json, *.safetensors), a .safetensors
+    /// file in one, or a Hugging Face hub id org/name in the local cache.
     #[arg(short, long)]
     pub model: Option<PathBuf>,
+    /// The revision of a hub id model: a branch, tag or commit hash
+    /// (default: main).
+    #[arg(long, value_name = "REV")]
+    pub revision: Option<String>,
     /// A config.json alone: the model gets seeded random weights.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -177,7 +182,10 @@ fn check_sizes(args: &Args, config: &ModelConfig, block_size: usize) -> Result<u
     Ok(b * ((n + m).div_ceil(block_size) + 1))
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(mut args: Args) -> Result<()> {
+    if let Some(spec) = &args.model {
+        args.model = Some(metrale::resolve_model(spec, args.revision.as_deref())?);
+    }
     let (b, n) = (args.batch, args.prompt_len);
     let config = match (&args.model, &args.config) {
         (Some(dir), _) => load_config(dir)?,

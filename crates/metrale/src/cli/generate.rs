@@ -7,17 +7,22 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use metrale::{
-    EngineConfig, Generator, LoadOptions, SamplingParams, StreamEvent, Timings, default_model_dir,
+    EngineConfig, Generator, LoadOptions, SamplingOverrides, SamplingParams, StreamEvent, Timings,
+    default_model_dir,
 };
 use metrale_model_engine::sampling::Finish;
 
-const DEFAULT_MODEL_NOTE: &str = "Model directory (config.json, *.safetensors, tokenizer.json). Default: $METRALE_MODEL, else the bundled models/default, a tiny model with random weights whose output is gibberish";
+const DEFAULT_MODEL_NOTE: &str = "Model: a directory (config.json, *.safetensors, tokenizer.json), a .safetensors file in one, or a Hugging Face hub id org/name in the local cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub; nothing is downloaded). Default: $METRALE_MODEL, else the bundled models/default, a tiny model with random weights whose output is gibberish";
 
 /// Which model to load and how.
 #[derive(clap::Args, Debug)]
 pub struct ModelArgs {
     #[arg(short, long, help = DEFAULT_MODEL_NOTE)]
     pub model: Option<PathBuf>,
+    /// The revision of a hub id --model: a branch, tag or commit hash
+    /// (default: main).
+    #[arg(long, value_name = "REV")]
+    pub revision: Option<String>,
     #[command(flatten)]
     pub device: super::DeviceArgs,
     #[command(flatten)]
@@ -43,7 +48,10 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// Loads the model for one conversation at a time.
     pub fn load(&self) -> Result<Generator> {
-        let dir = self.model.clone().unwrap_or_else(default_model_dir);
+        let dir = match &self.model {
+            Some(spec) => metrale::resolve_model(spec, self.revision.as_deref())?,
+            None => default_model_dir(),
+        };
         if !dir.join("config.json").is_file() {
             anyhow::bail!(
                 "no model at {} (give --model DIR or set {})",
@@ -89,27 +97,37 @@ pub fn check_ctx_size(ctx: usize, dir: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-/// Sampling options.
+/// Sampling options. Those not given are the checkpoint's defaults: its
+/// generation_config.json (temperature, top_p, top_k, min_p,
+/// repetition_penalty, max_new_tokens; `do_sample: false` is greedy), else
+/// temperature 1 and top_p 1 ([`metrale::GenerationDefaults`]); `-v` logs
+/// which applied.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
     /// Most tokens to generate (fewer if the context runs out first).
-    #[arg(short = 'n', long, default_value_t = 256)]
-    pub max_tokens: usize,
-    /// Softmax temperature; 0 means greedy.
-    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
-    pub temperature: f32,
-    /// Keep only the K most likely tokens (0 or -1: off).
-    #[arg(long, default_value_t = 0, value_parser = parse_top_k, allow_negative_numbers = true)]
-    pub top_k: usize,
+    /// Default: the checkpoint's max_new_tokens, else 256.
+    #[arg(short = 'n', long)]
+    pub max_tokens: Option<usize>,
+    /// Softmax temperature; 0 means greedy. Default: the checkpoint's
+    /// (generation_config.json), else 1.
+    #[arg(long, allow_negative_numbers = true)]
+    pub temperature: Option<f32>,
+    /// Keep only the K most likely tokens (0 or -1: off). Default: the
+    /// checkpoint's, else off.
+    #[arg(long, value_parser = parse_top_k, allow_negative_numbers = true)]
+    pub top_k: Option<usize>,
     /// Keep the most likely tokens up to this total probability (1: off).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub top_p: f32,
-    /// Drop tokens less likely than this times the most likely one (0: off).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub min_p: f32,
-    /// Penalise tokens already in the prompt or output (1: off).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub repetition_penalty: f32,
+    /// Default: the checkpoint's, else 1.
+    #[arg(long, allow_negative_numbers = true)]
+    pub top_p: Option<f32>,
+    /// Drop tokens less likely than this times the most likely one (0:
+    /// off). Default: the checkpoint's, else off.
+    #[arg(long, allow_negative_numbers = true)]
+    pub min_p: Option<f32>,
+    /// Penalise tokens already in the prompt or output (1: off). Default:
+    /// the checkpoint's, else off.
+    #[arg(long, allow_negative_numbers = true)]
+    pub repetition_penalty: Option<f32>,
     /// Subtracted once from the logit of every token already generated
     /// (OpenAI's presence penalty); in [-2, 2], 0: off.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
@@ -139,9 +157,26 @@ fn parse_top_k(text: &str) -> Result<usize, String> {
     }
 }
 
+/// The most tokens `generate` and `chat` produce when neither a flag nor
+/// the checkpoint says.
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
 impl SamplingArgs {
-    /// The parameters for a prompt of `prompt_len` tokens, `max_tokens`
-    /// cut to what the context leaves.
+    /// The flags given, as overrides of the checkpoint's defaults.
+    pub fn overrides(&self) -> SamplingOverrides {
+        SamplingOverrides {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            max_tokens: self.max_tokens,
+        }
+    }
+
+    /// The parameters for a prompt of `prompt_len` tokens: the flags over
+    /// the checkpoint's defaults, `max_tokens` (else 256) cut to what the
+    /// context leaves.
     pub fn params(&self, generator: &Generator, prompt_len: usize) -> Result<SamplingParams> {
         let room = generator
             .engine()
@@ -153,20 +188,18 @@ impl SamplingArgs {
                 generator.engine().context_limit()
             );
         }
-        let params = SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            seed: self.seed,
-            max_tokens: Some(self.max_tokens.min(room)),
-            stop: self.stop.clone(),
-            ignore_eos: self.ignore_eos,
-            ..SamplingParams::default()
-        };
+        let overrides = self.overrides();
+        let mut params = generator.params(&overrides);
+        tracing::info!(
+            "sampling: {}",
+            generator.defaults().explain(&overrides, &params)
+        );
+        params.max_tokens = Some(params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).min(room));
+        params.seed = self.seed;
+        params.presence_penalty = self.presence_penalty;
+        params.frequency_penalty = self.frequency_penalty;
+        params.stop = self.stop.clone();
+        params.ignore_eos = self.ignore_eos;
         params.validate()?;
         Ok(params)
     }

@@ -14,8 +14,13 @@ use metrale_model_weights::loader::{WeightDType, scan_safetensors};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The model directory (config.json, *.safetensors).
+    /// The model: a directory (config.json, *.safetensors), a .safetensors
+    /// file in one, or a Hugging Face hub id org/name in the local cache.
     pub model_dir: PathBuf,
+    /// The revision of a hub id model: a branch, tag or commit hash
+    /// (default: main).
+    #[arg(long, value_name = "REV")]
+    pub revision: Option<String>,
     /// A memory budget, e.g. 8GiB, 512MiB, 16GB or a byte count, to report what fits.
     /// `--memory` alone (or `--memory free`): the free memory of the device
     /// `--device` opens (a GPU's free memory; on the CPU, the host's).
@@ -86,7 +91,8 @@ struct Totals {
     from_config: bool,
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(mut args: Args) -> Result<()> {
+    args.model_dir = metrale::resolve_model(&args.model_dir, args.revision.as_deref())?;
     let free_budget = args
         .memory
         .as_deref()

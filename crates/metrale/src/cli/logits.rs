@@ -10,9 +10,14 @@ use safetensors::tensor::{Dtype, TensorView};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The model directory.
+    /// The model: a directory, a .safetensors file in one, or a Hugging
+    /// Face hub id org/name in the local cache.
     #[arg(short, long)]
     pub model: PathBuf,
+    /// The revision of a hub id model: a branch, tag or commit hash
+    /// (default: main).
+    #[arg(long, value_name = "REV")]
+    pub revision: Option<String>,
     /// Comma-separated token ids.
     #[arg(long, value_delimiter = ',', required = true)]
     pub ids: Vec<u32>,
@@ -43,7 +48,8 @@ pub struct Args {
     pub kv_dtype: super::KvDType,
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(mut args: Args) -> Result<()> {
+    args.model = metrale::resolve_model(&args.model, args.revision.as_deref())?;
     if let Some(p) = args.decode_from
         && p > args.ids.len()
     {

@@ -17,7 +17,7 @@ const SERVER: &str = "metrale-serve";
 #[derive(clap::Args, Debug)]
 #[command(disable_help_flag = true)]
 pub struct Args {
-    /// The server's arguments: [-m DIR] [--host 127.0.0.1] [--port
+    /// The server's arguments: [-m DIR|ORG/NAME] [--revision REV] [--host 127.0.0.1] [--port
     /// 8000] [--api-key KEY] [--served-model-name NAME] [--device cpu|auto]
     /// [-t N] [--memory-limit SIZE] [--kv-dtype auto|f32|bf16]
     /// [--ctx-size N] [--dtype f32|bf16] [--max-seqs N] [--max-waiting N]

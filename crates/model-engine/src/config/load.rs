@@ -33,6 +33,7 @@ pub fn load_config(model_dir: &Path) -> Result<ModelConfig> {
 pub fn parse_config(json: &str, path: &Path) -> Result<ModelConfig> {
     let map = parse_json(json, path)?;
     let o = Obj::new(&map, path);
+    refuse_quantized(&o)?;
     let Some(name) = o.opt_str(&["model_type"])? else {
         // state-spaces/mamba2-* publish mamba_ssm's own config (and
         // pytorch_model.bin weights), not a transformers checkpoint.
@@ -61,6 +62,59 @@ pub fn parse_config(json: &str, path: &Path) -> Result<ModelConfig> {
         tracing::warn!("{warning}");
     }
     Ok(config)
+}
+
+/// A quantized checkpoint (a `quantization_config`, or the older
+/// `compression_config` of compressed-tensors) is refused by its method's
+/// name before anything else is read, so the user does not meet it as a
+/// missing tensor later.
+fn refuse_quantized(o: &Obj) -> Result<()> {
+    let Some((key, value)) = o.get(&["quantization_config", "compression_config"]) else {
+        return Ok(());
+    };
+    let method = value
+        .get("quant_method")
+        .and_then(|m| m.as_str())
+        .map(str::to_string)
+        .or_else(|| {
+            let bnb = ["load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type"];
+            bnb.iter()
+                .any(|k| value.get(k).is_some())
+                .then(|| "bitsandbytes".to_string())
+        })
+        .or_else(|| (key == "compression_config").then(|| "compressed-tensors".to_string()));
+    let detail = match method {
+        Some(method) => format!(
+            "this checkpoint is quantized with {} (`{key}.quant_method` {method:?}); metrale does \
+             not load quantized safetensors yet: use the unquantized (f32, bf16 or f16) checkpoint",
+            quant_method_name(&method)
+        ),
+        None => format!(
+            "this checkpoint is quantized (it has a `{key}`); metrale does not load quantized \
+             safetensors yet: use the unquantized (f32, bf16 or f16) checkpoint"
+        ),
+    };
+    Err(o.err(detail))
+}
+
+/// How people write a `quant_method`'s name.
+fn quant_method_name(method: &str) -> String {
+    match method.to_ascii_lowercase().as_str() {
+        "gptq" => "GPTQ".into(),
+        "awq" => "AWQ".into(),
+        "fp8" => "FP8".into(),
+        "bitsandbytes" => "bitsandbytes".into(),
+        "compressed-tensors" | "compressed_tensors" => "compressed-tensors".into(),
+        "marlin" | "gptq_marlin" => "GPTQ (Marlin)".into(),
+        "exl2" | "exllamav2" => "EXL2".into(),
+        "hqq" => "HQQ".into(),
+        "aqlm" => "AQLM".into(),
+        "eetq" => "EETQ".into(),
+        "mxfp4" => "MXFP4".into(),
+        "torchao" => "torchao".into(),
+        "bitnet" => "BitNet".into(),
+        _ => method.to_string(),
+    }
 }
 
 fn read(path: &Path) -> Result<String> {

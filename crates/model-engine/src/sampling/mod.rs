@@ -1,12 +1,15 @@
-//! Sampling: the per-request parameters, a per-sequence [`Sampler`] that turns
+//! Sampling: the per-request parameters and a checkpoint's defaults for
+//! them ([`GenerationDefaults`]), a per-sequence [`Sampler`] that turns
 //! logits into the next token, and stop conditions ([`StopChecker`] for stop
 //! strings across token boundaries, [`SamplingParams::token_finish`] for EOS,
 //! stop token ids and `max_tokens`).
 
+mod defaults;
 mod params;
 mod sampler;
 mod stop;
 
+pub use defaults::{GENERATION_CONFIG, GenerationDefaults, SamplingOverrides};
 pub use params::{MAX_TOP_LOGPROBS, SamplingParams};
 pub use sampler::{Sampled, Sampler};
 pub use stop::{Finish, StopChecker, StopOutput};

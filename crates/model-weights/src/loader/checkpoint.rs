@@ -81,11 +81,21 @@ impl Checkpoint {
                 }
             }
         }
-        Ok(Self {
+        let checkpoint = Self {
             source,
             files,
             by_name,
-        })
+        };
+        if let Some((method, tensor)) =
+            quantized(checkpoint.entries().map(|(_, t)| t.name.as_str()))
+        {
+            return Err(WeightsError::Quantized {
+                path: checkpoint.source.clone(),
+                method: method.to_string(),
+                tensor: tensor.to_string(),
+            });
+        }
+        Ok(checkpoint)
     }
 
     /// The file holding `name` and its entry.
@@ -101,6 +111,39 @@ impl Checkpoint {
             .iter()
             .flat_map(|f| f.tensors.iter().map(move |t| (f, t)))
     }
+}
+
+/// The quantization method whose tensors `names` holds, with the first such
+/// tensor (by name): GPTQ (`g_idx`, or `qweight` / `qzeros` beside one),
+/// AWQ (`qweight` / `qzeros` without `g_idx`), bitsandbytes (`absmax`,
+/// `quant_map`, `quant_state`, `SCB`), FP8 (`weight_scale`,
+/// `weight_scale_inv`).
+pub fn quantized<'a>(names: impl Iterator<Item = &'a str>) -> Option<(&'static str, &'a str)> {
+    let mut names: Vec<&str> = names.collect();
+    names.sort_unstable();
+    let last = |n: &str| n.rsplit('.').next().unwrap_or(n).to_string();
+    let has = |suffix: &str| names.iter().copied().find(|n| last(n) == suffix);
+    if let Some(t) = has("g_idx") {
+        return Some(("GPTQ", t));
+    }
+    if let Some(t) = has("qweight").or_else(|| has("qzeros")) {
+        return Some(("AWQ", t));
+    }
+    let bnb = names.iter().copied().find(|n| {
+        let tail = last(n);
+        tail == "absmax"
+            || tail == "quant_map"
+            || tail == "SCB"
+            || n.contains(".quant_state.")
+            || tail.starts_with("quant_state")
+    });
+    if let Some(t) = bnb {
+        return Some(("bitsandbytes", t));
+    }
+    if let Some(t) = has("weight_scale").or_else(|| has("weight_scale_inv")) {
+        return Some(("FP8", t));
+    }
+    None
 }
 
 /// The `weight_map` of an index file: tensor name to shard file name.

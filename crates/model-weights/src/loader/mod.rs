@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use metrale_gpu_runtime::gpu::GpuBackend;
 
-pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE};
+pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE, quantized};
 pub use convert::{WeightDType, convert};
 pub use header::{
     MAX_HEADER_BYTES, SafetensorsFile, StoredDType, TensorEntry, parse as parse_safetensors,

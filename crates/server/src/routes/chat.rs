@@ -23,7 +23,7 @@ use metrale::{ChatMessage, Finish};
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::openai::{ChatRequest, Content, UsageInfo, finish_reason};
+use crate::openai::{ChatRequest, Content, Sampling, UsageInfo, finish_reason};
 use crate::sse::{Choice, Events, Format, TokenLogprob};
 use crate::state::{AppState, unix_now};
 
@@ -86,12 +86,15 @@ pub async fn handler(
     let sampling = &request.sampling;
     let n = sampling.n()?;
     let max_tokens = request.max_completion_tokens.or(sampling.max_tokens);
+    let defaults = state.handle.defaults();
+    let room = state.context_limit.saturating_sub(prompt.len());
     let params = sampling.params(
         max_tokens,
-        None,
+        Sampling::default_max(defaults, None, room),
         request.logprobs,
         top as usize,
         state.context_limit,
+        defaults,
     )?;
     let rx = state.submit(std::slice::from_ref(&prompt), &params, n)?;
     let events = Events {

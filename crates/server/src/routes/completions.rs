@@ -17,7 +17,7 @@ use metrale::engine::sampling::MAX_TOP_LOGPROBS;
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::openai::{CompletionRequest, Prompt, UsageInfo, finish_reason};
+use crate::openai::{CompletionRequest, Prompt, Sampling, UsageInfo, finish_reason};
 use crate::sse::{Choice, Events, Format, TokenLogprob};
 use crate::state::{AppState, unix_now};
 
@@ -84,12 +84,19 @@ pub async fn handler(
     }
     let sampling = &request.sampling;
     let n = sampling.n()?;
+    let room = prompts
+        .iter()
+        .map(|p| state.context_limit.saturating_sub(p.len()))
+        .min()
+        .unwrap_or(state.context_limit);
+    let defaults = state.handle.defaults();
     let params = sampling.params(
         sampling.max_tokens,
-        Some(DEFAULT_MAX_TOKENS),
+        Sampling::default_max(defaults, Some(DEFAULT_MAX_TOKENS), room),
         logprobs,
         top,
         state.context_limit,
+        defaults,
     )?;
     let rx = state.submit(&prompts, &params, n)?;
     let events = Events {

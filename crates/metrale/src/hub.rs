@@ -1,0 +1,285 @@
+//! What `--model` names, resolved to a model directory: a local directory,
+//! a `.safetensors` file (its directory), or a Hugging Face hub id
+//! (`org/name`) found in the local Hugging Face cache. This build does not
+//! download: a hub id must already be in the cache (`huggingface-cli
+//! download org/name` or `hf download org/name` put it there).
+//!
+//! The cache is the one the hub client uses: `$HF_HUB_CACHE`, else
+//! `$HF_HOME/hub`, else `~/.cache/huggingface/hub`. A repository `org/name`
+//! lives in `models--org--name/`, with `refs/<revision>` (a file holding a
+//! commit hash) and `snapshots/<hash>/` (the files, usually symlinks into
+//! `blobs/`).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+
+/// The revision used when none is given.
+pub const DEFAULT_REVISION: &str = "main";
+
+/// The model directory `spec` names:
+///
+/// - a path that exists wins: a directory is the model directory; a
+///   `.safetensors` file stands for its directory, which must hold the
+///   `config.json` (and the tokenizer) beside it;
+/// - else `org/name` is a Hugging Face hub id, looked up in the local cache
+///   ([`hub_cache_dir`]) at `revision` (default `main`: a branch or tag
+///   name under `refs/`, or a commit hash naming a snapshot directly).
+///
+/// A hub id not in the cache is an error saying where it looked and that
+/// this build does not download. A path that does not exist and is no hub
+/// id comes back as it is, for the loader to report as missing. `revision` given with a local path is
+/// ignored, with a warning.
+pub fn resolve_model(spec: impl AsRef<Path>, revision: Option<&str>) -> Result<PathBuf> {
+    resolve_model_in(spec.as_ref(), revision, hub_cache_dir().as_deref())
+}
+
+/// [`resolve_model`] with the hub cache given (`None`: no cache location
+/// could be determined).
+pub fn resolve_model_in(
+    spec: &Path,
+    revision: Option<&str>,
+    cache: Option<&Path>,
+) -> Result<PathBuf> {
+    if spec.exists() {
+        if let Some(rev) = revision {
+            tracing::warn!(
+                "--revision {rev} is ignored: {} is a local path, not a hub id",
+                spec.display()
+            );
+        }
+        return local(spec);
+    }
+    let Some(id) = spec.to_str().filter(|s| is_hub_id(s)) else {
+        // Neither a path that exists nor a hub id: the path, for the
+        // loader to report as missing (naming the file it wanted).
+        return Ok(spec.to_path_buf());
+    };
+    let Some(cache) = cache else {
+        bail!(
+            "{id} is not a local path, and there is no Hugging Face cache to look for it in \
+             (HF_HUB_CACHE, HF_HOME and HOME are all unset); this build of metrale does not \
+             download models"
+        );
+    };
+    let dir = snapshot(cache, id, revision.unwrap_or(DEFAULT_REVISION))?;
+    tracing::info!("model {id}: {}", dir.display());
+    Ok(dir)
+}
+
+/// The local Hugging Face hub cache: `$HF_HUB_CACHE`, else `$HF_HOME/hub`,
+/// else `$HOME/.cache/huggingface/hub` (an empty variable counts as unset).
+pub fn hub_cache_dir() -> Option<PathBuf> {
+    hub_cache_dir_from(
+        std::env::var_os("HF_HUB_CACHE"),
+        std::env::var_os("HF_HOME"),
+        std::env::var_os("HOME"),
+    )
+}
+
+/// [`hub_cache_dir`] from the three variables' values.
+pub fn hub_cache_dir_from(
+    hf_hub_cache: Option<OsString>,
+    hf_home: Option<OsString>,
+    home: Option<OsString>,
+) -> Option<PathBuf> {
+    let set = |v: Option<OsString>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
+    set(hf_hub_cache)
+        .or_else(|| set(hf_home).map(|h| h.join("hub")))
+        .or_else(|| set(home).map(|h| h.join(".cache").join("huggingface").join("hub")))
+}
+
+/// Whether `s` reads as a hub id: `org/name`, each part made of letters,
+/// digits, `-`, `_` and `.`, not starting with `.` (so `./x` and `../x`
+/// are paths).
+pub fn is_hub_id(s: &str) -> bool {
+    let part = |p: &str| {
+        !p.is_empty()
+            && !p.starts_with('.')
+            && p.len() <= 96
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    match s.split_once('/') {
+        Some((org, name)) => part(org) && part(name),
+        None => false,
+    }
+}
+
+/// A local path: a directory, or a `.safetensors` file's directory.
+fn local(spec: &Path) -> Result<PathBuf> {
+    if spec.is_dir() {
+        return Ok(spec.to_path_buf());
+    }
+    let ext = spec
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("safetensors") => {
+            let dir = match spec.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            if !dir.join("config.json").is_file() {
+                bail!(
+                    "{}: a .safetensors file is loaded with the config.json and tokenizer.json \
+                     of its directory, and {} has no config.json",
+                    spec.display(),
+                    dir.display()
+                );
+            }
+            let name = spec.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let single = name == metrale_model_weights::loader::SINGLE_FILE;
+            let indexed = dir
+                .join(metrale_model_weights::loader::INDEX_FILE)
+                .is_file();
+            if !single && !indexed {
+                bail!(
+                    "{}: metrale loads a directory's {} or the shards its {} lists, and {} has \
+                     neither (rename the file to {0}?)",
+                    spec.display(),
+                    metrale_model_weights::loader::SINGLE_FILE,
+                    metrale_model_weights::loader::INDEX_FILE,
+                    dir.display()
+                );
+            }
+            Ok(dir)
+        }
+        Some("gguf") => bail!(
+            "{}: GGUF files are not supported yet; give a Hugging Face model directory \
+             (config.json, *.safetensors, tokenizer.json)",
+            spec.display()
+        ),
+        _ => bail!(
+            "{} is a file, not a model directory or a .safetensors file",
+            spec.display()
+        ),
+    }
+}
+
+/// The snapshot directory of `id` at `revision` in `cache`.
+fn snapshot(cache: &Path, id: &str, revision: &str) -> Result<PathBuf> {
+    let repo = cache.join(format!("models--{}", id.replace('/', "--")));
+    let not_downloading = "this build of metrale does not download models: fetch it with \
+                           `huggingface-cli download`, or give --model a local directory";
+    if !repo.is_dir() {
+        bail!(
+            "model {id} is not in the Hugging Face cache (looked for {}; the cache is \
+             HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub); {not_downloading}",
+            repo.display()
+        );
+    }
+    let snapshots = repo.join("snapshots");
+    let plain = !revision.is_empty()
+        && !revision.contains("..")
+        && !revision.starts_with('/')
+        && !revision.contains('\\');
+    if !plain {
+        bail!("--revision {revision:?} is not a revision name or commit hash");
+    }
+    let direct = snapshots.join(revision);
+    let dir = if is_commit_hash(revision) && direct.is_dir() {
+        direct
+    } else {
+        let ref_file = repo.join("refs").join(revision);
+        let hash = match std::fs::read_to_string(&ref_file) {
+            Ok(text) => text.trim().to_string(),
+            Err(_) => {
+                let known = list(&repo.join("refs"));
+                let hashes = list(&snapshots);
+                bail!(
+                    "revision {revision} of model {id} is not in the Hugging Face cache (no {} \
+                     nor snapshot {revision}; refs there: {}; snapshots: {}); {not_downloading}",
+                    ref_file.display(),
+                    if known.is_empty() {
+                        "none".into()
+                    } else {
+                        known.join(", ")
+                    },
+                    if hashes.is_empty() {
+                        "none".into()
+                    } else {
+                        hashes.join(", ")
+                    },
+                );
+            }
+        };
+        if hash.is_empty() || hash.contains(['/', '\\']) || hash.contains("..") {
+            bail!("{}: not a commit hash: {hash:?}", ref_file.display());
+        }
+        let dir = snapshots.join(&hash);
+        if !dir.is_dir() {
+            bail!(
+                "model {id}: {} names commit {hash}, whose snapshot {} is not in the cache \
+                 (an interrupted download?); {not_downloading}",
+                ref_file.display(),
+                dir.display()
+            );
+        }
+        dir
+    };
+    if !dir.join("config.json").is_file() {
+        bail!(
+            "model {id} at revision {revision}: the cached snapshot {} has no config.json \
+             (only some of its files were downloaded?); {not_downloading}",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+/// A hex string of 40 characters (a git commit).
+fn is_commit_hash(s: &str) -> bool {
+    s.len() == 40 && s.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// The names in a directory, sorted (for error messages).
+fn list(dir: &Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hub_ids_and_paths() {
+        assert!(is_hub_id("ibm-granite/granite-4.0-h-tiny"));
+        assert!(is_hub_id("Qwen/Qwen3-0.6B"));
+        assert!(!is_hub_id("granite"));
+        assert!(!is_hub_id("./models/x"));
+        assert!(!is_hub_id("../x"));
+        assert!(!is_hub_id("/abs/path"));
+        assert!(!is_hub_id("a/b/c"));
+        assert!(!is_hub_id("a/"));
+    }
+
+    #[test]
+    fn cache_dir_precedence() {
+        let s = |v: &str| Some(OsString::from(v));
+        assert_eq!(
+            hub_cache_dir_from(s("/c"), s("/h"), s("/home/u")),
+            Some(PathBuf::from("/c"))
+        );
+        assert_eq!(
+            hub_cache_dir_from(None, s("/h"), s("/home/u")),
+            Some(PathBuf::from("/h/hub"))
+        );
+        assert_eq!(
+            hub_cache_dir_from(s(""), s(""), s("/home/u")),
+            Some(PathBuf::from("/home/u/.cache/huggingface/hub"))
+        );
+        assert_eq!(hub_cache_dir_from(None, None, None), None);
+    }
+}
