@@ -24,13 +24,13 @@ use crate::{LoadOptions, Model};
 /// The environment variable naming the default model directory.
 pub const MODEL_ENV: &str = "METRALE_MODEL";
 
-/// The model used when none is given: `$METRALE_MODEL`, else the bundled
-/// `models/default/` of the source tree this binary was built from (a tiny
-/// random-weight hybrid: its text is gibberish).
-pub fn default_model_dir() -> PathBuf {
+/// The model used when none is given: `$METRALE_MODEL`, else the model
+/// bundled into this build (a tiny random-weight hybrid: its text is
+/// gibberish), written once into the cache (see [`crate::bundled_model_dir`]).
+pub fn default_model_dir() -> Result<PathBuf> {
     match std::env::var_os(MODEL_ENV) {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/default")),
+        Some(dir) if !dir.is_empty() => Ok(PathBuf::from(dir)),
+        _ => crate::bundled::bundled_model_dir(),
     }
 }
 

@@ -1,10 +1,49 @@
 //! metrale: LLM inference for hybrid transformer / state-space models.
 //!
-//! The facade: load a Hugging Face model directory onto a backend (the
-//! [`Device`] of [`LoadOptions`], opened by [`open_backend`]), run it, tear
-//! it down. The crates behind it can be used one by one:
-//! [`metrale_core`], [`metrale_gpu_runtime`], [`metrale_model_weights`],
-//! [`metrale_model_engine`].
+//! The facade: load a Hugging Face model, generate from it, tear it down.
+//! Most programs need only [`Generator`]:
+//!
+//! ```
+//! # fn main() -> anyhow::Result<()> {
+//! use metrale::{Generator, SamplingParams, StreamEvent};
+//!
+//! // A model directory, a .safetensors file or a hub id in the local cache;
+//! // here the tiny random-weight model bundled into this build.
+//! let mut generator = Generator::from_dir(metrale::bundled_model_dir()?)?;
+//!
+//! // The checkpoint's own sampling defaults (generation_config.json) ...
+//! let mut params = generator.default_params();
+//! // ... with what this call needs changed.
+//! params.max_tokens = Some(16);
+//! params.seed = Some(7);
+//! let out = generator.generate("The capital of France is", &params)?;
+//! println!("{} ({:?}, {} tokens)", out.text, out.finish_reason, out.usage.completion_tokens);
+//!
+//! // Streamed: tokens as they come; dropping the stream cancels the request.
+//! for event in generator.stream("Once upon a time", &SamplingParams::greedy())? {
+//!     match event? {
+//!         StreamEvent::Token { text, .. } => print!("{text}"),
+//!         StreamEvent::Finished { reason, .. } => println!(" [{reason:?}]"),
+//!     }
+//! }
+//!
+//! // Several prompts at once, batched by the engine.
+//! let outs = generator.generate_batch(&["a", "b", "c"], &params)?;
+//! assert_eq!(outs.len(), 3);
+//!
+//! // Teardown in the specified order, reporting every failure.
+//! generator.shutdown()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`Generator::builder`] chooses the device, threads, memory limit and
+//! context length; [`Generator::spawn`] moves a generator to a thread of
+//! its own for requests from many threads; [`Model`] is the level below
+//! (logits for token ids). The crates behind the facade can be used one by
+//! one: [`metrale_core`], [`metrale_gpu_runtime`], [`metrale_model_weights`],
+//! [`metrale_model_engine`]. `examples/` has runnable programs (`cargo run
+//! --example generate | stream | batch | chat`).
 //!
 //! A model is named by [`resolve_model`] (a directory, a `.safetensors`
 //! file, or a Hugging Face hub id in the local cache); its sampling
@@ -22,6 +61,10 @@ pub use metrale_gpu_runtime as gpu_runtime;
 pub use metrale_model_engine as engine;
 pub use metrale_model_weights as weights;
 
+mod builder;
+pub use builder::GeneratorBuilder;
+mod bundled;
+pub use bundled::{CACHE_ENV, bundled_model_dir, cache_root, has_bundled_model};
 mod device;
 pub use device::{
     Backend, BackendOptions, Device, DeviceInfo, ParseDeviceError, announce_device_choice,
@@ -32,11 +75,15 @@ mod generate;
 pub use generate::{
     Generation, GenerationStream, Generator, MODEL_ENV, StreamEvent, Timings, default_model_dir,
 };
-pub use metrale_model_engine::chat::ChatMessage;
+pub use metrale_core::DType;
+pub use metrale_model_engine::chat::{ChatMessage, ChatTemplate};
 pub use metrale_model_engine::engine::{EngineConfig, RequestId, Usage};
+pub use metrale_model_engine::model::ModelOptions;
 pub use metrale_model_engine::sampling::{
     Finish, GenerationDefaults, SamplingOverrides, SamplingParams,
 };
+pub use metrale_model_engine::tokenizer::Tokenizer;
+pub use metrale_model_weights::loader::{LoadProgress, WeightDType};
 mod hub;
 pub use hub::{
     DEFAULT_REVISION, hub_cache_dir, hub_cache_dir_from, is_hub_id, resolve_model, resolve_model_in,
@@ -45,8 +92,7 @@ mod runner;
 pub use runner::{GeneratorHandle, RequestStream};
 
 use metrale_gpu_runtime::gpu::GpuBackend;
-use metrale_model_engine::model::{Logits, ModelOptions, Step, TransformerModel};
-use metrale_model_weights::loader::{LoadProgress, WeightDType};
+use metrale_model_engine::model::{Logits, Step, TransformerModel};
 
 /// How to load a model.
 #[derive(Clone, Debug)]

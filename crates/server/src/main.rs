@@ -22,7 +22,7 @@ struct Args {
     /// .safetensors file in one, or a Hugging Face hub id org/name in the
     /// local cache (HF_HUB_CACHE, else HF_HOME/hub, else
     /// ~/.cache/huggingface/hub; nothing is downloaded). Default:
-    /// $METRALE_MODEL, else the bundled models/default (random weights).
+    /// $METRALE_MODEL, else the model bundled into the binary (random weights).
     #[arg(short, long)]
     model: Option<PathBuf>,
     /// The revision of a hub id --model: a branch, tag or commit hash
@@ -116,7 +116,7 @@ fn main() -> std::process::ExitCode {
 fn run(args: Args) -> Result<()> {
     let dir = match &args.model {
         Some(spec) => metrale::resolve_model(spec, args.revision.as_deref())?,
-        None => default_model_dir(),
+        None => default_model_dir()?,
     };
     // A hub id is the model's name, as vLLM serves it (a snapshot
     // directory's name is a commit hash).
