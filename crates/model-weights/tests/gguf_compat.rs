@@ -153,3 +153,31 @@ fn tokenizer_from_metadata_encodes_as_the_original() {
             .starts_with("{% for m in messages %}")
     );
 }
+
+/// A SentencePiece BPE vocabulary (`make_tiny_llama.py`): the rebuilt
+/// tokenizer encodes as SentencePiece itself, byte fallback included, adds
+/// BOS as `add_bos_token` says, and decodes back to the text.
+#[test]
+fn sentencepiece_tokenizer_encodes_as_sentencepiece() {
+    let f = GgufFile::open(&data("tiny_llama.gguf")).unwrap();
+    let json = tokenizer_json(&f).unwrap();
+    let tok = tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&json).unwrap()).unwrap();
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data("tiny_llama_expected.json")).unwrap()).unwrap();
+    let special = special_tokens(&f).unwrap();
+    assert!(special.add_bos && !special.add_eos);
+    let cases = expected.as_array().unwrap();
+    assert!(cases.len() >= 5);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+        let bos = case["bos"].as_u64().unwrap() as u32;
+        assert_eq!(special.bos, Some(bos));
+        let plain = tok.encode(text, false).unwrap();
+        assert_eq!(plain.get_ids(), &ids[..], "{text:?}");
+        let with_bos = tok.encode(text, true).unwrap();
+        assert_eq!(with_bos.get_ids()[0], bos, "{text:?}");
+        assert_eq!(&with_bos.get_ids()[1..], &ids[..], "{text:?}");
+        assert_eq!(tok.decode(&ids, true).unwrap(), text);
+    }
+}
