@@ -362,3 +362,133 @@ fn spm_merges(tokens: &[String], scores: &[f32]) -> Vec<Value> {
         .map(|(_, l, r)| json!([tokens[l], tokens[r]]))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::{GgufArray, GgufValue, GgufWriter};
+
+    fn strings(v: &[&str]) -> GgufValue {
+        GgufValue::Array(GgufArray::String(v.iter().map(|s| s.to_string()).collect()))
+    }
+
+    /// A byte-level vocabulary of digits with merges `1 2` and `12 3`.
+    fn digits(pre: &str) -> GgufWriter {
+        let mut w = GgufWriter::new();
+        w.add(MODEL_KEY, GgufValue::String("gpt2".into()))
+            .add(PRE_KEY, GgufValue::String(pre.into()))
+            .add(TOKENS_KEY, strings(&["1", "2", "3", "12", "123"]))
+            .add(MERGES_KEY, strings(&["1 2", "12 3"]));
+        w
+    }
+
+    fn load(w: &GgufWriter) -> Result<GgufFile, WeightsError> {
+        GgufFile::from_bytes("tok.gguf", w.to_bytes()?)
+    }
+
+    fn encode(w: &GgufWriter, text: &str) -> Vec<u32> {
+        let json = tokenizer_json(&load(w).unwrap()).unwrap();
+        let tok = tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&json).unwrap()).unwrap();
+        tok.encode(text, true).unwrap().get_ids().to_vec()
+    }
+
+    #[test]
+    fn pre_tokenizer_follows_tokenizer_ggml_pre() {
+        // GPT-2 keeps a run of digits whole, Llama 3 cuts it into threes,
+        // Qwen 2 into single digits; BPE then merges within each piece.
+        assert_eq!(encode(&digits("gpt-2"), "3123"), vec![2, 4]);
+        assert_eq!(encode(&digits("llama-bpe"), "3123"), vec![2, 3, 2]);
+        assert_eq!(encode(&digits("qwen2"), "3123"), vec![2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn bos_is_added_when_the_metadata_says_so() {
+        let mut w = digits("gpt-2");
+        w.add("tokenizer.ggml.bos_token_id", GgufValue::U32(0))
+            .add("tokenizer.ggml.add_bos_token", GgufValue::Bool(true));
+        assert_eq!(encode(&w, "3123"), vec![0, 2, 4]);
+    }
+
+    #[test]
+    fn huggingface_json_is_taken_as_is() {
+        let mut w = digits("unknown-pre");
+        w.add(
+            HF_JSON_KEY,
+            GgufValue::String("{\"version\": \"1.0\"}".into()),
+        );
+        let json = tokenizer_json(&load(&w).unwrap()).unwrap();
+        assert_eq!(json, json!({"version": "1.0"}));
+    }
+
+    #[test]
+    fn bad_tokenizer_metadata_names_the_key() {
+        let cases: Vec<(&str, GgufValue, &str)> = vec![
+            (
+                PRE_KEY,
+                GgufValue::String("falcon".into()),
+                "key \"tokenizer.ggml.pre\": pre-tokenizer \"falcon\" is not supported",
+            ),
+            (
+                MODEL_KEY,
+                GgufValue::String("bert".into()),
+                "key \"tokenizer.ggml.model\": tokenizer model \"bert\" is not supported",
+            ),
+            (
+                MERGES_KEY,
+                strings(&["1 3"]),
+                "key \"tokenizer.ggml.merges\": merge #0 \"1 3\" is not two tokens",
+            ),
+            (
+                "tokenizer.ggml.eos_token_id",
+                GgufValue::U32(5),
+                "key \"tokenizer.ggml.eos_token_id\": token id 5 is outside the vocabulary of 5 tokens",
+            ),
+            (
+                TOKEN_TYPE_KEY,
+                GgufValue::Array(GgufArray::I32(vec![1])),
+                "key \"tokenizer.ggml.token_type\": 1 entries for 5 tokens",
+            ),
+            (
+                MODEL_KEY,
+                GgufValue::String("llama".into()),
+                "key \"tokenizer.ggml.scores\": 0 scores for 5 tokens",
+            ),
+            (
+                TOKENS_KEY,
+                GgufValue::Array(GgufArray::F32(vec![1.0])),
+                "key \"tokenizer.ggml.tokens\" is array of f32, expected array of string",
+            ),
+            (
+                HF_JSON_KEY,
+                GgufValue::String("{".into()),
+                "key \"tokenizer.huggingface.json\": is not valid JSON",
+            ),
+        ];
+        for (key, value, expected) in cases {
+            let mut w = digits("gpt-2");
+            w.add(key, value);
+            let e = tokenizer_json(&load(&w).unwrap()).unwrap_err().to_string();
+            assert!(e.starts_with("tok.gguf: "), "{e}");
+            assert!(e.contains(expected), "{e} should say {expected:?}");
+        }
+    }
+
+    #[test]
+    fn spm_merges_rank_by_the_merged_piece_score() {
+        let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let scores = [0.0, 0.0, 0.0, -2.0, -1.0, -3.0];
+        let merges = spm_merges(&tokens, &scores);
+        assert_eq!(
+            merges,
+            vec![
+                json!(["b", "c"]),
+                json!(["a", "b"]),
+                json!(["a", "bc"]),
+                json!(["ab", "c"])
+            ]
+        );
+    }
+}
