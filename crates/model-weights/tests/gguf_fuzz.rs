@@ -205,3 +205,159 @@ proptest! {
         check(image);
     }
 }
+
+/// Offset of the field after tensor `name`'s name in `image`.
+fn after_name(image: &[u8], name: &str) -> usize {
+    let mut needle = (name.len() as u64).to_le_bytes().to_vec();
+    needle.extend_from_slice(name.as_bytes());
+    image
+        .windows(needle.len())
+        .rposition(|w| w == needle)
+        .expect("the tensor is in the base file")
+        + needle.len()
+}
+
+/// One field of one tensor-info entry.
+#[derive(Clone, Copy, Debug)]
+enum Field {
+    NDims,
+    Dim(usize),
+    Type,
+    Offset,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    /// The tensor table damaged field by field: n_dims, dims, type ids and
+    /// offsets set to edge values.
+    #[test]
+    fn damaged_tensor_tables_are_refused_by_name(
+        fields in prop::collection::vec(
+            (
+                prop::sample::select(vec!["tok.weight", "blk.q8", "norm"]),
+                prop_oneof![
+                    Just(Field::NDims),
+                    (0usize..2).prop_map(Field::Dim),
+                    Just(Field::Type),
+                    Just(Field::Offset),
+                ],
+                interesting_u64(),
+            ),
+            1..4,
+        )
+    ) {
+        let mut image = base();
+        for (name, field, value) in fields {
+            // Field positions in the undamaged file: damage never moves them.
+            let pristine = base();
+            let at = after_name(&pristine, name);
+            let n_dims = u32::from_le_bytes(pristine[at..at + 4].try_into().unwrap()) as usize;
+            match field {
+                Field::NDims => image[at..at + 4].copy_from_slice(&(value as u32).to_le_bytes()),
+                Field::Dim(k) if k < n_dims => {
+                    let p = at + 4 + 8 * k;
+                    image[p..p + 8].copy_from_slice(&value.to_le_bytes());
+                }
+                Field::Dim(_) => {}
+                Field::Type => {
+                    let p = at + 4 + 8 * n_dims;
+                    image[p..p + 4].copy_from_slice(&(value as u32 % 48).to_le_bytes());
+                }
+                Field::Offset => {
+                    let p = at + 4 + 8 * n_dims + 4;
+                    image[p..p + 8].copy_from_slice(&value.to_le_bytes());
+                }
+            }
+        }
+        check(image);
+    }
+}
+
+fn value_strategy() -> impl Strategy<Value = GgufValue> {
+    let leaf = prop_oneof![
+        any::<u8>().prop_map(GgufValue::U8),
+        any::<i8>().prop_map(GgufValue::I8),
+        any::<u16>().prop_map(GgufValue::U16),
+        any::<i16>().prop_map(GgufValue::I16),
+        any::<u32>().prop_map(GgufValue::U32),
+        any::<i32>().prop_map(GgufValue::I32),
+        any::<u64>().prop_map(GgufValue::U64),
+        any::<i64>().prop_map(GgufValue::I64),
+        (-1e30f32..1e30).prop_map(GgufValue::F32),
+        (-1e300f64..1e300).prop_map(GgufValue::F64),
+        any::<bool>().prop_map(GgufValue::Bool),
+        ".{0,12}".prop_map(GgufValue::String),
+    ];
+    let array = array_strategy().prop_map(GgufValue::Array);
+    prop_oneof![3 => leaf, 1 => array]
+}
+
+fn array_strategy() -> impl Strategy<Value = GgufArray> {
+    let flat = prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..6).prop_map(GgufArray::U8),
+        prop::collection::vec(any::<i16>(), 0..6).prop_map(GgufArray::I16),
+        prop::collection::vec(any::<i32>(), 0..6).prop_map(GgufArray::I32),
+        prop::collection::vec(-1e30f32..1e30, 0..6).prop_map(GgufArray::F32),
+        prop::collection::vec(any::<bool>(), 0..6).prop_map(GgufArray::Bool),
+        prop::collection::vec(".{0,6}", 0..6).prop_map(GgufArray::String),
+        prop::collection::vec(any::<u64>(), 0..6).prop_map(GgufArray::U64),
+    ];
+    flat.prop_recursive(3, 24, 4, |inner| {
+        prop::collection::vec(inner, 1..4).prop_map(GgufArray::Array)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// reader(writer(x)) == x for any metadata and tensors.
+    #[test]
+    fn writer_then_reader_is_identity(
+        metadata in prop::collection::btree_map("[a-z.]{1,10}", value_strategy(), 0..8),
+        tensors in prop::collection::vec(
+            (
+                prop::sample::select(vec![GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::I8]),
+                prop::collection::vec(0usize..3, 0..3),
+                any::<u8>(),
+            ),
+            0..5,
+        ),
+        alignment in prop::sample::select(vec![None, Some(1u32), Some(8), Some(64)]),
+    ) {
+        let mut w = GgufWriter::new();
+        if let Some(a) = alignment {
+            w.set_alignment(a);
+        }
+        let metadata: Vec<(String, GgufValue)> = metadata
+            .into_iter()
+            .filter(|(k, _)| k != "general.alignment")
+            .collect();
+        for (k, v) in &metadata {
+            w.add(k.clone(), v.clone());
+        }
+        let mut expected = Vec::new();
+        for (i, (ty, outer, seed)) in tensors.into_iter().enumerate() {
+            let mut shape = outer;
+            shape.push(ty.block_elems() * (1 + i % 2));
+            let rows: usize = shape[..shape.len() - 1].iter().product();
+            let len = rows * ty.row_bytes(shape[shape.len() - 1]).unwrap();
+            let data: Vec<u8> = (0..len).map(|j| (j as u8).wrapping_add(seed)).collect();
+            w.add_tensor(format!("t{i}"), ty, &shape, data.clone());
+            expected.push((format!("t{i}"), ty, shape, data));
+        }
+        let file = GgufFile::from_bytes(NAME, w.to_bytes().unwrap()).unwrap();
+        let found: Vec<&(String, GgufValue)> = file
+            .metadata()
+            .iter()
+            .filter(|(k, _)| k != "general.alignment")
+            .collect();
+        prop_assert_eq!(found, metadata.iter().collect::<Vec<_>>());
+        prop_assert_eq!(file.alignment(), alignment.map_or(32, |a| a as usize));
+        let got: Vec<(String, GgmlType, Vec<usize>, Vec<u8>)> = file
+            .tensors()
+            .map(|t| (t.name().to_string(), t.ggml_type(), t.shape().to_vec(), t.data.to_vec()))
+            .collect();
+        prop_assert_eq!(got, expected);
+    }
+}

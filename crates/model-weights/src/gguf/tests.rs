@@ -131,6 +131,16 @@ fn round_trip_keeps_every_value_and_tensor() {
 }
 
 #[test]
+fn version_2_reads_as_version_3() {
+    // v3 only added big-endian files; a little-endian v2 file is the same.
+    let mut image = sample().to_bytes().unwrap();
+    image[4..8].copy_from_slice(&2u32.to_le_bytes());
+    let file = parse(image).unwrap();
+    assert_eq!(file.version(), 2);
+    assert_eq!(file.tensor_infos().len(), 6);
+}
+
+#[test]
 fn custom_alignment_is_recorded_and_used() {
     let mut w = GgufWriter::new();
     w.set_alignment(64)
