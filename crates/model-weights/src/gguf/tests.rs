@@ -469,6 +469,7 @@ fn open_reads_small_files_and_maps_large_ones() {
         let mut w = GgufWriter::new();
         w.add_tensor("w", GgmlType::F32, &[n], bytes(4 * n, 9));
         w.write(&path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), w.to_bytes().unwrap());
         let file = GgufFile::open(&path).unwrap();
         assert_eq!(file.tensor("w").unwrap().data, &bytes(4 * n, 9)[..]);
         assert_eq!(file.path(), path);

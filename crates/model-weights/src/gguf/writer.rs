@@ -8,6 +8,7 @@
 //! dimensions) would refuse.
 
 use std::collections::HashSet;
+use std::io::Write;
 use std::path::Path;
 
 use metrale_core::quant::GgmlType;
@@ -75,21 +76,49 @@ impl GgufWriter {
         self
     }
 
-    /// Encodes and writes the file to `path`.
+    /// Checks everything, then writes the file to `path`, streaming the
+    /// tensor data rather than assembling the file in memory.
     pub fn write(&self, path: &Path) -> Result<(), WeightsError> {
-        let bytes = self.encode(path)?;
-        std::fs::write(path, bytes).map_err(|source| WeightsError::Io {
+        let (header, alignment) = self.header(path)?;
+        let io = |source| WeightsError::Io {
             path: path.to_path_buf(),
             source,
-        })
+        };
+        let mut out = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+        out.write_all(&header).map_err(io)?;
+        self.write_data(&mut out, alignment).map_err(io)?;
+        out.into_inner()
+            .map_err(|e| io(e.into_error()))?
+            .sync_all()
+            .map_err(io)
     }
 
     /// The file's bytes; errors name the file as `<memory>`.
     pub fn to_bytes(&self) -> Result<Vec<u8>, WeightsError> {
-        self.encode(Path::new("<memory>"))
+        let (mut out, alignment) = self.header(Path::new("<memory>"))?;
+        self.write_data(&mut out, alignment)
+            .map_err(|source| WeightsError::Io {
+                path: "<memory>".into(),
+                source,
+            })?;
+        Ok(out)
     }
 
-    fn encode(&self, path: &Path) -> Result<Vec<u8>, WeightsError> {
+    /// The data section: each tensor's bytes padded to the alignment (the
+    /// header ends aligned, so each tensor starts at its recorded offset).
+    fn write_data(&self, out: &mut impl Write, alignment: usize) -> std::io::Result<()> {
+        let zeros = vec![0u8; alignment];
+        for t in &self.tensors {
+            out.write_all(&t.data)?;
+            let padded = t.data.len().div_ceil(alignment) * alignment;
+            out.write_all(&zeros[..padded - t.data.len()])?;
+        }
+        Ok(())
+    }
+
+    /// Checks everything and encodes the header up to the data section
+    /// (padded); returns it with the alignment.
+    fn header(&self, path: &Path) -> Result<(Vec<u8>, usize), WeightsError> {
         let fail = |item: &str, detail: String| WeightsError::GgufWrite {
             path: path.to_path_buf(),
             item: item.to_string(),
@@ -129,7 +158,6 @@ impl GgufWriter {
 
         let mut names = HashSet::new();
         let mut offset = 0usize;
-        let mut offsets = Vec::with_capacity(self.tensors.len());
         for t in &self.tensors {
             check_tensor(t).map_err(|d| fail(&t.name, d))?;
             if !names.insert(t.name.as_str()) {
@@ -142,16 +170,11 @@ impl GgufWriter {
             }
             out.extend_from_slice(&t.ggml_type.id().to_le_bytes());
             out.extend_from_slice(&(offset as u64).to_le_bytes());
-            offsets.push(offset);
             offset = align_up(offset + t.data.len(), alignment)
                 .ok_or_else(|| fail(&t.name, "the data section overflows".into()))?;
         }
         pad(&mut out, alignment);
-        for t in &self.tensors {
-            out.extend_from_slice(&t.data);
-            pad(&mut out, alignment);
-        }
-        Ok(out)
+        Ok((out, alignment))
     }
 }
 
