@@ -93,4 +93,44 @@ pub enum WeightsError {
         first: PathBuf,
         second: PathBuf,
     },
+
+    /// A GGUF file's fixed header (magic, version, counts) or its layout
+    /// (alignment, data section) is invalid.
+    #[error("{path}: invalid GGUF file: {detail}")]
+    GgufHeader { path: PathBuf, detail: String },
+    /// A GGUF metadata entry is malformed (bad type id, bad UTF-8, a count
+    /// the file cannot hold, a duplicate key, ...).
+    #[error("{path}: GGUF metadata key {key:?}: {detail}")]
+    GgufMetadata {
+        path: PathBuf,
+        key: String,
+        detail: String,
+    },
+    /// A GGUF metadata key a caller needs is absent.
+    #[error("{path}: GGUF metadata key {key:?} is missing")]
+    GgufMissingKey { path: PathBuf, key: String },
+    /// A GGUF metadata value has another type than the caller asked for.
+    #[error("{path}: GGUF metadata key {key:?} is {found}, expected {expected}")]
+    GgufWrongType {
+        path: PathBuf,
+        key: String,
+        expected: String,
+        found: String,
+    },
+    /// A GGUF tensor-info entry is malformed or its bytes are not where it
+    /// says (unknown type, bad dims, range outside the file, unaligned, ...).
+    #[error("{path}: GGUF tensor {tensor:?}: {detail}")]
+    GgufTensor {
+        path: PathBuf,
+        tensor: String,
+        detail: String,
+    },
+    /// What a [`crate::gguf::GgufWriter`] was given cannot be written as GGUF
+    /// (`item` is the tensor name or metadata key at fault).
+    #[error("{path}: cannot write GGUF: {item:?}: {detail}")]
+    GgufWrite {
+        path: PathBuf,
+        item: String,
+        detail: String,
+    },
 }

@@ -4,9 +4,12 @@
 //! and owns their memory; it is the only crate that reads weight files.
 //! [`loader::load_safetensors`] fills one from a checkpoint directory
 //! (single file or sharded), checking every tensor against what the caller
-//! expects.
+//! expects. [`gguf::GgufFile`] reads llama.cpp's GGUF checkpoints (checked,
+//! memory-mapped), [`gguf::GgufWriter`] writes them, and
+//! [`gguf::tokenizer_json`] rebuilds the tokenizer their metadata describes.
 
 pub mod error;
+pub mod gguf;
 pub mod loader;
 pub mod weights;
 
