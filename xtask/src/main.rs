@@ -1,5 +1,6 @@
 //! Developer tasks: `cargo xtask <task>`.
 
+mod features;
 mod gpu_check;
 
 use std::path::{Path, PathBuf};
@@ -51,6 +52,9 @@ enum Task {
     Ci,
     /// Build the GPU check's bundle (docs/GPU-CHECK.md).
     GpuCheck(gpu_check::Args),
+    /// Check that `cargo run -p metrale` and `cargo test --workspace`
+    /// resolve the same dependency features (crates/workspace-hack).
+    Features,
 }
 
 fn main() -> std::process::ExitCode {
@@ -78,6 +82,7 @@ fn task(task: Task) -> Result<()> {
             .arg(root.join(out))
             .current_dir(&root)),
         Task::GpuCheck(args) => gpu_check::run(&root, args),
+        Task::Features => features::run(&root),
         Task::Ci => {
             run(Command::new("cargo")
                 .args(["fmt", "--all", "--", "--check"])
