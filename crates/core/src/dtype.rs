@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::CoreError;
+use crate::quant::GgmlType;
 
 /// How the elements of a tensor are stored.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -17,16 +18,76 @@ pub enum DType {
     I32,
     U32,
     U8,
+    /// Blocks of a GGML quantized format (weights only): a slice's length
+    /// still counts elements, which come in whole blocks.
+    Quant(QuantFormat),
+}
+
+/// A block-quantized GGML format ([`GgmlType`] with more than one element
+/// per block): the one way a quantized weight's format is named.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct QuantFormat(GgmlType);
+
+impl QuantFormat {
+    /// The format of `ty`, if it is block-quantized.
+    pub fn new(ty: GgmlType) -> Option<Self> {
+        ty.is_quantized().then_some(Self(ty))
+    }
+
+    pub fn ggml(self) -> GgmlType {
+        self.0
+    }
+
+    pub fn block_elems(self) -> usize {
+        self.0.block_elems()
+    }
+
+    pub fn block_bytes(self) -> usize {
+        self.0.block_bytes()
+    }
 }
 
 impl DType {
-    /// Bytes per element.
-    pub const fn size_of(self) -> usize {
+    /// Bytes per element; for a quantized type, bytes per *block* (an
+    /// over-estimate per element, never an under-estimate): sizes of
+    /// tensors that may be quantized go through [`bytes_for`](Self::bytes_for).
+    pub fn size_of(self) -> usize {
         match self {
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::BF16 | DType::F16 => 2,
             DType::I64 | DType::U64 => 8,
             DType::U8 => 1,
+            DType::Quant(q) => q.block_bytes(),
+        }
+    }
+
+    /// Bytes of `elems` elements: `None` when they overflow, or for a
+    /// quantized type when they are not a whole number of blocks.
+    pub fn bytes_for(self, elems: usize) -> Option<usize> {
+        match self {
+            DType::Quant(q) => {
+                if elems % q.block_elems() != 0 {
+                    return None;
+                }
+                (elems / q.block_elems()).checked_mul(q.block_bytes())
+            }
+            other => elems.checked_mul(other.size_of()),
+        }
+    }
+
+    /// Elements per block: 1 but for the quantized types.
+    pub fn block_elems(self) -> usize {
+        match self {
+            DType::Quant(q) => q.block_elems(),
+            _ => 1,
+        }
+    }
+
+    /// The quantized format, if this is one.
+    pub fn quant(self) -> Option<QuantFormat> {
+        match self {
+            DType::Quant(q) => Some(q),
+            _ => None,
         }
     }
 
@@ -35,7 +96,7 @@ impl DType {
         matches!(self, DType::F32 | DType::BF16 | DType::F16)
     }
 
-    pub const fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
             DType::BF16 => "bf16",
@@ -45,6 +106,7 @@ impl DType {
             DType::I32 => "i32",
             DType::U32 => "u32",
             DType::U8 => "u8",
+            DType::Quant(q) => q.ggml().name(),
         }
     }
 }
@@ -68,7 +130,10 @@ impl FromStr for DType {
             "i32" | "int32" => DType::I32,
             "u32" | "uint32" => DType::U32,
             "u8" | "uint8" => DType::U8,
-            _ => return Err(CoreError::UnknownDType(s.to_string())),
+            other => match GgmlType::from_name(other).and_then(QuantFormat::new) {
+                Some(q) => DType::Quant(q),
+                None => return Err(CoreError::UnknownDType(s.to_string())),
+            },
         })
     }
 }
@@ -83,5 +148,22 @@ mod tests {
         assert_eq!("float32".parse::<DType>().unwrap(), DType::F32);
         assert!("complex64".parse::<DType>().is_err());
         assert_eq!(DType::BF16.size_of(), 2);
+        assert_eq!(
+            "Q4_K".parse::<DType>().unwrap(),
+            DType::Quant(QuantFormat::new(GgmlType::Q4K).unwrap())
+        );
+        assert!("i8".parse::<DType>().is_err(), "not a quantized format");
+    }
+
+    #[test]
+    fn quantized_sizes_come_in_blocks() {
+        let q8 = DType::Quant(QuantFormat::new(GgmlType::Q8_0).unwrap());
+        assert_eq!(q8.bytes_for(64), Some(68));
+        assert_eq!(q8.bytes_for(33), None);
+        assert_eq!(q8.block_elems(), 32);
+        assert_eq!(DType::F32.bytes_for(3), Some(12));
+        assert_eq!(DType::F32.bytes_for(usize::MAX), None);
+        assert!(QuantFormat::new(GgmlType::BF16).is_none());
+        assert_eq!(q8.name(), "q8_0");
     }
 }
