@@ -65,8 +65,12 @@ impl DeviceSlice {
         self.len == 0
     }
 
+    /// Bytes of the slice (whole blocks for a quantized dtype: slices of
+    /// one are only made from block-aligned element counts).
     pub fn bytes(&self) -> usize {
-        self.len * self.dtype.size_of()
+        self.dtype
+            .bytes_for(self.len)
+            .unwrap_or(self.len * self.dtype.size_of())
     }
 
     /// The sub-slice of `len` elements starting at element `start`.
@@ -79,7 +83,19 @@ impl DeviceSlice {
                 detail: format!("{start}+{len} exceeds {} elements", self.len),
             })?;
         let _ = end;
-        let offset = (start * self.dtype.size_of()) as u64;
+        // A quantized slice splits only between blocks.
+        let (Some(offset), Some(_)) = (self.dtype.bytes_for(start), self.dtype.bytes_for(len))
+        else {
+            return Err(GpuError::Shape {
+                op: "slice",
+                detail: format!(
+                    "{start}+{len} splits a block of {} elements ({})",
+                    self.dtype.block_elems(),
+                    self.dtype
+                ),
+            });
+        };
+        let offset = offset as u64;
         let ptr = DevicePtr::from_raw(self.ptr.raw() + offset).expect("non-zero base plus offset");
         Ok(DeviceSlice {
             ptr,
@@ -165,6 +181,15 @@ pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
     /// ([`crate::conformance`]) tests every op a backend supports; a
     /// model's ops can be checked against this before it runs.
     fn supports(&self, op: Op) -> bool;
+
+    /// Whether weights held as `dtype` work in every op that reads weights
+    /// (`embedding`, the matmuls, the grouped matmuls). f32, bf16 and f16
+    /// everywhere; a backend with kernels for quantized formats
+    /// ([`DType::Quant`]) says which. A model is refused at load, naming
+    /// the tensor and the format, when its backend lacks one.
+    fn supports_weights(&self, dtype: DType) -> bool {
+        dtype.is_float()
+    }
 
     /// The ledger of this backend's live allocations.
     fn ledger(&self) -> &Ledger;
@@ -424,13 +449,20 @@ impl dyn GpuBackend + '_ {
     /// Allocates a zeroed slice of `len` elements of `dtype` for `owner`.
     #[track_caller]
     pub fn alloc_slice(&self, dtype: DType, len: usize, owner: &str) -> Result<DeviceSlice> {
-        let bytes = len
-            .checked_mul(dtype.size_of())
-            .ok_or_else(|| GpuError::OutOfMemory {
-                bytes: usize::MAX,
-                owner: owner.to_string(),
-                live: self.live_bytes(),
-            })?;
+        if len % dtype.block_elems() != 0 {
+            return Err(GpuError::Shape {
+                op: "alloc_slice",
+                detail: format!(
+                    "{len} elements of {dtype} for {owner} are not whole blocks of {}",
+                    dtype.block_elems()
+                ),
+            });
+        }
+        let bytes = dtype.bytes_for(len).ok_or_else(|| GpuError::OutOfMemory {
+            bytes: usize::MAX,
+            owner: owner.to_string(),
+            live: self.live_bytes(),
+        })?;
         let ptr = self.alloc_at(bytes, owner, Location::caller())?;
         Ok(DeviceSlice::new(ptr, dtype, len))
     }
