@@ -16,4 +16,4 @@ pub mod scope;
 pub use dtype::DType;
 pub use error::CoreError;
 pub use ids::{BlockId, LayerIdx, SeqId, SlotId};
-pub use quant::GgmlType;
+pub use quant::{GgmlType, QuantError};
