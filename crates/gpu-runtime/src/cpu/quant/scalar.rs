@@ -104,21 +104,32 @@ pub(super) fn finish4(acc: [f32; 4]) -> f32 {
     (acc[0] + acc[1]) + (acc[2] + acc[3])
 }
 
-/// Super-block `b`'s term: Q4_K/Q5_K.
+/// Super-block `b`'s term: Q4_K/Q5_K, with the block's `d` and `dmin`.
 #[inline]
-pub(super) fn term_k(w: &[u8], a: ActRow<'_>, b: usize, isum: i32, imin: i32) -> f32 {
-    let da = a.d[b];
-    (da * f16_at(w, 0)) * isum as f32 - (da * f16_at(w, 2)) * imin as f32
+pub(super) fn term_k(da: f32, dw: f32, dmin: f32, isum: i32, imin: i32) -> f32 {
+    (da * dw) * isum as f32 - (da * dmin) * imin as f32
+}
+
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K block (`scale_min_k4`
+/// for every j at once).
+#[inline]
+pub(super) fn scales_mins_k4(w: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let s: &[u8; 12] = w[4..16].try_into().expect("a whole block");
+    let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
+    for j in 0..4 {
+        sc[j] = s[j] & 63;
+        mn[j] = s[j + 4] & 63;
+        sc[j + 4] = (s[j + 8] & 0xF) | ((s[j] >> 6) << 4);
+        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+    }
+    (sc, mn)
 }
 
 /// Q4_K/Q5_K's `Σ_j min_j · Σ a` from the activation's sums of 16.
 #[inline]
-pub(super) fn imin_k(w: &[u8], bsums: &[i16]) -> i32 {
+pub(super) fn imin_k(mins: &[u8; 8], bsums: &[i16]) -> i32 {
     (0..8)
-        .map(|j| {
-            let (_, m) = scale_min_k4(j, &w[4..16]);
-            m as i32 * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32)
-        })
+        .map(|j| mins[j] as i32 * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32))
         .sum()
 }
 
@@ -127,9 +138,10 @@ fn dot_q45_k(ty: GgmlType, w: &[u8], a: ActRow<'_>) -> f32 {
     let mut acc = 0f32;
     for (b, wb) in w.chunks_exact(bb).enumerate() {
         let qa = &a.qs[256 * b..256 * b + 256];
+        let (scales, mins) = scales_mins_k4(wb);
+        debug_assert!((0..8).all(|j| scale_min_k4(j, &wb[4..16]) == (scales[j], mins[j])));
         let mut isum = 0i32;
-        for j in 0..8 {
-            let (sc, _) = scale_min_k4(j, &wb[4..16]);
+        for (j, &sc) in scales.iter().enumerate() {
             let (c, hi) = (j / 2, j % 2);
             let mut s = 0i32;
             for l in 0..32 {
@@ -147,16 +159,16 @@ fn dot_q45_k(ty: GgmlType, w: &[u8], a: ActRow<'_>) -> f32 {
             }
             isum += sc as i32 * s;
         }
-        let imin = imin_k(wb, &a.bsums[16 * b..16 * b + 16]);
-        acc += term_k(wb, a, b, isum, imin);
+        let imin = imin_k(&mins, &a.bsums[16 * b..16 * b + 16]);
+        acc += term_k(a.d[b], f16_at(wb, 0), f16_at(wb, 2), isum, imin);
     }
     acc
 }
 
 /// Q6_K's term: `(d_a · d_w) · isum`.
 #[inline]
-pub(super) fn term_q6_k(w: &[u8], a: ActRow<'_>, b: usize, isum: i32) -> f32 {
-    (a.d[b] * f16_at(w, 208)) * isum as f32
+pub(super) fn term_q6_k(da: f32, dw: f32, isum: i32) -> f32 {
+    (da * dw) * isum as f32
 }
 
 fn dot_q6_k(w: &[u8], a: ActRow<'_>) -> f32 {
@@ -180,7 +192,7 @@ fn dot_q6_k(w: &[u8], a: ActRow<'_>) -> f32 {
                 }
             }
         }
-        acc += term_q6_k(wb, a, b, isum);
+        acc += term_q6_k(a.d[b], f16_at(wb, 208), isum);
     }
     acc
 }

@@ -90,6 +90,37 @@ unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
     _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, r(3), r(2), r(1), r(0)))
 }
 
+/// The f16 at `p` and `p + 2` as f32.
+///
+/// # Safety
+/// `p` must be valid for reading 4 bytes.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn f16x2(p: *const u8) -> (f32, f32) {
+    // SAFETY: the caller's contract.
+    let v = unsafe { (p as *const u32).read_unaligned() };
+    let f = _mm_cvtph_ps(_mm_cvtsi32_si128(v as i32));
+    (_mm_cvtss_f32(f), _mm_cvtss_f32(_mm_shuffle_ps(f, f, 1)))
+}
+
+/// `Σ_j mins[j] · (bsums[2j] + bsums[2j+1])` (Q4_K/Q5_K's min term).
+///
+/// # Safety
+/// `bsums` must be valid for reading 16 i16.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn imin_k(mins: &[u8; 8], bsums: *const i16) -> i32 {
+    // SAFETY: `mins` is 8 bytes; `bsums` the caller's contract.
+    let (m, bs) = unsafe {
+        (
+            _mm_cvtepu8_epi16(_mm_loadl_epi64(mins.as_ptr() as *const __m128i)),
+            _mm256_loadu_si256(bsums as *const __m256i),
+        )
+    };
+    let pairs = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
+    hsum_i32(_mm256_madd_epi16(bs, pairs))
+}
+
 /// Bits `s..s + 2` of each byte of `qh`, moved to bits 4..6 (Q6_K's
 /// high bits).
 #[target_feature(enable = "avx2")]
@@ -103,8 +134,6 @@ macro_rules! kernels {
     ($name:ident, $features:literal, $dot:ident) => {
         pub(super) mod $name {
             use std::arch::x86_64::*;
-
-            use metrale_core::quant::scale_min_k4;
 
             use super::super::act::ActRow;
             use super::super::scalar;
@@ -222,9 +251,14 @@ macro_rules! kernels {
                 let mut total = 0f32;
                 for (b, wb) in w.chunks_exact(bb).enumerate() {
                     let mut acc = _mm256_setzero_si256();
+                    let (scales, mins) = scalar::scales_mins_k4(wb);
+                    let imin;
+                    let (dw, dmin);
                     // SAFETY: the block and its 256 activations are in
                     // bounds (chunks_exact; the caller's contract for `a`).
                     unsafe {
+                        (dw, dmin) = f16x2(wb.as_ptr());
+                        imin = imin_k(&mins, a.bsums.as_ptr().add(16 * b));
                         let p = wb.as_ptr();
                         let qa = a.qs.as_ptr().add(256 * b);
                         let qh = if Q5 {
@@ -247,18 +281,15 @@ macro_rules! kernels {
                             }
                             let a_lo = _mm256_loadu_si256(qa.add(64 * c) as *const __m256i);
                             let a_hi = _mm256_loadu_si256(qa.add(64 * c + 32) as *const __m256i);
-                            let (s1, _) = scale_min_k4(2 * c, &wb[4..16]);
-                            let (s2, _) = scale_min_k4(2 * c + 1, &wb[4..16]);
-                            let d1 =
-                                _mm256_mullo_epi32($dot(lo, a_lo), _mm256_set1_epi32(s1 as i32));
-                            let d2 =
-                                _mm256_mullo_epi32($dot(hi, a_hi), _mm256_set1_epi32(s2 as i32));
+                            let s1 = _mm256_set1_epi32(scales[2 * c] as i32);
+                            let s2 = _mm256_set1_epi32(scales[2 * c + 1] as i32);
+                            let d1 = _mm256_mullo_epi32($dot(lo, a_lo), s1);
+                            let d2 = _mm256_mullo_epi32($dot(hi, a_hi), s2);
                             acc = _mm256_add_epi32(acc, _mm256_add_epi32(d1, d2));
                         }
                     }
                     let isum = hsum_i32(acc);
-                    let imin = scalar::imin_k(wb, &a.bsums[16 * b..16 * b + 16]);
-                    total += scalar::term_k(wb, a, b, isum, imin);
+                    total += scalar::term_k(a.d[b], dw, dmin, isum, imin);
                 }
                 total
             }
@@ -307,10 +338,20 @@ macro_rules! kernels {
                         }
                     }
                     // Σ sc·(q − 32)·a = Σ sc·q·a − 32 Σ_j sc_j · bsum_j.
-                    let bs = &a.bsums[16 * b..16 * b + 16];
-                    let off: i32 = (0..16).map(|j| sc(j) * bs[j] as i32).sum();
+                    // SAFETY: 16 scales at 192 in the block, 16 sums per
+                    // super-block in `a` (the caller's contract).
+                    let (off, dw) = unsafe {
+                        let scv = _mm256_cvtepi8_epi16(_mm_loadu_si128(
+                            wb.as_ptr().add(192) as *const __m128i
+                        ));
+                        let bs = _mm256_loadu_si256(a.bsums.as_ptr().add(16 * b) as *const __m256i);
+                        (
+                            hsum_i32(_mm256_madd_epi16(scv, bs)),
+                            f16x2(wb.as_ptr().add(208)).0,
+                        )
+                    };
                     let isum = hsum_i32(acc) - 32 * off;
-                    total += scalar::term_q6_k(wb, a, b, isum);
+                    total += scalar::term_q6_k(a.d[b], dw, isum);
                 }
                 total
             }
