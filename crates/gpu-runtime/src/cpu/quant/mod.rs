@@ -13,9 +13,9 @@
 //!
 //! [`quant_matmul`] streams each weight row once: rows are split over the
 //! team's threads, and each row (a few KiB) is dotted with all `m`
-//! activation rows while it sits in L1. A row's result does not depend on
-//! `m` or on the thread count. (Prefill-sized `m` would want a tiled
-//! kernel that unpacks each block once for several rows; not yet.)
+//! activation rows while it sits in L1, four activation rows per kernel
+//! call so that each block is unpacked once per four rows. A row's result
+//! does not depend on `m` or on the thread count.
 //!
 //! Not wired into the backend's ops yet: the integration step adds a
 //! quantized dtype and calls [`quant_matmul`].
@@ -163,49 +163,88 @@ fn uses_q8_k(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K)
 }
 
-/// One weight row (`w`, whole blocks of `ty`) times one quantized
-/// activation row with as many blocks.
+/// Activation rows one kernel call takes (each weight block is unpacked
+/// once for all of them).
+pub(crate) const MAX_ROWS: usize = 4;
+
+/// `dot(w, a[r])` for `r < R`: one weight row (`w`, whole blocks of `ty`)
+/// with `R` quantized activation rows of as many blocks.
 ///
 /// `isa` must be one of [`QuantIsa::available`]; lengths are the caller's
 /// to check (`quant_matmul` does).
 #[inline]
-pub(crate) fn vec_dot(isa: QuantIsa, ty: GgmlType, w: &[u8], a: ActRow<'_>) -> f32 {
+fn dot_rows<const R: usize>(
+    isa: QuantIsa,
+    ty: GgmlType,
+    w: &[u8],
+    a: &[ActRow<'_>; R],
+) -> [f32; R] {
     #[cfg(target_arch = "x86_64")]
     {
         use x86::*;
         macro_rules! go {
             ($m:ident) => {
                 // SAFETY: `isa` was detected on this CPU (the caller's
-                // contract), and `w` and `a` hold the same number of whole
-                // blocks (checked by `quant_matmul`, asserted in debug).
+                // contract), and `w` and every `a[r]` hold the same number
+                // of whole blocks (checked by `quant_matmul`, asserted in
+                // debug builds).
                 unsafe {
                     match ty {
-                        GgmlType::Q8_0 => $m::dot32::<Q8_0>(ty, w, a),
-                        GgmlType::Q4_0 => $m::dot32::<Q4_0>(ty, w, a),
-                        GgmlType::Q4_1 => $m::dot32::<Q4_1>(ty, w, a),
-                        GgmlType::Q5_0 => $m::dot32::<Q5_0>(ty, w, a),
-                        GgmlType::Q5_1 => $m::dot32::<Q5_1>(ty, w, a),
-                        GgmlType::Iq4Nl => $m::dot32::<IQ4_NL>(ty, w, a),
-                        GgmlType::Q4K => $m::dot_q45_k::<false>(w, a),
-                        GgmlType::Q5K => $m::dot_q45_k::<true>(w, a),
-                        GgmlType::Q6K => $m::dot_q6_k(w, a),
+                        GgmlType::Q8_0 => $m::dot32::<Q8_0, R>(ty, w, a),
+                        GgmlType::Q4_0 => $m::dot32::<Q4_0, R>(ty, w, a),
+                        GgmlType::Q4_1 => $m::dot32::<Q4_1, R>(ty, w, a),
+                        GgmlType::Q5_0 => $m::dot32::<Q5_0, R>(ty, w, a),
+                        GgmlType::Q5_1 => $m::dot32::<Q5_1, R>(ty, w, a),
+                        GgmlType::Iq4Nl => $m::dot32::<IQ4_NL, R>(ty, w, a),
+                        GgmlType::Q4K => $m::dot_q45_k::<false, R>(w, a),
+                        GgmlType::Q5K => $m::dot_q45_k::<true, R>(w, a),
+                        GgmlType::Q6K => $m::dot_q6_k::<R>(w, a),
                         _ => unreachable!("{ty} is not supported"),
                     }
                 }
             };
         }
-        debug_assert_eq!(
-            w.len() / ty.block_bytes() * ty.block_elems(),
-            a.qs.len(),
-            "weight and activation rows differ"
-        );
+        for ar in a {
+            debug_assert_eq!(
+                w.len() / ty.block_bytes() * ty.block_elems(),
+                ar.qs.len(),
+                "weight and activation rows differ"
+            );
+        }
         match isa {
             QuantIsa::Vnni => return go!(vnni),
             QuantIsa::Avx2 => return go!(avx2),
             QuantIsa::Portable => {}
         }
     }
-    scalar::vec_dot(ty, w, a)
+    std::array::from_fn(|r| scalar::vec_dot(ty, w, a[r]))
+}
+
+/// `out[r] = dot(w, a[r])` for up to [`MAX_ROWS`] activation rows.
+pub(crate) fn vec_dot_rows(
+    isa: QuantIsa,
+    ty: GgmlType,
+    w: &[u8],
+    a: &[ActRow<'_>],
+    out: &mut [f32],
+) {
+    fn arr<'a, 'b, const R: usize>(a: &'b [ActRow<'a>]) -> &'b [ActRow<'a>; R] {
+        a.try_into().expect("R rows")
+    }
+    match a.len() {
+        0 => {}
+        1 => out[..1].copy_from_slice(&dot_rows::<1>(isa, ty, w, arr(a))),
+        2 => out[..2].copy_from_slice(&dot_rows::<2>(isa, ty, w, arr(a))),
+        3 => out[..3].copy_from_slice(&dot_rows::<3>(isa, ty, w, arr(a))),
+        4 => out[..4].copy_from_slice(&dot_rows::<4>(isa, ty, w, arr(a))),
+        n => panic!("{n} activation rows (at most {MAX_ROWS})"),
+    }
+}
+
+/// `dot(w, a)`: one weight row with one activation row.
+#[inline]
+pub(crate) fn vec_dot(isa: QuantIsa, ty: GgmlType, w: &[u8], a: ActRow<'_>) -> f32 {
+    dot_rows::<1>(isa, ty, w, &[a])[0]
 }
 
 /// A pointer to `out` that tasks write disjoint elements of.
@@ -291,13 +330,20 @@ pub(crate) fn quant_matmul_with(
     let ptr = OutPtr(out.as_mut_ptr());
     let run = |t: usize| {
         let (j0, j1) = (t * share, ((t + 1) * share).min(n));
+        let mut vals = [0f32; MAX_ROWS];
         for j in j0..j1 {
             let row = w.row(j);
-            for i in 0..m {
-                let v = vec_dot(isa, ty, row, act(i));
-                // SAFETY: `i * n + j < m * n <= out.len()` (checked above);
-                // task `t` alone writes columns `j0..j1`.
-                unsafe { ptr.write(i * n + j, v) };
+            for i0 in (0..m).step_by(MAX_ROWS) {
+                let r = MAX_ROWS.min(m - i0);
+                let acts: [ActRow<'_>; MAX_ROWS] =
+                    std::array::from_fn(|u| act((i0 + u).min(m - 1)));
+                vec_dot_rows(isa, ty, row, &acts[..r], &mut vals[..r]);
+                for (u, &v) in vals[..r].iter().enumerate() {
+                    // SAFETY: `(i0 + u) * n + j < m * n <= out.len()`
+                    // (checked above); task `t` alone writes columns
+                    // `j0..j1`.
+                    unsafe { ptr.write((i0 + u) * n + j, v) };
+                }
             }
         }
     };

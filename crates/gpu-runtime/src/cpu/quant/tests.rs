@@ -252,3 +252,28 @@ fn bad_shapes_are_errors() {
     assert!(quant_matmul(None, &[0.0; 31], wm, &mut out, 1, &mut s).is_err());
     assert!(quant_matmul(None, &[1.0; 32], wm, &mut out, 1, &mut s).is_ok());
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// Random formats, lengths, contents and row counts: every ISA's
+    /// multi-row kernel gives the portable one-row bits.
+    #[test]
+    fn random_rows_agree_everywhere(t in 0..SUPPORTED.len(), blocks in 1usize..12, rows in 1usize..=MAX_ROWS, seed in 0u64..1 << 40) {
+        let ty = SUPPORTED[t];
+        let k = blocks * if uses_q8_k(ty) { 256 } else { 32 };
+        let w = weights(ty, 2, k, seed);
+        let x = values(rows * k, seed ^ 0x5eed);
+        let mut s = QuantScratch::new();
+        act(&mut s, ty, &x, k);
+        let acts: Vec<ActRow<'_>> = (0..rows).map(|i| row(&s, ty, i, k)).collect();
+        for wr in w.chunks_exact(ty.row_bytes(k).unwrap()) {
+            let want: Vec<u32> = acts.iter().map(|&a| scalar::vec_dot(ty, wr, a).to_bits()).collect();
+            for isa in QuantIsa::available() {
+                let mut got = [0f32; MAX_ROWS];
+                vec_dot_rows(isa, ty, wr, &acts, &mut got[..rows]);
+                let got: Vec<u32> = got[..rows].iter().map(|v| v.to_bits()).collect();
+                proptest::prop_assert_eq!(&got, &want, "{} k={} rows={} {:?}", ty, k, rows, isa);
+            }
+        }
+    }
+}

@@ -12,6 +12,11 @@
 //! times the activation block's sum afterwards. Blocks of 32 go four at a
 //! time: their eight-lane sums fold into one 4-lane vector with three
 //! `hadd`s, then the f32 terms follow `scalar.rs`'s order exactly.
+//!
+//! Each kernel takes one weight row and up to four activation rows, and
+//! unpacks each block once for all of them (prefill's several rows pay
+//! the nibble unpacking once); every row's arithmetic is the same whatever
+//! the number of rows, so its result is too.
 
 use std::arch::x86_64::*;
 
@@ -139,31 +144,25 @@ macro_rules! kernels {
             use super::super::scalar;
             use super::*;
 
-            /// One block's weights: (unsigned or |w|, activations with w's
-            /// sign applied when w is signed).
+            /// One block's weights, unpacked once for every activation row:
+            /// unsigned quants, or (Q8_0, IQ4_NL) the signed ones.
             ///
             /// # Safety
-            /// `p` and `a` must point at a whole block of weights / 32
-            /// activation quants.
+            /// `p` must point at a whole block.
             #[target_feature(enable = $features)]
             #[inline]
-            unsafe fn block<const T: u8>(p: *const u8, a: *const i8) -> __m256i {
+            unsafe fn unpack<const T: u8>(p: *const u8) -> __m256i {
                 // SAFETY: the caller's contract; offsets are inside the
                 // block (see `metrale_core::quant`'s layouts).
                 unsafe {
-                    let av = _mm256_loadu_si256(a as *const __m256i);
-                    let u = match T {
-                        Q8_0 | IQ4_NL => {
-                            let w = if T == Q8_0 {
-                                _mm256_loadu_si256(p.add(2) as *const __m256i)
-                            } else {
-                                let table =
-                                    _mm_loadu_si128(metrale_core::quant::KVALUES_IQ4NL.as_ptr()
-                                        as *const __m128i);
-                                let t = _mm256_set_m128i(table, table);
-                                _mm256_shuffle_epi8(t, nibbles(p.add(2)))
-                            };
-                            return $dot(_mm256_abs_epi8(w), _mm256_sign_epi8(av, w));
+                    match T {
+                        Q8_0 => _mm256_loadu_si256(p.add(2) as *const __m256i),
+                        IQ4_NL => {
+                            let table = _mm_loadu_si128(
+                                metrale_core::quant::KVALUES_IQ4NL.as_ptr() as *const __m128i,
+                            );
+                            let t = _mm256_set_m128i(table, table);
+                            _mm256_shuffle_epi8(t, nibbles(p.add(2)))
                         }
                         Q4_0 => nibbles(p.add(2)),
                         Q4_1 => nibbles(p.add(4)),
@@ -175,92 +174,126 @@ macro_rules! kernels {
                             nibbles(p.add(8)),
                             fifth_bits((p.add(4) as *const u32).read_unaligned()),
                         ),
-                    };
-                    $dot(u, av)
+                    }
                 }
             }
 
-            /// A 32-element format's row dot product (`scalar.rs`'s order).
+            /// The eight-lane products of an unpacked block with 32
+            /// activation quants at `a`.
             ///
             /// # Safety
-            /// `w` must hold whole blocks of format `T`, and `a` a Q8_0 row
-            /// with as many blocks. The CPU must have `$features`.
+            /// `a` must be valid for reading 32 bytes.
             #[target_feature(enable = $features)]
-            pub(in crate::cpu::quant) unsafe fn dot32<const T: u8>(
+            #[inline]
+            unsafe fn mul<const T: u8>(w: __m256i, a: *const i8) -> __m256i {
+                // SAFETY: the caller's contract.
+                let av = unsafe { _mm256_loadu_si256(a as *const __m256i) };
+                if T == Q8_0 || T == IQ4_NL {
+                    $dot(_mm256_abs_epi8(w), _mm256_sign_epi8(av, w))
+                } else {
+                    $dot(w, av)
+                }
+            }
+
+            /// A 32-element format's dot products of one weight row with
+            /// `R` activation rows (`scalar.rs`'s order for each, so a
+            /// row's result does not depend on `R`): each block is read and
+            /// unpacked once for all of them.
+            ///
+            /// # Safety
+            /// `w` must hold whole blocks of format `T`, and every `a[r]` a
+            /// Q8_0 row with as many blocks. The CPU must have `$features`.
+            #[target_feature(enable = $features)]
+            pub(in crate::cpu::quant) unsafe fn dot32<const T: u8, const R: usize>(
                 ty: metrale_core::GgmlType,
                 w: &[u8],
-                a: ActRow<'_>,
-            ) -> f32 {
+                a: &[ActRow<'_>; R],
+            ) -> [f32; R] {
                 let bb = ty.block_bytes();
                 let nb = w.len() / bb;
                 let groups = nb / 4;
-                let mut acc = _mm_setzero_ps();
+                let mut acc = [_mm_setzero_ps(); R];
                 let wp = w.as_ptr();
                 for g in 0..groups {
                     let b = 4 * g;
-                    // SAFETY: blocks b..b+4 < nb are inside `w`, and `a` has
-                    // nb blocks (the caller's contract).
+                    // SAFETY: blocks b..b+4 < nb are inside `w`, and every
+                    // `a[r]` has nb blocks (the caller's contract).
                     unsafe {
                         let p = wp.add(b * bb);
-                        let q = a.qs.as_ptr().add(32 * b);
-                        let p0 = block::<T>(p, q);
-                        let p1 = block::<T>(p.add(bb), q.add(32));
-                        let p2 = block::<T>(p.add(2 * bb), q.add(64));
-                        let p3 = block::<T>(p.add(3 * bb), q.add(96));
-                        let h =
-                            _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-                        let mut sums = _mm_add_epi32(
-                            _mm256_castsi256_si128(h),
-                            _mm256_extracti128_si256(h, 1),
-                        );
-                        if T == Q4_0 || T == Q5_0 {
-                            let s = _mm_loadu_si128(a.sum.as_ptr().add(b) as *const __m128i);
-                            let shift = if T == Q4_0 { 3 } else { 4 };
-                            sums = _mm_sub_epi32(sums, _mm_sll_epi32(s, _mm_cvtsi32_si128(shift)));
+                        let u = [
+                            unpack::<T>(p),
+                            unpack::<T>(p.add(bb)),
+                            unpack::<T>(p.add(2 * bb)),
+                            unpack::<T>(p.add(3 * bb)),
+                        ];
+                        let dw = f16x4(p, bb);
+                        let mw = if T == Q4_1 || T == Q5_1 {
+                            f16x4(p.add(2), bb)
+                        } else {
+                            _mm_setzero_ps()
+                        };
+                        for r in 0..R {
+                            let q = a[r].qs.as_ptr().add(32 * b);
+                            let h = _mm256_hadd_epi32(
+                                _mm256_hadd_epi32(mul::<T>(u[0], q), mul::<T>(u[1], q.add(32))),
+                                _mm256_hadd_epi32(
+                                    mul::<T>(u[2], q.add(64)),
+                                    mul::<T>(u[3], q.add(96)),
+                                ),
+                            );
+                            let mut sums = _mm_add_epi32(
+                                _mm256_castsi256_si128(h),
+                                _mm256_extracti128_si256(h, 1),
+                            );
+                            if T == Q4_0 || T == Q5_0 {
+                                let s = _mm_loadu_si128(a[r].sum.as_ptr().add(b) as *const __m128i);
+                                let shift = if T == Q4_0 { 3 } else { 4 };
+                                sums =
+                                    _mm_sub_epi32(sums, _mm_sll_epi32(s, _mm_cvtsi32_si128(shift)));
+                            }
+                            let dd = _mm_mul_ps(dw, _mm_loadu_ps(a[r].d.as_ptr().add(b)));
+                            let mut t = _mm_mul_ps(_mm_cvtepi32_ps(sums), dd);
+                            if T == Q4_1 || T == Q5_1 {
+                                let ms = _mm_mul_ps(mw, _mm_loadu_ps(a[r].s.as_ptr().add(b)));
+                                t = _mm_add_ps(t, ms);
+                            }
+                            acc[r] = _mm_add_ps(acc[r], t);
                         }
-                        let dd = _mm_mul_ps(f16x4(p, bb), _mm_loadu_ps(a.d.as_ptr().add(b)));
-                        let mut t = _mm_mul_ps(_mm_cvtepi32_ps(sums), dd);
-                        if T == Q4_1 || T == Q5_1 {
-                            let ms =
-                                _mm_mul_ps(f16x4(p.add(2), bb), _mm_loadu_ps(a.s.as_ptr().add(b)));
-                            t = _mm_add_ps(t, ms);
-                        }
-                        acc = _mm_add_ps(acc, t);
                     }
                 }
-                let mut lanes = [0f32; 4];
-                // SAFETY: `lanes` holds four f32.
-                unsafe { _mm_storeu_ps(lanes.as_mut_ptr(), acc) };
-                scalar::accumulate32(ty, w, a, 4 * groups, &mut lanes);
-                scalar::finish4(lanes)
+                let mut out = [0f32; R];
+                for r in 0..R {
+                    let mut lanes = [0f32; 4];
+                    // SAFETY: `lanes` holds four f32.
+                    unsafe { _mm_storeu_ps(lanes.as_mut_ptr(), acc[r]) };
+                    scalar::accumulate32(ty, w, a[r], 4 * groups, &mut lanes);
+                    out[r] = scalar::finish4(lanes);
+                }
+                out
             }
 
-            /// Q4_K (`Q5 == false`) or Q5_K row dot product.
+            /// Q4_K (`Q5 == false`) or Q5_K: one weight row with `R`
+            /// activation rows, each super-block unpacked once.
             ///
             /// # Safety
-            /// `w` must hold whole super-blocks, `a` a Q8_K row with as
-            /// many; the CPU must have `$features`.
+            /// `w` must hold whole super-blocks, every `a[r]` a Q8_K row
+            /// with as many; the CPU must have `$features`.
             #[target_feature(enable = $features)]
-            pub(in crate::cpu::quant) unsafe fn dot_q45_k<const Q5: bool>(
+            pub(in crate::cpu::quant) unsafe fn dot_q45_k<const Q5: bool, const R: usize>(
                 w: &[u8],
-                a: ActRow<'_>,
-            ) -> f32 {
+                a: &[ActRow<'_>; R],
+            ) -> [f32; R] {
                 let bb = if Q5 { 176 } else { 144 };
                 let qs_off = if Q5 { 48 } else { 16 };
                 let m4 = _mm256_set1_epi8(0x0F);
-                let mut total = 0f32;
+                let mut total = [0f32; R];
                 for (b, wb) in w.chunks_exact(bb).enumerate() {
-                    let mut acc = _mm256_setzero_si256();
+                    let mut acc = [_mm256_setzero_si256(); R];
                     let (scales, mins) = scalar::scales_mins_k4(wb);
-                    let imin;
-                    let (dw, dmin);
-                    // SAFETY: the block and its 256 activations are in
+                    // SAFETY: the block and the rows' 256 activations are in
                     // bounds (chunks_exact; the caller's contract for `a`).
                     unsafe {
-                        (dw, dmin) = f16x2(wb.as_ptr());
-                        imin = imin_k(&mins, a.bsums.as_ptr().add(16 * b));
                         let p = wb.as_ptr();
-                        let qa = a.qs.as_ptr().add(256 * b);
                         let qh = if Q5 {
                             _mm256_loadu_si256(p.add(16) as *const __m256i)
                         } else {
@@ -279,36 +312,46 @@ macro_rules! kernels {
                                 lo = _mm256_or_si256(lo, _mm256_and_si256(h1, sixteen));
                                 hi = _mm256_or_si256(hi, _mm256_and_si256(h2, sixteen));
                             }
-                            let a_lo = _mm256_loadu_si256(qa.add(64 * c) as *const __m256i);
-                            let a_hi = _mm256_loadu_si256(qa.add(64 * c + 32) as *const __m256i);
                             let s1 = _mm256_set1_epi32(scales[2 * c] as i32);
                             let s2 = _mm256_set1_epi32(scales[2 * c + 1] as i32);
-                            let d1 = _mm256_mullo_epi32($dot(lo, a_lo), s1);
-                            let d2 = _mm256_mullo_epi32($dot(hi, a_hi), s2);
-                            acc = _mm256_add_epi32(acc, _mm256_add_epi32(d1, d2));
+                            for r in 0..R {
+                                let qa = a[r].qs.as_ptr().add(256 * b + 64 * c);
+                                let a_lo = _mm256_loadu_si256(qa as *const __m256i);
+                                let a_hi = _mm256_loadu_si256(qa.add(32) as *const __m256i);
+                                let d1 = _mm256_mullo_epi32($dot(lo, a_lo), s1);
+                                let d2 = _mm256_mullo_epi32($dot(hi, a_hi), s2);
+                                acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(d1, d2));
+                            }
+                        }
+                        let (dw, dmin) = f16x2(p);
+                        for r in 0..R {
+                            let imin = imin_k(&mins, a[r].bsums.as_ptr().add(16 * b));
+                            let isum = hsum_i32(acc[r]);
+                            total[r] += scalar::term_k(a[r].d[b], dw, dmin, isum, imin);
                         }
                     }
-                    let isum = hsum_i32(acc);
-                    total += scalar::term_k(a.d[b], dw, dmin, isum, imin);
                 }
                 total
             }
 
-            /// Q6_K row dot product.
+            /// Q6_K: one weight row with `R` activation rows.
             ///
             /// # Safety
             /// As [`dot_q45_k`].
             #[target_feature(enable = $features)]
-            pub(in crate::cpu::quant) unsafe fn dot_q6_k(w: &[u8], a: ActRow<'_>) -> f32 {
+            pub(in crate::cpu::quant) unsafe fn dot_q6_k<const R: usize>(
+                w: &[u8],
+                a: &[ActRow<'_>; R],
+            ) -> [f32; R] {
                 let m4 = _mm256_set1_epi8(0x0F);
-                let mut total = 0f32;
+                let mut total = [0f32; R];
                 for (b, wb) in w.chunks_exact(210).enumerate() {
-                    let mut acc = _mm256_setzero_si256();
+                    let mut acc = [_mm256_setzero_si256(); R];
                     let sc = |j: usize| wb[192 + j] as i8 as i32;
-                    // SAFETY: as in `dot_q45_k`.
+                    // SAFETY: as in `dot_q45_k`; the 16 scales are at 192 and
+                    // `d` at 208 in the block.
                     unsafe {
                         let p = wb.as_ptr();
-                        let qa = a.qs.as_ptr().add(256 * b);
                         for h in 0..2 {
                             let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
                             let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
@@ -327,31 +370,33 @@ macro_rules! kernels {
                             ];
                             for (k, qk) in q.into_iter().enumerate() {
                                 let j = 8 * h + 2 * k;
-                                let av =
-                                    _mm256_loadu_si256(qa.add(128 * h + 32 * k) as *const __m256i);
                                 let s = _mm256_set_m128i(
                                     _mm_set1_epi32(sc(j + 1)),
                                     _mm_set1_epi32(sc(j)),
                                 );
-                                acc = _mm256_add_epi32(acc, _mm256_mullo_epi32($dot(qk, av), s));
+                                for r in 0..R {
+                                    let qa = a[r].qs.as_ptr().add(256 * b + 128 * h + 32 * k);
+                                    let av = _mm256_loadu_si256(qa as *const __m256i);
+                                    acc[r] = _mm256_add_epi32(
+                                        acc[r],
+                                        _mm256_mullo_epi32($dot(qk, av), s),
+                                    );
+                                }
                             }
                         }
+                        // Σ sc·(q − 32)·a = Σ sc·q·a − 32 Σ_j sc_j · bsum_j.
+                        let scv =
+                            _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
+                        let dw = f16x2(p.add(208)).0;
+                        for r in 0..R {
+                            let bs = _mm256_loadu_si256(
+                                a[r].bsums.as_ptr().add(16 * b) as *const __m256i
+                            );
+                            let off = hsum_i32(_mm256_madd_epi16(scv, bs));
+                            let isum = hsum_i32(acc[r]) - 32 * off;
+                            total[r] += scalar::term_q6_k(a[r].d[b], dw, isum);
+                        }
                     }
-                    // Σ sc·(q − 32)·a = Σ sc·q·a − 32 Σ_j sc_j · bsum_j.
-                    // SAFETY: 16 scales at 192 in the block, 16 sums per
-                    // super-block in `a` (the caller's contract).
-                    let (off, dw) = unsafe {
-                        let scv = _mm256_cvtepi8_epi16(_mm_loadu_si128(
-                            wb.as_ptr().add(192) as *const __m128i
-                        ));
-                        let bs = _mm256_loadu_si256(a.bsums.as_ptr().add(16 * b) as *const __m256i);
-                        (
-                            hsum_i32(_mm256_madd_epi16(scv, bs)),
-                            f16x2(wb.as_ptr().add(208)).0,
-                        )
-                    };
-                    let isum = hsum_i32(acc) - 32 * off;
-                    total += scalar::term_q6_k(a.d[b], dw, isum);
                 }
                 total
             }
