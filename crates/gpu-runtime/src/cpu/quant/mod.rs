@@ -241,7 +241,9 @@ pub(crate) fn vec_dot_rows(
     }
 }
 
-/// `dot(w, a)`: one weight row with one activation row.
+/// `dot(w, a)`: one weight row with one activation row (for single dot
+/// products, e.g. routed experts; the tests use it).
+#[cfg_attr(not(test), allow(dead_code))]
 #[inline]
 pub(crate) fn vec_dot(isa: QuantIsa, ty: GgmlType, w: &[u8], a: ActRow<'_>) -> f32 {
     dot_rows::<1>(isa, ty, w, &[a])[0]
