@@ -108,7 +108,21 @@ pub fn can_quantize(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q4K | Q5K | Q6K | Q8K | Iq4Nl
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q8_1
+            | Q2K
+            | Q3K
+            | Q4K
+            | Q5K
+            | Q6K
+            | Q8K
+            | Iq4Nl
     )
 }
 
@@ -165,6 +179,8 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         Q8_0 => blocks.for_each(|(s, d)| legacy::quant_q8_0(s, d)),
         Q8_1 => blocks.for_each(|(s, d)| legacy::quant_q8_1(s, d)),
         Iq4Nl => blocks.for_each(|(s, d)| legacy::quant_iq4_nl(s, d)),
+        Q2K => blocks.for_each(|(s, d)| kquants::quant_q2_k(s, d)),
+        Q3K => blocks.for_each(|(s, d)| kquants::quant_q3_k(s, d)),
         Q4K => blocks.for_each(|(s, d)| kquants::quant_q4_k(s, d)),
         Q5K => blocks.for_each(|(s, d)| kquants::quant_q5_k(s, d)),
         Q6K => blocks.for_each(|(s, d)| kquants::quant_q6_k(s, d)),

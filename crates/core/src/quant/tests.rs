@@ -153,6 +153,8 @@ fn bound(ty: GgmlType) -> f32 {
         Q4_1 => 1.0 / 15.0 + 0.003,
         Q5_0 => 1.0 / 16.0 + 0.004,
         Q5_1 => 1.0 / 31.0 + 0.003,
+        Q2K => 0.6,
+        Q3K => 0.4,
         Q4K => 0.20,
         Q5K => 0.10,
         Q6K => 0.05,
@@ -174,7 +176,7 @@ proptest! {
     #[test]
     fn round_trip_error_is_bounded(x in row()) {
         use GgmlType::*;
-        for ty in [Q8_0, Q8_1, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q5K, Q6K, Q8K, Iq4Nl] {
+        for ty in [Q8_0, Q8_1, Q4_0, Q4_1, Q5_0, Q5_1, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K, Iq4Nl] {
             let mut q = vec![0u8; ty.row_bytes(x.len()).unwrap()];
             quantize_row(ty, &x, &mut q).unwrap();
             let mut y = vec![0f32; x.len()];
