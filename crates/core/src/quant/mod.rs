@@ -18,6 +18,7 @@
 //! blocks, or whose byte length does not match its element count, is a
 //! [`QuantError`].
 
+mod k23;
 mod kquants;
 mod legacy;
 mod types;
@@ -144,8 +145,8 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         Q8_0 => blocks.for_each(|(s, d)| legacy::dequant_q8_0(s, d)),
         Q8_1 => blocks.for_each(|(s, d)| legacy::dequant_q8_1(s, d)),
         Iq4Nl => blocks.for_each(|(s, d)| legacy::dequant_iq4_nl(s, d)),
-        Q2K => blocks.for_each(|(s, d)| kquants::dequant_q2_k(s, d)),
-        Q3K => blocks.for_each(|(s, d)| kquants::dequant_q3_k(s, d)),
+        Q2K => blocks.for_each(|(s, d)| k23::dequant_q2_k(s, d)),
+        Q3K => blocks.for_each(|(s, d)| k23::dequant_q3_k(s, d)),
         Q4K => blocks.for_each(|(s, d)| kquants::dequant_q4_k(s, d)),
         Q5K => blocks.for_each(|(s, d)| kquants::dequant_q5_k(s, d)),
         Q6K => blocks.for_each(|(s, d)| kquants::dequant_q6_k(s, d)),
@@ -179,8 +180,8 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         Q8_0 => blocks.for_each(|(s, d)| legacy::quant_q8_0(s, d)),
         Q8_1 => blocks.for_each(|(s, d)| legacy::quant_q8_1(s, d)),
         Iq4Nl => blocks.for_each(|(s, d)| legacy::quant_iq4_nl(s, d)),
-        Q2K => blocks.for_each(|(s, d)| kquants::quant_q2_k(s, d)),
-        Q3K => blocks.for_each(|(s, d)| kquants::quant_q3_k(s, d)),
+        Q2K => blocks.for_each(|(s, d)| k23::quant_q2_k(s, d)),
+        Q3K => blocks.for_each(|(s, d)| k23::quant_q3_k(s, d)),
         Q4K => blocks.for_each(|(s, d)| kquants::quant_q4_k(s, d)),
         Q5K => blocks.for_each(|(s, d)| kquants::quant_q5_k(s, d)),
         Q6K => blocks.for_each(|(s, d)| kquants::quant_q6_k(s, d)),
