@@ -5,6 +5,11 @@
 //! `metrale_core::quant::quantize_row` in the tests), stored as separate
 //! arrays rather than blocks so that the SIMD kernels load four blocks'
 //! scales with one instruction.
+//!
+//! These are the reference quantizers' values. llama.cpp's own x86
+//! `quantize_row_q8_0` rounds halves to even and scales by `127 / amax`
+//! instead, so on rare ties its activations (and dot products) differ from
+//! these by one quant; ours are the same on every CPU and every path.
 
 use half::f16;
 use metrale_core::quant::Q8KBlock;
