@@ -4,7 +4,8 @@
 //! memory is released (explicitly, in order, reporting failures), [`ids`] the
 //! newtype ids, [`dtype`] the element types, [`error`] the shared error enum,
 //! [`json`] the tolerant reading of checkpoints' JSON files, [`quant`] GGML's
-//! tensor types (the block-quantized formats of GGUF files).
+//! tensor types (the block-quantized formats of GGUF files) and their reference
+//! codecs.
 
 pub mod dtype;
 pub mod error;
@@ -16,4 +17,4 @@ pub mod scope;
 pub use dtype::{DType, QuantFormat};
 pub use error::CoreError;
 pub use ids::{BlockId, LayerIdx, SeqId, SlotId};
-pub use quant::GgmlType;
+pub use quant::{GgmlType, QuantError};

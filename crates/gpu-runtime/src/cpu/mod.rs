@@ -14,6 +14,7 @@ mod host_memory;
 mod kernels;
 mod moe;
 mod profile;
+pub mod quant;
 mod recurrent;
 mod routing;
 mod simd;

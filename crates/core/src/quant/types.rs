@@ -2,7 +2,13 @@
 //! files (llama.cpp's `ggml_type`, numbered as in `ggml.h`), with their block
 //! geometry. One table, [`GgmlType::ALL`], is the single source of truth for
 //! ids, names and sizes; the layouts of the blocks themselves live with the
-//! code that quantizes and dequantizes them.
+//! code that quantizes and dequantizes them (`legacy.rs`, `kquants.rs`).
+//!
+//! The sizes agree with gguf-py's `GGML_QUANT_SIZES` except Q8_1: gguf-py
+//! still says 40 bytes (two f32 scales, an old layout), ggml's `block_q8_1`
+//! has been two f16 (36 bytes) for years. Q8_1 never appears in files; it
+//! is the activation format of the Q4_1/Q5_1 dot products, so ggml's size
+//! is the one that matters.
 //!
 //! A quantized tensor is a sequence of blocks along its rows: each block
 //! holds `block_elems` consecutive elements of one row in `block_bytes`
@@ -161,7 +167,7 @@ impl GgmlType {
     /// whole number of blocks (or the size overflows).
     pub fn row_bytes(self, elems: usize) -> Option<usize> {
         let info = self.info();
-        if elems % info.block_elems != 0 {
+        if !elems.is_multiple_of(info.block_elems) {
             return None;
         }
         (elems / info.block_elems).checked_mul(info.block_bytes)

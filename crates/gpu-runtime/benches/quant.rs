@@ -1,0 +1,118 @@
+//! Decode GEMV with GGML-quantized weights (`cpu::quant`) against the bf16
+//! GEMV at the same shape, in the same run: a 1024x4096 matrix (n = 1024
+//! rows of k = 4096), throughput in bytes of weights read. The `_x16`
+//! cases cycle through 16 such matrices (70-134 MB, past the caches), so
+//! that every weight comes from memory as in a real decode step.
+//!
+//! `cargo bench -p metrale-gpu-runtime --bench quant -- --warm-up-time 1 --measurement-time 3`
+//! Threads: `METRALE_THREADS` (default 2, the benchmark machine's cores).
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use metrale_core::{DType, GgmlType, quant::quantize_row};
+use metrale_gpu_runtime::cpu::CpuBackend;
+use metrale_gpu_runtime::cpu::quant::{QuantIsa, QuantMatrix, QuantScratch};
+use metrale_gpu_runtime::gpu::GpuBackend;
+use metrale_gpu_runtime::ops::MatmulDims;
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+        })
+        .collect()
+}
+
+const N: usize = 1024;
+const K: usize = 4096;
+
+fn quantized(ty: GgmlType, seed: u64) -> Vec<u8> {
+    let rb = ty.row_bytes(K).expect("whole blocks");
+    let w = values(N * K, seed);
+    let mut q = vec![0u8; N * rb];
+    for (src, dst) in w.chunks_exact(K).zip(q.chunks_exact_mut(rb)) {
+        quantize_row(ty, src, dst).expect("quantize");
+    }
+    q
+}
+
+fn gemv(c: &mut Criterion) {
+    let threads = std::env::var("METRALE_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(2);
+    let cpu = CpuBackend::with_threads(threads);
+    eprintln!("quant ISA: {:?}, {threads} threads", QuantIsa::detect());
+    let x = values(K, 1);
+    let mut out = vec![0f32; N];
+    let mut scratch = QuantScratch::new();
+    for copies in [1usize, 16] {
+        let suffix = if copies == 1 {
+            String::new()
+        } else {
+            format!("_x{copies}")
+        };
+        let mut g = c.benchmark_group("quant_gemv");
+        g.sample_size(10);
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+        ] {
+            let mats: Vec<Vec<u8>> = (0..copies).map(|e| quantized(ty, 2 + e as u64)).collect();
+            let ms: Vec<QuantMatrix<'_>> = mats
+                .iter()
+                .map(|m| QuantMatrix::new(ty, m, N, K).expect("matrix"))
+                .collect();
+            g.throughput(Throughput::Bytes((ms[0].bytes() * copies) as u64));
+            g.bench_function(format!("{N}x{K}_{ty}{suffix}"), |b| {
+                b.iter(|| {
+                    for m in &ms {
+                        cpu.quant_matmul(&x, *m, &mut out, 1, &mut scratch)
+                            .expect("quant_matmul");
+                    }
+                })
+            });
+        }
+        // The bf16 GEMV through the backend's matmul op, same shape.
+        let gpu: &dyn GpuBackend = &cpu;
+        let up = |v: &[f32], dtype: DType| {
+            let s = gpu.alloc_slice(dtype, v.len(), "bench").expect("alloc");
+            let bytes: Vec<u8> = match dtype {
+                DType::BF16 => v
+                    .iter()
+                    .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+                    .collect(),
+                _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            };
+            gpu.copy_h2d(&bytes, s.ptr(), 0).expect("upload");
+            s
+        };
+        let xs = up(&x, DType::F32);
+        let os = up(&vec![0.0; N], DType::F32);
+        let ws: Vec<_> = (0..copies)
+            .map(|e| up(&values(N * K, 2 + e as u64), DType::BF16))
+            .collect();
+        g.throughput(Throughput::Bytes((N * K * 2 * copies) as u64));
+        g.bench_function(format!("{N}x{K}_bf16{suffix}"), |b| {
+            b.iter(|| {
+                for &w in &ws {
+                    gpu.matmul(xs, w, None, os, MatmulDims { m: 1, n: N, k: K })
+                        .expect("matmul");
+                }
+            })
+        });
+        for s in ws.into_iter().chain([xs, os]) {
+            gpu.free(s.ptr()).expect("free");
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, gemv);
+criterion_main!(benches);

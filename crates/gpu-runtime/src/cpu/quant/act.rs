@@ -1,0 +1,120 @@
+//! Activations quantized per block, as llama.cpp quantizes them for its
+//! integer dot products: Q8_0 (with Q8_1's block sum) for the 32-element
+//! formats, Q8_K for the K-quants. The values are those of llama.cpp's
+//! `quantize_row_q8_0_ref` / `q8_1_ref` / `q8_K_ref` (checked against
+//! `metrale_core::quant::quantize_row` in the tests), stored as separate
+//! arrays rather than blocks so that the SIMD kernels load four blocks'
+//! scales with one instruction.
+//!
+//! These are the reference quantizers' values. llama.cpp's own x86
+//! `quantize_row_q8_0` rounds halves to even and scales by `127 / amax`
+//! instead, so on rare ties its activations (and dot products) differ from
+//! these by one quant; ours are the same on every CPU and every path.
+
+use half::f16;
+use metrale_core::quant::Q8KBlock;
+
+/// Quantized activation rows; reused across calls (grows, never shrinks).
+#[derive(Default, Debug)]
+pub struct QuantScratch {
+    /// Q8_0 quants (`m * k`) and, per 32-block, the scale (f16-rounded,
+    /// as the block stores it), the exact sum of its quants, and Q8_1's
+    /// `s` (`d·Σq` rounded to f16, `d` unrounded).
+    pub(super) q8: Vec<i8>,
+    pub(super) q8_d: Vec<f32>,
+    pub(super) q8_sum: Vec<i32>,
+    pub(super) q8_s: Vec<f32>,
+    /// Q8_K quants (`m * k`), per 256-block the f32 scale, per 16 the sums.
+    pub(super) qk: Vec<i8>,
+    pub(super) qk_d: Vec<f32>,
+    pub(super) qk_bsums: Vec<i16>,
+}
+
+/// One activation row's blocks, as the dot products read them.
+#[derive(Clone, Copy)]
+pub(crate) struct ActRow<'a> {
+    pub(crate) qs: &'a [i8],
+    /// Per block of 32 (Q8_0) or 256 (Q8_K).
+    pub(crate) d: &'a [f32],
+    /// Q8_0: per block, the sum of its quants.
+    pub(crate) sum: &'a [i32],
+    /// Q8_0: per block, Q8_1's `s`.
+    pub(crate) s: &'a [f32],
+    /// Q8_K: per 16 quants, their sum.
+    pub(crate) bsums: &'a [i16],
+}
+
+fn grow<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+}
+
+impl QuantScratch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Quantizes `m` rows of `k` (a multiple of 32) to Q8_0/Q8_1.
+    pub(super) fn quantize_q8_0(&mut self, x: &[f32], m: usize, k: usize) {
+        let nb = k / 32;
+        grow(&mut self.q8, m * k);
+        grow(&mut self.q8_d, m * nb);
+        grow(&mut self.q8_sum, m * nb);
+        grow(&mut self.q8_s, m * nb);
+        let blocks = x[..m * k]
+            .chunks_exact(32)
+            .zip(self.q8.chunks_exact_mut(32));
+        for (b, (xb, qb)) in blocks.enumerate() {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
+            for (q, &v) in qb.iter_mut().zip(xb) {
+                *q = (v * id).round() as i8;
+                sum += *q as i32;
+            }
+            self.q8_d[b] = f16::from_f32(d).to_f32();
+            self.q8_sum[b] = sum;
+            self.q8_s[b] = f16::from_f32(sum as f32 * d).to_f32();
+        }
+    }
+
+    /// Quantizes `m` rows of `k` (a multiple of 256) to Q8_K.
+    pub(super) fn quantize_q8_k(&mut self, x: &[f32], m: usize, k: usize) {
+        let nb = k / 256;
+        grow(&mut self.qk, m * k);
+        grow(&mut self.qk_d, m * nb);
+        grow(&mut self.qk_bsums, m * k / 16);
+        for (b, xb) in x[..m * k].chunks_exact(256).enumerate() {
+            let blk = Q8KBlock::quantize(xb);
+            self.qk[256 * b..256 * b + 256].copy_from_slice(&blk.qs);
+            self.qk_d[b] = blk.d;
+            self.qk_bsums[16 * b..16 * b + 16].copy_from_slice(&blk.bsums);
+        }
+    }
+
+    /// Row `i` of the last [`quantize_q8_0`](Self::quantize_q8_0).
+    pub(super) fn q8_0_row(&self, i: usize, k: usize) -> ActRow<'_> {
+        let nb = k / 32;
+        ActRow {
+            qs: &self.q8[i * k..(i + 1) * k],
+            d: &self.q8_d[i * nb..(i + 1) * nb],
+            sum: &self.q8_sum[i * nb..(i + 1) * nb],
+            s: &self.q8_s[i * nb..(i + 1) * nb],
+            bsums: &[],
+        }
+    }
+
+    /// Row `i` of the last [`quantize_q8_k`](Self::quantize_q8_k).
+    pub(super) fn q8_k_row(&self, i: usize, k: usize) -> ActRow<'_> {
+        let nb = k / 256;
+        ActRow {
+            qs: &self.qk[i * k..(i + 1) * k],
+            d: &self.qk_d[i * nb..(i + 1) * nb],
+            sum: &[],
+            s: &[],
+            bsums: &self.qk_bsums[i * k / 16..(i + 1) * k / 16],
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! Matrix products with GGML block-quantized weights (GGUF checkpoints):
+//! `out[i, j] = dot(x[i, :], w[j, :])` with `w` in Q8_0, Q4_0, Q4_1, Q5_0,
+//! Q5_1, IQ4_NL, Q4_K, Q5_K or Q6_K.
+//!
+//! As llama.cpp does, the activations are quantized too, per block (Q8_0
+//! for the 32-element formats, Q8_K for the K-quants; see `act.rs`), and
+//! the dot products run on integers: a byte of weight times a byte of
+//! activation, summed exactly in i32, the f32 scales applied once per
+//! block. That is what makes them fast (one `vpdpbusd` multiplies 32 byte
+//! pairs) and what lets every path give the same bits: `scalar.rs` defines
+//! the order of the few f32 operations, and the AVX2 and AVX-512 VNNI
+//! paths (`x86.rs`, chosen at run time) follow it.
+//!
+//! [`quant_matmul`] streams each weight row once: rows are split over the
+//! team's threads, and each row (a few KiB) is dotted with all `m`
+//! activation rows while it sits in L1, four activation rows per kernel
+//! call so that each block is unpacked once per four rows. A row's result
+//! does not depend on `m` or on the thread count.
+//!
+//! Not wired into the backend's ops yet: the integration step adds a
+//! quantized dtype and calls [`quant_matmul`].
+
+mod act;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+#[cfg(test)]
+mod tests;
+
+pub(crate) use act::ActRow;
+pub use act::QuantScratch;
+
+use metrale_core::GgmlType;
+use metrale_core::quant::QuantError;
+
+use super::team::Team;
+use crate::error::{GpuError, Result};
+
+/// The weight formats [`quant_matmul`] multiplies.
+pub const SUPPORTED: [GgmlType; 9] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Iq4Nl,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+/// Whether [`quant_matmul`] handles weights of type `ty`.
+pub fn supports(ty: GgmlType) -> bool {
+    SUPPORTED.contains(&ty)
+}
+
+/// A `[n, k]` matrix of GGML blocks, rows `row_bytes` apart; checked once
+/// on construction so that the kernels index without checks.
+#[derive(Clone, Copy, Debug)]
+pub struct QuantMatrix<'a> {
+    ty: GgmlType,
+    data: &'a [u8],
+    n: usize,
+    k: usize,
+    row_bytes: usize,
+}
+
+impl<'a> QuantMatrix<'a> {
+    /// `data` must be exactly `n` rows of `k` elements of a supported type.
+    pub fn new(ty: GgmlType, data: &'a [u8], n: usize, k: usize) -> Result<Self> {
+        let shape = |detail: String| GpuError::Shape {
+            op: "quant_matmul",
+            detail,
+        };
+        if !supports(ty) {
+            return Err(shape(format!("no quantized matmul for {ty} weights")));
+        }
+        let row_bytes = ty.row_bytes(k).ok_or_else(|| {
+            shape(
+                QuantError::NotWholeBlocks {
+                    ty,
+                    elems: k,
+                    block: ty.block_elems(),
+                }
+                .to_string(),
+            )
+        })?;
+        if Some(data.len()) != row_bytes.checked_mul(n) {
+            return Err(shape(format!(
+                "{n} rows of {k} {ty} elements take {n}x{row_bytes} bytes, got {}",
+                data.len()
+            )));
+        }
+        Ok(Self {
+            ty,
+            data,
+            n,
+            k,
+            row_bytes,
+        })
+    }
+
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes of weights (what decode streams).
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    fn row(&self, j: usize) -> &'a [u8] {
+        &self.data[j * self.row_bytes..(j + 1) * self.row_bytes]
+    }
+}
+
+/// Which dot-product code runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantIsa {
+    /// AVX2 with AVX-512 VNNI's `vpdpbusd` on 256-bit registers.
+    Vnni,
+    Avx2,
+    Portable,
+}
+
+impl QuantIsa {
+    /// The best this CPU supports.
+    pub fn detect() -> QuantIsa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("f16c") {
+                if has!("avx512f") && has!("avx512vl") && has!("avx512vnni") {
+                    return QuantIsa::Vnni;
+                }
+                return QuantIsa::Avx2;
+            }
+        }
+        QuantIsa::Portable
+    }
+
+    /// Every ISA this CPU can run (for tests and benches).
+    pub fn available() -> Vec<QuantIsa> {
+        match Self::detect() {
+            QuantIsa::Vnni => vec![QuantIsa::Vnni, QuantIsa::Avx2, QuantIsa::Portable],
+            QuantIsa::Avx2 => vec![QuantIsa::Avx2, QuantIsa::Portable],
+            QuantIsa::Portable => vec![QuantIsa::Portable],
+        }
+    }
+}
+
+/// Whether `ty`'s activations are Q8_K (else Q8_0).
+fn uses_q8_k(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K)
+}
+
+/// Activation rows one kernel call takes (each weight block is unpacked
+/// once for all of them).
+pub(crate) const MAX_ROWS: usize = 4;
+
+/// `dot(w, a[r])` for `r < R`: one weight row (`w`, whole blocks of `ty`)
+/// with `R` quantized activation rows of as many blocks.
+///
+/// `isa` must be one of [`QuantIsa::available`]; lengths are the caller's
+/// to check (`quant_matmul` does).
+#[inline]
+fn dot_rows<const R: usize>(
+    isa: QuantIsa,
+    ty: GgmlType,
+    w: &[u8],
+    a: &[ActRow<'_>; R],
+) -> [f32; R] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use x86::*;
+        macro_rules! go {
+            ($m:ident) => {
+                // SAFETY: `isa` was detected on this CPU (the caller's
+                // contract), and `w` and every `a[r]` hold the same number
+                // of whole blocks (checked by `quant_matmul`, asserted in
+                // debug builds).
+                unsafe {
+                    match ty {
+                        GgmlType::Q8_0 => $m::dot32::<Q8_0, R>(ty, w, a),
+                        GgmlType::Q4_0 => $m::dot32::<Q4_0, R>(ty, w, a),
+                        GgmlType::Q4_1 => $m::dot32::<Q4_1, R>(ty, w, a),
+                        GgmlType::Q5_0 => $m::dot32::<Q5_0, R>(ty, w, a),
+                        GgmlType::Q5_1 => $m::dot32::<Q5_1, R>(ty, w, a),
+                        GgmlType::Iq4Nl => $m::dot32::<IQ4_NL, R>(ty, w, a),
+                        GgmlType::Q4K => $m::dot_q45_k::<false, R>(w, a),
+                        GgmlType::Q5K => $m::dot_q45_k::<true, R>(w, a),
+                        GgmlType::Q6K => $m::dot_q6_k::<R>(w, a),
+                        _ => unreachable!("{ty} is not supported"),
+                    }
+                }
+            };
+        }
+        for ar in a {
+            debug_assert_eq!(
+                w.len() / ty.block_bytes() * ty.block_elems(),
+                ar.qs.len(),
+                "weight and activation rows differ"
+            );
+        }
+        match isa {
+            QuantIsa::Vnni => return go!(vnni),
+            QuantIsa::Avx2 => return go!(avx2),
+            QuantIsa::Portable => {}
+        }
+    }
+    std::array::from_fn(|r| scalar::vec_dot(ty, w, a[r]))
+}
+
+/// `out[r] = dot(w, a[r])` for up to [`MAX_ROWS`] activation rows.
+pub(crate) fn vec_dot_rows(
+    isa: QuantIsa,
+    ty: GgmlType,
+    w: &[u8],
+    a: &[ActRow<'_>],
+    out: &mut [f32],
+) {
+    fn arr<'a, 'b, const R: usize>(a: &'b [ActRow<'a>]) -> &'b [ActRow<'a>; R] {
+        a.try_into().expect("R rows")
+    }
+    match a.len() {
+        0 => {}
+        1 => out[..1].copy_from_slice(&dot_rows::<1>(isa, ty, w, arr(a))),
+        2 => out[..2].copy_from_slice(&dot_rows::<2>(isa, ty, w, arr(a))),
+        3 => out[..3].copy_from_slice(&dot_rows::<3>(isa, ty, w, arr(a))),
+        4 => out[..4].copy_from_slice(&dot_rows::<4>(isa, ty, w, arr(a))),
+        n => panic!("{n} activation rows (at most {MAX_ROWS})"),
+    }
+}
+
+/// `dot(w, a)`: one weight row with one activation row (for single dot
+/// products, e.g. routed experts; the tests use it).
+#[cfg_attr(not(test), allow(dead_code))]
+#[inline]
+pub(crate) fn vec_dot(isa: QuantIsa, ty: GgmlType, w: &[u8], a: ActRow<'_>) -> f32 {
+    dot_rows::<1>(isa, ty, w, &[a])[0]
+}
+
+/// A pointer to `out` that tasks write disjoint elements of.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint columns of `out` (see `quant_matmul`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// # Safety
+    /// `i` must be inside `out`, and no other task may touch element `i`.
+    unsafe fn write(self, i: usize, v: f32) {
+        // SAFETY: the caller's contract.
+        unsafe { *self.0.add(i) = v };
+    }
+}
+
+/// `out[i * n + j] = dot(x[i * k..][..k], w[j])` for `i < m`, `j < n`,
+/// with the best ISA this CPU has.
+///
+/// `scratch` holds the quantized activations (it grows to the largest `m·k`
+/// seen; nothing else is allocated). With a team, weight rows are split
+/// evenly over its threads.
+pub(crate) fn quant_matmul(
+    team: Option<&Team>,
+    x: &[f32],
+    w: QuantMatrix<'_>,
+    out: &mut [f32],
+    m: usize,
+    scratch: &mut QuantScratch,
+) -> Result<()> {
+    quant_matmul_with(QuantIsa::detect(), team, x, w, out, m, scratch)
+}
+
+/// [`quant_matmul`] with a chosen ISA (one of [`QuantIsa::available`]).
+pub(crate) fn quant_matmul_with(
+    isa: QuantIsa,
+    team: Option<&Team>,
+    x: &[f32],
+    w: QuantMatrix<'_>,
+    out: &mut [f32],
+    m: usize,
+    scratch: &mut QuantScratch,
+) -> Result<()> {
+    let (n, k, ty) = (w.n, w.k, w.ty);
+    if x.len() < m * k || out.len() < m * n {
+        return Err(GpuError::Shape {
+            op: "quant_matmul",
+            detail: format!(
+                "x holds {} floats, out {}: need {m}x{k} and {m}x{n}",
+                x.len(),
+                out.len()
+            ),
+        });
+    }
+    if !QuantIsa::available().contains(&isa) {
+        return Err(GpuError::Unavailable(format!("{isa:?} on this CPU")));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let q8k = uses_q8_k(ty);
+    if q8k {
+        scratch.quantize_q8_k(x, m, k);
+    } else {
+        scratch.quantize_q8_0(x, m, k);
+    }
+    let scratch = &*scratch;
+    let act = |i: usize| {
+        if q8k {
+            scratch.q8_k_row(i, k)
+        } else {
+            scratch.q8_0_row(i, k)
+        }
+    };
+    let threads = team.map_or(1, Team::threads);
+    // A few shares per thread (the first to finish waits for at most a
+    // small one), but about 1 MiB of weights or more each, as `gemv.rs`
+    // found short streams cost bandwidth.
+    let per_thread = (w.bytes() >> 20).clamp(1, 8);
+    let share = n.div_ceil(threads * per_thread).max(1);
+    let ptr = OutPtr(out.as_mut_ptr());
+    let run = |t: usize| {
+        let (j0, j1) = (t * share, ((t + 1) * share).min(n));
+        let mut vals = [0f32; MAX_ROWS];
+        for j in j0..j1 {
+            let row = w.row(j);
+            for i0 in (0..m).step_by(MAX_ROWS) {
+                let r = MAX_ROWS.min(m - i0);
+                let acts: [ActRow<'_>; MAX_ROWS] =
+                    std::array::from_fn(|u| act((i0 + u).min(m - 1)));
+                vec_dot_rows(isa, ty, row, &acts[..r], &mut vals[..r]);
+                for (u, &v) in vals[..r].iter().enumerate() {
+                    // SAFETY: `(i0 + u) * n + j < m * n <= out.len()`
+                    // (checked above); task `t` alone writes columns
+                    // `j0..j1`.
+                    unsafe { ptr.write((i0 + u) * n + j, v) };
+                }
+            }
+        }
+    };
+    let count = n.div_ceil(share);
+    match team {
+        Some(team) => team.run(count, &run),
+        None => (0..count).for_each(run),
+    }
+    Ok(())
+}
+
+impl super::CpuBackend {
+    /// `out[i * n + j] = dot(x[i * k..][..k], w[j])` on this backend's
+    /// threads: the entry point for benches and, until the quantized dtype
+    /// lands, for callers holding GGUF weights in host memory.
+    pub fn quant_matmul(
+        &self,
+        x: &[f32],
+        w: QuantMatrix<'_>,
+        out: &mut [f32],
+        m: usize,
+        scratch: &mut QuantScratch,
+    ) -> Result<()> {
+        quant_matmul(Some(self.team()), x, w, out, m, scratch)
+    }
+}

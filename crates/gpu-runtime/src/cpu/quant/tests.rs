@@ -1,0 +1,279 @@
+//! Every path against the portable one, bit for bit; the portable one
+//! against f32 arithmetic on the dequantized values; activations against
+//! `metrale_core`'s reference quantizers; the driver's rows independent of
+//! `m` and of the thread count.
+
+use metrale_core::GgmlType;
+use metrale_core::quant::{dequantize_row, quantize_row};
+
+use super::*;
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|i| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let v = ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0;
+            // Outliers, and blocks of very different scales.
+            let scale = [0.01, 1.0, 30.0][(i / 32) % 3];
+            if i % 97 == 5 {
+                v * scale * 12.0
+            } else {
+                v * scale
+            }
+        })
+        .collect()
+}
+
+fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (s >> 56) as u8
+        })
+        .collect()
+}
+
+/// Byte offsets of a block's f16 scales (overwritten in random blocks so
+/// that they are finite).
+fn scale_offsets(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        GgmlType::Q6K => &[208],
+        _ => &[0],
+    }
+}
+
+/// `rows` rows of `k`: quantized from floats, or (odd rows) random bytes
+/// with finite scales, which reach every quant value (Q8_0's −128 too).
+fn weights(ty: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+    let rb = ty.row_bytes(k).unwrap();
+    let mut w = vec![0u8; rows * rb];
+    for (r, row) in w.chunks_exact_mut(rb).enumerate() {
+        if r % 2 == 0 {
+            quantize_row(ty, &values(k, seed + r as u64), row).unwrap();
+        } else {
+            row.copy_from_slice(&random_bytes(rb, seed + r as u64));
+            for blk in row.chunks_exact_mut(ty.block_bytes()) {
+                for &o in scale_offsets(ty) {
+                    let d = half::f16::from_f32(0.001 * (1 + blk[o + 1] % 50) as f32);
+                    blk[o..o + 2].copy_from_slice(&d.to_le_bytes());
+                }
+            }
+        }
+    }
+    w
+}
+
+fn act(scratch: &mut QuantScratch, ty: GgmlType, x: &[f32], k: usize) {
+    if uses_q8_k(ty) {
+        scratch.quantize_q8_k(x, x.len() / k, k);
+    } else {
+        scratch.quantize_q8_0(x, x.len() / k, k);
+    }
+}
+
+fn row(scratch: &QuantScratch, ty: GgmlType, i: usize, k: usize) -> ActRow<'_> {
+    if uses_q8_k(ty) {
+        scratch.q8_k_row(i, k)
+    } else {
+        scratch.q8_0_row(i, k)
+    }
+}
+
+#[test]
+fn activations_match_the_reference_quantizers() {
+    let k = 512;
+    let x = values(2 * k, 7);
+    let mut s = QuantScratch::new();
+    s.quantize_q8_0(&x, 2, k);
+    s.quantize_q8_k(&x, 2, k);
+    for i in 0..2 {
+        let xi = &x[i * k..(i + 1) * k];
+        let mut q80 = vec![0u8; GgmlType::Q8_0.row_bytes(k).unwrap()];
+        let mut q81 = vec![0u8; GgmlType::Q8_1.row_bytes(k).unwrap()];
+        let mut q8k = vec![0u8; GgmlType::Q8K.row_bytes(k).unwrap()];
+        quantize_row(GgmlType::Q8_0, xi, &mut q80).unwrap();
+        quantize_row(GgmlType::Q8_1, xi, &mut q81).unwrap();
+        quantize_row(GgmlType::Q8K, xi, &mut q8k).unwrap();
+        let a = s.q8_0_row(i, k);
+        for b in 0..k / 32 {
+            let (b0, b1) = (&q80[34 * b..34 * b + 34], &q81[36 * b..36 * b + 36]);
+            assert_eq!(a.d[b], scalar::f16_at(b0, 0));
+            assert_eq!(a.s[b], scalar::f16_at(b1, 2));
+            let qs: Vec<i8> = b0[2..].iter().map(|&q| q as i8).collect();
+            assert_eq!(&a.qs[32 * b..32 * b + 32], &qs[..]);
+            assert_eq!(a.sum[b], qs.iter().map(|&q| q as i32).sum::<i32>());
+        }
+        let a = s.q8_k_row(i, k);
+        for b in 0..k / 256 {
+            let blk = &q8k[292 * b..292 * b + 292];
+            assert_eq!(a.d[b].to_le_bytes(), blk[0..4]);
+            let qs: Vec<u8> = a.qs[256 * b..256 * b + 256]
+                .iter()
+                .map(|&q| q as u8)
+                .collect();
+            assert_eq!(qs, blk[4..260]);
+            for (j, s) in a.bsums[16 * b..16 * b + 16].iter().enumerate() {
+                assert_eq!(s.to_le_bytes(), blk[260 + 2 * j..262 + 2 * j]);
+            }
+        }
+    }
+}
+
+fn sizes(ty: GgmlType) -> &'static [usize] {
+    if uses_q8_k(ty) {
+        &[256, 768, 1280]
+    } else {
+        &[32, 96, 128, 800]
+    }
+}
+
+#[test]
+fn every_isa_gives_the_portable_bits() {
+    let isas = QuantIsa::available();
+    eprintln!("testing {isas:?}");
+    for ty in SUPPORTED {
+        for &k in sizes(ty) {
+            let rows = 6;
+            let w = weights(ty, rows, k, k as u64);
+            let x = values(k, 99 + k as u64);
+            let mut s = QuantScratch::new();
+            act(&mut s, ty, &x, k);
+            let a = row(&s, ty, 0, k);
+            let rb = ty.row_bytes(k).unwrap();
+            for wr in w.chunks_exact(rb) {
+                let want = scalar::vec_dot(ty, wr, a);
+                for &isa in &isas {
+                    let got = vec_dot(isa, ty, wr, a);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{ty} k={k} {isa:?}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The integer dot product equals the f32 dot product of the dequantized
+/// weights and dequantized activations, up to f32 rounding.
+#[test]
+fn portable_dot_is_the_dequantized_dot() {
+    for ty in SUPPORTED {
+        let k = if uses_q8_k(ty) { 512 } else { 96 };
+        let w = weights(ty, 4, k, 3);
+        let x = values(k, 5);
+        let mut s = QuantScratch::new();
+        act(&mut s, ty, &x, k);
+        let a = row(&s, ty, 0, k);
+        let (aty, abytes) = if uses_q8_k(ty) {
+            (GgmlType::Q8K, GgmlType::Q8K.row_bytes(k).unwrap())
+        } else {
+            (GgmlType::Q8_1, GgmlType::Q8_1.row_bytes(k).unwrap())
+        };
+        let mut qa = vec![0u8; abytes];
+        quantize_row(aty, &x, &mut qa).unwrap();
+        let mut xa = vec![0f32; k];
+        dequantize_row(aty, &qa, &mut xa).unwrap();
+        let rb = ty.row_bytes(k).unwrap();
+        for wr in w.chunks_exact(rb) {
+            let mut wf = vec![0f32; k];
+            dequantize_row(ty, wr, &mut wf).unwrap();
+            let want: f64 = wf.iter().zip(&xa).map(|(p, q)| *p as f64 * *q as f64).sum();
+            let mag: f64 = wf
+                .iter()
+                .zip(&xa)
+                .map(|(p, q)| (*p as f64 * *q as f64).abs())
+                .sum();
+            let got = scalar::vec_dot(ty, wr, a) as f64;
+            // Q4_1/Q5_1 use Q8_1's f16-rounded block sum for the min term.
+            let tol = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                2e-3
+            } else {
+                1e-5
+            };
+            assert!(
+                (got - want).abs() <= tol * mag + 1e-6,
+                "{ty}: {got} vs {want} (magnitude {mag})"
+            );
+        }
+    }
+}
+
+#[test]
+fn rows_do_not_depend_on_m_or_threads() {
+    let team = Team::new(3);
+    for ty in SUPPORTED {
+        let (n, k) = (37, if uses_q8_k(ty) { 512 } else { 160 });
+        let w = weights(ty, n, k, 11);
+        let wm = QuantMatrix::new(ty, &w, n, k).unwrap();
+        let m = 5;
+        let x = values(m * k, 13);
+        let mut s = QuantScratch::new();
+        let mut all = vec![0f32; m * n];
+        quant_matmul(Some(&team), &x, wm, &mut all, m, &mut s).unwrap();
+        for i in 0..m {
+            let mut one = vec![0f32; n];
+            quant_matmul(None, &x[i * k..(i + 1) * k], wm, &mut one, 1, &mut s).unwrap();
+            let a: Vec<u32> = all[i * n..(i + 1) * n]
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            let b: Vec<u32> = one.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(a, b, "{ty} row {i}");
+        }
+        for isa in QuantIsa::available() {
+            let mut one = vec![0f32; m * n];
+            quant_matmul_with(isa, Some(&team), &x, wm, &mut one, m, &mut s).unwrap();
+            assert_eq!(one, all, "{ty} {isa:?}");
+        }
+    }
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    let w = vec![0u8; 2 * 34];
+    assert!(QuantMatrix::new(GgmlType::Q8_0, &w, 2, 32).is_ok());
+    assert!(QuantMatrix::new(GgmlType::Q8_0, &w, 2, 48).is_err());
+    assert!(QuantMatrix::new(GgmlType::Q8_0, &w, 3, 32).is_err());
+    assert!(QuantMatrix::new(GgmlType::Q2K, &w, 1, 256).is_err());
+    let wm = QuantMatrix::new(GgmlType::Q8_0, &w, 2, 32).unwrap();
+    let mut out = vec![0f32; 1];
+    let mut s = QuantScratch::new();
+    assert!(quant_matmul(None, &[0.0; 32], wm, &mut out, 1, &mut s).is_err());
+    let mut out = vec![0f32; 2];
+    assert!(quant_matmul(None, &[0.0; 31], wm, &mut out, 1, &mut s).is_err());
+    assert!(quant_matmul(None, &[1.0; 32], wm, &mut out, 1, &mut s).is_ok());
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// Random formats, lengths, contents and row counts: every ISA's
+    /// multi-row kernel gives the portable one-row bits.
+    #[test]
+    fn random_rows_agree_everywhere(t in 0..SUPPORTED.len(), blocks in 1usize..12, rows in 1usize..=MAX_ROWS, seed in 0u64..1 << 40) {
+        let ty = SUPPORTED[t];
+        let k = blocks * if uses_q8_k(ty) { 256 } else { 32 };
+        let w = weights(ty, 2, k, seed);
+        let x = values(rows * k, seed ^ 0x5eed);
+        let mut s = QuantScratch::new();
+        act(&mut s, ty, &x, k);
+        let acts: Vec<ActRow<'_>> = (0..rows).map(|i| row(&s, ty, i, k)).collect();
+        for wr in w.chunks_exact(ty.row_bytes(k).unwrap()) {
+            let want: Vec<u32> = acts.iter().map(|&a| scalar::vec_dot(ty, wr, a).to_bits()).collect();
+            for isa in QuantIsa::available() {
+                let mut got = [0f32; MAX_ROWS];
+                vec_dot_rows(isa, ty, wr, &acts, &mut got[..rows]);
+                let got: Vec<u32> = got[..rows].iter().map(|v| v.to_bits()).collect();
+                proptest::prop_assert_eq!(&got, &want, "{} k={} rows={} {:?}", ty, k, rows, isa);
+            }
+        }
+    }
+}
