@@ -4,12 +4,21 @@
 use metrale_core::DType;
 
 use super::harness::{
-    Cx, Outcome, WEIGHT_DTYPES, matmul64, round_to, row_counts, sigmoid64, silu64,
+    Cx, Fail, Outcome, WEIGHT_DTYPES, matmul64, quant_dtypes, round_to, row_counts, sigmoid64,
+    silu64,
 };
 use crate::ops::{MatmulDims, Op};
 
 /// Matmuls (k up to a few hundred) against f64; the existing bias test's.
 const MATMUL_TOL: f64 = 1e-5;
+/// Matmuls with quantized weights against f64 on the dequantized weights
+/// and the backend's quantized-then-dequantized activations: the integer
+/// sums are exact, the f32 products of the block scales round.
+const QUANT_MATMUL_TOL: f64 = 1e-4;
+/// Q4_1 and Q5_1 add each block's `min x Σx`, where llama.cpp's Q8_1
+/// activations keep `Σx` rounded to f16 (relative 2^-11 of a sum of up to 32
+/// values): about 1e-3 per block, summed over the row's blocks.
+const QUANT_MIN_MATMUL_TOL: f64 = 1e-2;
 /// RMSNorm, one f32 sum of squares per row.
 const NORM_TOL: f64 = 1e-5;
 /// Elementwise ops with an exp (silu, sigmoid): a few ulps.
@@ -109,6 +118,57 @@ pub(super) fn matmul(cx: &mut Cx<'_>) -> Outcome {
                 }
                 let what = format!("[{rows}, {k}] x [{n}, {k}] {dtype}, bias {}", i % 2 == 1);
                 cx.close(&m.down(out)?, &want, MATMUL_TOL, &what)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `matmul` with every GGML block format the backend multiplies, at the
+/// architecture's shapes whose rows are whole blocks and at one shape that
+/// always is (so every format is tested whatever the architecture); a format
+/// the backend does not multiply must be refused with an error.
+pub(super) fn matmul_quantized(cx: &mut Cx<'_>) -> Outcome {
+    let mut shapes = matmul_shapes(cx);
+    shapes.push((48, 512));
+    for dtype in quant_dtypes() {
+        let block = dtype.block_elems();
+        if !cx.gpu.supports_weights(dtype) {
+            let mut m = cx.mem();
+            let (w, _) = m.weights(&cx.rng.vec(8 * block, -0.5, 0.5), dtype)?;
+            let (x, out) = (m.f32s(&cx.rng.vec(block, -1.0, 1.0))?, m.fill(8, 0.0)?);
+            let d = MatmulDims {
+                m: 1,
+                n: 8,
+                k: block,
+            };
+            if cx.gpu.matmul(x, w, None, out, d).is_ok() {
+                return Err(Fail::Mismatch(format!(
+                    "matmul with {dtype} weights ran, but the backend says it does not multiply them"
+                )));
+            }
+            continue;
+        }
+        for &(n, k) in shapes.iter().filter(|(_, k)| k % block == 0) {
+            let mut m = cx.mem();
+            let (w, wv) = m.weights(&cx.rng.vec(n * k, -0.5, 0.5), dtype)?;
+            for rows in row_counts(cx.shapes) {
+                let xv = cx.rng.vec(rows * k, -1.0, 1.0);
+                let (x, out) = (m.f32s(&xv)?, m.fill(rows * n, f32::NAN)?);
+                let d = MatmulDims { m: rows, n, k };
+                cx.tested(cx.gpu.matmul(x, w, None, out, d))?;
+                let want = matmul64(&cx.matmul_input(&xv, dtype), &wv, rows, n, k);
+                let what = format!("[{rows}, {k}] x [{n}, {k}] {dtype}");
+                let with_min = matches!(
+                    dtype.quant().map(|q| q.ggml()),
+                    Some(metrale_core::GgmlType::Q4_1 | metrale_core::GgmlType::Q5_1)
+                );
+                let tol = if with_min {
+                    QUANT_MIN_MATMUL_TOL
+                } else {
+                    QUANT_MATMUL_TOL
+                };
+                cx.close(&m.down(out)?, &want, tol, &what)?;
             }
         }
     }

@@ -56,8 +56,43 @@ pub(crate) fn round_to(v: &[f32], dtype: DType) -> (Vec<f32>, Vec<u8>) {
                 h.iter().flat_map(|b| b.to_le_bytes()).collect(),
             )
         }
+        DType::Quant(q) => {
+            // Quantized and back: what the blocks hold. `v` is whole blocks
+            // (the cases choose their shapes so); anything else is NaN,
+            // which no tolerance accepts.
+            let ty = q.ggml();
+            let mut bytes = vec![0u8; DType::Quant(q).bytes_for(v.len()).unwrap_or(0)];
+            let mut back = vec![f32::NAN; v.len()];
+            if metrale_core::quant::quantize_row(ty, v, &mut bytes).is_err()
+                || metrale_core::quant::dequantize_row(ty, &bytes, &mut back).is_err()
+            {
+                back.fill(f32::NAN);
+            }
+            (back, bytes)
+        }
         _ => (v.to_vec(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
     }
+}
+
+/// The GGML block formats a weight may be held in, for backends that say
+/// they multiply them ([`GpuBackend::supports_weights`]).
+pub(super) fn quant_dtypes() -> Vec<DType> {
+    use metrale_core::{GgmlType as G, QuantFormat};
+    [
+        G::Q8_0,
+        G::Q4_0,
+        G::Q4_1,
+        G::Q5_0,
+        G::Q5_1,
+        G::Iq4Nl,
+        G::Q4K,
+        G::Q5K,
+        G::Q6K,
+    ]
+    .into_iter()
+    .filter_map(QuantFormat::new)
+    .map(DType::Quant)
+    .collect()
 }
 
 /// Device memory of one case: everything allocated through it is freed when

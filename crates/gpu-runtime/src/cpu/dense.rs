@@ -67,8 +67,23 @@ thread_local! {
 impl CpuBackend {
     /// `o = x · wᵀ`: the GEMV up to `GEMV_MAX_ROWS` rows, then the bf16-dot
     /// GEMM where asked for and possible, else the f32 GEMM.
-    pub(super) fn matmul_into(&self, xs: &[f32], ws: Weights<'_>, o: &mut [f32], d: MatmulDims) {
+    ///
+    /// Quantized weights take the integer dot products of `cpu::quant`
+    /// (activations quantized per block, as llama.cpp does), whatever `m`.
+    pub(super) fn matmul_into(
+        &self,
+        xs: &[f32],
+        ws: Weights<'_>,
+        o: &mut [f32],
+        d: MatmulDims,
+    ) -> Result<()> {
         let MatmulDims { m, n, k } = d;
+        if let Weights::Quant(q, bytes) = ws {
+            let w = super::quant::QuantMatrix::new(q.ggml(), bytes, n, k)?;
+            let team = (m > 1 || w.bytes() >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
+            let mut scratch = self.quant_scratch.lock();
+            return super::quant::quant_matmul(team, xs, w, o, m, &mut scratch);
+        }
         if m <= GEMV_MAX_ROWS || k == 0 {
             // Small ones run here alone, without the team.
             let team = (n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
@@ -80,6 +95,7 @@ impl CpuBackend {
         } else {
             self.install(|| self.gemm_widened(xs, ws, o, d));
         }
+        Ok(())
     }
 
     /// `o = silu(x · gᵀ) * (x · uᵀ)`: fused bf16 dot products where asked for
@@ -92,18 +108,19 @@ impl CpuBackend {
         o: &mut [f32],
         u: &mut [f32],
         d: MatmulDims,
-    ) {
+    ) -> Result<()> {
         let MatmulDims { m, n, k } = d;
         if m > GEMV_MAX_ROWS
             && let (true, Weights::BF16(g), Weights::BF16(up)) = (self.bf16_dot, wg, wu)
             && super::gemm_bf16::gemm_swiglu(self.team(), xs, g, up, o, m, n, k)
         {
-            return;
+            return Ok(());
         }
-        self.matmul_into(xs, wg, o, d);
-        self.matmul_into(xs, wu, u, d);
+        self.matmul_into(xs, wg, o, d)?;
+        self.matmul_into(xs, wu, u, d)?;
         let u = &*u;
         self.elementwise(o, |at, o| ew::silu_mul_in_place(o, &u[at..]));
+        Ok(())
     }
 
     fn gemm_widened(&self, x: &[f32], w: Weights<'_>, out: &mut [f32], d: MatmulDims) {
@@ -155,6 +172,16 @@ impl DenseOps for CpuBackend {
         need(OP, out, ids.len() * hidden, "out")?;
         let vocab = table.len() / hidden.max(1);
         let w = Weights::from_bytes(OP, table.dtype(), self.read(OP, table, table.dtype())?)?;
+        if hidden % w.block_elems() != 0 {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "rows of {hidden} are not whole blocks of {} ({})",
+                    w.block_elems(),
+                    table.dtype()
+                ),
+            ));
+        }
         let o = self.write_f32(OP, out, &[table])?;
         for (i, &id) in ids.iter().enumerate() {
             if id as usize >= vocab {
@@ -197,7 +224,7 @@ impl DenseOps for CpuBackend {
             None => None,
         };
         let o = &mut self.write_f32(OP, out, &inputs)?[..m * n];
-        self.matmul_into(xs, ws, o, d);
+        self.matmul_into(xs, ws, o, d)?;
         if let Some(b) = &b {
             for row in o.chunks_mut(n) {
                 row.iter_mut().zip(b).for_each(|(o, b)| *o += b);
@@ -231,7 +258,7 @@ impl DenseOps for CpuBackend {
         let wu = Weights::from_bytes(OP, up.dtype(), self.read(OP, up, up.dtype())?)?;
         let o = &mut self.write_f32(OP, out, &[x, gate, up, scratch])?[..m * n];
         let u = &mut self.write_f32(OP, scratch, &[x, gate, up, out])?[..m * n];
-        self.swiglu_into(xs, wg, wu, o, u, d);
+        self.swiglu_into(xs, wg, wu, o, u, d)?;
         Ok(())
     }
 

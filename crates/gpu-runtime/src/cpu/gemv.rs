@@ -156,7 +156,7 @@ fn dot_rows(
                 }
             }
         }
-        Weights::F16(_) => {
+        Weights::F16(_) | Weights::Quant(..) => {
             for (r, a) in acc[..rows].iter_mut().enumerate() {
                 *a = w.dot((j + r) * k, x);
             }

@@ -4,7 +4,7 @@
 //! vectorises them; no allocation per element.
 
 use half::{bf16, f16};
-use metrale_core::DType;
+use metrale_core::{DType, QuantFormat};
 
 use crate::error::{GpuError, Result};
 
@@ -14,6 +14,9 @@ pub(crate) enum Weights<'a> {
     F32(&'a [f32]),
     BF16(&'a [bf16]),
     F16(&'a [f16]),
+    /// GGML blocks (a format `cpu::quant` multiplies); element offsets into
+    /// it are whole blocks (the ops check their row lengths).
+    Quant(QuantFormat, &'a [u8]),
 }
 
 impl<'a> Weights<'a> {
@@ -35,8 +38,17 @@ impl<'a> Weights<'a> {
                     bytes.as_ptr().cast(),
                     bytes.len() / 2,
                 )),
+                DType::Quant(q) if super::quant::supports(q.ggml()) => Weights::Quant(q, bytes),
                 other => return Err(GpuError::UnsupportedDType { op, dtype: other }),
             })
+        }
+    }
+
+    /// The block length rows must be a whole number of (1 for floats).
+    pub(crate) fn block_elems(&self) -> usize {
+        match self {
+            Weights::Quant(q, _) => q.block_elems(),
+            _ => 1,
         }
     }
 
@@ -55,6 +67,7 @@ impl<'a> Weights<'a> {
                     *o = v.to_f32();
                 }
             }
+            Weights::Quant(q, bytes) => dequantize(*q, bytes, start, out),
         }
     }
 
@@ -75,7 +88,37 @@ impl<'a> Weights<'a> {
                 }
                 acc
             }
+            Weights::Quant(q, _) => {
+                // Block by block through f32 (the matmuls take the integer
+                // path, `cpu::quant`; this serves odd callers).
+                let mut buf = [0f32; 256];
+                let step = q.block_elems().max(1);
+                let mut acc = 0f32;
+                for (c, xc) in x.chunks(step).enumerate() {
+                    self.widen_into(start + c * step, &mut buf[..xc.len()]);
+                    acc += dot_f32(xc, &buf[..xc.len()]);
+                }
+                acc
+            }
         }
+    }
+}
+
+/// Dequantizes elements `start..start + out.len()` of GGML blocks. The ops
+/// check that both are whole blocks inside `bytes`; were they not, the
+/// values come out NaN (never a panic, never a read out of bounds).
+fn dequantize(q: QuantFormat, bytes: &[u8], start: usize, out: &mut [f32]) {
+    let ty = q.ggml();
+    let from = DType::Quant(q).bytes_for(start);
+    let len = DType::Quant(q).bytes_for(out.len());
+    let done = match (from, len) {
+        (Some(a), Some(l)) => bytes
+            .get(a..a.saturating_add(l))
+            .is_some_and(|src| metrale_core::quant::dequantize_row(ty, src, out).is_ok()),
+        _ => false,
+    };
+    if !done {
+        out.fill(f32::NAN);
     }
 }
 

@@ -62,6 +62,9 @@ pub struct CpuBackend {
     profile: profile::OpProfile,
     /// Ops this backend pretends not to have ([`CpuBackend::lacking`]).
     lacking: Vec<crate::ops::Op>,
+    /// The quantized activations of matmuls with GGML weights (grown to the
+    /// largest step, then reused: nothing is allocated per call).
+    quant_scratch: parking_lot::Mutex<quant::QuantScratch>,
 }
 
 /// The most CPU threads per core [`CpuBackend::try_with_threads`] accepts.
@@ -111,6 +114,7 @@ impl CpuBackend {
             bf16_dot: false,
             profile: profile::OpProfile::default(),
             lacking: Vec::new(),
+            quant_scratch: parking_lot::Mutex::new(quant::QuantScratch::new()),
         })
     }
 
@@ -368,6 +372,16 @@ impl GpuBackend for CpuBackend {
     }
 
     /// The reference backend implements every op.
+    fn supports_weights(&self, dtype: DType) -> bool {
+        dtype.is_float() || dtype.quant().is_some_and(|q| quant::supports(q.ggml()))
+    }
+
+    fn matmul_input_rounding(&self, weights: DType) -> Option<DType> {
+        // Quantized weights meet activations quantized per block.
+        let q = weights.quant()?;
+        metrale_core::QuantFormat::new(quant::activation_format(q.ggml())).map(DType::Quant)
+    }
+
     fn supports(&self, op: crate::ops::Op) -> bool {
         !self.lacking.contains(&op)
     }

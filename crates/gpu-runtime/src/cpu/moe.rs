@@ -231,7 +231,7 @@ impl MoeOps for CpuBackend {
             }
             let ws = self.expert_weight(OP, w, e)?;
             let d = MatmulDims { m: b - a, n, k };
-            self.matmul_into(&xs[a * k..b * k], ws, &mut o[a * n..b * n], d);
+            self.matmul_into(&xs[a * k..b * k], ws, &mut o[a * n..b * n], d)?;
         }
         Ok(())
     }
@@ -272,7 +272,7 @@ impl MoeOps for CpuBackend {
             );
             let d = MatmulDims { m: b - a, n, k };
             let (o, u) = (&mut o[a * n..b * n], &mut u[a * n..b * n]);
-            self.swiglu_into(&xs[a * k..b * k], wg, wu, o, u, d);
+            self.swiglu_into(&xs[a * k..b * k], wg, wu, o, u, d)?;
         }
         Ok(())
     }

@@ -163,6 +163,17 @@ fn uses_q8_k(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K)
 }
 
+/// The format the activations are quantized to before they meet weights of
+/// type `ty`: Q8_K for the K-quants, Q8_0 for the others (Q4_1 and Q5_1
+/// also use each block's sum, Q8_1's `s`, rounded to f16).
+pub fn activation_format(ty: GgmlType) -> GgmlType {
+    if uses_q8_k(ty) {
+        GgmlType::Q8K
+    } else {
+        GgmlType::Q8_0
+    }
+}
+
 /// Activation rows one kernel call takes (each weight block is unpacked
 /// once for all of them).
 pub(crate) const MAX_ROWS: usize = 4;

@@ -85,6 +85,12 @@ impl GpuBackend for Recorder {
     fn supports(&self, op: Op) -> bool {
         self.inner.supports(op)
     }
+    fn supports_weights(&self, dtype: metrale_core::DType) -> bool {
+        self.inner.supports_weights(dtype)
+    }
+    fn matmul_input_rounding(&self, weights: metrale_core::DType) -> Option<metrale_core::DType> {
+        self.inner.matmul_input_rounding(weights)
+    }
     fn ledger(&self) -> &Ledger {
         self.inner.ledger()
     }
