@@ -94,6 +94,38 @@ pub(super) fn embedding(cx: &mut Cx<'_>) -> Outcome {
     Ok(())
 }
 
+/// `embedding` from tables of every GGML block format the backend takes, at
+/// the architecture's hidden size where its rows are whole blocks and at
+/// 256: the rows come out exactly as the blocks dequantize.
+pub(super) fn embedding_quantized(cx: &mut Cx<'_>) -> Outcome {
+    let vocab = cx.shapes.vocab.min(64);
+    for dtype in quant_dtypes()
+        .into_iter()
+        .filter(|d| cx.gpu.supports_weights(*d))
+    {
+        let mut hiddens = vec![256];
+        if cx.shapes.hidden % dtype.block_elems() == 0 && cx.shapes.hidden != 256 {
+            hiddens.push(cx.shapes.hidden);
+        }
+        for h in hiddens {
+            let mut m = cx.mem();
+            let (table, tv) = m.weights(&cx.rng.vec(vocab * h, -1.0, 1.0), dtype)?;
+            let ids: Vec<u32> = [vocab - 1, 0, cx.rng.below(vocab)]
+                .iter()
+                .map(|&i| i as u32)
+                .collect();
+            let (ids_d, out) = (m.u32s(&ids)?, m.fill(ids.len() * h, f32::NAN)?);
+            cx.tested(cx.gpu.embedding(table, ids_d, h, out))?;
+            let want: Vec<f64> = ids
+                .iter()
+                .flat_map(|&id| tv[id as usize * h..][..h].iter().map(|&v| v as f64))
+                .collect();
+            cx.close(&m.down(out)?, &want, 0.0, &format!("{dtype}, hidden {h}"))?;
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn matmul(cx: &mut Cx<'_>) -> Outcome {
     for (i, (n, k)) in matmul_shapes(cx).into_iter().enumerate() {
         for dtype in WEIGHT_DTYPES {

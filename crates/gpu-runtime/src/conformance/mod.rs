@@ -378,7 +378,7 @@ fn run_op(gpu: &dyn GpuBackend, shapes: &ArchShapes, op: Op, seed: u64) -> OpRep
 
 fn run_cases(cx: &mut Cx<'_>, op: Op) -> harness::Outcome {
     match op {
-        Op::Embedding => dense::embedding(cx),
+        Op::Embedding => dense::embedding(cx).and_then(|()| dense::embedding_quantized(cx)),
         Op::Matmul => dense::matmul(cx).and_then(|()| dense::matmul_quantized(cx)),
         Op::MatmulSwiglu => dense::matmul_swiglu(cx),
         Op::RmsNorm => dense::rms_norm(cx),
