@@ -3,6 +3,8 @@
 //! rows of k = 4096), throughput in bytes of weights read. The `_x16`
 //! cases cycle through 16 such matrices (70-134 MB, past the caches), so
 //! that every weight comes from memory as in a real decode step.
+//! `quant_rows8` multiplies 8 activation rows at once (throughput in
+//! FLOP/s, reported as elements), against bf16 at the same m.
 //!
 //! `cargo bench -p metrale-gpu-runtime --bench quant -- --warm-up-time 1 --measurement-time 3`
 //! Threads: `METRALE_THREADS` (default 2, the benchmark machine's cores).
@@ -114,5 +116,53 @@ fn gemv(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, gemv);
+/// A few rows at once (speculative decode, small batches): m = 8, each
+/// weight block unpacked once per four rows; against bf16 at the same m.
+fn rows8(c: &mut Criterion) {
+    let threads = std::env::var("METRALE_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(2);
+    let cpu = CpuBackend::with_threads(threads);
+    let m = 8;
+    let x = values(m * K, 1);
+    let mut out = vec![0f32; m * N];
+    let mut scratch = QuantScratch::new();
+    let mut g = c.benchmark_group("quant_rows8");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements((2 * m * N * K) as u64));
+    for ty in [GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+        let w = quantized(ty, 2);
+        let wm = QuantMatrix::new(ty, &w, N, K).expect("matrix");
+        g.bench_function(format!("{N}x{K}_{ty}"), |b| {
+            b.iter(|| {
+                cpu.quant_matmul(&x, wm, &mut out, m, &mut scratch)
+                    .expect("quant_matmul")
+            })
+        });
+    }
+    let gpu: &dyn GpuBackend = &cpu;
+    let xs = gpu.alloc_slice(DType::F32, m * K, "bench").expect("alloc");
+    let os = gpu.alloc_slice(DType::F32, m * N, "bench").expect("alloc");
+    let ws = gpu.alloc_slice(DType::BF16, N * K, "bench").expect("alloc");
+    let wb: Vec<u8> = values(N * K, 2)
+        .iter()
+        .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+        .collect();
+    let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    gpu.copy_h2d(&wb, ws.ptr(), 0).expect("upload");
+    gpu.copy_h2d(&xb, xs.ptr(), 0).expect("upload");
+    g.bench_function(format!("{N}x{K}_bf16"), |b| {
+        b.iter(|| {
+            gpu.matmul(xs, ws, None, os, MatmulDims { m, n: N, k: K })
+                .expect("matmul")
+        })
+    });
+    for s in [xs, os, ws] {
+        gpu.free(s.ptr()).expect("free");
+    }
+    g.finish();
+}
+
+criterion_group!(benches, gemv, rows8);
 criterion_main!(benches);
