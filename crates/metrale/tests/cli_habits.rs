@@ -312,7 +312,10 @@ fn dtype_is_the_arithmetic_on_every_subcommand() {
     };
     let default = read("default.safetensors", &[]);
     let f32 = read("f32.safetensors", &["--dtype", "f32"]);
-    assert_eq!(default, f32, "f32 is the default");
+    assert_eq!(
+        default, f32,
+        "the default, auto, computes f32 weights in f32 (exactly)"
+    );
     // The fixture's weights are f32: bf16 arithmetic leaves them exact.
     read("bf16.safetensors", &["--dtype", "bf16"]);
     ok(&metrale(&[
@@ -340,13 +343,20 @@ fn dtype_is_the_arithmetic_on_every_subcommand() {
         let (stdout, _) = ok(&metrale(&args));
         serde_json::from_str(&stdout).expect("JSON")
     };
-    let v = bench(&["--weight-dtype", "f32"]);
+    let v = bench(&["--weight-dtype", "f32", "--dtype", "f32"]);
     assert_eq!(v["weight_dtype"], "f32", "{v}");
     assert_eq!(v["bf16_dot_products"], false, "{v}");
     let v = bench(&["--dtype", "f32"]);
     assert_eq!(
         v["weight_dtype"], "bf16",
         "bench's weights default to bf16: {v}"
+    );
+    assert_eq!(v["bf16_dot_products"], false, "{v}");
+    // auto (the default) asks for bf16 dot products, as bf16 does (the
+    // backend uses them where the CPU has them).
+    assert_eq!(
+        bench(&[])["bf16_dot_products"],
+        bench(&["--dtype", "bf16"])["bf16_dot_products"]
     );
     // The old spelling still works (hidden).
     bench(&["--bf16-dot"]);

@@ -53,9 +53,10 @@ struct Args {
     /// cache).
     #[arg(long, visible_alias = "max-model-len", value_name = "TOKENS")]
     ctx_size: Option<usize>,
-    /// The arithmetic: f32 (exact, the default) or bf16 (matmuls with bf16
-    /// weights use bf16 dot products; logits off by more than 1e-4).
-    #[arg(long, value_enum, default_value_t = ArithDType::F32)]
+    /// The arithmetic: auto (the default: as the weights suggest; bf16
+    /// weights use bf16 dot products, logits off the f32 reference by more
+    /// than 1e-4), f32 (exact), or bf16.
+    #[arg(long, value_enum, default_value_t = ArithDType::Auto)]
     dtype: ArithDType,
     /// The most memory the model may take, e.g. 8GiB (default: what the
     /// host and its cgroup have available); checked before loading.
@@ -82,6 +83,7 @@ struct Args {
 /// `--dtype`: the arithmetic, as the `metrale` subcommands spell it.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 enum ArithDType {
+    Auto,
     F32,
     Bf16,
 }
@@ -137,7 +139,7 @@ fn run(args: Args) -> Result<()> {
         device: args.device,
         threads: args.threads,
         memory_limit: args.memory_limit,
-        bf16_dot_products: args.dtype == ArithDType::Bf16,
+        bf16_dot_products: args.dtype != ArithDType::F32,
         ..LoadOptions::default()
     };
     options.model.kv_dtype = args.kv_dtype.dtype();

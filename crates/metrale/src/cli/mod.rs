@@ -68,24 +68,28 @@ pub fn parse_memory(text: &str) -> Result<usize, String> {
 /// `--dtype`: the arithmetic, the same on every subcommand that runs a model.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ArithDType {
-    /// f32 arithmetic throughout (exact against the f32 reference).
+    /// As the weights suggest, as other engines do: bf16 weights multiply
+    /// with bf16 dot products, f32 weights in f32, quantized (GGUF) weights
+    /// with integer dot products on activations quantized per block.
     #[default]
+    Auto,
+    /// f32 arithmetic wherever the weights allow (exact against the f32
+    /// reference; quantized weights still take integer dot products).
     F32,
     /// Matmuls with bf16 weights round their activations to bf16 and use
     /// bf16 dot products where the hardware has them (the CPU:
     /// AVX512-BF16), as llama.cpp does; the logits move off the f32
     /// reference by more than 1e-4. Weights stored in f32 still multiply in
-    /// f32.
+    /// f32. Today the same as `auto`.
     Bf16,
 }
 
 /// `--dtype` (and its old spelling, the hidden `--bf16-dot`).
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct DTypeArgs {
-    /// The arithmetic: f32 (exact, the default) or bf16 (matmuls with bf16
-    /// weights use bf16 dot products; faster prefill, logits off by more
-    /// than 1e-4).
-    #[arg(long, value_enum, default_value_t = ArithDType::F32)]
+    /// The arithmetic: auto (the default: as the weights suggest; bf16
+    /// weights use bf16 dot products), f32 (exact), or bf16.
+    #[arg(long, value_enum, default_value_t = ArithDType::Auto)]
     pub dtype: ArithDType,
     /// The old spelling of `--dtype bf16`.
     #[arg(long, hide = true)]
@@ -95,7 +99,7 @@ pub struct DTypeArgs {
 impl DTypeArgs {
     /// Whether bf16 dot products are asked for.
     pub fn bf16_dot_products(&self) -> bool {
-        self.bf16_dot || self.dtype == ArithDType::Bf16
+        self.bf16_dot || self.dtype != ArithDType::F32
     }
 }
 
