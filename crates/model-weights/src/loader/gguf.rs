@@ -28,6 +28,10 @@ pub enum GgufTransform {
     /// Stored as is (size-1 dimensions may have been added or dropped: the
     /// shapes must agree once those are ignored).
     Identity,
+    /// Stored with the same elements in the same order under another shape
+    /// (Mamba-2's grouped norm weight, `[n_groups, d_inner / n_groups]`):
+    /// only the element counts must agree.
+    Reshape,
     /// llama.cpp's `LlamaModel.permute(w, n_head)`: within each of
     /// `n_heads` row blocks, the two rope halves were interleaved.
     UnpermuteRows { n_heads: usize },
@@ -139,7 +143,11 @@ fn plan<'a>(file: &'a GgufFile, e: &'a GgufExpected) -> Result<Planned<'a>, Weig
         }
         transform => {
             let t = &sources[0];
-            if squeezed(t.shape()) != squeezed(&e.shape) {
+            let reshape = *transform == GgufTransform::Reshape;
+            let elems = |s: &[usize]| s.iter().product::<usize>();
+            if (reshape && elems(t.shape()) != elems(&e.shape))
+                || (!reshape && squeezed(t.shape()) != squeezed(&e.shape))
+            {
                 return Err(wrong(t, e.shape.clone()));
             }
             if let GgufTransform::UnpermuteRows { n_heads } = transform {
@@ -241,7 +249,7 @@ fn host_bytes<'a>(p: &Planned<'a>) -> std::borrow::Cow<'a, [u8]> {
     let e = p.expected;
     let size = p.stored.size_of();
     match &e.transform {
-        GgufTransform::Identity => Cow::Borrowed(p.sources[0].data),
+        GgufTransform::Identity | GgufTransform::Reshape => Cow::Borrowed(p.sources[0].data),
         GgufTransform::UnpermuteRows { n_heads } => {
             // Stored row r of head h was `h*rows_per_head + (i*2 + half)`
             // for original row `h*rows_per_head + half*(rows_per_head/2) + i`.
