@@ -179,6 +179,16 @@ fn set(c: &mut Map<String, Value>, key: &str, v: Value) {
 /// The Hugging Face `config.json` the metadata of `file` describes.
 pub fn config_json(file: &GgufFile) -> Result<Value> {
     let arch = file.architecture()?.to_string();
+    if !SUPPORTED_ARCHITECTURES.contains(&arch.as_str()) {
+        return Err(EngineError::Config {
+            path: file.path().to_path_buf(),
+            detail: format!(
+                "GGUF architecture {arch:?} is not supported (metrale loads GGUF files of \
+                 architecture {})",
+                SUPPORTED_ARCHITECTURES.join(", ")
+            ),
+        });
+    }
     let k = |s: &str| format!("{arch}.{s}");
     let u = |s: &str| -> Result<usize> { Ok(file.get_u32(&k(s))? as usize) };
     let opt_u = |s: &str| -> Result<Option<usize>> { Ok(file.opt_u32(&k(s))?.map(|n| n as usize)) };
