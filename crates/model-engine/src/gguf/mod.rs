@@ -97,6 +97,90 @@ impl GgufTable {
     }
 }
 
+/// Where a model is read from: a Hugging Face checkpoint directory
+/// (config.json, safetensors, tokenizer.json) or a GGUF file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSource {
+    Dir(std::path::PathBuf),
+    Gguf(std::path::PathBuf),
+}
+
+impl ModelSource {
+    /// A `.gguf` file is a GGUF source; anything else a directory.
+    pub fn from_path(path: &Path) -> Self {
+        let gguf = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+        if gguf && !path.is_dir() {
+            Self::Gguf(path.to_path_buf())
+        } else {
+            Self::Dir(path.to_path_buf())
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::Dir(p) | Self::Gguf(p) => p,
+        }
+    }
+
+    /// The validated config: a directory's config.json, or a GGUF file's
+    /// metadata read as one.
+    pub fn config(&self) -> Result<ModelConfig> {
+        match self {
+            Self::Dir(dir) => crate::config::load_config(dir),
+            Self::Gguf(path) => Ok(GgufModel::open(path)?.config),
+        }
+    }
+
+    /// The tokenizer: a directory's tokenizer.json (with its special-token
+    /// configs), or the one a GGUF file's metadata describes.
+    pub fn tokenizer(&self) -> Result<crate::tokenizer::Tokenizer> {
+        match self {
+            Self::Dir(dir) => crate::tokenizer::Tokenizer::from_dir(dir),
+            Self::Gguf(path) => crate::tokenizer::Tokenizer::from_gguf(&GgufFile::open(path)?),
+        }
+    }
+
+    /// The sampling defaults: a directory's generation_config.json; a GGUF
+    /// file has none (the plain defaults).
+    pub fn generation_defaults(&self) -> Result<crate::sampling::GenerationDefaults> {
+        match self {
+            Self::Dir(dir) => crate::sampling::GenerationDefaults::from_checkpoint(dir),
+            Self::Gguf(_) => Ok(crate::sampling::GenerationDefaults::none()),
+        }
+    }
+
+    /// The chat template: a directory's (see
+    /// [`ChatTemplate::from_model_dir`](crate::chat::ChatTemplate::from_model_dir)),
+    /// or a GGUF file's `tokenizer.chat_template` with its BOS/EOS texts.
+    pub fn chat_template(&self) -> Result<crate::chat::ChatTemplate> {
+        match self {
+            Self::Dir(dir) => crate::chat::ChatTemplate::from_model_dir(dir),
+            Self::Gguf(path) => {
+                let file = GgufFile::open(path)?;
+                let Some(source) = metrale_model_weights::gguf::chat_template(&file)? else {
+                    return Err(EngineError::ChatTemplate(format!(
+                        "{} has no chat template (no tokenizer.chat_template key)",
+                        path.display()
+                    )));
+                };
+                let source = source.to_string();
+                let tokenizer = crate::tokenizer::Tokenizer::from_gguf(&file)?;
+                let mut special = Vec::new();
+                if let Some(bos) = tokenizer.bos_token() {
+                    special.push(("bos_token".to_string(), bos.to_string()));
+                }
+                if let Some(eos) = tokenizer.eos_token() {
+                    special.push(("eos_token".to_string(), eos));
+                }
+                crate::chat::ChatTemplate::new(source, special)
+            }
+        }
+    }
+}
+
 /// The `general.architecture` values llama.cpp's converter writes for the
 /// families metrale runs.
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[

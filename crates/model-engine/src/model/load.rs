@@ -63,6 +63,22 @@ impl TransformerModel {
         Self::from_gguf(&gguf, gpu, options, dtype, progress)
     }
 
+    /// Loads a model from `source`, a checkpoint directory or a GGUF file.
+    pub fn load_source(
+        source: &crate::gguf::ModelSource,
+        gpu: Arc<dyn GpuBackend>,
+        options: ModelOptions,
+        dtype: WeightDType,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Self> {
+        match source {
+            crate::gguf::ModelSource::Dir(dir) => Self::load(dir, gpu, options, dtype, progress),
+            crate::gguf::ModelSource::Gguf(path) => {
+                Self::load_gguf(path, gpu, options, dtype, progress)
+            }
+        }
+    }
+
     /// Loads an opened [`GgufModel`](crate::gguf::GgufModel).
     pub fn from_gguf(
         gguf: &crate::gguf::GgufModel,
