@@ -356,3 +356,40 @@ fn llama_cpp_f32_files_match_their_checkpoints() {
         compare(name, st, gg, exact);
     }
 }
+
+/// A device failure at each allocation and each copy of a GGUF load, in
+/// turn: an error every time, and nothing left allocated.
+#[test]
+fn each_allocation_of_a_gguf_load_can_fail() {
+    use metrale_core::scope::ModelResource;
+    use metrale_gpu_runtime::fault::FaultPlan;
+    use metrale_model_engine::gguf::GgufModel;
+    use metrale_model_weights::loader::load_gguf;
+    for name in ["granitemoehybrid", "llama"] {
+        let g = GgufModel::open(&gguf(name)).unwrap();
+        let expected = g.expected_tensors().unwrap();
+        let gpu = CpuBackend::new();
+        gpu.hooks().set_faults(FaultPlan::default());
+        let mut store = load_gguf(&g.file, &expected, &gpu, POLICY, &mut |_| {}).unwrap();
+        let allocations = gpu.hooks().alloc_count();
+        assert_eq!(allocations, expected.len(), "{name}");
+        store.release(&gpu).unwrap();
+        for i in 0..allocations {
+            for plan in [
+                FaultPlan {
+                    fail_alloc_at: Some(i),
+                    ..FaultPlan::default()
+                },
+                FaultPlan {
+                    fail_copy_at: Some(i),
+                    ..FaultPlan::default()
+                },
+            ] {
+                gpu.hooks().set_faults(plan);
+                assert!(load_gguf(&g.file, &expected, &gpu, POLICY, &mut |_| {}).is_err());
+                assert_eq!(gpu.live_bytes(), 0, "{name}: {plan:?}");
+                assert_eq!(gpu.ledger().live_count(), 0, "{name}: {plan:?}");
+            }
+        }
+    }
+}

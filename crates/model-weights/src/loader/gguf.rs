@@ -323,3 +323,74 @@ fn upload(
         shape: p.expected.shape.clone(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgufWriter;
+
+    /// llama.cpp's `permute(w, n_head)`, for 1-element rows.
+    fn permute(rows: &[f32], n_head: usize) -> Vec<f32> {
+        let per = rows.len() / n_head;
+        let mut out = Vec::new();
+        for h in 0..n_head {
+            for i in 0..per / 2 {
+                for j in 0..2 {
+                    out.push(rows[h * per + j * (per / 2) + i]);
+                }
+            }
+        }
+        out
+    }
+
+    fn bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn floats(b: &[u8]) -> Vec<f32> {
+        (b.chunks_exact(4))
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    #[test]
+    fn transforms_undo_the_converter() {
+        let rows: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let a_log = [0.5f32, -1.0];
+        let mut w = GgufWriter::new();
+        w.add_tensor("q", GgmlType::F32, &[12], bytes(&permute(&rows, 3)));
+        let a: Vec<f32> = a_log.iter().map(|x| -x.exp()).collect();
+        w.add_tensor("a", GgmlType::F32, &[2, 1], bytes(&a));
+        w.add_tensor("g", GgmlType::F32, &[2, 1, 2], bytes(&[1., 2., 3., 4.]));
+        w.add_tensor("u", GgmlType::F32, &[2, 1, 2], bytes(&[5., 6., 7., 8.]));
+        let file = GgufFile::from_bytes("t.gguf", w.to_bytes().unwrap()).unwrap();
+        let plan_of = |name: &str, shape: Vec<usize>, sources: &[&str], transform| {
+            let e = GgufExpected {
+                name: name.into(),
+                shape,
+                sources: sources.iter().map(|s| s.to_string()).collect(),
+                transform,
+            };
+            let p = plan(&file, &e).unwrap();
+            floats(&host_bytes(&p))
+        };
+        let q = plan_of(
+            "q",
+            vec![12],
+            &["q"],
+            GgufTransform::UnpermuteRows { n_heads: 3 },
+        );
+        assert_eq!(q, rows);
+        let a = plan_of("a", vec![2], &["a"], GgufTransform::ALogFromA);
+        for (x, y) in a.iter().zip(a_log) {
+            assert!((x - y).abs() < 1e-6);
+        }
+        let gu = plan_of(
+            "gu",
+            vec![2, 2, 2],
+            &["g", "u"],
+            GgufTransform::Concat { axis: 1 },
+        );
+        assert_eq!(gu, [1., 2., 5., 6., 3., 4., 7., 8.]);
+    }
+}
