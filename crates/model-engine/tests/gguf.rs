@@ -393,3 +393,36 @@ fn each_allocation_of_a_gguf_load_can_fail() {
         }
     }
 }
+
+/// F16 tensors load too: the llama fixture's BF16 weights rewritten as F16
+/// (both hold these values closely) give nearly the same logits.
+#[test]
+fn f16_gguf_tensors_load() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gguf-f16");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = rewrite(&dir, "llama-f16", |_, tensors| {
+        for t in tensors.iter_mut().filter(|t| t.1 == GgmlType::BF16) {
+            t.1 = GgmlType::F16;
+            t.3 = (t.3.chunks_exact(2))
+                .flat_map(|c| {
+                    let v = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
+                    half::f16::from_f32(v).to_le_bytes()
+                })
+                .collect();
+        }
+    });
+    let load = |p: &Path| {
+        let gpu: Arc<dyn GpuBackend> = Arc::new(CpuBackend::with_threads(1));
+        TransformerModel::load_gguf(p, gpu, options(), WeightDType::F32, &mut |_| {}).unwrap()
+    };
+    let (bf, f16) = (load(&gguf("llama")), load(&path));
+    let prompt = [3u32, 17, 42, 100];
+    let (a, ta) = run(&bf, &prompt, 3);
+    let (b, tb) = run(&f16, &prompt, 3);
+    assert_eq!(ta, tb);
+    for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+        assert!((x - y).abs() < 1e-2, "{x} vs {y}");
+    }
+    bf.shutdown().unwrap();
+    f16.shutdown().unwrap();
+}
