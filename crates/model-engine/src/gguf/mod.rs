@@ -353,7 +353,11 @@ pub fn config_json(file: &GgufFile) -> Result<Value> {
         let inner = u("ssm.inner_size")?;
         let heads = u("ssm.time_step_rank")?;
         let hidden = u("embedding_length")?;
-        if heads == 0 || inner % heads != 0 || hidden == 0 || inner % hidden != 0 {
+        if heads == 0
+            || !inner.is_multiple_of(heads)
+            || hidden == 0
+            || !inner.is_multiple_of(hidden)
+        {
             return Err(meta_err(
                 file,
                 &k("ssm.inner_size"),

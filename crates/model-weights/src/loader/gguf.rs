@@ -127,7 +127,7 @@ fn plan<'a>(file: &'a GgufFile, e: &'a GgufExpected) -> Result<Planned<'a>, Weig
         GgufTransform::Concat { axis } => {
             let n = sources.len();
             let mut part = e.shape.clone();
-            if *axis >= part.len() || part[*axis] % n != 0 {
+            if *axis >= part.len() || !part[*axis].is_multiple_of(n) {
                 return Err(WeightsError::GgufTensor {
                     path,
                     tensor: e.name.clone(),
@@ -152,7 +152,7 @@ fn plan<'a>(file: &'a GgufFile, e: &'a GgufExpected) -> Result<Planned<'a>, Weig
             }
             if let GgufTransform::UnpermuteRows { n_heads } = transform {
                 let rows = e.shape.first().copied().unwrap_or(0);
-                if *n_heads == 0 || rows % (2 * n_heads) != 0 {
+                if *n_heads == 0 || !rows.is_multiple_of(2 * n_heads) {
                     return Err(WeightsError::GgufTensor {
                         path,
                         tensor: t.name().to_string(),
