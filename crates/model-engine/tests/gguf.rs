@@ -426,3 +426,30 @@ fn f16_gguf_tensors_load() {
     bf.shutdown().unwrap();
     f16.shutdown().unwrap();
 }
+
+/// A GGUF tensor the model does not use is a warning naming it, not an error.
+#[test]
+fn unused_gguf_tensors_are_warnings() {
+    use metrale_model_weights::loader::LoadProgress;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gguf-extra");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = rewrite(&dir, "extra", |_, t| {
+        t.push((
+            "blk.0.extra.weight".into(),
+            GgmlType::F32,
+            vec![4],
+            vec![0; 16],
+        ));
+    });
+    let mut warnings = Vec::new();
+    let gpu: Arc<dyn GpuBackend> = Arc::new(CpuBackend::with_threads(1));
+    let model = TransformerModel::load_gguf(&path, gpu, options(), POLICY, &mut |p| {
+        if let LoadProgress::Warning(w) = p {
+            warnings.push(w);
+        }
+    })
+    .unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("blk.0.extra.weight") && warnings[0].contains("extra.gguf"));
+    model.shutdown().unwrap();
+}
