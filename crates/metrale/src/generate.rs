@@ -141,11 +141,12 @@ impl Model {
     /// (`generation_config.json`, [`GenerationDefaults`]) and puts the
     /// model under an engine. On failure the model is torn down.
     pub fn into_generator(self, config: EngineConfig) -> Result<Generator> {
+        let source = self.source();
         let Model { dir, model, .. } = self;
-        let loaded = Tokenizer::from_dir(&dir)
+        let loaded = (source.tokenizer())
             .with_context(|| format!("loading the tokenizer of {}", dir.display()))
             .and_then(|tokenizer| {
-                let defaults = GenerationDefaults::from_checkpoint(&dir)
+                let defaults = (source.generation_defaults())
                     .context("reading the model's sampling defaults")?;
                 Ok((tokenizer, defaults))
             });
@@ -217,9 +218,10 @@ impl Generator {
         Ok(self.tokenizer.encode(prompt, true)?)
     }
 
-    /// The model directory's chat template.
+    /// The model's chat template (its directory's, or its GGUF file's
+    /// `tokenizer.chat_template`).
     pub fn chat_template(&self) -> Result<ChatTemplate> {
-        Ok(ChatTemplate::from_model_dir(&self.dir)?)
+        Ok(metrale_model_engine::gguf::ModelSource::from_path(&self.dir).chat_template()?)
     }
 
     /// Token ids of a conversation rendered by `template`, ready for the

@@ -107,7 +107,8 @@ pub fn is_hub_id(s: &str) -> bool {
     }
 }
 
-/// A local path: a directory, or a `.safetensors` file's directory.
+/// A local path: a directory, a `.safetensors` file's directory, or a
+/// `.gguf` file.
 fn local(spec: &Path) -> Result<PathBuf> {
     if spec.is_dir() {
         return Ok(spec.to_path_buf());
@@ -147,11 +148,8 @@ fn local(spec: &Path) -> Result<PathBuf> {
             }
             Ok(dir)
         }
-        Some("gguf") => bail!(
-            "{}: GGUF files are not supported yet; give a Hugging Face model directory \
-             (config.json, *.safetensors, tokenizer.json)",
-            spec.display()
-        ),
+        // A GGUF file is the whole model (config, weights, tokenizer).
+        Some("gguf") => Ok(spec.to_path_buf()),
         _ => bail!(
             "{} is a file, not a model directory or a .safetensors file",
             spec.display()

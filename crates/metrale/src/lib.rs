@@ -92,6 +92,7 @@ mod runner;
 pub use runner::{GeneratorHandle, RequestStream};
 
 use metrale_gpu_runtime::gpu::GpuBackend;
+use metrale_model_engine::gguf::ModelSource;
 use metrale_model_engine::model::{Logits, Step, TransformerModel};
 
 /// How to load a model.
@@ -138,7 +139,8 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads `dir` on the backend `options.device` names, opened with
+    /// Loads `dir` (a checkpoint directory, or a `.gguf` file) on the
+    /// backend `options.device` names, opened with
     /// `options.threads` and `options.memory_limit` ([`open_backend`]).
     pub fn load(
         dir: &Path,
@@ -166,9 +168,15 @@ impl Model {
         options: &LoadOptions,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self> {
-        let model =
-            TransformerModel::load(dir, gpu.clone(), options.model, options.dtype, progress)
-                .with_context(|| format!("loading {}", dir.display()))?;
+        let source = ModelSource::from_path(dir);
+        let model = TransformerModel::load_source(
+            &source,
+            gpu.clone(),
+            options.model,
+            options.dtype,
+            progress,
+        )
+        .with_context(|| format!("loading {}", dir.display()))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             gpu,
@@ -176,8 +184,14 @@ impl Model {
         })
     }
 
+    /// The model's path: its directory, or its GGUF file.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Where the model was read from.
+    pub fn source(&self) -> ModelSource {
+        ModelSource::from_path(&self.dir)
     }
 
     pub fn engine(&self) -> &TransformerModel {

@@ -183,12 +183,15 @@ fn a_safetensors_file_stands_for_its_directory() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("no config.json"), "{e}");
-    // GGUF is recognised, not yet supported.
+    // A GGUF file is a model by itself; a broken one fails at load, named.
     std::fs::write(dir.join("m.gguf"), b"GGUF").unwrap();
-    let e = resolve_model(dir.join("m.gguf"), None)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("GGUF"), "{e}");
+    let gguf = resolve_model(dir.join("m.gguf"), None).unwrap();
+    assert_eq!(gguf, dir.join("m.gguf"));
+    let e = match metrale::Model::load(&gguf, &metrale::LoadOptions::default(), &mut |_| {}) {
+        Ok(_) => panic!("a 4-byte GGUF file loads"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(e.contains("m.gguf") && e.contains("truncated"), "{e}");
 
     // End to end: `generate --model <file>`.
     let out = metrale(

@@ -4,6 +4,7 @@
 pub mod arch;
 pub mod config;
 pub mod error;
+pub mod gguf;
 pub mod loader;
 
 pub use error::EngineError;

@@ -110,6 +110,37 @@ impl Tokenizer {
         Ok(Self::assemble(inner, path.to_path_buf(), None, None, None))
     }
 
+    /// The tokenizer a GGUF file's metadata describes (`tokenizer.ggml.*`,
+    /// rebuilt as a `tokenizer.json` by
+    /// [`tokenizer_json`](metrale_model_weights::gguf::tokenizer_json)), with
+    /// its special tokens (BOS, EOS and end of turn as stop tokens, whether
+    /// BOS is added).
+    pub fn from_gguf(file: &metrale_model_weights::gguf::GgufFile) -> Result<Self> {
+        use metrale_model_weights::gguf::{special_tokens, tokenizer_json};
+        let path = file.path();
+        let json = tokenizer_json(file)?;
+        let bytes = serde_json::to_vec(&json)
+            .map_err(|e| file_error(path, format!("cannot serialize its tokenizer: {e}")))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+            file_error(
+                path,
+                format!("its tokenizer metadata is not a valid tokenizer: {e}"),
+            )
+        })?;
+        let special = special_tokens(file)?;
+        let eos: Vec<u32> = special.eos.into_iter().chain(special.eot).collect();
+        let tok_config = serde_json::json!({ "add_bos_token": special.add_bos });
+        let gen_config = serde_json::json!({ "eos_token_id": eos });
+        let model_config = serde_json::json!({ "bos_token_id": special.bos });
+        Ok(Self::assemble(
+            inner,
+            path.to_path_buf(),
+            Some(&tok_config),
+            Some(&gen_config),
+            Some(&model_config),
+        ))
+    }
+
     fn assemble(
         inner: tokenizers::Tokenizer,
         source: PathBuf,

@@ -117,6 +117,16 @@ pub enum WeightsError {
         expected: String,
         found: String,
     },
+    /// A tensor the model needs is stored in a GGUF type that metrale cannot
+    /// hold on the device yet (a quantized type).
+    #[error(
+        "{path}: GGUF tensor {tensor:?} is stored as {ggml_type}, which metrale cannot load yet (only unquantized F32, F16 and BF16 GGUF tensors are supported)"
+    )]
+    GgufUnsupportedType {
+        path: PathBuf,
+        tensor: String,
+        ggml_type: String,
+    },
     /// A GGUF tensor-info entry is malformed or its bytes are not where it
     /// says (unknown type, bad dims, range outside the file, unaligned, ...).
     #[error("{path}: GGUF tensor {tensor:?}: {detail}")]

@@ -14,5 +14,8 @@ pub mod loader;
 pub mod weights;
 
 pub use error::WeightsError;
-pub use loader::{ExpectedTensor, LoadProgress, WeightDType, load_safetensors, scan_safetensors};
+pub use loader::{
+    ExpectedTensor, GgufExpected, GgufTransform, LoadProgress, WeightDType, load_gguf,
+    load_safetensors, scan_safetensors,
+};
 pub use weights::{DeviceTensor, WeightStore};

@@ -128,9 +128,14 @@ fn run(args: Args) -> Result<()> {
         .filter(|spec| !spec.exists())
         .and_then(|spec| spec.to_str())
         .map(str::to_string);
-    if !dir.join("config.json").is_file() {
+    if !dir.join("config.json").is_file()
+        && !matches!(
+            metrale::engine::gguf::ModelSource::from_path(&dir),
+            metrale::engine::gguf::ModelSource::Gguf(_)
+        )
+    {
         anyhow::bail!(
-            "no model at {} (give --model DIR or set {})",
+            "no model at {} (give --model DIR or FILE.gguf, or set {})",
             dir.display(),
             metrale::MODEL_ENV
         );
@@ -148,7 +153,9 @@ fn run(args: Args) -> Result<()> {
     }
     let mut engine = EngineConfig::default();
     if let Some(ctx) = args.ctx_size {
-        let most = metrale::engine::config::load_config(&dir)?.max_position_embeddings;
+        let most = metrale::engine::gguf::ModelSource::from_path(&dir)
+            .config()?
+            .max_position_embeddings;
         if ctx == 0 || ctx > most {
             anyhow::bail!(
                 "--ctx-size {ctx} is not within 1 and the model's context of {most} positions \

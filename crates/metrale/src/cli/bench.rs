@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use metrale::core::DType;
-use metrale::engine::config::{ModelConfig, load_config, parse_config};
+use metrale::engine::config::{ModelConfig, parse_config};
 use metrale::engine::model::{GraphStats, Logits, ModelOptions, Sequence, Step, TransformerModel};
 use metrale::engine::random::write_random_checkpoint;
 use metrale::weights::loader::WeightDType;
@@ -188,7 +188,7 @@ pub fn run(mut args: Args) -> Result<()> {
     }
     let (b, n) = (args.batch, args.prompt_len);
     let config = match (&args.model, &args.config) {
-        (Some(dir), _) => load_config(dir)?,
+        (Some(dir), _) => metrale::engine::gguf::ModelSource::from_path(dir).config()?,
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;

@@ -12,7 +12,7 @@ use metrale::{
 };
 use metrale_model_engine::sampling::Finish;
 
-const DEFAULT_MODEL_NOTE: &str = "Model: a directory (config.json, *.safetensors, tokenizer.json), a .safetensors file in one, or a Hugging Face hub id org/name in the local cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub; nothing is downloaded). Default: $METRALE_MODEL, else the model bundled into this binary (models/default, a tiny model with random weights whose output is gibberish; unpacked once into $METRALE_CACHE_DIR, else $XDG_CACHE_HOME/metrale, else ~/.cache/metrale)";
+const DEFAULT_MODEL_NOTE: &str = "Model: a directory (config.json, *.safetensors, tokenizer.json), a .safetensors file in one, a .gguf file (unquantized: F32, F16, BF16 tensors), or a Hugging Face hub id org/name in the local cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub; nothing is downloaded). Default: $METRALE_MODEL, else the model bundled into this binary (models/default, a tiny model with random weights whose output is gibberish; unpacked once into $METRALE_CACHE_DIR, else $XDG_CACHE_HOME/metrale, else ~/.cache/metrale)";
 
 /// Which model to load and how.
 #[derive(clap::Args, Debug)]
@@ -52,9 +52,14 @@ impl ModelArgs {
             Some(spec) => metrale::resolve_model(spec, self.revision.as_deref())?,
             None => default_model_dir()?,
         };
-        if !dir.join("config.json").is_file() {
+        if !dir.join("config.json").is_file()
+            && !matches!(
+                metrale::engine::gguf::ModelSource::from_path(&dir),
+                metrale::engine::gguf::ModelSource::Gguf(_)
+            )
+        {
             anyhow::bail!(
-                "no model at {} (give --model DIR or set {})",
+                "no model at {} (give --model DIR or FILE.gguf, or set {})",
                 dir.display(),
                 metrale::MODEL_ENV
             );
@@ -86,7 +91,7 @@ pub fn check_ctx_size(ctx: usize, dir: &std::path::Path) -> Result<()> {
     if ctx == 0 {
         anyhow::bail!("--ctx-size must be at least 1");
     }
-    let config = metrale::engine::config::load_config(dir)?;
+    let config = metrale::engine::gguf::ModelSource::from_path(dir).config()?;
     let most = config.max_position_embeddings;
     if ctx > most {
         anyhow::bail!(

@@ -6,16 +6,18 @@ use anyhow::{Context, Result, bail};
 use metrale::{BackendOptions, open_backend};
 use metrale_core::DType;
 use metrale_core::scope::ModelResource;
-use metrale_model_engine::config::{MixerKind, ModelConfig, RopeScaling, load_config};
+use metrale_model_engine::config::{MixerKind, ModelConfig, RopeScaling};
+use metrale_model_engine::gguf::{GgufModel, ModelSource};
 use metrale_model_engine::loader::load_weights;
 use metrale_model_engine::model::ModelOptions;
 use metrale_model_engine::model::types::{kv_spec, recurrent_state_shapes};
-use metrale_model_weights::loader::{WeightDType, scan_safetensors};
+use metrale_model_weights::loader::{WeightDType, load_gguf, scan_safetensors};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// The model: a directory (config.json, *.safetensors), a .safetensors
-    /// file in one, or a Hugging Face hub id org/name in the local cache.
+    /// file in one, a .gguf file, or a Hugging Face hub id org/name in the
+    /// local cache.
     pub model_dir: PathBuf,
     /// The revision of a hub id model: a branch, tag or commit hash
     /// (default: main).
@@ -101,10 +103,13 @@ pub fn run(mut args: Args) -> Result<()> {
         Some(_) if free_budget => None,
         memory => memory.as_deref().map(parse_bytes).transpose()?,
     };
-    let config = load_config(&args.model_dir)?;
-    let has_weights = ["model.safetensors", "model.safetensors.index.json"]
-        .iter()
-        .any(|f| args.model_dir.join(f).is_file());
+    let source = ModelSource::from_path(&args.model_dir);
+    let gguf = matches!(source, ModelSource::Gguf(_));
+    let config = source.config()?;
+    let has_weights = gguf
+        || ["model.safetensors", "model.safetensors.index.json"]
+            .iter()
+            .any(|f| args.model_dir.join(f).is_file());
     if !args.no_load && !has_weights {
         bail!(
             "{}: no weights found (model.safetensors or model.safetensors.index.json); \
@@ -140,13 +145,21 @@ fn load(args: &Args, config: &ModelConfig) -> Result<Totals> {
     let backend = open_backend(args.device.device, &BackendOptions::default())?;
     let gpu = backend.gpu().as_ref();
     let mut progress = super::load_progress();
-    let result = load_weights(
-        &args.model_dir,
-        config,
-        gpu,
-        WeightDType::AsStored,
-        &mut progress,
-    );
+    let result = match ModelSource::from_path(&args.model_dir) {
+        ModelSource::Gguf(path) => GgufModel::open(&path).and_then(|g| {
+            let expected = g.expected_tensors()?;
+            Ok(load_gguf(
+                &g.file,
+                &expected,
+                gpu,
+                WeightDType::AsStored,
+                &mut progress,
+            )?)
+        }),
+        ModelSource::Dir(dir) => {
+            load_weights(&dir, config, gpu, WeightDType::AsStored, &mut progress)
+        }
+    };
     // The bar is cleared by `Done`; after an error it is dropped with
     // `progress` (indicatif clears a dropped bar's line).
     drop(progress);
@@ -170,6 +183,9 @@ fn load(args: &Args, config: &ModelConfig) -> Result<Totals> {
 
 /// Counts from the safetensors headers only.
 fn from_headers(args: &Args, config: &ModelConfig) -> Result<Totals> {
+    if let ModelSource::Gguf(path) = ModelSource::from_path(&args.model_dir) {
+        return from_gguf_headers(&path);
+    }
     let stored = scan_safetensors(&args.model_dir)?;
     let mut totals = Totals {
         parameters: 0,
@@ -198,6 +214,31 @@ fn from_headers(args: &Args, config: &ModelConfig) -> Result<Totals> {
         totals.bytes += t.bytes;
         if !totals.dtypes.contains(&t.dtype.to_ascii_lowercase()) {
             totals.dtypes.push(t.dtype.to_ascii_lowercase());
+        }
+    }
+    totals.dtypes.sort();
+    Ok(totals)
+}
+
+/// Counts from a GGUF file's tensor table only: each expected tensor's
+/// sources, as stored.
+fn from_gguf_headers(path: &std::path::Path) -> Result<Totals> {
+    let g = GgufModel::open(path)?;
+    let mut totals = Totals {
+        parameters: 0,
+        bytes: 0,
+        dtypes: Vec::new(),
+        from_config: false,
+    };
+    for e in g.expected_tensors()? {
+        totals.parameters += e.shape.iter().product::<usize>();
+        for name in &e.sources {
+            let t = g.file.tensor(name)?;
+            totals.bytes += t.data.len();
+            let ty = t.ggml_type().name().to_ascii_lowercase();
+            if !totals.dtypes.contains(&ty) {
+                totals.dtypes.push(ty);
+            }
         }
     }
     totals.dtypes.sort();

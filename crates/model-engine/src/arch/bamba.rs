@@ -240,3 +240,46 @@ fn model_names(tied: bool) -> ModelNames {
         lm_head: (!tied).then(|| "lm_head.weight".into()),
     }
 }
+
+use crate::gguf::GgufName::*;
+use crate::gguf::GgufTable;
+/// llama.cpp's names for Bamba (`convert_hf_to_gguf.py`'s
+/// `GraniteHybridModel`, architecture `granitehybrid` with
+/// `rope.scaling.finetuned` true): Mamba-2 layers as `Mamba2Model` stores
+/// them, attention q/k rows permuted as `LlamaModel`'s.
+pub(crate) const GGUF: GgufTable = GgufTable {
+    layer_prefix: "model.layers.",
+    globals: &[
+        ("model.embed_tokens.weight", Same("token_embd.weight")),
+        ("model.final_layernorm.weight", Same("output_norm.weight")),
+        ("lm_head.weight", Same("output.weight")),
+    ],
+    layer: &[
+        ("input_layernorm.weight", Same("attn_norm.weight")),
+        ("pre_ff_layernorm.weight", Same("ffn_norm.weight")),
+        ("mamba.in_proj.weight", Same("ssm_in.weight")),
+        ("mamba.in_proj.bias", Same("ssm_in.bias")),
+        ("mamba.conv1d.weight", Same("ssm_conv1d.weight")),
+        ("mamba.conv1d.bias", Same("ssm_conv1d.bias")),
+        ("mamba.dt_bias", Same("ssm_dt.bias")),
+        ("mamba.A_log", NegExp("ssm_a")),
+        ("mamba.D", Same("ssm_d")),
+        ("mamba.norm.weight", Reshaped("ssm_norm.weight")),
+        ("mamba.out_proj.weight", Same("ssm_out.weight")),
+        ("mamba.out_proj.bias", Same("ssm_out.bias")),
+        ("self_attn.q_proj.weight", PermutedQ("attn_q.weight")),
+        ("self_attn.k_proj.weight", PermutedK("attn_k.weight")),
+        ("self_attn.v_proj.weight", Same("attn_v.weight")),
+        ("self_attn.o_proj.weight", Same("attn_output.weight")),
+        ("self_attn.q_proj.bias", PermutedQ("attn_q.bias")),
+        ("self_attn.k_proj.bias", PermutedK("attn_k.bias")),
+        ("self_attn.v_proj.bias", Same("attn_v.bias")),
+        ("self_attn.o_proj.bias", Same("attn_output.bias")),
+        ("feed_forward.gate_proj.weight", Same("ffn_gate.weight")),
+        ("feed_forward.up_proj.weight", Same("ffn_up.weight")),
+        ("feed_forward.down_proj.weight", Same("ffn_down.weight")),
+        ("feed_forward.gate_proj.bias", Same("ffn_gate.bias")),
+        ("feed_forward.up_proj.bias", Same("ffn_up.bias")),
+        ("feed_forward.down_proj.bias", Same("ffn_down.bias")),
+    ],
+};

@@ -214,3 +214,64 @@ fn model_names(tied: bool) -> ModelNames {
         lm_head: (!tied).then(|| "lm_head.weight".into()),
     }
 }
+
+use crate::gguf::GgufName::*;
+use crate::gguf::GgufTable;
+/// llama.cpp's names for the family (`convert_hf_to_gguf.py`'s
+/// `LlamaModel`, `Qwen2Model`, `Qwen3Model`). `LlamaModel` (llama, mistral)
+/// permutes the rows of q_proj and k_proj (weights and biases) for its rope
+/// (`permute(w, n_head)`); the Qwen classes store them as is.
+const LLAMA_GLOBALS: &[(&str, crate::gguf::GgufName)] = &[
+    ("model.embed_tokens.weight", Same("token_embd.weight")),
+    ("model.norm.weight", Same("output_norm.weight")),
+    ("lm_head.weight", Same("output.weight")),
+];
+
+pub(crate) const GGUF_LLAMA: GgufTable = GgufTable {
+    layer_prefix: "model.layers.",
+    globals: LLAMA_GLOBALS,
+    layer: &[
+        ("input_layernorm.weight", Same("attn_norm.weight")),
+        ("post_attention_layernorm.weight", Same("ffn_norm.weight")),
+        ("self_attn.q_proj.weight", PermutedQ("attn_q.weight")),
+        ("self_attn.k_proj.weight", PermutedK("attn_k.weight")),
+        ("self_attn.v_proj.weight", Same("attn_v.weight")),
+        ("self_attn.o_proj.weight", Same("attn_output.weight")),
+        ("self_attn.q_proj.bias", PermutedQ("attn_q.bias")),
+        ("self_attn.k_proj.bias", PermutedK("attn_k.bias")),
+        ("self_attn.v_proj.bias", Same("attn_v.bias")),
+        ("self_attn.o_proj.bias", Same("attn_output.bias")),
+        ("mlp.gate_proj.weight", Same("ffn_gate.weight")),
+        ("mlp.up_proj.weight", Same("ffn_up.weight")),
+        ("mlp.down_proj.weight", Same("ffn_down.weight")),
+        ("mlp.gate_proj.bias", Same("ffn_gate.bias")),
+        ("mlp.up_proj.bias", Same("ffn_up.bias")),
+        ("mlp.down_proj.bias", Same("ffn_down.bias")),
+    ],
+};
+
+/// Qwen 2/3: as Llama without the q/k permutation, plus Qwen 3's q/k norms.
+pub(crate) const GGUF_QWEN: GgufTable = GgufTable {
+    layer_prefix: "model.layers.",
+    globals: LLAMA_GLOBALS,
+    layer: &[
+        ("input_layernorm.weight", Same("attn_norm.weight")),
+        ("post_attention_layernorm.weight", Same("ffn_norm.weight")),
+        ("self_attn.q_proj.weight", Same("attn_q.weight")),
+        ("self_attn.k_proj.weight", Same("attn_k.weight")),
+        ("self_attn.v_proj.weight", Same("attn_v.weight")),
+        ("self_attn.o_proj.weight", Same("attn_output.weight")),
+        ("self_attn.q_proj.bias", Same("attn_q.bias")),
+        ("self_attn.k_proj.bias", Same("attn_k.bias")),
+        ("self_attn.v_proj.bias", Same("attn_v.bias")),
+        ("self_attn.o_proj.bias", Same("attn_output.bias")),
+        ("self_attn.q_norm.weight", Same("attn_q_norm.weight")),
+        ("self_attn.k_norm.weight", Same("attn_k_norm.weight")),
+        ("mlp.gate_proj.weight", Same("ffn_gate.weight")),
+        ("mlp.up_proj.weight", Same("ffn_up.weight")),
+        ("mlp.down_proj.weight", Same("ffn_down.weight")),
+        ("mlp.gate_proj.bias", Same("ffn_gate.bias")),
+        ("mlp.up_proj.bias", Same("ffn_up.bias")),
+        ("mlp.down_proj.bias", Same("ffn_down.bias")),
+    ],
+};

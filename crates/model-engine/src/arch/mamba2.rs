@@ -142,3 +142,31 @@ fn model_names(tied: bool) -> ModelNames {
         lm_head: (!tied).then(|| "lm_head.weight".into()),
     }
 }
+
+use crate::gguf::GgufName::*;
+use crate::gguf::GgufTable;
+/// llama.cpp's names for Mamba-2 (`convert_hf_to_gguf.py`'s
+/// `Mamba2Model`): `A_log` is stored as `A = -exp(A_log)` with shape
+/// `[n_heads, 1]`, `D` as `[n_heads, 1]`, the conv weight squeezed to
+/// `[conv_dim, kernel]`, the gated norm's weight as `[n_groups, d_inner / n_groups]`.
+pub(crate) const GGUF: GgufTable = GgufTable {
+    layer_prefix: "backbone.layers.",
+    globals: &[
+        ("backbone.embeddings.weight", Same("token_embd.weight")),
+        ("backbone.norm_f.weight", Same("output_norm.weight")),
+        ("lm_head.weight", Same("output.weight")),
+    ],
+    layer: &[
+        ("norm.weight", Same("attn_norm.weight")),
+        ("mixer.in_proj.weight", Same("ssm_in.weight")),
+        ("mixer.in_proj.bias", Same("ssm_in.bias")),
+        ("mixer.conv1d.weight", Same("ssm_conv1d.weight")),
+        ("mixer.conv1d.bias", Same("ssm_conv1d.bias")),
+        ("mixer.dt_bias", Same("ssm_dt.bias")),
+        ("mixer.A_log", NegExp("ssm_a")),
+        ("mixer.D", Same("ssm_d")),
+        ("mixer.norm.weight", Reshaped("ssm_norm.weight")),
+        ("mixer.out_proj.weight", Same("ssm_out.weight")),
+        ("mixer.out_proj.bias", Same("ssm_out.bias")),
+    ],
+};

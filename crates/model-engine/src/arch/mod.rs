@@ -27,11 +27,11 @@
 //! transformers accepts a config and only warns (or should), metrale keeps
 //! its reading and adds a warning to [`ModelConfig::warnings`].
 
-mod bamba;
-mod granite_hybrid;
-mod llama;
-mod mamba2;
-mod nemotron_h;
+pub(crate) mod bamba;
+pub(crate) mod granite_hybrid;
+pub(crate) mod llama;
+pub(crate) mod mamba2;
+pub(crate) mod nemotron_h;
 mod qwen3_next;
 
 use metrale_core::DType;

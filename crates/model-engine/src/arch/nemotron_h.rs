@@ -352,3 +352,44 @@ fn model_names() -> ModelNames {
         lm_head: Some("lm_head.weight".into()),
     }
 }
+
+use crate::gguf::GgufName::*;
+use crate::gguf::GgufTable;
+/// llama.cpp's names for Nemotron-H (`convert_hf_to_gguf.py`'s
+/// `NemotronHModel`, a `GraniteHybridModel`): Mamba-2 layers as
+/// `Mamba2Model` stores them, attention q/k rows permuted as `LlamaModel`'s,
+/// the MLP as `ffn_up`/`ffn_down`. (MoE layers, `nemotron_h_moe`, are not
+/// mapped.)
+pub(crate) const GGUF: GgufTable = GgufTable {
+    layer_prefix: "backbone.layers.",
+    globals: &[
+        ("backbone.embeddings.weight", Same("token_embd.weight")),
+        ("backbone.norm_f.weight", Same("output_norm.weight")),
+        ("lm_head.weight", Same("output.weight")),
+    ],
+    layer: &[
+        ("norm.weight", Same("attn_norm.weight")),
+        ("mixer.in_proj.weight", Same("ssm_in.weight")),
+        ("mixer.in_proj.bias", Same("ssm_in.bias")),
+        ("mixer.conv1d.weight", Same("ssm_conv1d.weight")),
+        ("mixer.conv1d.bias", Same("ssm_conv1d.bias")),
+        ("mixer.dt_bias", Same("ssm_dt.bias")),
+        ("mixer.A_log", NegExp("ssm_a")),
+        ("mixer.D", Same("ssm_d")),
+        ("mixer.norm.weight", Reshaped("ssm_norm.weight")),
+        ("mixer.out_proj.weight", Same("ssm_out.weight")),
+        ("mixer.out_proj.bias", Same("ssm_out.bias")),
+        ("mixer.q_proj.weight", PermutedQ("attn_q.weight")),
+        ("mixer.k_proj.weight", PermutedK("attn_k.weight")),
+        ("mixer.v_proj.weight", Same("attn_v.weight")),
+        ("mixer.o_proj.weight", Same("attn_output.weight")),
+        ("mixer.q_proj.bias", PermutedQ("attn_q.bias")),
+        ("mixer.k_proj.bias", PermutedK("attn_k.bias")),
+        ("mixer.v_proj.bias", Same("attn_v.bias")),
+        ("mixer.o_proj.bias", Same("attn_output.bias")),
+        ("mixer.up_proj.weight", Same("ffn_up.weight")),
+        ("mixer.down_proj.weight", Same("ffn_down.weight")),
+        ("mixer.up_proj.bias", Same("ffn_up.bias")),
+        ("mixer.down_proj.bias", Same("ffn_down.bias")),
+    ],
+};

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use metrale_core::scope::ModelResource;
 use metrale_gpu_runtime::gpu::GpuBackend;
-use metrale_model_weights::loader::{LoadProgress, StoredDType, WeightDType};
+use metrale_model_weights::loader::{
+    LoadProgress, StoredDType, WeightDType, device_dtype, load_gguf,
+};
 
 use super::memory::MemoryPlan;
 use super::{ModelOptions, TransformerModel};
@@ -41,6 +43,79 @@ impl TransformerModel {
         };
         // From here the model owns the store; dropping it on error runs the
         // ordered teardown.
+        model.attach_weights(store)?;
+        Ok(model)
+    }
+}
+
+impl TransformerModel {
+    /// Like [`Self::load`], from a GGUF file: the config is rebuilt from its
+    /// metadata ([`crate::gguf`]) and each tensor read under its Hugging
+    /// Face name, the converter's transforms undone.
+    pub fn load_gguf(
+        path: &Path,
+        gpu: Arc<dyn GpuBackend>,
+        options: ModelOptions,
+        dtype: WeightDType,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Self> {
+        let gguf = crate::gguf::GgufModel::open(path)?;
+        Self::from_gguf(&gguf, gpu, options, dtype, progress)
+    }
+
+    /// Loads a model from `source`, a checkpoint directory or a GGUF file.
+    pub fn load_source(
+        source: &crate::gguf::ModelSource,
+        gpu: Arc<dyn GpuBackend>,
+        options: ModelOptions,
+        dtype: WeightDType,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Self> {
+        match source {
+            crate::gguf::ModelSource::Dir(dir) => Self::load(dir, gpu, options, dtype, progress),
+            crate::gguf::ModelSource::Gguf(path) => {
+                Self::load_gguf(path, gpu, options, dtype, progress)
+            }
+        }
+    }
+
+    /// Loads an opened [`GgufModel`](crate::gguf::GgufModel).
+    pub fn from_gguf(
+        gguf: &crate::gguf::GgufModel,
+        gpu: Arc<dyn GpuBackend>,
+        options: ModelOptions,
+        dtype: WeightDType,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Self> {
+        let config = gguf.config.clone();
+        for warning in &config.warnings {
+            progress(LoadProgress::Warning(warning.clone()));
+        }
+        let expected = gguf.expected_tensors()?;
+        let stored: std::collections::HashMap<&str, metrale_core::DType> = expected
+            .iter()
+            .filter_map(|e| {
+                let t = gguf.file.get_tensor(e.sources.first()?)?;
+                Some((e.name.as_str(), device_dtype(t.ggml_type())?))
+            })
+            .collect();
+        let held = |spec: &crate::config::TensorSpec| {
+            dtype.target(
+                stored
+                    .get(spec.name.as_str())
+                    .copied()
+                    .unwrap_or(metrale_core::DType::F32),
+            )
+        };
+        MemoryPlan::new(gpu.as_ref(), &config, &options, &held)?.check(gpu.as_ref())?;
+        let mut store = load_gguf(&gguf.file, &expected, gpu.as_ref(), dtype, progress)?;
+        let mut model = match TransformerModel::new(gpu.clone(), config, options) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = store.release(gpu.as_ref());
+                return Err(e);
+            }
+        };
         model.attach_weights(store)?;
         Ok(model)
     }

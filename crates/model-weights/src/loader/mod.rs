@@ -10,6 +10,7 @@
 
 mod checkpoint;
 mod convert;
+mod gguf;
 mod header;
 
 use std::collections::HashSet;
@@ -19,6 +20,7 @@ use metrale_gpu_runtime::gpu::GpuBackend;
 
 pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE, quantized};
 pub use convert::{WeightDType, convert};
+pub use gguf::{GgufExpected, GgufTransform, device_dtype, load_gguf};
 pub use header::{
     MAX_HEADER_BYTES, SafetensorsFile, StoredDType, TensorEntry, parse as parse_safetensors,
 };

@@ -1,0 +1,396 @@
+//! Loading the tensors of a GGUF file into a [`WeightStore`], under the
+//! names and layouts of the Hugging Face checkpoint it was converted from.
+//!
+//! llama.cpp's converter renames every tensor (`model.layers.0.mlp.up_proj`
+//! becomes `blk.0.ffn_up`) and changes some of them (Q/K rows permuted for
+//! its rope, Mamba's `A_log` stored as `A = -exp(A_log)`, fused tensors
+//! split, size-1 dimensions dropped or added). The caller (the engine, which
+//! knows the architectures) says for each tensor it expects where it lies in
+//! the file and which [`GgufTransform`] undoes the converter's change; this
+//! module checks everything before allocating, then reads, undoes and
+//! uploads each tensor, with the same guarantees as
+//! [`load_safetensors`](super::load_safetensors).
+
+use std::collections::HashSet;
+
+use metrale_core::DType;
+use metrale_core::quant::GgmlType;
+use metrale_gpu_runtime::gpu::GpuBackend;
+
+use super::{LoadProgress, WeightDType, convert, discard};
+use crate::error::WeightsError;
+use crate::gguf::{GgufFile, GgufTensor};
+use crate::weights::{DeviceTensor, WeightStore};
+
+/// How a tensor was changed by the converter; loading undoes it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GgufTransform {
+    /// Stored as is (size-1 dimensions may have been added or dropped: the
+    /// shapes must agree once those are ignored).
+    Identity,
+    /// Stored with the same elements in the same order under another shape
+    /// (Mamba-2's grouped norm weight, `[n_groups, d_inner / n_groups]`):
+    /// only the element counts must agree.
+    Reshape,
+    /// llama.cpp's `LlamaModel.permute(w, n_head)`: within each of
+    /// `n_heads` row blocks, the two rope halves were interleaved.
+    UnpermuteRows { n_heads: usize },
+    /// Mamba-2's `A_log` stored as `A = -exp(A_log)`: loaded as `ln(-A)`.
+    ALogFromA,
+    /// The expected tensor is the concatenation of the sources (in order)
+    /// along `axis` of the expected shape; the sources have equal shapes.
+    Concat { axis: usize },
+}
+
+/// A tensor the caller expects, and where it comes from in the file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GgufExpected {
+    /// The name it gets in the store (the Hugging Face name).
+    pub name: String,
+    /// Its row-major shape in the store.
+    pub shape: Vec<usize>,
+    /// The GGUF tensors it is made of (one, or several for `Concat`).
+    pub sources: Vec<String>,
+    pub transform: GgufTransform,
+}
+
+/// The device dtype a GGUF tensor type is held in before the load policy
+/// applies, or `None` when metrale cannot load it. The one place that says
+/// which GGUF types load (quantized types will be added here).
+pub fn device_dtype(ty: GgmlType) -> Option<DType> {
+    match ty {
+        GgmlType::F32 => Some(DType::F32),
+        GgmlType::F16 => Some(DType::F16),
+        GgmlType::BF16 => Some(DType::BF16),
+        _ => None,
+    }
+}
+
+fn squeezed(shape: &[usize]) -> Vec<usize> {
+    shape.iter().copied().filter(|&d| d != 1).collect()
+}
+
+/// One expected tensor, checked: its sources and the dtype they share.
+struct Planned<'a> {
+    expected: &'a GgufExpected,
+    sources: Vec<GgufTensor<'a>>,
+    stored: DType,
+}
+
+impl Planned<'_> {
+    fn bytes(&self) -> u64 {
+        self.sources.iter().map(|s| s.data.len() as u64).sum()
+    }
+}
+
+/// Checks that `expected`'s sources exist, are of a loadable type, and have
+/// the shape the transform needs.
+fn plan<'a>(file: &'a GgufFile, e: &'a GgufExpected) -> Result<Planned<'a>, WeightsError> {
+    let path = file.path().to_path_buf();
+    let mut sources = Vec::with_capacity(e.sources.len());
+    let mut stored = None;
+    for name in &e.sources {
+        let t = file.tensor(name)?;
+        let Some(dtype) = device_dtype(t.ggml_type()) else {
+            return Err(WeightsError::GgufUnsupportedType {
+                path,
+                tensor: name.clone(),
+                ggml_type: t.ggml_type().name().to_string(),
+            });
+        };
+        if stored.is_some_and(|s| s != dtype) {
+            return Err(WeightsError::GgufTensor {
+                path,
+                tensor: name.clone(),
+                detail: format!(
+                    "is {} while the tensors it is concatenated with are not",
+                    t.ggml_type().name()
+                ),
+            });
+        }
+        stored = Some(dtype);
+        sources.push(t);
+    }
+    let Some(stored) = stored else {
+        return Err(WeightsError::MissingTensor {
+            path,
+            tensor: e.name.clone(),
+        });
+    };
+    let wrong = |t: &GgufTensor, expected: Vec<usize>| WeightsError::WrongShape {
+        path: path.clone(),
+        tensor: t.name().to_string(),
+        expected,
+        found: t.shape().to_vec(),
+    };
+    match &e.transform {
+        GgufTransform::Concat { axis } => {
+            let n = sources.len();
+            let mut part = e.shape.clone();
+            if *axis >= part.len() || !part[*axis].is_multiple_of(n) {
+                return Err(WeightsError::GgufTensor {
+                    path,
+                    tensor: e.name.clone(),
+                    detail: format!("cannot be split into {n} parts along axis {axis}"),
+                });
+            }
+            part[*axis] /= n;
+            for t in &sources {
+                if squeezed(t.shape()) != squeezed(&part) {
+                    return Err(wrong(t, part));
+                }
+            }
+        }
+        transform => {
+            let t = &sources[0];
+            let reshape = *transform == GgufTransform::Reshape;
+            let elems = |s: &[usize]| s.iter().product::<usize>();
+            if (reshape && elems(t.shape()) != elems(&e.shape))
+                || (!reshape && squeezed(t.shape()) != squeezed(&e.shape))
+            {
+                return Err(wrong(t, e.shape.clone()));
+            }
+            if let GgufTransform::UnpermuteRows { n_heads } = transform {
+                let rows = e.shape.first().copied().unwrap_or(0);
+                if *n_heads == 0 || !rows.is_multiple_of(2 * n_heads) {
+                    return Err(WeightsError::GgufTensor {
+                        path,
+                        tensor: t.name().to_string(),
+                        detail: format!(
+                            "{rows} rows cannot be split into {n_heads} heads of two rope halves"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    Ok(Planned {
+        expected: e,
+        sources,
+        stored,
+    })
+}
+
+/// Loads the `expected` tensors of `file` onto `gpu`, held as `policy` says
+/// (the dtype of a GGUF tensor is [`device_dtype`] of its type).
+///
+/// Everything is checked before anything is allocated: each source exists,
+/// has a type [`device_dtype`] accepts, and the shape the transform needs.
+/// GGUF tensors no expected tensor uses are reported as warnings. Errors
+/// name the file and the tensor; on any error nothing stays allocated.
+pub fn load_gguf(
+    file: &GgufFile,
+    expected: &[GgufExpected],
+    gpu: &dyn GpuBackend,
+    policy: WeightDType,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<WeightStore, WeightsError> {
+    let mut seen = HashSet::new();
+    let mut used = HashSet::new();
+    let mut planned = Vec::with_capacity(expected.len());
+    for e in expected {
+        if !seen.insert(e.name.as_str()) {
+            continue;
+        }
+        let p = plan(file, e)?;
+        used.extend(e.sources.iter().map(String::as_str));
+        planned.push(p);
+    }
+    for t in file.tensor_infos() {
+        if !used.contains(t.name.as_str()) {
+            let message = format!(
+                "{}: tensor {:?} is not used by this model and is not loaded",
+                file.path().display(),
+                t.name
+            );
+            tracing::warn!("{message}");
+            progress(LoadProgress::Warning(message));
+        }
+    }
+
+    let total_bytes: u64 = planned.iter().map(Planned::bytes).sum();
+    progress(LoadProgress::Start {
+        tensors: planned.len(),
+        bytes: total_bytes,
+    });
+    let mut store = WeightStore::new();
+    let mut done = 0u64;
+    for (index, p) in planned.iter().enumerate() {
+        match upload(gpu, p, policy.target(p.stored)) {
+            Ok(tensor) => {
+                store.insert(p.expected.name.clone(), tensor);
+            }
+            Err(e) => {
+                discard(store, gpu);
+                return Err(e);
+            }
+        }
+        done += p.bytes();
+        progress(LoadProgress::Tensor {
+            name: p.expected.name.clone(),
+            index,
+            tensors: planned.len(),
+            bytes_done: done,
+            bytes_total: total_bytes,
+        });
+    }
+    progress(LoadProgress::Done {
+        tensors: planned.len(),
+        bytes: total_bytes,
+    });
+    Ok(store)
+}
+
+/// The tensor's bytes in `stored` dtype, with the converter's change undone.
+/// Tensors stored as is are borrowed from the file; the others are rebuilt
+/// in host memory (one tensor at a time).
+fn host_bytes<'a>(p: &Planned<'a>) -> std::borrow::Cow<'a, [u8]> {
+    use std::borrow::Cow;
+    let e = p.expected;
+    let size = p.stored.size_of();
+    match &e.transform {
+        GgufTransform::Identity | GgufTransform::Reshape => Cow::Borrowed(p.sources[0].data),
+        GgufTransform::UnpermuteRows { n_heads } => {
+            // Stored row r of head h was `h*rows_per_head + (i*2 + half)`
+            // for original row `h*rows_per_head + half*(rows_per_head/2) + i`.
+            let data = p.sources[0].data;
+            let rows = e.shape[0];
+            let row_bytes = data.len() / rows;
+            let per_head = rows / n_heads;
+            let half = per_head / 2;
+            let mut out = vec![0u8; data.len()];
+            for h in 0..*n_heads {
+                for j in 0..2 {
+                    for i in 0..half {
+                        let src = h * per_head + i * 2 + j;
+                        let dst = h * per_head + j * half + i;
+                        out[dst * row_bytes..(dst + 1) * row_bytes]
+                            .copy_from_slice(&data[src * row_bytes..(src + 1) * row_bytes]);
+                    }
+                }
+            }
+            Cow::Owned(out)
+        }
+        GgufTransform::ALogFromA => {
+            let a = convert(p.sources[0].data, p.stored, DType::F32);
+            let ln: Vec<u8> = (a.chunks_exact(4))
+                .flat_map(|c| {
+                    (-f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .ln()
+                        .to_le_bytes()
+                })
+                .collect();
+            Cow::Owned(convert(&ln, DType::F32, p.stored).into_owned())
+        }
+        GgufTransform::Concat { axis } => {
+            let outer: usize = e.shape[..*axis].iter().product();
+            let total: usize = p.sources.iter().map(|s| s.data.len()).sum();
+            let mut out = Vec::with_capacity(total);
+            for o in 0..outer {
+                for s in &p.sources {
+                    let chunk = s.data.len() / outer;
+                    out.extend_from_slice(&s.data[o * chunk..(o + 1) * chunk]);
+                }
+            }
+            debug_assert_eq!(out.len() % size, 0);
+            Cow::Owned(out)
+        }
+    }
+}
+
+fn upload(
+    gpu: &dyn GpuBackend,
+    p: &Planned<'_>,
+    target: DType,
+) -> Result<DeviceTensor, WeightsError> {
+    let name = &p.expected.name;
+    let device = |source| WeightsError::Device {
+        name: name.clone(),
+        source,
+    };
+    let elements: usize = p.expected.shape.iter().product();
+    let bytes = host_bytes(p);
+    let data = convert(&bytes, p.stored, target);
+    let slice = gpu
+        .alloc_slice(target, elements, &format!("weights: {name}"))
+        .map_err(device)?;
+    if let Err(e) = gpu.copy_h2d(&data, slice.ptr(), 0) {
+        let _ = gpu.free(slice.ptr());
+        return Err(device(e));
+    }
+    Ok(DeviceTensor {
+        slice,
+        shape: p.expected.shape.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgufWriter;
+
+    /// llama.cpp's `permute(w, n_head)`, for 1-element rows.
+    fn permute(rows: &[f32], n_head: usize) -> Vec<f32> {
+        let per = rows.len() / n_head;
+        let mut out = Vec::new();
+        for h in 0..n_head {
+            for i in 0..per / 2 {
+                for j in 0..2 {
+                    out.push(rows[h * per + j * (per / 2) + i]);
+                }
+            }
+        }
+        out
+    }
+
+    fn bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn floats(b: &[u8]) -> Vec<f32> {
+        (b.chunks_exact(4))
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    #[test]
+    fn transforms_undo_the_converter() {
+        let rows: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let a_log = [0.5f32, -1.0];
+        let mut w = GgufWriter::new();
+        w.add_tensor("q", GgmlType::F32, &[12], bytes(&permute(&rows, 3)));
+        let a: Vec<f32> = a_log.iter().map(|x| -x.exp()).collect();
+        w.add_tensor("a", GgmlType::F32, &[2, 1], bytes(&a));
+        w.add_tensor("g", GgmlType::F32, &[2, 1, 2], bytes(&[1., 2., 3., 4.]));
+        w.add_tensor("u", GgmlType::F32, &[2, 1, 2], bytes(&[5., 6., 7., 8.]));
+        let file = GgufFile::from_bytes("t.gguf", w.to_bytes().unwrap()).unwrap();
+        let plan_of = |name: &str, shape: Vec<usize>, sources: &[&str], transform| {
+            let e = GgufExpected {
+                name: name.into(),
+                shape,
+                sources: sources.iter().map(|s| s.to_string()).collect(),
+                transform,
+            };
+            let p = plan(&file, &e).unwrap();
+            floats(&host_bytes(&p))
+        };
+        let q = plan_of(
+            "q",
+            vec![12],
+            &["q"],
+            GgufTransform::UnpermuteRows { n_heads: 3 },
+        );
+        assert_eq!(q, rows);
+        let a = plan_of("a", vec![2], &["a"], GgufTransform::ALogFromA);
+        for (x, y) in a.iter().zip(a_log) {
+            assert!((x - y).abs() < 1e-6);
+        }
+        let gu = plan_of(
+            "gu",
+            vec![2, 2, 2],
+            &["g", "u"],
+            GgufTransform::Concat { axis: 1 },
+        );
+        assert_eq!(gu, [1., 2., 5., 6., 3., 4., 7., 8.]);
+    }
+}
