@@ -302,18 +302,19 @@ fn broken_gguf_files_are_refused_by_name_with_an_empty_ledger() {
     );
     assert!(err.contains("shape"), "{err}");
 
+    // A quantized type metrale cannot decode (the ones it can, load).
     let path = rewrite(&dir, "quantized", |_, t| {
         for t in t.iter_mut().filter(|t| t.0 == "blk.0.attn_q.weight") {
             let elems: usize = t.2.iter().product();
-            t.1 = GgmlType::Q8_0;
-            t.3 = vec![0; elems / 32 * 34];
+            t.1 = GgmlType::Mxfp4;
+            t.3 = vec![0; elems / 32 * 17];
         }
     });
     let err = load_err(&path);
     assert!(
         err.contains("quantized.gguf")
             && err.contains("blk.0.attn_q.weight")
-            && err.to_lowercase().contains("q8_0"),
+            && err.to_lowercase().contains("mxfp4"),
         "{err}"
     );
 }
@@ -323,10 +324,10 @@ fn broken_gguf_files_are_refused_by_name_with_an_empty_ledger() {
 /// and `gguf/<model>-F32.gguf`) load into the model their checkpoint gives,
 /// held as f32.
 #[test]
+#[ignore = "by hand: needs METRALE_GGUF_GROUND_TRUTH (llama.cpp's F32 files and their checkpoints)"]
 fn llama_cpp_f32_files_match_their_checkpoints() {
-    let Some(root) = std::env::var_os("METRALE_GGUF_GROUND_TRUTH") else {
-        return;
-    };
+    let root = std::env::var_os("METRALE_GGUF_GROUND_TRUTH")
+        .expect("METRALE_GGUF_GROUND_TRUTH names the directory of hf/ and gguf/");
     let root = PathBuf::from(root);
     for (name, exact) in [
         ("llama", true),

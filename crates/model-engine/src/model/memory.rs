@@ -41,10 +41,12 @@ impl MemoryPlan {
             if !seen.insert(spec.name.clone()) {
                 continue;
             }
-            let bytes = spec
-                .shape
-                .iter()
-                .fold(weight_dtype(&spec).size_of(), |a, &d| a.saturating_mul(d));
+            let elements = spec.shape.iter().fold(1usize, |a, &d| a.saturating_mul(d));
+            let dtype = weight_dtype(&spec);
+            // Quantized weights take whole blocks.
+            let bytes = dtype
+                .bytes_for(elements)
+                .unwrap_or(elements.saturating_mul(dtype.size_of()));
             weights = weights.saturating_add(bytes);
             if derived_names.contains(&spec.name) {
                 derived = derived.saturating_add(bytes);

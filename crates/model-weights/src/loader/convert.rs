@@ -35,6 +35,17 @@ pub fn convert(src: &[u8], from: DType, to: DType) -> Cow<'_, [u8]> {
     if from == to {
         return Cow::Borrowed(src);
     }
+    if let DType::Quant(q) = from {
+        // Blocks widened for a float policy (`--weight-dtype`): the caller
+        // checked they are whole blocks of a format metrale decodes.
+        let elems = src.len() / q.block_bytes() * q.block_elems();
+        let mut wide = vec![0f32; elems];
+        if metrale_core::quant::dequantize_row(q.ggml(), src, &mut wide).is_err() {
+            wide.fill(f32::NAN);
+        }
+        let bytes: Vec<u8> = wide.iter().flat_map(|v| v.to_le_bytes()).collect();
+        return Cow::Owned(convert(&bytes, DType::F32, to).into_owned());
+    }
     let n = src.len() / from.size_of();
     let mut out = Vec::with_capacity(n * to.size_of());
     let mut push = |v: f32| match to {

@@ -56,12 +56,18 @@ pub struct GgufExpected {
 
 /// The device dtype a GGUF tensor type is held in before the load policy
 /// applies, or `None` when metrale cannot load it. The one place that says
-/// which GGUF types load (quantized types will be added here).
+/// which GGUF types load: the floats, and every block-quantized format
+/// metrale can decode (held as blocks, [`DType::Quant`]; whether the
+/// backend multiplies them is [`GpuBackend::supports_weights`], checked at
+/// load).
 pub fn device_dtype(ty: GgmlType) -> Option<DType> {
     match ty {
         GgmlType::F32 => Some(DType::F32),
         GgmlType::F16 => Some(DType::F16),
         GgmlType::BF16 => Some(DType::BF16),
+        ty if metrale_core::quant::can_dequantize(ty) => {
+            metrale_core::QuantFormat::new(ty).map(DType::Quant)
+        }
         _ => None,
     }
 }
@@ -85,7 +91,12 @@ impl Planned<'_> {
 
 /// Checks that `expected`'s sources exist, are of a loadable type, and have
 /// the shape the transform needs.
-fn plan<'a>(file: &'a GgufFile, e: &'a GgufExpected) -> Result<Planned<'a>, WeightsError> {
+fn plan<'a>(
+    file: &'a GgufFile,
+    e: &'a GgufExpected,
+    gpu: &dyn GpuBackend,
+    policy: WeightDType,
+) -> Result<Planned<'a>, WeightsError> {
     let path = file.path().to_path_buf();
     let mut sources = Vec::with_capacity(e.sources.len());
     let mut stored = None;
@@ -108,6 +119,18 @@ fn plan<'a>(file: &'a GgufFile, e: &'a GgufExpected) -> Result<Planned<'a>, Weig
                 ),
             });
         }
+        if dtype.quant().is_some() && !gpu.supports_weights(policy.target(dtype)) {
+            return Err(WeightsError::GgufTensor {
+                path,
+                tensor: name.clone(),
+                detail: format!(
+                    "is {} and the {} backend has no kernels for {} weights (the CPU has)",
+                    t.ggml_type().name(),
+                    gpu.name(),
+                    t.ggml_type().name()
+                ),
+            });
+        }
         stored = Some(dtype);
         sources.push(t);
     }
@@ -123,6 +146,24 @@ fn plan<'a>(file: &'a GgufFile, e: &'a GgufExpected) -> Result<Planned<'a>, Weig
         expected,
         found: t.shape().to_vec(),
     };
+    // Quantized blocks move as whole rows only: they are not rewritten
+    // element by element, nor cut inside a row.
+    let in_rows = match &e.transform {
+        GgufTransform::ALogFromA => false,
+        GgufTransform::Concat { axis } => *axis + 1 < e.shape.len(),
+        _ => true,
+    };
+    if stored.quant().is_some() && !in_rows {
+        return Err(WeightsError::GgufTensor {
+            path,
+            tensor: e.name.clone(),
+            detail: format!(
+                "is quantized ({}) where the converter's change must be undone element by \
+                 element ({:?})",
+                stored, e.transform
+            ),
+        });
+    }
     match &e.transform {
         GgufTransform::Concat { axis } => {
             let n = sources.len();
@@ -192,7 +233,7 @@ pub fn load_gguf(
         if !seen.insert(e.name.as_str()) {
             continue;
         }
-        let p = plan(file, e)?;
+        let p = plan(file, e, gpu, policy)?;
         used.extend(e.sources.iter().map(String::as_str));
         planned.push(p);
     }
@@ -371,7 +412,8 @@ mod tests {
                 sources: sources.iter().map(|s| s.to_string()).collect(),
                 transform,
             };
-            let p = plan(&file, &e).unwrap();
+            let cpu = metrale_gpu_runtime::cpu::CpuBackend::with_threads(1);
+            let p = plan(&file, &e, &cpu, WeightDType::AsStored).unwrap();
             floats(&host_bytes(&p))
         };
         let q = plan_of(
