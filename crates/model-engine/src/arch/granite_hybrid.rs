@@ -286,49 +286,38 @@ const GGUF_GLOBALS: &[(&str, crate::gguf::GgufName)] = &[
     ("lm_head.weight", Same("output.weight")),
 ];
 
+const GRANITE_NORMS: crate::gguf::GgufGroup = &[
+    ("input_layernorm.weight", Same("attn_norm.weight")),
+    ("post_attention_layernorm.weight", Same("ffn_norm.weight")),
+];
+
 pub(crate) const GGUF_MOE: GgufTable = GgufTable {
     layer_prefix: "model.layers.",
     globals: GGUF_GLOBALS,
     layer: &[
-        ("input_layernorm.weight", Same("attn_norm.weight")),
-        ("post_attention_layernorm.weight", Same("ffn_norm.weight")),
-        ("mamba.in_proj.weight", Same("ssm_in.weight")),
-        ("mamba.in_proj.bias", Same("ssm_in.bias")),
-        ("mamba.conv1d.weight", Same("ssm_conv1d.weight")),
-        ("mamba.conv1d.bias", Same("ssm_conv1d.bias")),
-        ("mamba.dt_bias", Same("ssm_dt.bias")),
-        ("mamba.A_log", NegExp("ssm_a")),
-        ("mamba.D", Same("ssm_d")),
-        ("mamba.norm.weight", Reshaped("ssm_norm.weight")),
-        ("mamba.out_proj.weight", Same("ssm_out.weight")),
-        ("mamba.out_proj.bias", Same("ssm_out.bias")),
-        ("self_attn.q_proj.weight", PermutedQ("attn_q.weight")),
-        ("self_attn.k_proj.weight", PermutedK("attn_k.weight")),
-        ("self_attn.v_proj.weight", Same("attn_v.weight")),
-        ("self_attn.o_proj.weight", Same("attn_output.weight")),
-        ("self_attn.q_proj.bias", PermutedQ("attn_q.bias")),
-        ("self_attn.k_proj.bias", PermutedK("attn_k.bias")),
-        ("self_attn.v_proj.bias", Same("attn_v.bias")),
-        ("self_attn.o_proj.bias", Same("attn_output.bias")),
+        ("", GRANITE_NORMS),
+        ("mamba.", crate::gguf::MAMBA2),
+        ("self_attn.", crate::gguf::ATTENTION_PERMUTED),
         (
-            "block_sparse_moe.router.layer.weight",
-            Same("ffn_gate_inp.weight"),
+            "block_sparse_moe.",
+            &[
+                ("router.layer.weight", Same("ffn_gate_inp.weight")),
+                (
+                    "input_linear.weight",
+                    Split(&["ffn_gate_exps.weight", "ffn_up_exps.weight"], 1),
+                ),
+                ("output_linear.weight", Same("ffn_down_exps.weight")),
+            ],
         ),
         (
-            "block_sparse_moe.input_linear.weight",
-            Split(&["ffn_gate_exps.weight", "ffn_up_exps.weight"], 1),
-        ),
-        (
-            "block_sparse_moe.output_linear.weight",
-            Same("ffn_down_exps.weight"),
-        ),
-        (
-            "shared_mlp.input_linear.weight",
-            Split(&["ffn_gate_shexp.weight", "ffn_up_shexp.weight"], 0),
-        ),
-        (
-            "shared_mlp.output_linear.weight",
-            Same("ffn_down_shexp.weight"),
+            "shared_mlp.",
+            &[
+                (
+                    "input_linear.weight",
+                    Split(&["ffn_gate_shexp.weight", "ffn_up_shexp.weight"], 0),
+                ),
+                ("output_linear.weight", Same("ffn_down_shexp.weight")),
+            ],
         ),
     ],
 };
@@ -337,30 +326,18 @@ pub(crate) const GGUF_DENSE: GgufTable = GgufTable {
     layer_prefix: "model.layers.",
     globals: GGUF_GLOBALS,
     layer: &[
-        ("input_layernorm.weight", Same("attn_norm.weight")),
-        ("post_attention_layernorm.weight", Same("ffn_norm.weight")),
-        ("mamba.in_proj.weight", Same("ssm_in.weight")),
-        ("mamba.in_proj.bias", Same("ssm_in.bias")),
-        ("mamba.conv1d.weight", Same("ssm_conv1d.weight")),
-        ("mamba.conv1d.bias", Same("ssm_conv1d.bias")),
-        ("mamba.dt_bias", Same("ssm_dt.bias")),
-        ("mamba.A_log", NegExp("ssm_a")),
-        ("mamba.D", Same("ssm_d")),
-        ("mamba.norm.weight", Reshaped("ssm_norm.weight")),
-        ("mamba.out_proj.weight", Same("ssm_out.weight")),
-        ("mamba.out_proj.bias", Same("ssm_out.bias")),
-        ("self_attn.q_proj.weight", PermutedQ("attn_q.weight")),
-        ("self_attn.k_proj.weight", PermutedK("attn_k.weight")),
-        ("self_attn.v_proj.weight", Same("attn_v.weight")),
-        ("self_attn.o_proj.weight", Same("attn_output.weight")),
-        ("self_attn.q_proj.bias", PermutedQ("attn_q.bias")),
-        ("self_attn.k_proj.bias", PermutedK("attn_k.bias")),
-        ("self_attn.v_proj.bias", Same("attn_v.bias")),
-        ("self_attn.o_proj.bias", Same("attn_output.bias")),
+        ("", GRANITE_NORMS),
+        ("mamba.", crate::gguf::MAMBA2),
+        ("self_attn.", crate::gguf::ATTENTION_PERMUTED),
         (
-            "shared_mlp.input_linear.weight",
-            Split(&["ffn_gate.weight", "ffn_up.weight"], 0),
+            "shared_mlp.",
+            &[
+                (
+                    "input_linear.weight",
+                    Split(&["ffn_gate.weight", "ffn_up.weight"], 0),
+                ),
+                ("output_linear.weight", Same("ffn_down.weight")),
+            ],
         ),
-        ("shared_mlp.output_linear.weight", Same("ffn_down.weight")),
     ],
 };

@@ -157,16 +157,7 @@ pub(crate) const GGUF: GgufTable = GgufTable {
         ("lm_head.weight", Same("output.weight")),
     ],
     layer: &[
-        ("norm.weight", Same("attn_norm.weight")),
-        ("mixer.in_proj.weight", Same("ssm_in.weight")),
-        ("mixer.in_proj.bias", Same("ssm_in.bias")),
-        ("mixer.conv1d.weight", Same("ssm_conv1d.weight")),
-        ("mixer.conv1d.bias", Same("ssm_conv1d.bias")),
-        ("mixer.dt_bias", Same("ssm_dt.bias")),
-        ("mixer.A_log", NegExp("ssm_a")),
-        ("mixer.D", Same("ssm_d")),
-        ("mixer.norm.weight", Reshaped("ssm_norm.weight")),
-        ("mixer.out_proj.weight", Same("ssm_out.weight")),
-        ("mixer.out_proj.bias", Same("ssm_out.bias")),
+        ("", &[("norm.weight", Same("attn_norm.weight"))]),
+        ("mixer.", crate::gguf::MAMBA2),
     ],
 };

@@ -45,14 +45,71 @@ pub(crate) enum GgufName {
     Split(&'static [&'static str], usize),
 }
 
-/// A family's GGUF tensor names: HF name suffix after the layer prefix
-/// (`model.layers.{i}.`) to the GGUF name after `blk.{i}.`, and the
-/// whole-model tensors by full name.
+/// HF name (after a group's prefix) to GGUF name (after `blk.{i}.`).
+pub(crate) type GgufGroup = &'static [(&'static str, GgufName)];
+
+/// A family's GGUF tensor names: groups of per-layer tensors, each under
+/// the HF prefix its family gives the block (`mamba.`, `mixer.`,
+/// `self_attn.`, ...) after the layer prefix (`model.layers.{i}.`), and
+/// the whole-model tensors by full name. The blocks several families share
+/// are [`MAMBA2`], [`ATTENTION`] and [`ATTENTION_PERMUTED`].
 pub(crate) struct GgufTable {
     pub layer_prefix: &'static str,
-    pub globals: &'static [(&'static str, GgufName)],
-    pub layer: &'static [(&'static str, GgufName)],
+    pub globals: GgufGroup,
+    pub layer: &'static [(&'static str, GgufGroup)],
 }
+
+/// A Mamba-2 mixer as `Mamba2Model` stores it: `A_log` as `A =
+/// -exp(A_log)` `[n_heads, 1]`, `D` as `[n_heads, 1]`, the conv weight
+/// squeezed to `[conv_dim, kernel]`, the gated norm's weight as `[n_groups,
+/// d_inner / n_groups]`.
+pub(crate) const MAMBA2: GgufGroup = &[
+    ("in_proj.weight", GgufName::Same("ssm_in.weight")),
+    ("in_proj.bias", GgufName::Same("ssm_in.bias")),
+    ("conv1d.weight", GgufName::Same("ssm_conv1d.weight")),
+    ("conv1d.bias", GgufName::Same("ssm_conv1d.bias")),
+    ("dt_bias", GgufName::Same("ssm_dt.bias")),
+    ("A_log", GgufName::NegExp("ssm_a")),
+    ("D", GgufName::Same("ssm_d")),
+    ("norm.weight", GgufName::Reshaped("ssm_norm.weight")),
+    ("out_proj.weight", GgufName::Same("ssm_out.weight")),
+    ("out_proj.bias", GgufName::Same("ssm_out.bias")),
+];
+
+/// Attention projections stored as they are (Qwen 2/3).
+pub(crate) const ATTENTION: GgufGroup = &[
+    ("q_proj.weight", GgufName::Same("attn_q.weight")),
+    ("k_proj.weight", GgufName::Same("attn_k.weight")),
+    ("v_proj.weight", GgufName::Same("attn_v.weight")),
+    ("o_proj.weight", GgufName::Same("attn_output.weight")),
+    ("q_proj.bias", GgufName::Same("attn_q.bias")),
+    ("k_proj.bias", GgufName::Same("attn_k.bias")),
+    ("v_proj.bias", GgufName::Same("attn_v.bias")),
+    ("o_proj.bias", GgufName::Same("attn_output.bias")),
+];
+
+/// Attention projections with q/k rows permuted by `LlamaModel.permute`
+/// (Llama, Mistral, and the hybrids that inherit its `modify_tensors`).
+pub(crate) const ATTENTION_PERMUTED: GgufGroup = &[
+    ("q_proj.weight", GgufName::PermutedQ("attn_q.weight")),
+    ("k_proj.weight", GgufName::PermutedK("attn_k.weight")),
+    ("v_proj.weight", GgufName::Same("attn_v.weight")),
+    ("o_proj.weight", GgufName::Same("attn_output.weight")),
+    ("q_proj.bias", GgufName::PermutedQ("attn_q.bias")),
+    ("k_proj.bias", GgufName::PermutedK("attn_k.bias")),
+    ("v_proj.bias", GgufName::Same("attn_v.bias")),
+    ("o_proj.bias", GgufName::Same("attn_output.bias")),
+];
+
+/// A gated MLP's three projections (`gate_proj`, `up_proj`, `down_proj`).
+pub(crate) const GATED_MLP: GgufGroup = &[
+    ("gate_proj.weight", GgufName::Same("ffn_gate.weight")),
+    ("up_proj.weight", GgufName::Same("ffn_up.weight")),
+    ("down_proj.weight", GgufName::Same("ffn_down.weight")),
+    ("gate_proj.bias", GgufName::Same("ffn_gate.bias")),
+    ("up_proj.bias", GgufName::Same("ffn_up.bias")),
+    ("down_proj.bias", GgufName::Same("ffn_down.bias")),
+];
 
 impl GgufTable {
     /// The GGUF source of the Hugging Face tensor `hf`, if the table has it.
@@ -63,8 +120,11 @@ impl GgufTable {
                 let rest = hf.strip_prefix(self.layer_prefix)?;
                 let (i, suffix) = rest.split_once('.')?;
                 let i: usize = i.parse().ok()?;
-                let (_, g) = self.layer.iter().find(|(n, _)| *n == suffix)?;
-                (format!("blk.{i}."), *g)
+                let g = self.layer.iter().find_map(|(prefix, group)| {
+                    let name = suffix.strip_prefix(prefix)?;
+                    group.iter().find(|(n, _)| *n == name).map(|(_, g)| *g)
+                })?;
+                (format!("blk.{i}."), g)
             }
         };
         let heads = |kv: bool| {
