@@ -104,27 +104,10 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
     )
 }
 
-/// Whether [`quantize_row`] handles `ty`.
+/// Whether [`quantize_row`] handles `ty`: every type [`dequantize_row`]
+/// decodes has its reference quantizer too.
 pub fn can_quantize(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(
-        ty,
-        F32 | F16
-            | BF16
-            | Q4_0
-            | Q4_1
-            | Q5_0
-            | Q5_1
-            | Q8_0
-            | Q8_1
-            | Q2K
-            | Q3K
-            | Q4K
-            | Q5K
-            | Q6K
-            | Q8K
-            | Iq4Nl
-    )
+    can_dequantize(ty)
 }
 
 /// Decodes one row of `ty` blocks (`src`) into `dst.len()` floats.
