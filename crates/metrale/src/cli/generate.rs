@@ -12,7 +12,7 @@ use metrale::{
 };
 use metrale_model_engine::sampling::Finish;
 
-const DEFAULT_MODEL_NOTE: &str = "Model: a directory (config.json, *.safetensors, tokenizer.json), a .safetensors file in one, or a Hugging Face hub id org/name in the local cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub; nothing is downloaded). Default: $METRALE_MODEL, else the model bundled into this binary (models/default, a tiny model with random weights whose output is gibberish; unpacked once into $METRALE_CACHE_DIR, else $XDG_CACHE_HOME/metrale, else ~/.cache/metrale)";
+const DEFAULT_MODEL_NOTE: &str = "Model: a directory (config.json, *.safetensors, tokenizer.json), a .safetensors file in one, or a Hugging Face hub id org/name in the local cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub; nothing is downloaded). Default: $METRALE_MODEL, else the model bundled into this binary (models/default, a tiny hybrid trained on Debian's fortune quotations: short, quotation-like English, no knowledge; unpacked once into $METRALE_CACHE_DIR, else $XDG_CACHE_HOME/metrale, else ~/.cache/metrale)";
 
 /// Which model to load and how.
 #[derive(clap::Args, Debug)]
