@@ -5,8 +5,8 @@
 //! ```
 //!
 //! MODEL is a directory, a `.safetensors` file or a hub id in the local
-//! cache (default: the model bundled into this build, whose random weights
-//! write gibberish). Sampling follows the checkpoint's own defaults
+//! cache (default: the model bundled into this build, a tiny hybrid trained
+//! on Debian's fortune quotations). Sampling follows the checkpoint's own defaults
 //! (`generation_config.json`) with a fixed seed.
 
 use anyhow::Result;

@@ -8,7 +8,7 @@
 //! use metrale::{Generator, SamplingParams, StreamEvent};
 //!
 //! // A model directory, a .safetensors file or a hub id in the local cache;
-//! // here the tiny random-weight model bundled into this build.
+//! // here the tiny model bundled into this build (trained on quotations).
 //! let mut generator = Generator::from_dir(metrale::bundled_model_dir()?)?;
 //!
 //! // The checkpoint's own sampling defaults (generation_config.json) ...

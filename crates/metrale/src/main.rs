@@ -36,10 +36,11 @@ enum Command {
     #[command(hide = true)]
     ExportRandom(cli::bench::ExportArgs),
     /// Generate a continuation of a prompt, streamed to stdout. Without --model: the bundled
-    /// default model, whose weights are random (its text is gibberish).
+    /// default model, a tiny hybrid trained on Debian's fortune quotations.
     Generate(cli::generate::Args),
     /// Chat through the model's chat template, one user message per line of stdin. Without
-    /// --model: the bundled default model, whose weights are random (its text is gibberish).
+    /// --model: the bundled default model, a tiny hybrid trained on Debian's fortune
+    /// quotations (it answers each line with a quotation-like text of its own).
     Chat(cli::chat::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (runs `metrale-serve`; `metrale serve
     /// --help` lists its options).

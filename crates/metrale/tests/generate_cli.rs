@@ -240,7 +240,7 @@ fn help_and_errors_are_clear() {
     let help = metrale(&["generate", "--help"], None);
     let help = text(&help.stdout);
     assert!(
-        help.contains("gibberish") && help.contains("--top-p") && help.contains("--stop"),
+        help.contains("fortune quotations") && help.contains("--top-p") && help.contains("--stop"),
         "{help}"
     );
     let missing = metrale(&["generate", "--model", "/nonexistent/model", "hi"], None);

@@ -58,7 +58,7 @@ fn an_installed_binary_runs_its_default_model_from_anywhere_offline() {
         "stderr: {}",
         String::from_utf8_lossy(&first.stderr)
     );
-    // The continuation of the prompt (random weights: gibberish).
+    // The continuation of the prompt.
     assert!(first.stdout.len() > 1, "{:?}", first.stdout);
 
     // The model was unpacked once into the user's cache, and is reused.

@@ -22,7 +22,8 @@ struct Args {
     /// .safetensors file in one, or a Hugging Face hub id org/name in the
     /// local cache (HF_HUB_CACHE, else HF_HOME/hub, else
     /// ~/.cache/huggingface/hub; nothing is downloaded). Default:
-    /// $METRALE_MODEL, else the model bundled into the binary (random weights).
+    /// $METRALE_MODEL, else the model bundled into the binary (a tiny hybrid
+    /// trained on Debian's fortune quotations).
     #[arg(short, long)]
     model: Option<PathBuf>,
     /// The revision of a hub id --model: a branch, tag or commit hash

@@ -12,7 +12,7 @@ use metrale::{
 };
 use metrale_model_engine::sampling::Finish;
 
-const DEFAULT_MODEL_NOTE: &str = "Model: a directory (config.json, *.safetensors, tokenizer.json), a .safetensors file in one, a .gguf file (unquantized: F32, F16, BF16 tensors), or a Hugging Face hub id org/name in the local cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub; nothing is downloaded). Default: $METRALE_MODEL, else the model bundled into this binary (models/default, a tiny model with random weights whose output is gibberish; unpacked once into $METRALE_CACHE_DIR, else $XDG_CACHE_HOME/metrale, else ~/.cache/metrale)";
+const DEFAULT_MODEL_NOTE: &str = "Model: a directory (config.json, *.safetensors, tokenizer.json), a .safetensors file in one, a .gguf file (F32, F16, BF16 or quantized Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K tensors; quantized ones on the CPU), or a Hugging Face hub id org/name in the local cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub; nothing is downloaded). Default: $METRALE_MODEL, else the model bundled into this binary (models/default, a tiny hybrid trained on Debian's fortune quotations: short, quotation-like English, no knowledge; unpacked once into $METRALE_CACHE_DIR, else $XDG_CACHE_HOME/metrale, else ~/.cache/metrale)";
 
 /// Which model to load and how.
 #[derive(clap::Args, Debug)]
