@@ -74,25 +74,16 @@ pub(crate) fn round_to(v: &[f32], dtype: DType) -> (Vec<f32>, Vec<u8>) {
     }
 }
 
-/// The GGML block formats a weight may be held in, for backends that say
-/// they multiply them ([`GpuBackend::supports_weights`]).
+/// Every GGML block format metrale can write (so the suite can make
+/// weights of it): a backend multiplies those it says it does
+/// ([`GpuBackend::supports_weights`]) and must refuse the others.
 pub(super) fn quant_dtypes() -> Vec<DType> {
-    use metrale_core::{GgmlType as G, QuantFormat};
-    [
-        G::Q8_0,
-        G::Q4_0,
-        G::Q4_1,
-        G::Q5_0,
-        G::Q5_1,
-        G::Iq4Nl,
-        G::Q4K,
-        G::Q5K,
-        G::Q6K,
-    ]
-    .into_iter()
-    .filter_map(QuantFormat::new)
-    .map(DType::Quant)
-    .collect()
+    metrale_core::GgmlType::ALL
+        .iter()
+        .filter(|t| metrale_core::quant::can_quantize(t.ty))
+        .filter_map(|t| metrale_core::QuantFormat::new(t.ty))
+        .map(DType::Quant)
+        .collect()
 }
 
 /// Device memory of one case: everything allocated through it is freed when
