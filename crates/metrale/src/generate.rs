@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -275,6 +276,7 @@ impl Generator {
             tracker,
             pending: VecDeque::new(),
             done: false,
+            stop: None,
         })
     }
 
@@ -440,11 +442,22 @@ pub struct GenerationStream<'g> {
     tracker: Tracker,
     pending: VecDeque<Result<StreamEvent>>,
     done: bool,
+    stop: Option<&'g AtomicBool>,
 }
 
-impl GenerationStream<'_> {
+impl<'g> GenerationStream<'g> {
     pub fn id(&self) -> RequestId {
         self.id
+    }
+
+    /// Ends the stream (without a `Finished` event) once `flag` is set, as
+    /// soon as the event being read is out: checked before every engine
+    /// step, so a long prompt's prefill stops between its chunks, not after
+    /// it. The request is cancelled and its memory freed. For a Ctrl-C
+    /// handler or another thread's cancel button.
+    pub fn stop_when(mut self, flag: &'g AtomicBool) -> Self {
+        self.stop = Some(flag);
+        self
     }
 
     /// Reads the stream to its end.
@@ -500,6 +513,11 @@ impl Iterator for GenerationStream<'_> {
                 return Some(event);
             }
             if self.done {
+                return None;
+            }
+            if self.stop.is_some_and(|f| f.load(Ordering::SeqCst)) {
+                self.done = true;
+                self.engine.cancel(self.id);
                 return None;
             }
             self.advance();

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use metrale::gpu_runtime::cpu::CpuBackend;
 use metrale::gpu_runtime::gpu::GpuBackend;
@@ -102,6 +103,58 @@ fn dropping_a_stream_cancels_and_frees_its_request() {
         .generate("hi", &greedy(4))
         .expect("generate after a cancelled stream");
     assert_eq!(next.tokens.len(), 4);
+    g.shutdown().expect("shutdown");
+    assert_eq!(cpu.live_bytes(), 0);
+}
+
+/// `stop_when` is checked before every engine step: a flag raised while a
+/// long prompt waits to be prefilled in chunks (8 tokens a step here) ends
+/// the stream before another step runs, with no token, and frees the
+/// request.
+#[test]
+fn a_stop_flag_ends_a_stream_before_the_next_step() {
+    let (cpu, mut g) = load();
+    let stop = AtomicBool::new(false);
+    let prompt = "many words of a long prompt ".repeat(20);
+    let before = g.engine().stats().steps;
+    {
+        let mut stream = g
+            .stream(&prompt, &greedy(64))
+            .expect("stream")
+            .stop_when(&stop);
+        stop.store(true, Ordering::SeqCst);
+        assert!(stream.next().is_none(), "a set flag ends the stream");
+    }
+    let engine = g.engine();
+    assert_eq!(engine.stats().steps, before, "no step ran after the stop");
+    assert!(!engine.has_unfinished());
+    assert_eq!(engine.model().kv_cache().used_blocks(), 0);
+    assert_eq!(engine.model().ssm_pool().in_use(), 0);
+
+    // Raised while the reply streams: the next read ends it with no step
+    // more than a stream dropped at that point runs.
+    let two_tokens_then = |g: &mut Generator, stop: Option<&AtomicBool>| {
+        let before = g.engine().stats().steps;
+        {
+            let unset = AtomicBool::new(false);
+            let mut stream = g
+                .stream(&prompt, &greedy(64))
+                .expect("stream")
+                .stop_when(stop.unwrap_or(&unset));
+            for _ in 0..2 {
+                assert!(matches!(stream.next(), Some(Ok(StreamEvent::Token { .. }))));
+            }
+            if let Some(stop) = stop {
+                stop.store(true, Ordering::SeqCst);
+                assert!(stream.next().is_none(), "the raised flag ends it");
+            }
+        }
+        g.engine().stats().steps - before
+    };
+    let dropped = two_tokens_then(&mut g, None);
+    let stopped = two_tokens_then(&mut g, Some(&AtomicBool::new(false)));
+    assert_eq!(stopped, dropped, "no step ran after the stop");
+    assert!(!g.engine().has_unfinished());
     g.shutdown().expect("shutdown");
     assert_eq!(cpu.live_bytes(), 0);
 }

@@ -76,10 +76,6 @@ impl Interrupt {
         self.stop.store(false, Ordering::SeqCst);
         self.generating.store(on, Ordering::SeqCst);
     }
-
-    fn stopped(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
-    }
 }
 
 fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
@@ -198,8 +194,11 @@ fn turn(
     let mut text = String::new();
     let mut finished = None;
     {
-        // Dropping the stream early cancels the request.
-        let stream = generator.stream_ids(ids, &params)?;
+        // Stopped, the stream ends between two engine steps (also between
+        // the chunks of a long prompt's prefill) and cancels the request.
+        let stream = generator
+            .stream_ids(ids, &params)?
+            .stop_when(&interrupt.stop);
         for event in stream {
             match event? {
                 StreamEvent::Token { text: delta, .. } => {
@@ -214,9 +213,6 @@ fn turn(
                     finished = Some((reason, timings));
                     break;
                 }
-            }
-            if interrupt.stopped() {
-                break;
             }
         }
     }
