@@ -634,10 +634,14 @@ pub fn expected_tensors(file: &GgufFile, config: &ModelConfig) -> Result<Vec<Ggu
                 shape: t.shape,
                 sources,
                 transform,
+                quantize: None,
             })
         })
         .collect()
 }
+
+mod quant;
+pub use quant::{file_quant_types, quant_types};
 
 #[cfg(test)]
 mod tests;

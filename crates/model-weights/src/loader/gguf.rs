@@ -52,6 +52,9 @@ pub struct GgufExpected {
     /// The GGUF tensors it is made of (one, or several for `Concat`).
     pub sources: Vec<String>,
     pub transform: GgufTransform,
+    /// Quantize it on load to this block format (its sources must be
+    /// floats), or hold it as the [`WeightDType`] policy says (`None`).
+    pub quantize: Option<GgmlType>,
 }
 
 /// The device dtype a GGUF tensor type is held in before the load policy
@@ -81,6 +84,8 @@ struct Planned<'a> {
     expected: &'a GgufExpected,
     sources: Vec<GgufTensor<'a>>,
     stored: DType,
+    /// How it is held on the device.
+    target: DType,
 }
 
 impl Planned<'_> {
@@ -205,10 +210,34 @@ fn plan<'a>(
             }
         }
     }
+    let target = match e.quantize {
+        None => policy.target(stored),
+        Some(ty) => {
+            let refuse = |detail: String| WeightsError::Quantize {
+                path: path.clone(),
+                tensor: e.name.clone(),
+                detail,
+            };
+            if let DType::Quant(q) = stored {
+                return Err(refuse(format!(
+                    "it is stored quantized ({}); only float tensors are quantized on load",
+                    q.ggml().name()
+                )));
+            }
+            if !in_rows {
+                return Err(refuse(format!(
+                    "the converter's change ({:?}) is undone element by element",
+                    e.transform
+                )));
+            }
+            super::quant_dtype(ty, &e.name, &e.shape, gpu).map_err(refuse)?
+        }
+    };
     Ok(Planned {
         expected: e,
         sources,
         stored,
+        target,
     })
 }
 
@@ -257,7 +286,7 @@ pub fn load_gguf(
     let mut store = WeightStore::new();
     let mut done = 0u64;
     for (index, p) in planned.iter().enumerate() {
-        match upload(gpu, p, policy.target(p.stored)) {
+        match upload(gpu, p) {
             Ok(tensor) => {
                 store.insert(p.expected.name.clone(), tensor);
             }
@@ -339,11 +368,8 @@ fn host_bytes<'a>(p: &Planned<'a>) -> std::borrow::Cow<'a, [u8]> {
     }
 }
 
-fn upload(
-    gpu: &dyn GpuBackend,
-    p: &Planned<'_>,
-    target: DType,
-) -> Result<DeviceTensor, WeightsError> {
+fn upload(gpu: &dyn GpuBackend, p: &Planned<'_>) -> Result<DeviceTensor, WeightsError> {
+    let target = p.target;
     let name = &p.expected.name;
     let device = |source| WeightsError::Device {
         name: name.clone(),
@@ -351,7 +377,13 @@ fn upload(
     };
     let elements: usize = p.expected.shape.iter().product();
     let bytes = host_bytes(p);
-    let data = convert(&bytes, p.stored, target);
+    let data = match target {
+        DType::Quant(q) if p.stored.quant().is_none() => {
+            let row = p.expected.shape.last().copied().unwrap_or(1);
+            std::borrow::Cow::Owned(super::quantize::rows(&bytes, p.stored, q.ggml(), row))
+        }
+        _ => convert(&bytes, p.stored, target),
+    };
     let slice = gpu
         .alloc_slice(target, elements, &format!("weights: {name}"))
         .map_err(device)?;
@@ -411,6 +443,7 @@ mod tests {
                 shape,
                 sources: sources.iter().map(|s| s.to_string()).collect(),
                 transform,
+                quantize: None,
             };
             let cpu = metrale_gpu_runtime::cpu::CpuBackend::with_threads(1);
             let p = plan(&file, &e, &cpu, WeightDType::AsStored).unwrap();
