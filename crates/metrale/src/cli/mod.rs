@@ -98,23 +98,8 @@ pub struct DTypeArgs {
     /// would: q8_0, q4_k_m, q5_k_m, q6_k (the `_m` mixes choose the type
     /// of each tensor by llama.cpp's rules), or q4_0, q4_1, q5_0, q5_1,
     /// q4_k_s, q5_k_s. Quantized weights run on the CPU.
-    #[arg(long, value_parser = parse_quant, value_name = "TYPE")]
+    #[arg(long, value_parser = metrale::FileType::parse_quantized, value_name = "TYPE")]
     pub quant: Option<metrale::FileType>,
-}
-
-fn parse_quant(s: &str) -> std::result::Result<metrale::FileType, String> {
-    match metrale::FileType::from_name(s) {
-        Some(t) if t.is_quantized() => Ok(t),
-        _ => Err(format!(
-            "unknown quantization {s:?}: one of {}",
-            metrale::FileType::ALL
-                .iter()
-                .filter(|t| t.is_quantized())
-                .map(|t| t.name().to_ascii_lowercase())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-    }
 }
 
 impl DTypeArgs {
