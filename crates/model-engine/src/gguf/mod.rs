@@ -43,6 +43,17 @@ pub(crate) enum GgufName {
     /// A fused Hugging Face tensor the converter split: the concatenation
     /// of these along `axis`.
     Split(&'static [&'static str], usize),
+    /// Stored as `w + 1` (Qwen3-Next's zero-centred norm weights).
+    PlusOne(&'static str),
+    /// Qwen3-Next's `in_proj_qkvz`, stored regrouped as `attn_qkv` (every
+    /// key group's q, then k, then v) and `attn_gate` (z).
+    Qkvz {
+        qkv: &'static str,
+        gate: &'static str,
+    },
+    /// One expert of a stack (`ffn_gate_exps`): the group's key holds `*`
+    /// where the Hugging Face name has the expert's number.
+    Expert(&'static str),
 }
 
 /// HF name (after a group's prefix) to GGUF name (after `blk.{i}.`).
@@ -114,17 +125,19 @@ pub(crate) const GATED_MLP: GgufGroup = &[
 impl GgufTable {
     /// The GGUF source of the Hugging Face tensor `hf`, if the table has it.
     fn source(&self, hf: &str, c: &ModelConfig) -> Option<(Vec<String>, GgufTransform)> {
-        let (blk, entry) = match self.globals.iter().find(|(n, _)| *n == hf) {
-            Some((_, g)) => (String::new(), *g),
+        let (blk, entry, index) = match self.globals.iter().find(|(n, _)| *n == hf) {
+            Some((_, g)) => (String::new(), *g, None),
             None => {
                 let rest = hf.strip_prefix(self.layer_prefix)?;
                 let (i, suffix) = rest.split_once('.')?;
                 let i: usize = i.parse().ok()?;
-                let g = self.layer.iter().find_map(|(prefix, group)| {
+                let (g, index) = self.layer.iter().find_map(|(prefix, group)| {
                     let name = suffix.strip_prefix(prefix)?;
-                    group.iter().find(|(n, _)| *n == name).map(|(_, g)| *g)
+                    group
+                        .iter()
+                        .find_map(|(n, g)| name_match(n, name).map(|index| (*g, index)))
                 })?;
-                (format!("blk.{i}."), g)
+                (format!("blk.{i}."), g, index)
             }
         };
         let heads = |kv: bool| {
@@ -153,8 +166,58 @@ impl GgufTable {
                 parts.iter().map(|p| format!("{blk}{p}")).collect(),
                 GgufTransform::Concat { axis },
             ),
+            GgufName::PlusOne(n) => (one(n), GgufTransform::MinusOne),
+            GgufName::Qkvz { qkv, gate } => {
+                let d = c.deltanet.as_ref()?;
+                (
+                    vec![format!("{blk}{qkv}"), format!("{blk}{gate}")],
+                    GgufTransform::Gather(qkvz_runs(d)),
+                )
+            }
+            GgufName::Expert(n) => (
+                one(n),
+                GgufTransform::Slice {
+                    index: index?,
+                    count: c.moe.as_ref()?.n_experts,
+                },
+            ),
         })
     }
+}
+
+/// Whether the Hugging Face name suffix `name` is the table's `pattern`:
+/// `Some(None)` when equal, `Some(Some(e))` when the pattern's `*` stands
+/// for the number `e` in `name`.
+fn name_match(pattern: &str, name: &str) -> Option<Option<usize>> {
+    match pattern.split_once('*') {
+        None => (pattern == name).then_some(None),
+        Some((head, tail)) => {
+            let digits = name.strip_prefix(head)?.strip_suffix(tail)?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            Some(Some(digits.parse().ok()?))
+        }
+    }
+}
+
+/// The rows of `in_proj_qkvz` (per key group: q, k, v, z) as runs of the
+/// converter's `attn_qkv` (all q, all k, all v) and `attn_gate` (all z).
+fn qkvz_runs(d: &crate::config::DeltaNetConfig) -> Vec<metrale_model_weights::loader::RowRun> {
+    use metrale_model_weights::loader::RowRun;
+    let (groups, dk) = (d.n_k_heads, d.k_head_dim);
+    let dv = d.n_v_heads / groups.max(1) * d.v_head_dim;
+    let run = |source, start, len| RowRun { source, start, len };
+    (0..groups)
+        .flat_map(|g| {
+            [
+                run(0, g * dk, dk),
+                run(0, groups * dk + g * dk, dk),
+                run(0, 2 * groups * dk + g * dv, dv),
+                run(1, g * dv, dv),
+            ]
+        })
+        .collect()
 }
 
 /// Where a model is read from: a Hugging Face checkpoint directory
@@ -247,6 +310,7 @@ pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
     "llama",
     "qwen2",
     "qwen3",
+    "qwen3next",
     "mamba2",
     "granitehybrid",
     "nemotron_h",
@@ -497,6 +561,14 @@ pub fn config_json(file: &GgufFile) -> Result<Value> {
             }
             arch.clone()
         }
+        "qwen3next" => {
+            qwen3next(file, &mut c, layers)?;
+            attention(&mut c, opt_u("attention.head_count_kv")?.unwrap_or(0))?;
+            if let Some(eps) = rms {
+                set(&mut c, "rms_norm_eps", json!(eps));
+            }
+            "qwen3_next".into()
+        }
         "mamba2" => {
             mamba(&mut c, false)?;
             if let Some(eps) = rms {
@@ -594,6 +666,82 @@ pub fn config_json(file: &GgufFile) -> Result<Value> {
     Ok(Value::Object(c))
 }
 
+/// Qwen3-Next's keys beyond attention's: Gated DeltaNet sizes from the
+/// `ssm.*` keys, the layer kinds from `attention.recurrent_layers` (else
+/// every `full_attention_interval`-th layer attends), the experts, and the
+/// dense layers (`mlp_only_layers`) found by their `ffn_gate` tensor.
+fn qwen3next(file: &GgufFile, c: &mut Map<String, Value>, layers: usize) -> Result<()> {
+    let k = |s: &str| format!("qwen3next.{s}");
+    let u = |s: &str| -> Result<usize> { Ok(file.get_u32(&k(s))? as usize) };
+    let v_heads = u("ssm.time_step_rank")?;
+    let inner = u("ssm.inner_size")?;
+    if v_heads == 0 || !inner.is_multiple_of(v_heads) {
+        return Err(meta_err(
+            file,
+            &k("ssm.inner_size"),
+            format!("{inner} is not a multiple of the value head count {v_heads}"),
+        ));
+    }
+    set(c, "linear_conv_kernel_dim", json!(u("ssm.conv_kernel")?));
+    set(c, "linear_key_head_dim", json!(u("ssm.state_size")?));
+    set(c, "linear_num_key_heads", json!(u("ssm.group_count")?));
+    set(c, "linear_num_value_heads", json!(v_heads));
+    set(c, "linear_value_head_dim", json!(inner / v_heads));
+    set(c, "intermediate_size", json!(u("feed_forward_length")?));
+    let key = k("attention.recurrent_layers");
+    match file.get(&key) {
+        Some(GgufValue::Array(GgufArray::Bool(recurrent))) => {
+            if recurrent.len() < layers {
+                return Err(meta_err(
+                    file,
+                    &key,
+                    format!("has {} entries for {layers} layers", recurrent.len()),
+                ));
+            }
+            let types: Vec<&str> = recurrent[..layers]
+                .iter()
+                .map(|&r| {
+                    if r {
+                        "linear_attention"
+                    } else {
+                        "full_attention"
+                    }
+                })
+                .collect();
+            set(c, "layer_types", json!(types));
+        }
+        Some(_) => return Err(meta_err(file, &key, "expected an array of booleans")),
+        None => {
+            let interval = file.opt_u32(&k("full_attention_interval"))?.unwrap_or(4);
+            set(c, "full_attention_interval", json!(interval));
+        }
+    }
+    let experts = file.opt_u32(&k("expert_count"))?.unwrap_or(0);
+    set(c, "num_experts", json!(experts));
+    if let Some(n) = file.opt_u32(&k("expert_used_count"))? {
+        set(c, "num_experts_per_tok", json!(n));
+    }
+    if let Some(n) = file.opt_u32(&k("expert_feed_forward_length"))? {
+        set(c, "moe_intermediate_size", json!(n));
+    }
+    let shared = file.opt_u32(&k("expert_shared_feed_forward_length"))?;
+    set(
+        c,
+        "shared_expert_intermediate_size",
+        json!(shared.unwrap_or(0)),
+    );
+    // llama.cpp renormalises the top-k weights of every qwen3next file.
+    set(c, "norm_topk_prob", json!(true));
+    let dense: Vec<usize> = (0..layers)
+        .filter(|i| {
+            file.get_tensor(&format!("blk.{i}.ffn_gate.weight"))
+                .is_some()
+        })
+        .collect();
+    set(c, "mlp_only_layers", json!(dense));
+    Ok(())
+}
+
 /// The family table of a model type.
 fn table(c: &ModelConfig) -> Result<&'static GgufTable> {
     Ok(match c.model_type {
@@ -604,11 +752,7 @@ fn table(c: &ModelConfig) -> Result<&'static GgufTable> {
         ModelType::NemotronH => &arch::nemotron_h::GGUF,
         ModelType::GraniteMoeHybrid if c.moe.is_some() => &arch::granite_hybrid::GGUF_MOE,
         ModelType::GraniteMoeHybrid => &arch::granite_hybrid::GGUF_DENSE,
-        ModelType::Qwen3Next => {
-            return Err(EngineError::Internal(
-                "qwen3_next has no GGUF table yet".into(),
-            ));
-        }
+        ModelType::Qwen3Next => &arch::qwen3_next::GGUF,
     })
 }
 

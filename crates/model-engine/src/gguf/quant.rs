@@ -23,7 +23,10 @@ fn params(config: &ModelConfig) -> MixParams {
 
 /// Each quantized tensor's block format, by Hugging Face name, for a
 /// checkpoint of `config` quantized to `ftype`; tensors the rules keep as
-/// floats (norms, biases, Mamba's conv1d and A, routers) are absent.
+/// floats (norms, biases, Mamba's conv1d and A, routers) are absent. A
+/// tensor llama.cpp stores as parts of different types gets the part type
+/// with the most bits per weight (its other rows are then better than
+/// llama.cpp's).
 pub fn quant_types(config: &ModelConfig, ftype: FileType) -> Result<HashMap<String, GgmlType>> {
     let table = table(config)?;
     // Every GGUF tensor the converter would write, with the Hugging Face
@@ -56,19 +59,19 @@ pub fn quant_types(config: &ModelConfig, ftype: FileType) -> Result<HashMap<Stri
         .collect();
     let chosen = choose_types(&tensors, &params(config), ftype);
     let mut out: HashMap<String, GgmlType> = HashMap::new();
-    for ((name, _, i), ty) in gguf.iter().zip(chosen) {
+    for ((_, _, i), ty) in gguf.iter().zip(chosen) {
         if !ty.is_quantized() {
             continue;
         }
         let hf = &expected[*i].name;
-        if let Some(other) = out.insert(hf.clone(), ty)
-            && other != ty
-        {
-            return Err(EngineError::Internal(format!(
-                "the parts of {hf:?} get different types ({} for {name}, {} before)",
-                ty.name(),
-                other.name()
-            )));
+        // The parts of a tensor the converter splits may get different
+        // types (Qwen3-Next's attn_qkv counts as an attn_v for the mixes,
+        // its attn_gate does not); one tensor holds one format: the one
+        // with more bits per weight.
+        let bits = |t: GgmlType| t.block_bytes() as f64 / t.block_elems() as f64;
+        let held = out.entry(hf.clone()).or_insert(ty);
+        if bits(ty) > bits(*held) {
+            *held = ty;
         }
     }
     Ok(out)
