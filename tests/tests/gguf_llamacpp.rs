@@ -206,6 +206,11 @@ fn nemotron_h_q4_k_m_matches_llama_cpp() -> Result<()> {
 }
 
 #[test]
+fn nemotron_h_moe_q4_k_m_matches_llama_cpp() -> Result<()> {
+    check("nemotron_h_moe", "Q4_K_M")
+}
+
+#[test]
 fn granitemoehybrid_q4_k_m_matches_llama_cpp() -> Result<()> {
     check("granitemoehybrid", "Q4_K_M")
 }

@@ -339,6 +339,7 @@ fn llama_cpp_f32_files_match_their_checkpoints() {
         ("granitemoehybrid", false),
         // Norms stored + 1 and A = -exp(A_log): rounding.
         ("qwen3_next", false),
+        ("nemotron_h_moe", false),
     ] {
         let st = TransformerModel::load(
             &root.join("hf").join(name),

@@ -166,6 +166,7 @@ fn quantize_on_load_is_llama_quantize() {
         "nemotron_h",
         "granitemoehybrid",
         "qwen3_next",
+        "nemotron_h_moe",
     ] {
         for ftype in [
             FileType::Q8_0,
@@ -237,6 +238,7 @@ fn every_family_runs_quantized_on_load() {
         "nemotron_h",
         "granitemoehybrid",
         "qwen3_next",
+        "nemotron_h_moe",
     ] {
         let float = logits(name, WeightDType::F32.into());
         let spread = (float.iter().map(|v| v * v).sum::<f32>() / float.len() as f32).sqrt();
