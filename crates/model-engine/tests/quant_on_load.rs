@@ -19,19 +19,14 @@ use metrale_model_engine::model::{ModelOptions, TransformerModel};
 use metrale_model_weights::gguf::mix::FileType;
 use metrale_model_weights::loader::{WeightDType, WeightFormat};
 
+mod common;
+
 fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures"))
+    common::fixture("")
 }
 
 fn options() -> ModelOptions {
-    ModelOptions {
-        kv_block_size: 16,
-        kv_blocks: 8,
-        max_seqs: 2,
-        max_batch_tokens: 32,
-        kv_dtype: None,
-        cuda_graphs: false,
-    }
+    common::small_options()
 }
 
 /// Every weight of a loaded model: its device dtype and bytes.
@@ -230,16 +225,8 @@ fn every_family_runs_quantized_on_load() {
         assert_eq!(cpu.live_bytes(), 0, "{name}");
         out
     };
-    for name in [
-        "llama",
-        "qwen3",
-        "mamba2",
-        "bamba",
-        "nemotron_h",
-        "granitemoehybrid",
-        "qwen3_next",
-        "sweep/nemotron_h_moe/base",
-    ] {
+    let families = common::FIXTURES.iter().copied();
+    for name in families.chain(["sweep/nemotron_h_moe/base"]) {
         let float = logits(name, WeightDType::F32.into());
         let spread = (float.iter().map(|v| v * v).sum::<f32>() / float.len() as f32).sqrt();
         for ftype in [FileType::Q8_0, FileType::Q4_K_M] {
