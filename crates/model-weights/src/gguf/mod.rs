@@ -23,6 +23,7 @@
 //! are not rewritten in place in practice; [`GgufFile::from_bytes`] is there
 //! for callers that prefer to read.
 
+pub mod mix;
 mod parse;
 mod tokenizer;
 mod value;
