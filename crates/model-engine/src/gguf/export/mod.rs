@@ -465,6 +465,13 @@ fn requantize(
     ftype: FileType,
     path: &Path,
 ) -> Result<()> {
+    // llama.cpp writes `ggml_n_dims` dimensions: trailing (outermost)
+    // sizes of 1 are dropped.
+    for t in plan.iter_mut() {
+        while t.shape.len() > 1 && t.shape[0] == 1 {
+            t.shape.remove(0);
+        }
+    }
     let nes: Vec<Vec<usize>> = plan.iter().map(|t| ne(&t.shape)).collect();
     let mix: Vec<MixTensor> = (plan.iter().zip(&nes))
         .map(|(t, ne)| MixTensor {
