@@ -1,7 +1,8 @@
 //! The tensors of a Hugging Face checkpoint as llama.cpp's converter
 //! writes them: renamed and changed by the family's [`GgufTable`] read
 //! forwards (the loader reads it backwards), in the converter's order (the
-//! checkpoint's names sorted, each giving its GGUF tensors in turn), with
+//! shard files by name, each file's tensor names sorted, each giving its
+//! GGUF tensors in turn), with
 //! the converter's shapes and float types.
 
 use metrale_core::quant::GgmlType;
@@ -77,13 +78,15 @@ pub(super) fn plan(
     config: &ModelConfig,
     dir: &std::path::Path,
 ) -> Result<Vec<HfTensor>> {
-    let mut names: Vec<(String, Vec<usize>)> = ckpt
+    // The converter's order: the shard files by name, then each file's
+    // tensors by name.
+    let mut names: Vec<(std::path::PathBuf, String, Vec<usize>)> = ckpt
         .entries()
-        .map(|(_, e)| (e.name.clone(), e.shape.clone()))
+        .map(|(f, e)| (f.path.clone(), e.name.clone(), e.shape.clone()))
         .collect();
     names.sort();
     let mut out = Vec::new();
-    for (hf, hf_shape) in names {
+    for (_, hf, hf_shape) in names {
         if skipped(&hf) {
             continue;
         }
