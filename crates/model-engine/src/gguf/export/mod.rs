@@ -460,7 +460,7 @@ fn plan_dir(dir: &Path, opts: &QuantizeOptions) -> Result<(Meta, Vec<Planned>, C
 /// file type and quantization version set.
 fn requantize(
     m: &mut Meta,
-    plan: &mut Vec<Planned>,
+    plan: &mut [Planned],
     params: &MixParams,
     ftype: FileType,
     path: &Path,
