@@ -42,6 +42,25 @@ fn scratch(name: &str) -> PathBuf {
 fn converter_input(model: &str, test: &str) -> PathBuf {
     let f = fixtures();
     let dir = scratch(&format!("src-{model}-{test}"));
+    if model == "default" {
+        // models/default, its layer_types spelled as the converter reads
+        // them (gen_quantized.py's KQUANT_CONFIG_FIX).
+        let src = f.join("../../models/default");
+        for n in [
+            "model.safetensors",
+            "generation_config.json",
+            "tokenizer_config.json",
+            "tokenizer.json",
+        ] {
+            std::fs::copy(src.join(n), dir.join(n)).unwrap();
+        }
+        let text = std::fs::read_to_string(src.join("config.json")).unwrap();
+        let text = text
+            .replace("\"linear_attention\"", "\"mamba\"")
+            .replace("\"full_attention\"", "\"attention\"");
+        std::fs::write(dir.join("config.json"), text).unwrap();
+        return dir;
+    }
     for n in [
         "model.safetensors",
         "generation_config.json",
@@ -196,7 +215,9 @@ fn check_quantized(ours: &GgufFile, e: &Expected, base: &GgufFile) {
 #[test]
 fn requantizing_the_bf16_files_is_llama_quantize() {
     let all = expected_files();
-    assert_eq!(all.len(), 2 * 6 * 10);
+    // 6 fixtures x 10 formats x 2 sources, and models/default's 6 K-quant
+    // formats from f32.
+    assert_eq!(all.len(), 2 * 6 * 10 + 6);
     let dir = scratch("requant");
     for e in all.iter().filter(|e| e.source == "gguf-bf16") {
         let input = fixtures().join(format!("gguf-bf16/{}.gguf", e.model));
@@ -209,6 +230,45 @@ fn requantizing_the_bf16_files_is_llama_quantize() {
         std::fs::remove_file(&out).unwrap();
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn k_quants_of_a_checkpoint_are_llama_quantizes() {
+    // models/default's rows (256, 512) take Q4_K / Q5_K / Q6_K themselves.
+    let src = converter_input("default", "kquant");
+    let all = expected_files();
+    let expected: Vec<_> = all.iter().filter(|e| e.model == "default").collect();
+    assert_eq!(expected.len(), 6);
+    let mut k_types = std::collections::BTreeSet::new();
+    for e in expected {
+        let out = src.join(format!("{}.gguf", e.format));
+        let ftype = FileType::from_name(&e.format).unwrap();
+        quantize(&src, &out, &options(ftype), &mut |_| {})
+            .unwrap_or_else(|err| panic!("default {}: {err}", e.format));
+        let ours = GgufFile::open(&out).unwrap();
+        let got: Vec<_> = ours
+            .tensors()
+            .map(|t| {
+                k_types.insert(t.ggml_type().name().to_lowercase());
+                (
+                    t.name().to_string(),
+                    t.ggml_type().name().to_lowercase(),
+                    t.info.dims.clone(),
+                    metrale_model_engine::gguf::export::sha256_hex(t.data),
+                )
+            })
+            .collect();
+        let want: Vec<_> = (e.tensors.iter())
+            .map(|(n, ty, ne, h)| (n.clone(), ty.to_lowercase(), ne.clone(), h.clone()))
+            .collect();
+        assert_eq!(got, want, "default {}", e.format);
+        let ft = e.changed["general.file_type"].as_u64().unwrap() as u32;
+        assert_eq!(ours.get_u32("general.file_type").unwrap(), ft);
+    }
+    for t in ["q4_k", "q5_k", "q6_k"] {
+        assert!(k_types.contains(t), "{t} not exercised: {k_types:?}");
+    }
+    let _ = std::fs::remove_dir_all(&src);
 }
 
 #[test]
@@ -282,6 +342,24 @@ fn refusals_name_the_problem_and_leave_no_file() {
         "{e}"
     );
     assert_eq!(listing(&src), before);
+
+    // A Granite hybrid whose layer list the converter would read otherwise
+    // (models/default's own `full_attention` spelling): refused.
+    let default = fixtures().join("../../models/default");
+    let e = quantize(
+        &default,
+        &dir.join("d.gguf"),
+        &options(FileType::Q8_0),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("config.json")
+            && e.contains("reads the attention layers as [], metrale as [1, 3]"),
+        "{e}"
+    );
+    assert_eq!(listing(&dir), ["same.gguf"]);
 
     // A failure while writing (a late tensor of a dtype that is not
     // exported, I32 where the header said F32): the error names the file

@@ -204,7 +204,7 @@ fn llama_tail(m: &mut Meta, hp: &Hparams, file_type: u32) -> Result<()> {
 }
 
 /// The attention layers of a Granite hybrid (`get_attn_layers`).
-fn granite_attention_layers(hp: &Hparams, layers: u64) -> Result<Vec<u64>> {
+pub(super) fn granite_attention_layers(hp: &Hparams, layers: u64) -> Result<Vec<u64>> {
     if let Some(types) = hp.get("layer_types").and_then(Value::as_array) {
         return Ok((types.iter().enumerate())
             .filter(|(_, t)| t.as_str() == Some("attention"))

@@ -395,6 +395,28 @@ fn plan_dir(dir: &Path, opts: &QuantizeOptions) -> Result<(Meta, Vec<Planned>, C
         prefixes,
         path: &config_path,
     };
+    if matches!(
+        config.model_type,
+        ModelType::Bamba | ModelType::GraniteMoeHybrid
+    ) {
+        // The converter reads the layer list its own way (only
+        // `layer_types` entries spelled "attention" are attention layers):
+        // a config it reads otherwise than metrale would give a file whose
+        // metadata and tensors disagree.
+        let theirs = meta::granite_attention_layers(&hp, config.num_layers() as u64)?;
+        let ours: Vec<u64> = (config.layers.iter().enumerate())
+            .filter(|(_, l)| l.mixer == crate::config::MixerKind::Attention)
+            .map(|(i, _)| i as u64)
+            .collect();
+        if theirs != ours {
+            return Err(export_err(
+                &config_path,
+                format!(
+                    "llama.cpp's converter reads the attention layers as {theirs:?}, metrale as {ours:?} (it takes only layer_types entries spelled \"attention\"; spell them \"attention\" / \"mamba\")"
+                ),
+            ));
+        }
+    }
     let outtype = match opts.ftype {
         FileType::F16 => GgmlType::F16,
         FileType::BF16 => GgmlType::BF16,
