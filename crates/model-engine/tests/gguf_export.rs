@@ -6,6 +6,9 @@
 //!   descriptive `general.name` / `general.size_label`, in the same order)
 //!   and the tensors (names, order, types, shapes, bytes) of
 //!   `convert_hf_to_gguf.py --outtype bf16`'s file.
+//! - f32 / f16 export: the same against the converter's `--outtype f32` /
+//!   `f16` files, recorded (tensor hashes, metadata changes) in
+//!   quantized.json.
 //! - quantized export: from each bf16 GGUF fixture and from each fixture
 //!   directory, every tensor's name, type, shape and sha256 are those
 //!   llama-quantize wrote (tests/fixtures/gguf-bf16/quantized.json, made
@@ -215,9 +218,9 @@ fn check_quantized(ours: &GgufFile, e: &Expected, base: &GgufFile) {
 #[test]
 fn requantizing_the_bf16_files_is_llama_quantize() {
     let all = expected_files();
-    // 6 fixtures x 10 formats x 2 sources, and models/default's 6 K-quant
-    // formats from f32.
-    assert_eq!(all.len(), 2 * 6 * 10 + 6);
+    // 6 fixtures x 10 formats x 2 sources, the converter's f32 and f16
+    // files of the 6 fixtures, and models/default's 6 K-quant formats.
+    assert_eq!(all.len(), 2 * 6 * 10 + 6 * 2 + 6);
     let dir = scratch("requant");
     for e in all.iter().filter(|e| e.source == "gguf-bf16") {
         let input = fixtures().join(format!("gguf-bf16/{}.gguf", e.model));
@@ -278,7 +281,7 @@ fn quantizing_a_checkpoint_is_convert_f32_then_llama_quantize() {
         let bf16 = GgufFile::open(&fixtures().join(format!("gguf-bf16/{model}.gguf"))).unwrap();
         for e in expected_files()
             .iter()
-            .filter(|e| e.source == "hf-f32" && e.model == model)
+            .filter(|e| (e.source == "hf-f32" || e.source == "hf-convert") && e.model == model)
         {
             let out = src.join(format!("{}.gguf", e.format));
             let ftype = FileType::from_name(&e.format).unwrap();
@@ -286,7 +289,8 @@ fn quantizing_a_checkpoint_is_convert_f32_then_llama_quantize() {
                 .unwrap_or_else(|err| panic!("{model} {}: {err}", e.format));
             let ours = GgufFile::open(&out).unwrap();
             // The f32 conversion's metadata is the bf16 file's but for
-            // general.file_type, which llama-quantize sets.
+            // general.file_type, which llama-quantize sets (and the
+            // converter's f32 / f16 files differ from it only there).
             check_quantized(&ours, e, &bf16);
         }
         let _ = std::fs::remove_dir_all(&src);
