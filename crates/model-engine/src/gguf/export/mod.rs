@@ -30,7 +30,7 @@ use metrale_core::DType;
 use metrale_core::quant::{GgmlType, dequantize_row, quantize_row};
 use metrale_model_weights::gguf::mix::{FileType, MixParams, MixTensor, choose_types, llama_order};
 use metrale_model_weights::gguf::{ALIGNMENT_KEY, GgufFile, GgufValue, GgufWriter};
-use metrale_model_weights::loader::{Checkpoint, convert};
+use metrale_model_weights::loader::Checkpoint;
 use serde_json::{Map, Value};
 
 pub use sha256::sha256_hex;
@@ -244,27 +244,29 @@ fn write(
     })
 }
 
-/// The bytes of one output tensor.
-fn tensor_bytes(
+/// The bytes of one output tensor (borrowed from the input file when it
+/// keeps its type).
+fn tensor_bytes<'a>(
     t: &Planned,
-    file: Option<&GgufFile>,
+    file: Option<&'a GgufFile>,
     ckpt: Option<&Checkpoint>,
-) -> Result<Vec<u8>> {
+) -> Result<std::borrow::Cow<'a, [u8]>> {
+    use std::borrow::Cow;
     let values = match (&t.src, file, ckpt) {
         (Src::Gguf, Some(f), _) => {
             let src = f.tensor(&t.name)?;
             if t.from == t.to {
-                return Ok(src.data.to_vec());
+                return Ok(Cow::Borrowed(src.data));
             }
             let mut v = vec![0f32; t.shape.iter().product()];
             dequantize_row(t.from, src.data, &mut v)
                 .map_err(|e| export_err(f.path(), format!("tensor {:?}: {e}", t.name)))?;
             v
         }
-        (Src::Hf(h), _, Some(c)) => tensors::apply(h, &read_f32(c, &h.hf)?),
+        (Src::Hf(h), _, Some(c)) => tensors::apply(h, read_f32(c, &h.hf)?),
         _ => return Err(EngineError::Internal("tensor source mismatch".into())),
     };
-    encode(&t.name, &t.shape, t.to, &values)
+    encode(&t.name, &t.shape, t.to, &values).map(Cow::Owned)
 }
 
 /// `values` as rows of `ty` (rows are `shape`'s last dimension), quantized
@@ -317,10 +319,19 @@ fn read_f32(ckpt: &Checkpoint, name: &str) -> Result<Vec<f32>> {
     };
     let mut buf = vec![0u8; entry.end - entry.start];
     file.read(entry, 0, &mut buf)?;
-    let f = convert(&buf, dtype, DType::F32);
-    Ok(f.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    // Decoded in one pass (a large tensor is held twice at most: its bytes
+    // and its f32 values).
+    Ok(match dtype {
+        DType::BF16 => (buf.chunks_exact(2))
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        DType::F16 => (buf.chunks_exact(2))
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => (buf.chunks_exact(4))
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    })
 }
 
 fn read_config_json(dir: &Path) -> Result<Map<String, Value>> {

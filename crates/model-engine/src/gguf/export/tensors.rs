@@ -166,10 +166,13 @@ pub(super) fn converter_type(name: &str, shape: &[usize], outtype: GgmlType) -> 
 
 /// Applies `t.forward` to the checkpoint tensor's values `src` (f32, of
 /// `t.hf_shape`).
-pub(super) fn apply(t: &HfTensor, src: &[f32]) -> Vec<f32> {
+pub(super) fn apply(t: &HfTensor, mut src: Vec<f32>) -> Vec<f32> {
     match t.forward {
-        Forward::Same => src.to_vec(),
-        Forward::NegExp => src.iter().map(|x| -x.exp()).collect(),
+        Forward::Same => src,
+        Forward::NegExp => {
+            src.iter_mut().for_each(|x| *x = -x.exp());
+            src
+        }
         Forward::PermuteRows { n_heads } => {
             let rows = t.hf_shape.first().copied().unwrap_or(1).max(1);
             let row = src.len() / rows;
@@ -221,7 +224,7 @@ mod tests {
         // LlamaModel.permute of 8 one-element rows with 2 heads: per head
         // rows [0 1 2 3] become [0 2 1 3].
         let rows: Vec<f32> = (0..8).map(|i| i as f32).collect();
-        let p = apply(&t(Forward::PermuteRows { n_heads: 2 }, vec![8, 1]), &rows);
+        let p = apply(&t(Forward::PermuteRows { n_heads: 2 }, vec![8, 1]), rows);
         assert_eq!(p, [0., 2., 1., 3., 4., 6., 5., 7.]);
         // torch.split(2, dim=1) of a [2, 4] tensor: part 1 is columns 2..4.
         let m: Vec<f32> = (0..8).map(|i| i as f32).collect();
@@ -230,8 +233,8 @@ mod tests {
             index: 1,
             parts: 2,
         };
-        assert_eq!(apply(&t(part, vec![2, 4]), &m), [2., 3., 6., 7.]);
-        let a = apply(&t(Forward::NegExp, vec![2]), &[0.0, 1.0]);
+        assert_eq!(apply(&t(part, vec![2, 4]), m), [2., 3., 6., 7.]);
+        let a = apply(&t(Forward::NegExp, vec![2]), vec![0.0, 1.0]);
         assert_eq!(a, [-1.0, -1f32.exp()]);
     }
 
