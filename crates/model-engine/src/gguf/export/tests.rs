@@ -56,3 +56,31 @@ fn metadata_keys_keep_their_place_unless_llama_quantize_sets_them() {
         ]
     );
 }
+
+#[test]
+fn named_chat_templates_are_written_as_gguf_py_does() {
+    let mut m = Meta::default();
+    let list: Value = serde_json::json!([
+        {"name": "tool use", "template": "B"},
+        {"name": "default", "template": "A"},
+        {"name": "rag", "template": "C"},
+        {"template": "no name: skipped"}
+    ]);
+    vocab::named_templates(&mut m, list.as_array().unwrap());
+    let s = |x: &str| GgufValue::String(x.into());
+    assert_eq!(
+        m.entries,
+        [
+            ("tokenizer.chat_template.tool_use".to_string(), s("B")),
+            ("tokenizer.chat_template.rag".to_string(), s("C")),
+            (
+                "tokenizer.chat_templates".to_string(),
+                GgufValue::Array(metrale_model_weights::gguf::GgufArray::String(vec![
+                    "tool_use".into(),
+                    "rag".into()
+                ]))
+            ),
+            ("tokenizer.chat_template".to_string(), s("A")),
+        ]
+    );
+}

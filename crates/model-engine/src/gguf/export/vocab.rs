@@ -5,9 +5,10 @@
 //! ids, whether BOS/EOS are added, and the chat template.
 //!
 //! Not handled (an error or, where noted, left out): tokenizers other than
-//! byte-level BPE (SentencePiece `llama`, WordPiece); a chat template given
-//! as a list of named templates; `TemplateProcessing` post-processors'
-//! separator and EOT/EOM rules (their BOS/EOS rules are followed); added
+//! byte-level BPE (SentencePiece `llama`, WordPiece); the extra named
+//! templates of a `chat_template.jinja`'s `additional_chat_templates/`
+//! directory; `TemplateProcessing` post-processors' separator and EOT/EOM
+//! rules (their BOS/EOS rules are followed); added
 //! tokens that normalize to another text (the converter's
 //! `decode(encode(token))`: kept as written); the normalizer's lowercase /
 //! strip-accents flags (not written).
@@ -280,27 +281,21 @@ fn special_vocab(
     let mut ids: Vec<(&str, u64)> = Vec::new();
     let mut chat_template = None;
     if let Some(tc) = &tc {
+        // tokenizer_config.json's, else chat_template.jinja, else
+        // chat_template.json's (only when the key is absent, as the
+        // converter's `dict.get(key, alt)`).
         chat_template = match tc.get("chat_template") {
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(Value::Array(_)) => {
-                return Err(err(
-                    &tc_path,
-                    "chat_template is a list of named templates, which export does not write yet",
-                ));
+            Some(v) => Some(v.clone()),
+            None => {
+                let jinja = dir.join("chat_template.jinja");
+                if let Ok(s) = std::fs::read_to_string(&jinja) {
+                    Some(Value::String(s))
+                } else {
+                    read_json(&dir.join("chat_template.json"))?
+                        .and_then(|ct| ct.get("chat_template").cloned())
+                }
             }
-            _ => None,
         };
-        if chat_template.is_none() {
-            let jinja = dir.join("chat_template.jinja");
-            if let Ok(s) = std::fs::read_to_string(&jinja) {
-                chat_template = Some(s);
-            } else if let Some(ct) = read_json(&dir.join("chat_template.json"))? {
-                chat_template = ct
-                    .get("chat_template")
-                    .and_then(Value::as_str)
-                    .map(str::to_string);
-            }
-        }
         for typ in TYPES {
             if let Some(Value::Bool(b)) = tc.get(&format!("add_{typ}_token")) {
                 set_add(&mut add, typ, *b, false);
@@ -354,8 +349,52 @@ fn special_vocab(
             GgufValue::Bool(v),
         );
     }
-    if let Some(t) = chat_template {
-        m.put_full("tokenizer.chat_template", GgufValue::String(t));
+    match chat_template {
+        Some(Value::String(t)) => m.put_full("tokenizer.chat_template", GgufValue::String(t)),
+        Some(Value::Array(list)) => named_templates(m, &list),
+        _ => {}
     }
     Ok(())
+}
+
+/// gguf-py's `add_chat_template` of a list of `{name, template}`: each
+/// named one as `tokenizer.chat_template.<name>` (the name's characters
+/// other than ASCII letters and digits as `_`), their names as
+/// `tokenizer.chat_templates` (in the list's order; gguf-py writes a
+/// Python set's), the one named `default` as `tokenizer.chat_template`.
+pub(super) fn named_templates(m: &mut Meta, list: &[Value]) {
+    let mut default = None;
+    let mut names: Vec<String> = Vec::new();
+    for choice in list {
+        let name = choice.get("name").and_then(Value::as_str).unwrap_or("");
+        let name: String = (name.chars())
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let Some(template) = choice.get("template").and_then(Value::as_str) else {
+            continue;
+        };
+        if name.is_empty() {
+            continue;
+        }
+        if name == "default" {
+            default = Some(template.to_string());
+        } else {
+            m.put_full(
+                &format!("tokenizer.chat_template.{name}"),
+                GgufValue::String(template.to_string()),
+            );
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    if !names.is_empty() {
+        m.put_full(
+            "tokenizer.chat_templates",
+            GgufValue::Array(GgufArray::String(names)),
+        );
+    }
+    if let Some(t) = default {
+        m.put_full("tokenizer.chat_template", GgufValue::String(t));
+    }
 }
