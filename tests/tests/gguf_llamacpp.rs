@@ -206,23 +206,18 @@ fn nemotron_h_q4_k_m_matches_llama_cpp() -> Result<()> {
 }
 
 #[test]
+fn nemotron_h_moe_q4_k_m_matches_llama_cpp() -> Result<()> {
+    check("nemotron_h_moe", "Q4_K_M")
+}
+
+#[test]
 fn granitemoehybrid_q4_k_m_matches_llama_cpp() -> Result<()> {
     check("granitemoehybrid", "Q4_K_M")
 }
 
 #[test]
-fn qwen3_next_is_refused_by_name() {
-    // Not mapped from GGUF yet (the converter regroups q/k/v/z and stores
-    // its norms +1): refused with the architecture's name, nothing allocated.
-    let cpu = Arc::new(CpuBackend::with_threads(1));
-    let gpu: Arc<dyn GpuBackend> = cpu.clone();
-    let path = gguf_dir().join("qwen3_next").join("Q4_K_M.gguf");
-    let err =
-        TransformerModel::load_gguf(&path, gpu, options(), WeightDType::AsStored, &mut |_| {})
-            .err()
-            .expect("qwen3next is refused");
-    assert!(format!("{err:#}").contains("qwen3next"), "{err:#}");
-    assert_eq!(cpu.live_bytes(), 0);
+fn qwen3_next_q4_k_m_matches_llama_cpp() -> Result<()> {
+    check("qwen3_next", "Q4_K_M")
 }
 
 #[test]

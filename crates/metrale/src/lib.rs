@@ -83,7 +83,8 @@ pub use metrale_model_engine::sampling::{
     Finish, GenerationDefaults, SamplingOverrides, SamplingParams,
 };
 pub use metrale_model_engine::tokenizer::Tokenizer;
-pub use metrale_model_weights::loader::{LoadProgress, WeightDType};
+pub use metrale_model_weights::gguf::mix::FileType;
+pub use metrale_model_weights::loader::{LoadProgress, WeightDType, WeightFormat};
 mod hub;
 pub use hub::{
     DEFAULT_REVISION, hub_cache_dir, hub_cache_dir_from, is_hub_id, resolve_model, resolve_model_in,
@@ -105,6 +106,10 @@ pub struct LoadOptions {
     pub threads: usize,
     /// How weights are held in memory.
     pub dtype: WeightDType,
+    /// Quantize the float weights on load to this llama.cpp file type
+    /// (`Q4_K_M`: llama.cpp's mix of Q4_K and Q6_K, chosen per tensor by
+    /// its rules); `None` (the default): as `dtype` says.
+    pub quant: Option<FileType>,
     /// KV cache, SSM slots and step size.
     pub model: ModelOptions,
     /// The most bytes the backend may hold (None: what the host has). The
@@ -124,6 +129,7 @@ impl Default for LoadOptions {
             device: Device::Auto,
             threads: 0,
             dtype: WeightDType::AsStored,
+            quant: None,
             model: ModelOptions::default(),
             memory_limit: None,
             bf16_dot_products: false,
@@ -169,14 +175,13 @@ impl Model {
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self> {
         let source = ModelSource::from_path(dir);
-        let model = TransformerModel::load_source(
-            &source,
-            gpu.clone(),
-            options.model,
-            options.dtype,
-            progress,
-        )
-        .with_context(|| format!("loading {}", dir.display()))?;
+        let format = WeightFormat {
+            dtype: options.dtype,
+            quant: options.quant,
+        };
+        let model =
+            TransformerModel::load_source(&source, gpu.clone(), options.model, format, progress)
+                .with_context(|| format!("loading {}", dir.display()))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             gpu,

@@ -130,3 +130,50 @@ fn cli_runs_on_a_gguf_file() {
     let (ok, text) = metrale(&["generate", "-m", "/nonexistent/x.gguf", "-p", "Hi"]);
     assert!(!ok && text.contains("x.gguf"), "{text}");
 }
+
+/// `--quant` on the commands that load a model: generate and bench quantize
+/// a checkpoint as it loads; an unknown type is refused with the list.
+#[test]
+fn cli_quantizes_on_load() {
+    let dir = fixtures().join("bamba");
+    let dir = dir.to_str().unwrap();
+    let greedy = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "-m",
+            dir,
+            "-p",
+            "Hi",
+            "-n",
+            "4",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, text) = metrale(&args);
+        assert!(ok, "{text}");
+        text
+    };
+    greedy(&["--quant", "q8_0"]);
+    greedy(&["--quant", "Q4_K_M"]);
+    let (ok, text) = metrale(&[
+        "bench",
+        "-m",
+        dir,
+        "--quant",
+        "q6_k",
+        "--prompt-len",
+        "8",
+        "--gen-len",
+        "2",
+        "--no-probe",
+        "--json",
+    ]);
+    assert!(ok && text.contains("\"decode_tok_s\""), "{text}");
+    let (ok, text) = metrale(&["generate", "-m", dir, "-p", "Hi", "--quant", "q3_x"]);
+    assert!(
+        !ok && text.contains("q4_k_m") && text.contains("q3_x"),
+        "{text}"
+    );
+}

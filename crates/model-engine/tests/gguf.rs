@@ -16,6 +16,8 @@ use metrale_model_engine::tokenizer::Tokenizer;
 use metrale_model_weights::gguf::{GgufFile, GgufValue, GgufWriter};
 use metrale_model_weights::loader::WeightDType;
 
+mod common;
+
 fn fixtures() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures"))
 }
@@ -25,14 +27,7 @@ fn gguf(name: &str) -> PathBuf {
 }
 
 fn options() -> ModelOptions {
-    ModelOptions {
-        kv_block_size: 16,
-        kv_blocks: 8,
-        max_seqs: 2,
-        max_batch_tokens: 32,
-        kv_dtype: None,
-        cuda_graphs: false,
-    }
+    common::small_options()
 }
 
 /// The converter stored the weights as bf16 (1-D ones as f32); the
@@ -337,6 +332,9 @@ fn llama_cpp_f32_files_match_their_checkpoints() {
         ("bamba", false),
         ("nemotron_h", false),
         ("granitemoehybrid", false),
+        // Norms stored + 1 and A = -exp(A_log): rounding.
+        ("qwen3_next", false),
+        ("nemotron_h_moe", false),
     ] {
         let st = TransformerModel::load(
             &root.join("hf").join(name),

@@ -86,6 +86,15 @@ pub enum WeightsError {
         method: String,
         tensor: String,
     },
+    /// A tensor asked to be quantized on load cannot be (rows not a whole
+    /// number of blocks, a backend without kernels for the format, a
+    /// quantized source).
+    #[error("{path}: tensor {tensor:?} cannot be quantized on load: {detail}")]
+    Quantize {
+        path: PathBuf,
+        tensor: String,
+        detail: String,
+    },
     /// The same tensor name is stored in two files.
     #[error("tensor {tensor:?} is stored twice: in {first} and in {second}")]
     DuplicateTensor {
@@ -118,9 +127,9 @@ pub enum WeightsError {
         found: String,
     },
     /// A tensor the model needs is stored in a GGUF type that metrale cannot
-    /// hold on the device yet (a quantized type).
+    /// decode (an IQ format but IQ4_NL, a ternary or MXFP4 type, ...).
     #[error(
-        "{path}: GGUF tensor {tensor:?} is stored as {ggml_type}, which metrale cannot load yet (only unquantized F32, F16 and BF16 GGUF tensors are supported)"
+        "{path}: GGUF tensor {tensor:?} is stored as {ggml_type}, which metrale cannot load yet (it loads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and the K-quants Q2_K to Q6_K)"
     )]
     GgufUnsupportedType {
         path: PathBuf,

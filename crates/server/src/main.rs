@@ -59,6 +59,12 @@ struct Args {
     /// than 1e-4), f32 (exact), or bf16.
     #[arg(long, value_enum, default_value_t = ArithDType::Auto)]
     dtype: ArithDType,
+    /// Quantize the float weights on load, as llama.cpp's llama-quantize
+    /// would: q8_0, q4_k_m, q5_k_m, q6_k (the `_m` mixes choose each
+    /// tensor's type by llama.cpp's rules), or q4_0, q4_1, q5_0, q5_1,
+    /// q4_k_s, q5_k_s. Quantized weights run on the CPU.
+    #[arg(long, value_parser = metrale::FileType::parse_quantized, value_name = "TYPE")]
+    quant: Option<metrale::FileType>,
     /// The most memory the model may take, e.g. 8GiB (default: what the
     /// host and its cgroup have available); checked before loading.
     #[arg(long, value_parser = parse_memory)]
@@ -146,6 +152,7 @@ fn run(args: Args) -> Result<()> {
         threads: args.threads,
         memory_limit: args.memory_limit,
         bf16_dot_products: args.dtype != ArithDType::F32,
+        quant: args.quant,
         ..LoadOptions::default()
     };
     options.model.kv_dtype = args.kv_dtype.dtype();

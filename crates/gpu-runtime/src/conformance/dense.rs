@@ -478,8 +478,9 @@ pub(super) fn scatter_cols(cx: &mut Cx<'_>) -> Outcome {
     Ok(())
 }
 
-/// Rows of f32 activations, and of bf16, f16 and u32 data (weights are
-/// permuted at load with it), moved bit for bit; repeats allowed.
+/// Rows of f32 activations, and of bf16, f16 and u32 data and of every
+/// quantized format the backend takes (weights are permuted at load with
+/// it), moved bit for bit; repeats allowed.
 pub(super) fn gather_rows(cx: &mut Cx<'_>) -> Outcome {
     let width = cx.shapes.hidden;
     for dtype in [DType::F32, DType::BF16, DType::F16, DType::U32] {
@@ -516,6 +517,28 @@ pub(super) fn gather_rows(cx: &mut Cx<'_>) -> Outcome {
                 &format!("{rows} rows of {dtype}"),
             )?;
         }
+    }
+    // Quantized weights' rows (whole blocks) move the same way: Qwen3-Next's
+    // projections are regrouped at load.
+    let width = 256;
+    for dtype in quant_dtypes()
+        .into_iter()
+        .filter(|d| cx.gpu.supports_weights(*d))
+    {
+        let mut m = cx.mem();
+        let src_rows = 5;
+        let (src, _) = m.weights(&cx.rng.vec(src_rows * width, -1.0, 1.0), dtype)?;
+        let bytes = m.down_bytes(src)?;
+        let order = [4u32, 0, 2, 2];
+        let idx = m.u32s(&order)?;
+        let out = m.alloc(dtype, order.len() * width)?;
+        cx.tested(cx.gpu.gather_rows(src, idx, width, out))?;
+        let row_bytes = bytes.len() / src_rows;
+        let want: Vec<u8> = order
+            .iter()
+            .flat_map(|&r| bytes[r as usize * row_bytes..][..row_bytes].to_vec())
+            .collect();
+        cx.equal(&m.down_bytes(out)?, &want, &format!("rows of {dtype}"))?;
     }
     Ok(())
 }

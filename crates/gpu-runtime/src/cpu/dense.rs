@@ -518,8 +518,14 @@ impl DenseOps for CpuBackend {
                 format!("{} rows gathered into {}", src.dtype(), out.dtype()),
             ));
         }
-        // Any dtype: rows are moved as bytes.
-        let row_bytes = width * src.dtype().size_of();
+        // Any dtype: rows are moved as bytes (a quantized row is whole
+        // blocks).
+        let Some(row_bytes) = src.dtype().bytes_for(width) else {
+            return Err(shape_err(
+                OP,
+                format!("rows of {width} are not whole {} blocks", src.dtype()),
+            ));
+        };
         let s = self.read(OP, src, src.dtype())?;
         let o = self.write(OP, out, &[src])?;
         for (i, &r) in rows.iter().enumerate() {

@@ -225,14 +225,30 @@ pub fn run(mut args: Args) -> Result<()> {
     let start = Instant::now();
     let (model, name) = match (&args.model, &args.config) {
         (Some(dir), _) => {
-            let wd = match args.weight_dtype {
-                BenchDType::Bf16 => WeightDType::BF16,
-                BenchDType::F32 => WeightDType::F32,
+            let source = metrale::engine::gguf::ModelSource::from_path(dir);
+            // A GGUF file's tensors are held as stored (its quantized ones
+            // stay quantized); a checkpoint's as --weight-dtype says.
+            let wd = match (&source, args.weight_dtype) {
+                (metrale::engine::gguf::ModelSource::Gguf(_), _) => WeightDType::AsStored,
+                (_, BenchDType::Bf16) => WeightDType::BF16,
+                (_, BenchDType::F32) => WeightDType::F32,
             };
-            let model =
-                TransformerModel::load(dir, gpu.clone(), options, wd, &mut super::load_progress())
-                    .with_context(|| format!("loading {}", dir.display()))?;
+            let format = metrale::WeightFormat {
+                dtype: wd,
+                quant: args.dtype.quant,
+            };
+            let model = TransformerModel::load_source(
+                &source,
+                gpu.clone(),
+                options,
+                format,
+                &mut super::load_progress(),
+            )
+            .with_context(|| format!("loading {}", dir.display()))?;
             (model, dir.display().to_string())
+        }
+        (None, Some(_)) if args.dtype.quant.is_some() => {
+            bail!("--quant quantizes a checkpoint's weights on load: give --model, not --config")
         }
         (None, Some(path)) => (
             TransformerModel::random(gpu.clone(), config, options, args.seed, dtype)?,

@@ -69,6 +69,7 @@ impl ModelArgs {
             threads: self.threads,
             memory_limit: self.memory_limit,
             bf16_dot_products: self.dtype.bf16_dot_products(),
+            quant: self.dtype.quant,
             ..LoadOptions::default()
         };
         options.model.max_seqs = 1;

@@ -72,6 +72,7 @@ pub fn run(mut args: Args) -> Result<()> {
         threads: args.threads,
         memory_limit: args.memory_limit,
         bf16_dot_products: args.dtype.bf16_dot_products(),
+        quant: args.dtype.quant,
         ..LoadOptions::default()
     };
     options.model.max_batch_tokens = args.ids.len().clamp(1, 4096);

@@ -95,6 +95,12 @@ pub struct DTypeArgs {
     /// The old spelling of `--dtype bf16`.
     #[arg(long, hide = true)]
     pub bf16_dot: bool,
+    /// Quantize the float weights on load, as llama.cpp's llama-quantize
+    /// would: q8_0, q4_k_m, q5_k_m, q6_k (the `_m` mixes choose the type
+    /// of each tensor by llama.cpp's rules), or q4_0, q4_1, q5_0, q5_1,
+    /// q4_k_s, q5_k_s. Quantized weights run on the CPU.
+    #[arg(long, value_parser = metrale::FileType::parse_quantized, value_name = "TYPE")]
+    pub quant: Option<metrale::FileType>,
 }
 
 impl DTypeArgs {

@@ -20,7 +20,7 @@ pub struct Args {
     /// The server's arguments: [-m DIR|ORG/NAME] [--revision REV] [--host 127.0.0.1] [--port
     /// 8000] [--api-key KEY] [--served-model-name NAME] [--device cpu|auto]
     /// [-t N] [--memory-limit SIZE] [--kv-dtype auto|f32|bf16]
-    /// [--ctx-size N] [--dtype f32|bf16] [--max-seqs N] [--max-waiting N]
+    /// [--ctx-size N] [--dtype auto|f32|bf16] [--quant TYPE] [--max-seqs N] [--max-waiting N]
     /// (`metrale serve --help` lists them).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub args: Vec<String>,

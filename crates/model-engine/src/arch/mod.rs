@@ -32,7 +32,7 @@ pub(crate) mod granite_hybrid;
 pub(crate) mod llama;
 pub(crate) mod mamba2;
 pub(crate) mod nemotron_h;
-mod qwen3_next;
+pub(crate) mod qwen3_next;
 
 use metrale_core::DType;
 

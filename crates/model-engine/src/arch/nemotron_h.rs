@@ -380,5 +380,22 @@ pub(crate) const GGUF: GgufTable = GgufTable {
                 ("down_proj.bias", Same("ffn_down.bias")),
             ],
         ),
+        // The MoE layers (`nemotron_h_moe`): experts stacked per matrix.
+        (
+            "mixer.",
+            &[
+                ("gate.weight", Same("ffn_gate_inp.weight")),
+                ("gate.e_score_correction_bias", Same("exp_probs_b.bias")),
+                ("experts.*.up_proj.weight", Expert("ffn_up_exps.weight")),
+                ("experts.*.down_proj.weight", Expert("ffn_down_exps.weight")),
+                ("shared_experts.up_proj.weight", Same("ffn_up_shexp.weight")),
+                (
+                    "shared_experts.down_proj.weight",
+                    Same("ffn_down_shexp.weight"),
+                ),
+                ("shared_experts.up_proj.bias", Same("ffn_up_shexp.bias")),
+                ("shared_experts.down_proj.bias", Same("ffn_down_shexp.bias")),
+            ],
+        ),
     ],
 };

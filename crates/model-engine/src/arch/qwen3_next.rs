@@ -301,3 +301,79 @@ fn model_names(tied: bool) -> ModelNames {
         lm_head: (!tied).then(|| "lm_head.weight".into()),
     }
 }
+
+use crate::gguf::GgufName::{Expert, NegExp, PlusOne, Qkvz, Same};
+
+/// Qwen3-Next as llama.cpp's converter writes it (`qwen3next`): norm
+/// weights stored as `w + 1` (but the gated norm's), `in_proj_qkvz`
+/// regrouped into `attn_qkv` and `attn_gate`, `A_log` as `A = -exp(A_log)`,
+/// the experts stacked into `ffn_*_exps`.
+pub(crate) const GGUF: crate::gguf::GgufTable = crate::gguf::GgufTable {
+    layer_prefix: "model.layers.",
+    globals: &[
+        ("model.embed_tokens.weight", Same("token_embd.weight")),
+        ("model.norm.weight", PlusOne("output_norm.weight")),
+        ("lm_head.weight", Same("output.weight")),
+    ],
+    layer: &[
+        (
+            "",
+            &[
+                ("input_layernorm.weight", PlusOne("attn_norm.weight")),
+                (
+                    "post_attention_layernorm.weight",
+                    PlusOne("post_attention_norm.weight"),
+                ),
+            ],
+        ),
+        (
+            "linear_attn.",
+            &[
+                (
+                    "in_proj_qkvz.weight",
+                    Qkvz {
+                        qkv: "attn_qkv.weight",
+                        gate: "attn_gate.weight",
+                    },
+                ),
+                ("in_proj_ba.weight", Same("ssm_ba.weight")),
+                ("conv1d.weight", Same("ssm_conv1d.weight")),
+                ("dt_bias", Same("ssm_dt.bias")),
+                ("A_log", NegExp("ssm_a")),
+                ("norm.weight", Same("ssm_norm.weight")),
+                ("out_proj.weight", Same("ssm_out.weight")),
+            ],
+        ),
+        ("self_attn.", crate::gguf::ATTENTION),
+        (
+            "self_attn.",
+            &[
+                ("q_norm.weight", PlusOne("attn_q_norm.weight")),
+                ("k_norm.weight", PlusOne("attn_k_norm.weight")),
+            ],
+        ),
+        (
+            "mlp.",
+            &[
+                ("gate.weight", Same("ffn_gate_inp.weight")),
+                ("experts.*.gate_proj.weight", Expert("ffn_gate_exps.weight")),
+                ("experts.*.up_proj.weight", Expert("ffn_up_exps.weight")),
+                ("experts.*.down_proj.weight", Expert("ffn_down_exps.weight")),
+                (
+                    "shared_expert.gate_proj.weight",
+                    Same("ffn_gate_shexp.weight"),
+                ),
+                ("shared_expert.up_proj.weight", Same("ffn_up_shexp.weight")),
+                (
+                    "shared_expert.down_proj.weight",
+                    Same("ffn_down_shexp.weight"),
+                ),
+                (
+                    "shared_expert_gate.weight",
+                    Same("ffn_gate_inp_shexp.weight"),
+                ),
+            ],
+        ),
+        ("mlp.", crate::gguf::GATED_MLP),
+    ],
+};

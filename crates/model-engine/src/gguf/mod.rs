@@ -20,9 +20,9 @@ use std::path::Path;
 
 pub mod export;
 
-use metrale_model_weights::gguf::{GgufArray, GgufFile, GgufValue};
+use metrale_model_weights::gguf::GgufFile;
 use metrale_model_weights::loader::{GgufExpected, GgufTransform};
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 use crate::arch;
 use crate::config::{ModelConfig, ModelType, parse_config};
@@ -45,6 +45,17 @@ pub(crate) enum GgufName {
     /// A fused Hugging Face tensor the converter split: the concatenation
     /// of these along `axis`.
     Split(&'static [&'static str], usize),
+    /// Stored as `w + 1` (Qwen3-Next's zero-centred norm weights).
+    PlusOne(&'static str),
+    /// Qwen3-Next's `in_proj_qkvz`, stored regrouped as `attn_qkv` (every
+    /// key group's q, then k, then v) and `attn_gate` (z).
+    Qkvz {
+        qkv: &'static str,
+        gate: &'static str,
+    },
+    /// One expert of a stack (`ffn_gate_exps`): the group's key holds `*`
+    /// where the Hugging Face name has the expert's number.
+    Expert(&'static str),
 }
 
 /// HF name (after a group's prefix) to GGUF name (after `blk.{i}.`).
@@ -116,17 +127,19 @@ pub(crate) const GATED_MLP: GgufGroup = &[
 impl GgufTable {
     /// The GGUF source of the Hugging Face tensor `hf`, if the table has it.
     fn source(&self, hf: &str, c: &ModelConfig) -> Option<(Vec<String>, GgufTransform)> {
-        let (blk, entry) = match self.globals.iter().find(|(n, _)| *n == hf) {
-            Some((_, g)) => (String::new(), *g),
+        let (blk, entry, index) = match self.globals.iter().find(|(n, _)| *n == hf) {
+            Some((_, g)) => (String::new(), *g, None),
             None => {
                 let rest = hf.strip_prefix(self.layer_prefix)?;
                 let (i, suffix) = rest.split_once('.')?;
                 let i: usize = i.parse().ok()?;
-                let g = self.layer.iter().find_map(|(prefix, group)| {
+                let (g, index) = self.layer.iter().find_map(|(prefix, group)| {
                     let name = suffix.strip_prefix(prefix)?;
-                    group.iter().find(|(n, _)| *n == name).map(|(_, g)| *g)
+                    group
+                        .iter()
+                        .find_map(|(n, g)| name_match(n, name).map(|index| (*g, index)))
                 })?;
-                (format!("blk.{i}."), g)
+                (format!("blk.{i}."), g, index)
             }
         };
         let heads = |kv: bool| {
@@ -155,8 +168,58 @@ impl GgufTable {
                 parts.iter().map(|p| format!("{blk}{p}")).collect(),
                 GgufTransform::Concat { axis },
             ),
+            GgufName::PlusOne(n) => (one(n), GgufTransform::MinusOne),
+            GgufName::Qkvz { qkv, gate } => {
+                let d = c.deltanet.as_ref()?;
+                (
+                    vec![format!("{blk}{qkv}"), format!("{blk}{gate}")],
+                    GgufTransform::Gather(qkvz_runs(d)),
+                )
+            }
+            GgufName::Expert(n) => (
+                one(n),
+                GgufTransform::Slice {
+                    index: index?,
+                    count: c.moe.as_ref()?.n_experts,
+                },
+            ),
         })
     }
+}
+
+/// Whether the Hugging Face name suffix `name` is the table's `pattern`:
+/// `Some(None)` when equal, `Some(Some(e))` when the pattern's `*` stands
+/// for the number `e` in `name`.
+fn name_match(pattern: &str, name: &str) -> Option<Option<usize>> {
+    match pattern.split_once('*') {
+        None => (pattern == name).then_some(None),
+        Some((head, tail)) => {
+            let digits = name.strip_prefix(head)?.strip_suffix(tail)?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            Some(Some(digits.parse().ok()?))
+        }
+    }
+}
+
+/// The rows of `in_proj_qkvz` (per key group: q, k, v, z) as runs of the
+/// converter's `attn_qkv` (all q, all k, all v) and `attn_gate` (all z).
+fn qkvz_runs(d: &crate::config::DeltaNetConfig) -> Vec<metrale_model_weights::loader::RowRun> {
+    use metrale_model_weights::loader::RowRun;
+    let (groups, dk) = (d.n_k_heads, d.k_head_dim);
+    let dv = d.n_v_heads / groups.max(1) * d.v_head_dim;
+    let run = |source, start, len| RowRun { source, start, len };
+    (0..groups)
+        .flat_map(|g| {
+            [
+                run(0, g * dk, dk),
+                run(0, groups * dk + g * dk, dk),
+                run(0, 2 * groups * dk + g * dv, dv),
+                run(1, g * dv, dv),
+            ]
+        })
+        .collect()
 }
 
 /// Where a model is read from: a Hugging Face checkpoint directory
@@ -243,17 +306,6 @@ impl ModelSource {
     }
 }
 
-/// The `general.architecture` values llama.cpp's converter writes for the
-/// families metrale runs.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
-    "llama",
-    "qwen2",
-    "qwen3",
-    "mamba2",
-    "granitehybrid",
-    "nemotron_h",
-];
-
 /// A GGUF file read as a model: its config and where its tensors are.
 pub struct GgufModel {
     pub file: GgufFile,
@@ -281,321 +333,6 @@ impl GgufModel {
     }
 }
 
-fn meta_err(file: &GgufFile, key: &str, detail: impl Into<String>) -> EngineError {
-    EngineError::Weights(metrale_model_weights::WeightsError::GgufMetadata {
-        path: file.path().to_path_buf(),
-        key: key.to_string(),
-        detail: detail.into(),
-    })
-}
-
-/// A per-layer integer key: a single value for every layer, or an array
-/// of `layers` values.
-fn per_layer(file: &GgufFile, key: &str, layers: usize) -> Result<Vec<usize>> {
-    match file.value(key)? {
-        GgufValue::Array(a) => {
-            let v: Vec<usize> = match a {
-                GgufArray::U32(v) => v.iter().map(|&n| n as usize).collect(),
-                GgufArray::I32(v) if v.iter().all(|&n| n >= 0) => {
-                    v.iter().map(|&n| n as usize).collect()
-                }
-                GgufArray::U64(v) => v.iter().map(|&n| n as usize).collect(),
-                GgufArray::I64(v) if v.iter().all(|&n| n >= 0) => {
-                    v.iter().map(|&n| n as usize).collect()
-                }
-                _ => return Err(meta_err(file, key, "expected an array of integers")),
-            };
-            if v.len() != layers {
-                return Err(meta_err(
-                    file,
-                    key,
-                    format!("has {} entries for {layers} layers", v.len()),
-                ));
-            }
-            Ok(v)
-        }
-        _ => Ok(vec![file.get_u32(key)? as usize; layers]),
-    }
-}
-
-fn set(c: &mut Map<String, Value>, key: &str, v: Value) {
-    c.insert(key.to_string(), v);
-}
-
-/// The Hugging Face `config.json` the metadata of `file` describes.
-pub fn config_json(file: &GgufFile) -> Result<Value> {
-    let arch = file.architecture()?.to_string();
-    if !SUPPORTED_ARCHITECTURES.contains(&arch.as_str()) {
-        return Err(EngineError::Config {
-            path: file.path().to_path_buf(),
-            detail: format!(
-                "GGUF architecture {arch:?} is not supported (metrale loads GGUF files of \
-                 architecture {})",
-                SUPPORTED_ARCHITECTURES.join(", ")
-            ),
-        });
-    }
-    let k = |s: &str| format!("{arch}.{s}");
-    let u = |s: &str| -> Result<usize> { Ok(file.get_u32(&k(s))? as usize) };
-    let opt_u = |s: &str| -> Result<Option<usize>> { Ok(file.opt_u32(&k(s))?.map(|n| n as usize)) };
-    let opt_f = |s: &str| -> Result<Option<f32>> {
-        file.get(&k(s))
-            .map(|_| file.get_f32(&k(s)))
-            .transpose()
-            .map_err(Into::into)
-    };
-    let has = |t: &str| file.get_tensor(t).is_some();
-    let embd = file.tensor("token_embd.weight")?;
-    let mut c = Map::new();
-    set(&mut c, "vocab_size", json!(embd.shape()[0]));
-    set(&mut c, "hidden_size", json!(u("embedding_length")?));
-    set(&mut c, "tie_word_embeddings", json!(!has("output.weight")));
-    let layers = u("block_count")?;
-    set(&mut c, "num_hidden_layers", json!(layers));
-    if let Some(n) = opt_u("context_length")? {
-        set(&mut c, "max_position_embeddings", json!(n));
-    }
-    for (key, name) in [
-        ("eos_token_id", "eos"),
-        ("bos_token_id", "bos"),
-        ("pad_token_id", "padding"),
-    ] {
-        if let Some(id) = file.opt_u32(&format!("tokenizer.ggml.{name}_token_id"))? {
-            set(&mut c, key, json!(id));
-        }
-    }
-    let rms = opt_f("attention.layer_norm_rms_epsilon")?.or(opt_f("attention.layer_norm_epsilon")?);
-    // Attention hyper-parameters, shared by the families that have it.
-    let attention = |c: &mut Map<String, Value>, kv: usize| -> Result<()> {
-        let heads = u("attention.head_count")?;
-        c.insert("num_attention_heads".into(), json!(heads));
-        c.insert("num_key_value_heads".into(), json!(kv));
-        let hidden = u("embedding_length")?;
-        let head_dim = opt_u("attention.key_length")?.unwrap_or(hidden / heads.max(1));
-        c.insert("head_dim".into(), json!(head_dim));
-        let mut rope = Map::new();
-        rope.insert("rope_type".into(), json!("default"));
-        rope.insert(
-            "rope_theta".into(),
-            json!(opt_f("rope.freq_base")?.unwrap_or(10000.0)),
-        );
-        if let Some(dims) = opt_u("rope.dimension_count")?
-            && dims != head_dim
-            && head_dim > 0
-        {
-            rope.insert(
-                "partial_rotary_factor".into(),
-                json!(dims as f64 / head_dim as f64),
-            );
-        }
-        if let Some(kind) = file.opt_str(&k("rope.scaling.type"))?
-            && kind != "none"
-        {
-            let factor = opt_f("rope.scaling.factor")?.unwrap_or(1.0);
-            rope.insert("rope_type".into(), json!(kind));
-            rope.insert("factor".into(), json!(factor));
-            if let Some(n) = opt_u("rope.scaling.original_context_length")? {
-                rope.insert("original_max_position_embeddings".into(), json!(n));
-            }
-        }
-        c.insert("rope_parameters".into(), Value::Object(rope));
-        c.insert(
-            "attention_bias".into(),
-            json!(
-                file.tensor_infos()
-                    .iter()
-                    .any(|t| t.name.ends_with("attn_q.bias"))
-            ),
-        );
-        Ok(())
-    };
-    // Mamba-2 hyper-parameters under the keys of `prefix` (`""` for
-    // mamba2/nemotron_h spellings, `"mamba_"` for Bamba/Granite).
-    let mamba = |c: &mut Map<String, Value>, granite: bool| -> Result<()> {
-        let inner = u("ssm.inner_size")?;
-        let heads = u("ssm.time_step_rank")?;
-        let hidden = u("embedding_length")?;
-        if heads == 0
-            || !inner.is_multiple_of(heads)
-            || hidden == 0
-            || !inner.is_multiple_of(hidden)
-        {
-            return Err(meta_err(
-                file,
-                &k("ssm.inner_size"),
-                format!(
-                    "{inner} is not a multiple of the head count {heads} and of the width {hidden}"
-                ),
-            ));
-        }
-        let conv_bias = file
-            .tensor_infos()
-            .iter()
-            .any(|t| t.name.ends_with("ssm_conv1d.bias"));
-        let proj_bias = file
-            .tensor_infos()
-            .iter()
-            .any(|t| t.name.ends_with("ssm_in.bias"));
-        let entries = [
-            ("n_heads", "num_heads", "mamba_num_heads", json!(heads)),
-            ("d_head", "head_dim", "mamba_head_dim", json!(inner / heads)),
-            (
-                "d_state",
-                "state_size",
-                "ssm_state_size",
-                json!(u("ssm.state_size")?),
-            ),
-            (
-                "n_groups",
-                "n_groups",
-                "n_groups",
-                json!(u("ssm.group_count")?),
-            ),
-            (
-                "d_conv",
-                "conv_kernel",
-                "conv_kernel",
-                json!(u("ssm.conv_kernel")?),
-            ),
-            ("expand", "expand", "expand", json!(inner / hidden)),
-            (
-                "conv_bias",
-                "use_conv_bias",
-                "use_conv_bias",
-                json!(conv_bias),
-            ),
-            ("proj_bias", "use_bias", "use_bias", json!(proj_bias)),
-        ];
-        for (g, m, n, v) in entries {
-            let key = match (granite, arch.as_str()) {
-                (true, _) => format!("mamba_{g}"),
-                (false, "nemotron_h") => n.to_string(),
-                _ => m.to_string(),
-            };
-            c.insert(key, v);
-        }
-        Ok(())
-    };
-    let model_type = match arch.as_str() {
-        "llama" | "qwen2" | "qwen3" => {
-            if has("rope_freqs.weight") {
-                return Err(meta_err(
-                    file,
-                    "rope_freqs.weight",
-                    "the file carries per-dimension rope factors (Llama 3.1-style rope scaling), \
-                     which metrale does not read from GGUF yet",
-                ));
-            }
-            set(
-                &mut c,
-                "intermediate_size",
-                json!(u("feed_forward_length")?),
-            );
-            let heads = u("attention.head_count")?;
-            let kv = opt_u("attention.head_count_kv")?.unwrap_or(heads);
-            attention(&mut c, kv)?;
-            if let Some(eps) = rms {
-                set(&mut c, "rms_norm_eps", json!(eps));
-            }
-            arch.clone()
-        }
-        "mamba2" => {
-            mamba(&mut c, false)?;
-            if let Some(eps) = rms {
-                set(&mut c, "layer_norm_epsilon", json!(eps));
-            }
-            "mamba2".into()
-        }
-        "nemotron_h" => {
-            let kv = per_layer(file, &k("attention.head_count_kv"), layers)?;
-            let ff = per_layer(file, &k("feed_forward_length"), layers)?;
-            let pattern: String = (0..layers)
-                .map(|i| match (kv[i] > 0, ff[i] > 0) {
-                    (true, _) => '*',
-                    (false, true) => '-',
-                    _ => 'M',
-                })
-                .collect();
-            set(&mut c, "hybrid_override_pattern", json!(pattern));
-            set(
-                &mut c,
-                "intermediate_size",
-                json!(ff.iter().copied().max().unwrap_or(0)),
-            );
-            set(&mut c, "mlp_hidden_act", json!("relu2"));
-            attention(&mut c, kv.iter().copied().max().unwrap_or(0))?;
-            mamba(&mut c, false)?;
-            if let Some(eps) = rms {
-                set(&mut c, "layer_norm_epsilon", json!(eps));
-            }
-            "nemotron_h".into()
-        }
-        "granitehybrid" => {
-            let kv = per_layer(file, &k("attention.head_count_kv"), layers)?;
-            attention(&mut c, kv.iter().copied().max().unwrap_or(0))?;
-            mamba(&mut c, true)?;
-            // head_dim is not a Granite/Bamba key: the attention's width is
-            // the model's.
-            c.remove("head_dim");
-            if let Some(eps) = rms {
-                set(&mut c, "rms_norm_eps", json!(eps));
-            }
-            let ffn = u("feed_forward_length")?;
-            set(&mut c, "intermediate_size", json!(ffn));
-            // The converter keeps rope for Bamba only (`rope.scaling.finetuned`
-            // is its `use_rope`): Bamba checkpoints carry rope, Granite 4.0-H
-            // none.
-            if file.opt_bool(&k("rope.scaling.finetuned"))? == Some(true) {
-                let indices: Vec<usize> = (0..layers).filter(|&i| kv[i] > 0).collect();
-                set(&mut c, "attn_layer_indices", json!(indices));
-                "bamba".into()
-            } else {
-                let types: Vec<&str> = kv
-                    .iter()
-                    .map(|&n| if n > 0 { "attention" } else { "mamba" })
-                    .collect();
-                set(&mut c, "layer_types", json!(types));
-                set(&mut c, "position_embedding_type", json!("nope"));
-                let experts = opt_u("expert_count")?.unwrap_or(0);
-                set(&mut c, "num_local_experts", json!(experts));
-                if let Some(n) = opt_u("expert_used_count")? {
-                    set(&mut c, "num_experts_per_tok", json!(n));
-                }
-                let shared = match opt_u("expert_shared_feed_forward_length")? {
-                    Some(n) => n,
-                    None => (file.get_tensor("blk.0.ffn_gate.weight"))
-                        .or(file.get_tensor("blk.0.ffn_gate_shexp.weight"))
-                        .map_or(ffn, |t| t.shape()[0]),
-                };
-                set(&mut c, "shared_intermediate_size", json!(shared));
-                for (key, hf) in [
-                    ("attention.scale", "attention_multiplier"),
-                    ("embedding_scale", "embedding_multiplier"),
-                    ("residual_scale", "residual_multiplier"),
-                    ("logit_scale", "logits_scaling"),
-                ] {
-                    if let Some(v) = opt_f(key)? {
-                        set(&mut c, hf, json!(v));
-                    }
-                }
-                "granitemoehybrid".into()
-            }
-        }
-        other => {
-            return Err(EngineError::Config {
-                path: file.path().to_path_buf(),
-                detail: format!(
-                    "GGUF architecture {other:?} is not supported (metrale loads GGUF files of \
-                     architecture {})",
-                    SUPPORTED_ARCHITECTURES.join(", ")
-                ),
-            });
-        }
-    };
-    c.insert("model_type".into(), json!(model_type));
-    Ok(Value::Object(c))
-}
-
 /// The family table of a model type.
 fn table(c: &ModelConfig) -> Result<&'static GgufTable> {
     Ok(match c.model_type {
@@ -606,11 +343,7 @@ fn table(c: &ModelConfig) -> Result<&'static GgufTable> {
         ModelType::NemotronH => &arch::nemotron_h::GGUF,
         ModelType::GraniteMoeHybrid if c.moe.is_some() => &arch::granite_hybrid::GGUF_MOE,
         ModelType::GraniteMoeHybrid => &arch::granite_hybrid::GGUF_DENSE,
-        ModelType::Qwen3Next => {
-            return Err(EngineError::Internal(
-                "qwen3_next has no GGUF table yet".into(),
-            ));
-        }
+        ModelType::Qwen3Next => &arch::qwen3_next::GGUF,
     })
 }
 
@@ -636,10 +369,16 @@ pub fn expected_tensors(file: &GgufFile, config: &ModelConfig) -> Result<Vec<Ggu
                 shape: t.shape,
                 sources,
                 transform,
+                quantize: None,
             })
         })
         .collect()
 }
+
+mod config;
+mod quant;
+pub use config::{SUPPORTED_ARCHITECTURES, config_json};
+pub use quant::{file_quant_types, quant_types};
 
 #[cfg(test)]
 mod tests;

@@ -2,6 +2,7 @@ use metrale_core::quant::GgmlType;
 use metrale_model_weights::gguf::{GgufFile, GgufValue, GgufWriter};
 
 use super::*;
+use metrale_model_weights::gguf::mix::FileType;
 
 fn file(arch: &str, extra: &[(&str, GgufValue)]) -> GgufFile {
     let mut w = GgufWriter::new();
@@ -15,14 +16,17 @@ fn file(arch: &str, extra: &[(&str, GgufValue)]) -> GgufFile {
 
 #[test]
 fn architectures_metrale_lacks_are_refused_by_name() {
-    for arch in ["qwen3next", "nemotron_h_moe", "gemma3", "qwen3moe"] {
+    for arch in ["deepseek2", "gemma3", "qwen3moe"] {
         let err = config_json(&file(arch, &[])).unwrap_err().to_string();
         assert!(err.contains(&format!("{arch:?}")), "{err}");
         assert!(
             err.contains("not supported") && err.contains("test.gguf"),
             "{err}"
         );
-        assert!(err.contains("llama, qwen2, qwen3, mamba2"), "{err}");
+        assert!(
+            err.contains("llama, qwen2, qwen3, qwen3next, mamba2"),
+            "{err}"
+        );
     }
 }
 
@@ -68,5 +72,94 @@ fn a_missing_hyper_parameter_is_named() {
     assert!(
         err.contains("mamba2.block_count") && err.contains("test.gguf"),
         "{err}"
+    );
+}
+
+#[test]
+fn expert_and_pattern_names_match() {
+    assert_eq!(name_match("gate.weight", "gate.weight"), Some(None));
+    assert_eq!(
+        name_match("experts.*.up_proj.weight", "experts.12.up_proj.weight"),
+        Some(Some(12))
+    );
+    assert_eq!(
+        name_match("experts.*.up_proj.weight", "experts..up_proj.weight"),
+        None
+    );
+    assert_eq!(
+        name_match("experts.*.up_proj.weight", "experts.x.up_proj.weight"),
+        None
+    );
+    assert_eq!(
+        name_match("experts.*.up_proj.weight", "experts.1.down_proj.weight"),
+        None
+    );
+}
+
+/// `in_proj_qkvz` per key group [q, k, v, z] from the converter's
+/// [all q, all k, all v] and [all z]: two groups, dk 2, two value heads of
+/// 1 per group.
+#[test]
+fn qkvz_rows_are_regrouped() {
+    let d = crate::config::DeltaNetConfig {
+        n_k_heads: 2,
+        n_v_heads: 4,
+        k_head_dim: 2,
+        v_head_dim: 1,
+        conv_kernel: 4,
+        norm_eps: 1e-6,
+    };
+    let rows: Vec<(usize, usize)> = qkvz_runs(&d)
+        .iter()
+        .flat_map(|r| (r.start..r.start + r.len).map(move |i| (r.source, i)))
+        .collect();
+    // qkv rows: q0 q0 q1 q1 | k0 k0 k1 k1 | v0 v0 v1 v1; gate: z0 z0 z1 z1.
+    assert_eq!(
+        rows,
+        [
+            (0, 0),
+            (0, 1),
+            (0, 4),
+            (0, 5),
+            (0, 8),
+            (0, 9),
+            (1, 0),
+            (1, 1),
+            (0, 2),
+            (0, 3),
+            (0, 6),
+            (0, 7),
+            (0, 10),
+            (0, 11),
+            (1, 2),
+            (1, 3),
+        ]
+    );
+}
+
+/// Layer 2's `attn_qkv` is a "more bits" attn_v for the Q4_K_M mix (Q6_K,
+/// falling back to Q8_0 on these 64-wide rows) while its `attn_gate` is
+/// not (Q4_K, falling back to Q5_0): their `in_proj_qkvz` takes the wider.
+#[test]
+fn split_parts_of_different_types_take_the_wider() {
+    let dir = std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/qwen3_next"
+    ));
+    let config = crate::config::load_config(&dir).unwrap();
+    let types = quant_types(&config, FileType::Q4_K_M).unwrap();
+    let qkvz = |i: usize| types[&format!("model.layers.{i}.linear_attn.in_proj_qkvz.weight")];
+    assert_eq!(qkvz(0), GgmlType::Q5_0);
+    assert_eq!(qkvz(1), GgmlType::Q5_0);
+    assert_eq!(qkvz(2), GgmlType::Q8_0);
+    assert_eq!(
+        types["model.layers.3.self_attn.v_proj.weight"],
+        GgmlType::Q8_0
+    );
+    assert_eq!(types["lm_head.weight"], GgmlType::Q8_0);
+    assert!(
+        !types
+            .keys()
+            .any(|n| n.contains("norm") || n.contains("mlp.gate.weight"))
     );
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use metrale_core::scope::ModelResource;
 use metrale_gpu_runtime::gpu::GpuBackend;
 use metrale_model_weights::loader::{
-    LoadProgress, StoredDType, WeightDType, device_dtype, load_gguf,
+    LoadProgress, StoredDType, WeightFormat, device_dtype, load_gguf,
 };
 
 use super::memory::MemoryPlan;
@@ -25,15 +25,16 @@ impl TransformerModel {
         model_dir: &Path,
         gpu: Arc<dyn GpuBackend>,
         options: ModelOptions,
-        dtype: WeightDType,
+        weights: impl Into<WeightFormat>,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self> {
+        let format = weights.into();
         let config = load_config(model_dir)?;
         for warning in &config.warnings {
             progress(LoadProgress::Warning(warning.clone()));
         }
-        check_plan(model_dir, &config, &options, dtype, gpu.as_ref())?;
-        let mut store = load_weights(model_dir, &config, gpu.as_ref(), dtype, progress)?;
+        check_plan(model_dir, &config, &options, format, gpu.as_ref())?;
+        let mut store = load_weights(model_dir, &config, gpu.as_ref(), format, progress)?;
         let mut model = match TransformerModel::new(gpu.clone(), config, options) {
             Ok(m) => m,
             Err(e) => {
@@ -56,11 +57,11 @@ impl TransformerModel {
         path: &Path,
         gpu: Arc<dyn GpuBackend>,
         options: ModelOptions,
-        dtype: WeightDType,
+        weights: impl Into<WeightFormat>,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self> {
         let gguf = crate::gguf::GgufModel::open(path)?;
-        Self::from_gguf(&gguf, gpu, options, dtype, progress)
+        Self::from_gguf(&gguf, gpu, options, weights, progress)
     }
 
     /// Loads a model from `source`, a checkpoint directory or a GGUF file.
@@ -68,13 +69,13 @@ impl TransformerModel {
         source: &crate::gguf::ModelSource,
         gpu: Arc<dyn GpuBackend>,
         options: ModelOptions,
-        dtype: WeightDType,
+        weights: impl Into<WeightFormat>,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self> {
         match source {
-            crate::gguf::ModelSource::Dir(dir) => Self::load(dir, gpu, options, dtype, progress),
+            crate::gguf::ModelSource::Dir(dir) => Self::load(dir, gpu, options, weights, progress),
             crate::gguf::ModelSource::Gguf(path) => {
-                Self::load_gguf(path, gpu, options, dtype, progress)
+                Self::load_gguf(path, gpu, options, weights, progress)
             }
         }
     }
@@ -84,14 +85,21 @@ impl TransformerModel {
         gguf: &crate::gguf::GgufModel,
         gpu: Arc<dyn GpuBackend>,
         options: ModelOptions,
-        dtype: WeightDType,
+        weights: impl Into<WeightFormat>,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self> {
+        let format = weights.into();
         let config = gguf.config.clone();
         for warning in &config.warnings {
             progress(LoadProgress::Warning(warning.clone()));
         }
-        let expected = gguf.expected_tensors()?;
+        let mut expected = gguf.expected_tensors()?;
+        if let Some(ftype) = format.quant {
+            let changed = crate::gguf::file_quant_types(&gguf.file, &config, ftype);
+            for e in &mut expected {
+                e.quantize = e.sources.first().and_then(|s| changed.get(s)).copied();
+            }
+        }
         let stored: std::collections::HashMap<&str, metrale_core::DType> = expected
             .iter()
             .filter_map(|e| {
@@ -99,16 +107,23 @@ impl TransformerModel {
                 Some((e.name.as_str(), device_dtype(t.ggml_type())?))
             })
             .collect();
+        let quantized: std::collections::HashMap<&str, metrale_core::DType> = expected
+            .iter()
+            .filter_map(|e| Some((e.name.as_str(), quant_dtype(e.quantize?)?)))
+            .collect();
         let held = |spec: &crate::config::TensorSpec| {
-            dtype.target(
-                stored
-                    .get(spec.name.as_str())
-                    .copied()
-                    .unwrap_or(metrale_core::DType::F32),
-            )
+            let name = spec.name.as_str();
+            quantized.get(name).copied().unwrap_or_else(|| {
+                format.dtype.target(
+                    stored
+                        .get(name)
+                        .copied()
+                        .unwrap_or(metrale_core::DType::F32),
+                )
+            })
         };
         MemoryPlan::new(gpu.as_ref(), &config, &options, &held)?.check(gpu.as_ref())?;
-        let mut store = load_gguf(&gguf.file, &expected, gpu.as_ref(), dtype, progress)?;
+        let mut store = load_gguf(&gguf.file, &expected, gpu.as_ref(), format.dtype, progress)?;
         let mut model = match TransformerModel::new(gpu.clone(), config, options) {
             Ok(m) => m,
             Err(e) => {
@@ -128,7 +143,7 @@ fn check_plan(
     dir: &Path,
     config: &ModelConfig,
     options: &ModelOptions,
-    dtype: WeightDType,
+    format: WeightFormat,
     gpu: &dyn GpuBackend,
 ) -> Result<()> {
     let Ok(stored) = metrale_model_weights::loader::scan_safetensors(dir) else {
@@ -138,12 +153,24 @@ fn check_plan(
         .iter()
         .map(|t| (t.name.as_str(), t.dtype.as_str()))
         .collect();
+    let quantized = match format.quant {
+        Some(ftype) => crate::gguf::quant_types(config, ftype)?,
+        None => Default::default(),
+    };
     let held = |spec: &crate::config::TensorSpec| {
+        if let Some(q) = quantized.get(&spec.name).and_then(|&ty| quant_dtype(ty)) {
+            return q;
+        }
         let as_stored = stored
             .get(spec.name.as_str())
             .and_then(|name| StoredDType::parse(name).weight_dtype())
             .unwrap_or(metrale_core::DType::F32);
-        dtype.target(as_stored)
+        format.dtype.target(as_stored)
     };
     MemoryPlan::new(gpu, config, options, &held)?.check(gpu)
+}
+
+/// The device dtype of weights quantized to `ty`.
+fn quant_dtype(ty: metrale_core::quant::GgmlType) -> Option<metrale_core::DType> {
+    metrale_core::QuantFormat::new(ty).map(metrale_core::DType::Quant)
 }

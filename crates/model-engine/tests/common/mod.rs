@@ -1,5 +1,5 @@
-//! Helpers shared by the config test files: the fixtures and edited
-//! copies of their config.json.
+//! Helpers shared by the test files: the fixtures, edited copies of their
+//! config.json, and small model options.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -46,4 +46,16 @@ pub fn config_err(
         assert!(message.contains(w), "{message:?} should name {w:?}");
     }
     err
+}
+
+/// A small model: 8 KV blocks of 16, 2 sequences, 32-token steps.
+pub fn small_options() -> metrale_model_engine::model::ModelOptions {
+    metrale_model_engine::model::ModelOptions {
+        kv_block_size: 16,
+        kv_blocks: 8,
+        max_seqs: 2,
+        max_batch_tokens: 32,
+        kv_dtype: None,
+        cuda_graphs: false,
+    }
 }

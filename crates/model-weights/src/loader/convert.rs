@@ -28,6 +28,21 @@ impl WeightDType {
     }
 }
 
+/// How weights are held: the float policy, and optionally a llama.cpp file
+/// type the float weights are quantized to on load (`--quant q4_k_m`).
+/// A [`WeightDType`] alone converts into one without quantization.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WeightFormat {
+    pub dtype: WeightDType,
+    pub quant: Option<crate::gguf::mix::FileType>,
+}
+
+impl From<WeightDType> for WeightFormat {
+    fn from(dtype: WeightDType) -> Self {
+        Self { dtype, quant: None }
+    }
+}
+
 /// `src` (little-endian elements of `from`) as elements of `to`; borrowed
 /// when nothing changes. Only f32, bf16 and f16 are handled; the caller has
 /// checked both dtypes.

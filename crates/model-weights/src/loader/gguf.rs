@@ -40,6 +40,25 @@ pub enum GgufTransform {
     /// The expected tensor is the concatenation of the sources (in order)
     /// along `axis` of the expected shape; the sources have equal shapes.
     Concat { axis: usize },
+    /// Stored as `w + 1` (Qwen3-Next's zero-centred norm weights): loaded
+    /// as `stored - 1`.
+    MinusOne,
+    /// The expected tensor's rows, in order, are these runs of the
+    /// sources' rows (a fused projection the converter split and
+    /// regrouped, such as Qwen3-Next's `in_proj_qkvz`).
+    Gather(Vec<RowRun>),
+    /// The expected tensor is slice `index` of `count` equal slices of the
+    /// source's outermost dimension (one expert of a stacked
+    /// `ffn_*_exps`).
+    Slice { index: usize, count: usize },
+}
+
+/// `len` consecutive rows of source `source` from row `start`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowRun {
+    pub source: usize,
+    pub start: usize,
+    pub len: usize,
 }
 
 /// A tensor the caller expects, and where it comes from in the file.
@@ -52,6 +71,9 @@ pub struct GgufExpected {
     /// The GGUF tensors it is made of (one, or several for `Concat`).
     pub sources: Vec<String>,
     pub transform: GgufTransform,
+    /// Quantize it on load to this block format (its sources must be
+    /// floats), or hold it as the [`WeightDType`] policy says (`None`).
+    pub quantize: Option<GgmlType>,
 }
 
 /// The device dtype a GGUF tensor type is held in before the load policy
@@ -80,12 +102,22 @@ fn squeezed(shape: &[usize]) -> Vec<usize> {
 struct Planned<'a> {
     expected: &'a GgufExpected,
     sources: Vec<GgufTensor<'a>>,
+    /// Each source's dtype: `stored`, or another when the parts were
+    /// widened to f32 (`stored` is F32 then).
+    dtypes: Vec<DType>,
     stored: DType,
+    /// How it is held on the device.
+    target: DType,
 }
 
 impl Planned<'_> {
+    /// Bytes read from the file for this tensor.
     fn bytes(&self) -> u64 {
-        self.sources.iter().map(|s| s.data.len() as u64).sum()
+        let all: u64 = self.sources.iter().map(|s| s.data.len() as u64).sum();
+        match self.expected.transform {
+            GgufTransform::Slice { count, .. } => all / count.max(1) as u64,
+            _ => all,
+        }
     }
 }
 
@@ -99,6 +131,7 @@ fn plan<'a>(
 ) -> Result<Planned<'a>, WeightsError> {
     let path = file.path().to_path_buf();
     let mut sources = Vec::with_capacity(e.sources.len());
+    let mut dtypes = Vec::with_capacity(e.sources.len());
     let mut stored = None;
     for name in &e.sources {
         let t = file.tensor(name)?;
@@ -109,15 +142,15 @@ fn plan<'a>(
                 ggml_type: t.ggml_type().name().to_string(),
             });
         };
-        if stored.is_some_and(|s| s != dtype) {
-            return Err(WeightsError::GgufTensor {
-                path,
-                tensor: name.clone(),
-                detail: format!(
-                    "is {} while the tensors it is concatenated with are not",
-                    t.ggml_type().name()
-                ),
-            });
+        // Parts of one tensor in different formats (llama.cpp's mixes may
+        // quantize the halves of a split projection differently) are
+        // widened to f32 and joined as floats.
+        let mixed = stored.is_some_and(|s| s != dtype);
+        dtypes.push(dtype);
+        if mixed {
+            stored = Some(DType::F32);
+            sources.push(t);
+            continue;
         }
         if dtype.quant().is_some() && !gpu.supports_weights(policy.target(dtype)) {
             return Err(WeightsError::GgufTensor {
@@ -131,7 +164,9 @@ fn plan<'a>(
                 ),
             });
         }
-        stored = Some(dtype);
+        if stored.is_none() {
+            stored = Some(dtype);
+        }
         sources.push(t);
     }
     let Some(stored) = stored else {
@@ -149,7 +184,7 @@ fn plan<'a>(
     // Quantized blocks move as whole rows only: they are not rewritten
     // element by element, nor cut inside a row.
     let in_rows = match &e.transform {
-        GgufTransform::ALogFromA => false,
+        GgufTransform::ALogFromA | GgufTransform::MinusOne => false,
         GgufTransform::Concat { axis } => *axis + 1 < e.shape.len(),
         _ => true,
     };
@@ -182,6 +217,39 @@ fn plan<'a>(
                 }
             }
         }
+        GgufTransform::Gather(runs) => {
+            let row = e.shape.last().copied().unwrap_or(1);
+            let rows: usize = e.shape.iter().rev().skip(1).product();
+            let fits = |r: &RowRun| {
+                let t = &sources[r.source.min(sources.len() - 1)];
+                let t_row = t.shape().last().copied().unwrap_or(1);
+                let t_rows = t.shape().iter().rev().skip(1).product::<usize>();
+                r.source < sources.len() && t_row == row && r.start + r.len <= t_rows
+            };
+            let total: usize = runs.iter().map(|r| r.len).sum();
+            if total != rows || !runs.iter().all(fits) {
+                return Err(WeightsError::GgufTensor {
+                    path,
+                    tensor: e.name.clone(),
+                    detail: format!(
+                        "its {rows} rows of {row} cannot be gathered from {}",
+                        sources
+                            .iter()
+                            .map(|t| format!("{} {:?}", t.name(), t.shape()))
+                            .collect::<Vec<_>>()
+                            .join(" and ")
+                    ),
+                });
+            }
+        }
+        GgufTransform::Slice { index, count } => {
+            let t = &sources[0];
+            let mut whole = vec![*count];
+            whole.extend_from_slice(&e.shape);
+            if index >= count || squeezed(t.shape()) != squeezed(&whole) {
+                return Err(wrong(t, whole));
+            }
+        }
         transform => {
             let t = &sources[0];
             let reshape = *transform == GgufTransform::Reshape;
@@ -205,10 +273,35 @@ fn plan<'a>(
             }
         }
     }
+    let target = match e.quantize {
+        None => policy.target(stored),
+        Some(ty) => {
+            let refuse = |detail: String| WeightsError::Quantize {
+                path: path.clone(),
+                tensor: e.name.clone(),
+                detail,
+            };
+            if let DType::Quant(q) = stored {
+                return Err(refuse(format!(
+                    "it is stored quantized ({}); only float tensors are quantized on load",
+                    q.ggml().name()
+                )));
+            }
+            if !in_rows {
+                return Err(refuse(format!(
+                    "the converter's change ({:?}) is undone element by element",
+                    e.transform
+                )));
+            }
+            super::quant_dtype(ty, &e.name, &e.shape, gpu).map_err(refuse)?
+        }
+    };
     Ok(Planned {
         expected: e,
         sources,
+        dtypes,
         stored,
+        target,
     })
 }
 
@@ -257,7 +350,7 @@ pub fn load_gguf(
     let mut store = WeightStore::new();
     let mut done = 0u64;
     for (index, p) in planned.iter().enumerate() {
-        match upload(gpu, p, policy.target(p.stored)) {
+        match upload(gpu, p) {
             Ok(tensor) => {
                 store.insert(p.expected.name.clone(), tensor);
             }
@@ -323,14 +416,40 @@ fn host_bytes<'a>(p: &Planned<'a>) -> std::borrow::Cow<'a, [u8]> {
                 .collect();
             Cow::Owned(convert(&ln, DType::F32, p.stored).into_owned())
         }
+        GgufTransform::MinusOne => {
+            let w = convert(p.sources[0].data, p.stored, DType::F32);
+            let less: Vec<u8> = (w.chunks_exact(4))
+                .flat_map(|c| (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) - 1.0).to_le_bytes())
+                .collect();
+            Cow::Owned(convert(&less, DType::F32, p.stored).into_owned())
+        }
+        GgufTransform::Gather(runs) => {
+            // The sources share the row length (checked) and, as parts,
+            // the dtype.
+            let parts: Vec<Cow<[u8]>> = (0..p.sources.len()).map(|i| part(p, i)).collect();
+            let first_rows: usize = p.sources[0].shape().iter().rev().skip(1).product();
+            let row_bytes = parts[0].len() / first_rows.max(1);
+            let mut out = Vec::new();
+            for r in runs {
+                let data = &parts[r.source];
+                out.extend_from_slice(&data[r.start * row_bytes..(r.start + r.len) * row_bytes]);
+            }
+            Cow::Owned(out)
+        }
+        GgufTransform::Slice { index, count } => {
+            let data = p.sources[0].data;
+            let part = data.len() / count;
+            Cow::Borrowed(&data[index * part..(index + 1) * part])
+        }
         GgufTransform::Concat { axis } => {
             let outer: usize = e.shape[..*axis].iter().product();
-            let total: usize = p.sources.iter().map(|s| s.data.len()).sum();
+            let parts: Vec<Cow<[u8]>> = (0..p.sources.len()).map(|i| part(p, i)).collect();
+            let total: usize = parts.iter().map(|s| s.len()).sum();
             let mut out = Vec::with_capacity(total);
             for o in 0..outer {
-                for s in &p.sources {
-                    let chunk = s.data.len() / outer;
-                    out.extend_from_slice(&s.data[o * chunk..(o + 1) * chunk]);
+                for s in &parts {
+                    let chunk = s.len() / outer;
+                    out.extend_from_slice(&s[o * chunk..(o + 1) * chunk]);
                 }
             }
             debug_assert_eq!(out.len() % size, 0);
@@ -339,11 +458,14 @@ fn host_bytes<'a>(p: &Planned<'a>) -> std::borrow::Cow<'a, [u8]> {
     }
 }
 
-fn upload(
-    gpu: &dyn GpuBackend,
-    p: &Planned<'_>,
-    target: DType,
-) -> Result<DeviceTensor, WeightsError> {
+/// Source `i`'s bytes in the tensor's `stored` dtype (widened to f32 when
+/// the parts came in different formats).
+fn part<'a>(p: &Planned<'a>, i: usize) -> std::borrow::Cow<'a, [u8]> {
+    convert(p.sources[i].data, p.dtypes[i], p.stored)
+}
+
+fn upload(gpu: &dyn GpuBackend, p: &Planned<'_>) -> Result<DeviceTensor, WeightsError> {
+    let target = p.target;
     let name = &p.expected.name;
     let device = |source| WeightsError::Device {
         name: name.clone(),
@@ -351,7 +473,13 @@ fn upload(
     };
     let elements: usize = p.expected.shape.iter().product();
     let bytes = host_bytes(p);
-    let data = convert(&bytes, p.stored, target);
+    let data = match target {
+        DType::Quant(q) if p.stored.quant().is_none() => {
+            let row = p.expected.shape.last().copied().unwrap_or(1);
+            std::borrow::Cow::Owned(super::quantize::rows(&bytes, p.stored, q.ggml(), row))
+        }
+        _ => convert(&bytes, p.stored, target),
+    };
     let slice = gpu
         .alloc_slice(target, elements, &format!("weights: {name}"))
         .map_err(device)?;
@@ -411,6 +539,7 @@ mod tests {
                 shape,
                 sources: sources.iter().map(|s| s.to_string()).collect(),
                 transform,
+                quantize: None,
             };
             let cpu = metrale_gpu_runtime::cpu::CpuBackend::with_threads(1);
             let p = plan(&file, &e, &cpu, WeightDType::AsStored).unwrap();
@@ -434,5 +563,79 @@ mod tests {
             GgufTransform::Concat { axis: 1 },
         );
         assert_eq!(gu, [1., 2., 5., 6., 3., 4., 7., 8.]);
+    }
+
+    #[test]
+    fn regrouped_sliced_and_offset_tensors_are_undone() {
+        let mut w = GgufWriter::new();
+        // Two sources of 2-element rows: "x" rows 0..3, "y" rows 0..2.
+        w.add_tensor(
+            "x",
+            GgmlType::F32,
+            &[3, 2],
+            bytes(&[0., 1., 2., 3., 4., 5.]),
+        );
+        w.add_tensor("y", GgmlType::F32, &[2, 2], bytes(&[6., 7., 8., 9.]));
+        w.add_tensor("n", GgmlType::F32, &[3], bytes(&[1.5, 0.75, 2.0]));
+        // Three experts of [2, 2], stacked.
+        let experts: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        w.add_tensor("e", GgmlType::F32, &[3, 2, 2], bytes(&experts));
+        let file = GgufFile::from_bytes("t.gguf", w.to_bytes().unwrap()).unwrap();
+        let cpu = metrale_gpu_runtime::cpu::CpuBackend::with_threads(1);
+        let load = |shape: Vec<usize>, sources: &[&str], transform| {
+            let e = GgufExpected {
+                name: "t".into(),
+                shape,
+                sources: sources.iter().map(|s| s.to_string()).collect(),
+                transform,
+                quantize: None,
+            };
+            plan(&file, &e, &cpu, WeightDType::AsStored).map(|p| floats(&host_bytes(&p)))
+        };
+        let run = |source, start, len| RowRun { source, start, len };
+        let runs = vec![run(0, 2, 1), run(1, 0, 2), run(0, 0, 2)];
+        let g = load(vec![5, 2], &["x", "y"], GgufTransform::Gather(runs)).unwrap();
+        assert_eq!(g, [4., 5., 6., 7., 8., 9., 0., 1., 2., 3.]);
+        let too_many = vec![run(0, 2, 2)];
+        assert!(load(vec![2, 2], &["x"], GgufTransform::Gather(too_many)).is_err());
+        let n = load(vec![3], &["n"], GgufTransform::MinusOne).unwrap();
+        assert_eq!(n, [0.5, -0.25, 1.0]);
+        let slice = |index| GgufTransform::Slice { index, count: 3 };
+        assert_eq!(
+            load(vec![2, 2], &["e"], slice(1)).unwrap(),
+            [4., 5., 6., 7.]
+        );
+        assert!(load(vec![2, 2], &["e"], slice(3)).is_err());
+        assert!(load(vec![2, 3], &["e"], slice(0)).is_err());
+    }
+
+    /// Parts in different block formats are joined as f32.
+    #[test]
+    fn parts_in_different_formats_are_widened() {
+        let row: Vec<f32> = (0..32).map(|i| i as f32 / 8.0).collect();
+        let q = |ty: GgmlType| {
+            let mut b = vec![0u8; ty.row_bytes(32).unwrap()];
+            metrale_core::quant::quantize_row(ty, &row, &mut b).unwrap();
+            b
+        };
+        let mut w = GgufWriter::new();
+        w.add_tensor("a", GgmlType::Q8_0, &[1, 32], q(GgmlType::Q8_0));
+        w.add_tensor("b", GgmlType::Q4_0, &[1, 32], q(GgmlType::Q4_0));
+        let file = GgufFile::from_bytes("t.gguf", w.to_bytes().unwrap()).unwrap();
+        let cpu = metrale_gpu_runtime::cpu::CpuBackend::with_threads(1);
+        let e = GgufExpected {
+            name: "ab".into(),
+            shape: vec![2, 32],
+            sources: vec!["a".into(), "b".into()],
+            transform: GgufTransform::Concat { axis: 0 },
+            quantize: None,
+        };
+        let p = plan(&file, &e, &cpu, WeightDType::AsStored).unwrap();
+        assert_eq!(p.stored, DType::F32);
+        let v = floats(&host_bytes(&p));
+        assert_eq!(v.len(), 64);
+        for (x, y) in v.iter().zip(row.iter().chain(&row)) {
+            assert!((x - y).abs() < 0.3, "{x} {y}");
+        }
     }
 }

@@ -12,18 +12,22 @@ mod checkpoint;
 mod convert;
 mod gguf;
 mod header;
+mod quantize;
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+use metrale_core::quant::GgmlType;
 use metrale_gpu_runtime::gpu::GpuBackend;
 
 pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE, quantized};
-pub use convert::{WeightDType, convert};
-pub use gguf::{GgufExpected, GgufTransform, device_dtype, load_gguf};
+pub use convert::{WeightDType, WeightFormat, convert};
+pub use gguf::{GgufExpected, GgufTransform, RowRun, device_dtype, load_gguf};
 pub use header::{
     MAX_HEADER_BYTES, SafetensorsFile, StoredDType, TensorEntry, parse as parse_safetensors,
 };
+pub use quantize::quant_dtype;
 
 use crate::error::WeightsError;
 use crate::weights::{DeviceTensor, WeightStore};
@@ -33,6 +37,10 @@ use crate::weights::{DeviceTensor, WeightStore};
 pub struct ExpectedTensor {
     pub name: String,
     pub shape: Vec<usize>,
+    /// Quantize it on load to this block format (its rows, the last
+    /// dimension, a whole number of blocks), or hold it as the
+    /// [`WeightDType`] policy says (`None`).
+    pub quantize: Option<GgmlType>,
 }
 
 /// A tensor as the checkpoint stores it.
@@ -126,7 +134,17 @@ pub fn load_safetensors(
                 found: entry.shape.clone(),
             });
         }
-        plan.push((file, entry, dtype));
+        let target = match e.quantize {
+            Some(ty) => quant_dtype(ty, &e.name, &e.shape, gpu).map_err(|detail| {
+                WeightsError::Quantize {
+                    path: file.path.clone(),
+                    tensor: e.name.clone(),
+                    detail,
+                }
+            })?,
+            None => policy.target(dtype),
+        };
+        plan.push((file, entry, dtype, target));
     }
     let mut extra: Vec<(&Path, &str)> = checkpoint
         .entries()
@@ -143,7 +161,10 @@ pub fn load_safetensors(
         progress(LoadProgress::Warning(message));
     }
 
-    let total_bytes: u64 = plan.iter().map(|(_, t, _)| (t.end - t.start) as u64).sum();
+    let total_bytes: u64 = plan
+        .iter()
+        .map(|(_, t, _, _)| (t.end - t.start) as u64)
+        .sum();
     progress(LoadProgress::Start {
         tensors: plan.len(),
         bytes: total_bytes,
@@ -151,8 +172,8 @@ pub fn load_safetensors(
     let mut store = WeightStore::new();
     let mut done = 0u64;
     let mut buf = Vec::new();
-    for (index, &(file, entry, stored)) in plan.iter().enumerate() {
-        match upload(gpu, file, entry, stored, policy.target(stored), &mut buf) {
+    for (index, &(file, entry, stored, target)) in plan.iter().enumerate() {
+        match upload(gpu, file, entry, stored, target, &mut buf) {
             Ok(tensor) => {
                 store.insert(entry.name.clone(), tensor);
             }
@@ -202,14 +223,25 @@ fn upload(
         .alloc_slice(target, elements, &format!("weights: {}", entry.name))
         .map_err(device)?;
     let len = entry.end - entry.start;
-    let step = (CHUNK_BYTES / stored.size_of()).max(1) * stored.size_of();
+    // A chunk is whole rows when the rows are quantized on the way.
+    let row = match target {
+        metrale_core::DType::Quant(_) => entry.shape.last().copied().unwrap_or(1).max(1),
+        _ => 1,
+    };
+    let unit = row * stored.size_of();
+    let step = (CHUNK_BYTES / unit).max(1) * unit;
     let filled = (|| {
         let (mut read, mut written) = (0, 0);
         while read < len {
             let n = step.min(len - read);
             buf.resize(n, 0);
             file.read(entry, read, buf)?;
-            let chunk = convert(buf, stored, target);
+            let chunk = match target {
+                metrale_core::DType::Quant(q) => {
+                    Cow::Owned(quantize::rows(buf, stored, q.ggml(), row))
+                }
+                _ => convert(buf, stored, target),
+            };
             gpu.copy_h2d(&chunk, slice.ptr(), written).map_err(device)?;
             (read, written) = (read + n, written + chunk.len());
         }

@@ -89,6 +89,7 @@ pub fn expect_all(dir: &Path) -> Vec<ExpectedTensor> {
         .map(|t| ExpectedTensor {
             name: t.name,
             shape: t.shape,
+            quantize: None,
         })
         .collect()
 }
@@ -97,5 +98,6 @@ pub fn expected(name: &str, shape: Vec<usize>) -> ExpectedTensor {
     ExpectedTensor {
         name: name.to_string(),
         shape,
+        quantize: None,
     }
 }

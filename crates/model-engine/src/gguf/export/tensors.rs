@@ -122,6 +122,16 @@ pub(super) fn plan(
                     index,
                     parts,
                 },
+                // Qwen3-Next's and the stacked experts' changes: those
+                // families are refused before planning.
+                other => {
+                    return Err(EngineError::Config {
+                        path: dir.to_path_buf(),
+                        detail: format!(
+                            "tensor {hf:?}: the converter's change {other:?} is not exported yet"
+                        ),
+                    });
+                }
             };
             let mut shape = hf_shape.clone();
             if let Forward::Part { axis, .. } = forward {

@@ -95,6 +95,23 @@ impl FileType {
         names.join(", ")
     }
 
+    /// A quantized file type by name, for `--quant`: the error lists them.
+    pub fn parse_quantized(name: &str) -> Result<FileType, String> {
+        match Self::from_name(name) {
+            Some(t) if t.is_quantized() => Ok(t),
+            _ => {
+                let names: Vec<String> = (Self::ALL.iter())
+                    .filter(|t| t.is_quantized())
+                    .map(|t| t.name().to_ascii_lowercase())
+                    .collect();
+                Err(format!(
+                    "unknown quantization {name:?}: one of {}",
+                    names.join(", ")
+                ))
+            }
+        }
+    }
+
     /// The `llama_ftype` value llama.cpp stores as `general.file_type`.
     pub fn ftype_id(self) -> u32 {
         match self {
