@@ -48,6 +48,14 @@ pub fn run(args: Args) -> Result<()> {
         ftype: args.ftype,
         pre_tokenizer: args.pre_tokenizer.clone(),
     };
+    // Ctrl-C mid-write: the temporary file goes too (OUT is untouched).
+    let tmp = metrale::engine::gguf::export::temp_path(&args.output);
+    if let Err(e) = ctrlc::set_handler(move || {
+        let _ = std::fs::remove_file(&tmp);
+        std::process::exit(130);
+    }) {
+        tracing::debug!("no Ctrl-C handler: {e}");
+    }
     let show = std::io::stderr().is_terminal() && !super::quiet();
     let mut bar: Option<ProgressBar> = None;
     let mut progress = |e: QuantizeEvent| match e {

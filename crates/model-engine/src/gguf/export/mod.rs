@@ -195,8 +195,9 @@ pub fn quantize(
     }
 }
 
-/// `.OUT.tmp-<pid>` beside `OUT`.
-fn temp_path(output: &Path) -> PathBuf {
+/// The temporary file [`quantize`] writes before renaming it to `output`:
+/// `.OUT.tmp-<pid>` beside it (a caller interrupted mid-write removes it).
+pub fn temp_path(output: &Path) -> PathBuf {
     let name = output
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
