@@ -45,6 +45,9 @@ enum Command {
     /// Serve the model over an OpenAI-compatible HTTP API (runs `metrale-serve`; `metrale serve
     /// --help` lists its options).
     Serve(cli::serve::Args),
+    /// Write a GGUF file llama.cpp loads (f32/f16/bf16, or quantized: q8_0, q4_k_m, ...) from a
+    /// checkpoint directory or a float GGUF file.
+    Quantize(cli::quantize::Args),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +61,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => cli::generate::run(args),
         Command::Chat(args) => cli::chat::run(args),
         Command::Serve(args) => cli::serve::run(args),
+        Command::Quantize(args) => cli::quantize::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

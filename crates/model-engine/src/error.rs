@@ -36,6 +36,9 @@ pub enum EngineError {
     ChatTemplate(String),
     #[error("sampling: {0}")]
     Sampling(String),
+    /// Writing a GGUF file (`metrale quantize`) from the input at `path`.
+    #[error("{path}: {detail}")]
+    Export { path: PathBuf, detail: String },
 }
 
 impl EngineError {

@@ -6,6 +6,7 @@ pub mod chat;
 pub mod generate;
 pub mod inspect;
 pub mod logits;
+pub mod quantize;
 pub mod serve;
 
 use std::io::IsTerminal;

@@ -139,12 +139,14 @@ pub fn config_json(file: &GgufFile) -> Result<Value> {
             }
         }
         c.insert("rope_parameters".into(), Value::Object(rope));
+        // `attention_bias` is o_proj's bias too (Llama's, Qwen 3's): Qwen 2
+        // has q/k/v biases without it, and they come with its model type.
         c.insert(
             "attention_bias".into(),
             json!(
                 file.tensor_infos()
                     .iter()
-                    .any(|t| t.name.ends_with("attn_q.bias"))
+                    .any(|t| t.name.ends_with("attn_output.bias"))
             ),
         );
         Ok(())

@@ -18,6 +18,8 @@
 
 use std::path::Path;
 
+pub mod export;
+
 use metrale_model_weights::gguf::GgufFile;
 use metrale_model_weights::loader::{GgufExpected, GgufTransform};
 use serde_json::Value;

@@ -62,6 +62,43 @@ fn llama_metadata_reads_as_its_config_json() {
 }
 
 #[test]
+fn qwen2_qkv_biases_do_not_ask_for_an_output_bias() {
+    // Qwen 2's q/k/v biases come with its model type; attention_bias would
+    // add o_proj's, which Qwen 2 files lack (and Llama's with biases hold).
+    for (arch, o_bias) in [("qwen2", false), ("llama", true)] {
+        let u = |n: u32| GgufValue::U32(n);
+        let mut w = GgufWriter::new();
+        w.add("general.architecture", GgufValue::String(arch.into()));
+        for (k, v) in [
+            ("block_count", u(1)),
+            ("embedding_length", u(4)),
+            ("feed_forward_length", u(8)),
+            ("attention.head_count", u(2)),
+        ] {
+            w.add(format!("{arch}.{k}"), v);
+        }
+        w.add_tensor("token_embd.weight", GgmlType::F32, &[8, 4], vec![0u8; 128]);
+        w.add_tensor("blk.0.attn_q.bias", GgmlType::F32, &[4], vec![0u8; 16]);
+        if o_bias {
+            w.add_tensor("blk.0.attn_output.bias", GgmlType::F32, &[4], vec![0u8; 16]);
+        }
+        let f = GgufFile::from_bytes("test.gguf", w.to_bytes().unwrap()).unwrap();
+        let c = config_json(&f).unwrap();
+        assert_eq!(c["attention_bias"], o_bias, "{arch}");
+        let config = parse_config(&c.to_string(), Path::new("test.gguf")).unwrap();
+        let names: Vec<String> = (config.expected_tensors().into_iter())
+            .map(|t| t.name)
+            .collect();
+        assert!(names.iter().any(|n| n.ends_with("q_proj.bias")), "{arch}");
+        assert_eq!(
+            names.iter().any(|n| n.ends_with("o_proj.bias")),
+            o_bias,
+            "{arch}"
+        );
+    }
+}
+
+#[test]
 fn a_missing_hyper_parameter_is_named() {
     let err = config_json(&file(
         "mamba2",

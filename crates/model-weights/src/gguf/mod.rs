@@ -39,7 +39,7 @@ use crate::error::WeightsError;
 pub use parse::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GgufTensorInfo, MAX_DIMS};
 pub use tokenizer::{GgufSpecialTokens, chat_template, special_tokens, tokenizer_json};
 pub use value::{GgufArray, GgufValue, GgufValueType};
-pub use writer::GgufWriter;
+pub use writer::{GgufStream, GgufWriter};
 
 /// Files smaller than this are read rather than mapped (and an empty file
 /// cannot be mapped at all).

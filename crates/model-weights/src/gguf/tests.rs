@@ -201,7 +201,7 @@ fn writer_refuses_what_llama_cpp_would() {
                 w.add_tensor("a", GgmlType::F32, &[3], bytes(8, 0));
                 w
             },
-            "needs Some(12) bytes, 8 were given",
+            "needs 12 bytes, 8 were given",
         ),
         (
             {
@@ -479,4 +479,41 @@ fn open_reads_small_files_and_maps_large_ones() {
         .to_string();
     assert!(e.contains("absent.gguf"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_streamed_file_is_the_file_written_at_once() {
+    let whole = sample().to_bytes().unwrap();
+    let parsed = parse(whole.clone()).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in every_value() {
+        w.add(k, v);
+    }
+    for t in parsed.tensors() {
+        w.add_tensor_info(t.name(), t.ggml_type(), t.shape());
+    }
+    let path = std::env::temp_dir().join(format!("metrale-stream-{}.gguf", std::process::id()));
+    let mut s = w.stream(&path).unwrap();
+    let mut tensors = parsed.tensors();
+    let first = tensors.next().unwrap();
+    // Out of order, or of the wrong length: refused, naming the tensor.
+    let e = s.write_tensor("norm", &[0; 10]).unwrap_err().to_string();
+    assert!(e.contains("\"norm\": the next tensor is \"emb\""), "{e}");
+    let e = s.write_tensor("emb", &[0; 47]).unwrap_err().to_string();
+    assert!(e.contains("needs 48 bytes, 47 were given"), "{e}");
+    s.write_tensor(first.name(), first.data).unwrap();
+    for t in tensors {
+        s.write_tensor(t.name(), t.data).unwrap();
+    }
+    s.finish().unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), whole);
+
+    // Finishing early is an error naming the first tensor not written.
+    let mut s = w.stream(&path).unwrap();
+    s.write_tensor(first.name(), first.data).unwrap();
+    let e = s.finish().unwrap_err().to_string();
+    assert!(e.contains("\"norm\": the file was finished before"), "{e}");
+    // A writer holding bytes cannot stream.
+    assert!(sample().stream(&path).is_err());
+    let _ = std::fs::remove_file(&path);
 }

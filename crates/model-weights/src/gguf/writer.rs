@@ -25,7 +25,9 @@ struct PendingTensor {
     ggml_type: GgmlType,
     /// Row-major, as the reader's `shape`.
     shape: Vec<usize>,
-    data: Vec<u8>,
+    /// The bytes, or `None` for a tensor whose bytes are streamed later
+    /// ([`GgufWriter::add_tensor_info`], [`GgufStream`]).
+    data: Option<Vec<u8>>,
 }
 
 /// Builds a GGUF v3 file in memory.
@@ -71,9 +73,63 @@ impl GgufWriter {
             name: name.into(),
             ggml_type,
             shape: shape.to_vec(),
-            data: data.into(),
+            data: Some(data.into()),
         });
         self
+    }
+
+    /// Adds a tensor whose bytes are not held here: [`Self::stream`] writes
+    /// the header from the shapes and types, then the caller hands each
+    /// tensor's bytes to the [`GgufStream`] in order, so that a file larger
+    /// than memory can be written one tensor at a time.
+    pub fn add_tensor_info(
+        &mut self,
+        name: impl Into<String>,
+        ggml_type: GgmlType,
+        shape: &[usize],
+    ) -> &mut Self {
+        self.tensors.push(PendingTensor {
+            name: name.into(),
+            ggml_type,
+            shape: shape.to_vec(),
+            data: None,
+        });
+        self
+    }
+
+    /// Checks everything, creates `path` and writes the header; every
+    /// tensor must have been added with [`Self::add_tensor_info`]. The
+    /// returned stream takes their bytes in order.
+    pub fn stream(&self, path: &Path) -> Result<GgufStream, WeightsError> {
+        if let Some(t) = self.tensors.iter().find(|t| t.data.is_some()) {
+            return Err(WeightsError::GgufWrite {
+                path: path.to_path_buf(),
+                item: t.name.clone(),
+                detail: "a streamed file takes every tensor's bytes from the stream".into(),
+            });
+        }
+        let (header, alignment) = self.header(path)?;
+        let io = |source| WeightsError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut out = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+        out.write_all(&header).map_err(io)?;
+        let pending = (self.tensors.iter())
+            .map(|t| Ok((t.name.clone(), tensor_bytes(t)?)))
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(|d| WeightsError::GgufWrite {
+                path: path.to_path_buf(),
+                item: String::new(),
+                detail: d,
+            })?;
+        Ok(GgufStream {
+            path: path.to_path_buf(),
+            out,
+            alignment,
+            pending,
+            next: 0,
+        })
     }
 
     /// Checks everything, then writes the file to `path`, streaming the
@@ -109,9 +165,10 @@ impl GgufWriter {
     fn write_data(&self, out: &mut impl Write, alignment: usize) -> std::io::Result<()> {
         let zeros = vec![0u8; alignment];
         for t in &self.tensors {
-            out.write_all(&t.data)?;
-            let padded = t.data.len().div_ceil(alignment) * alignment;
-            out.write_all(&zeros[..padded - t.data.len()])?;
+            let data = t.data.as_deref().unwrap_or_default();
+            out.write_all(data)?;
+            let padded = data.len().div_ceil(alignment) * alignment;
+            out.write_all(&zeros[..padded - data.len()])?;
         }
         Ok(())
     }
@@ -170,12 +227,28 @@ impl GgufWriter {
             }
             out.extend_from_slice(&t.ggml_type.id().to_le_bytes());
             out.extend_from_slice(&(offset as u64).to_le_bytes());
-            offset = align_up(offset + t.data.len(), alignment)
+            let bytes = tensor_bytes(t).map_err(|d| fail(&t.name, d))?;
+            offset = align_up(offset + bytes, alignment)
                 .ok_or_else(|| fail(&t.name, "the data section overflows".into()))?;
         }
         pad(&mut out, alignment);
         Ok((out, alignment))
     }
+}
+
+/// The byte count a tensor's shape and type need.
+fn tensor_bytes(t: &PendingTensor) -> Result<usize, String> {
+    let row_len = t.shape.last().copied().unwrap_or(1);
+    let row_bytes = t.ggml_type.row_bytes(row_len).ok_or_else(|| {
+        format!(
+            "row length {row_len} is not a whole number of {} blocks of {} elements",
+            t.ggml_type,
+            t.ggml_type.block_elems()
+        )
+    })?;
+    (t.shape.iter().rev().skip(1))
+        .try_fold(row_bytes, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| format!("shape {:?} overflows", t.shape))
 }
 
 /// Checks a tensor's name, dimensions and byte count.
@@ -189,30 +262,85 @@ fn check_tensor(t: &PendingTensor) -> Result<(), String> {
     if t.shape.len() > MAX_DIMS {
         return Err(format!("{} dimensions (at most {MAX_DIMS})", t.shape.len()));
     }
-    let row_len = t.shape.last().copied().unwrap_or(1);
-    let row_bytes = t.ggml_type.row_bytes(row_len).ok_or_else(|| {
-        format!(
-            "row length {row_len} is not a whole number of {} blocks of {} elements",
-            t.ggml_type,
-            t.ggml_type.block_elems()
-        )
-    })?;
-    let rows = t
-        .shape
-        .iter()
-        .rev()
-        .skip(1)
-        .try_fold(1usize, |a, &d| a.checked_mul(d));
-    let bytes = rows.and_then(|r| r.checked_mul(row_bytes));
-    if bytes != Some(t.data.len()) {
+    let bytes = tensor_bytes(t)?;
+    if let Some(data) = &t.data
+        && data.len() != bytes
+    {
         return Err(format!(
-            "shape {:?} of {} needs {bytes:?} bytes, {} were given",
+            "shape {:?} of {} needs {bytes} bytes, {} were given",
             t.shape,
             t.ggml_type,
-            t.data.len()
+            data.len()
         ));
     }
     Ok(())
+}
+
+/// A GGUF file being written: the header is on disk, the tensors' bytes
+/// follow in the order they were added ([`GgufWriter::stream`]).
+pub struct GgufStream {
+    path: std::path::PathBuf,
+    out: std::io::BufWriter<std::fs::File>,
+    alignment: usize,
+    /// Each tensor's name and byte count, in file order.
+    pending: Vec<(String, usize)>,
+    next: usize,
+}
+
+impl GgufStream {
+    /// Writes the next tensor's bytes; `name` must be the next tensor's and
+    /// `data` exactly as long as its shape and type need.
+    pub fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<(), WeightsError> {
+        let fail = |detail: String| WeightsError::GgufWrite {
+            path: self.path.clone(),
+            item: name.to_string(),
+            detail,
+        };
+        let Some((expected, bytes)) = self.pending.get(self.next) else {
+            return Err(fail("every tensor has been written already".into()));
+        };
+        if expected != name {
+            return Err(fail(format!("the next tensor is {expected:?}")));
+        }
+        if *bytes != data.len() {
+            return Err(fail(format!(
+                "needs {bytes} bytes, {} were given",
+                data.len()
+            )));
+        }
+        let padded = data.len().div_ceil(self.alignment) * self.alignment;
+        let io = |source| WeightsError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        self.out.write_all(data).map_err(io)?;
+        self.out
+            .write_all(&vec![0u8; padded - data.len()])
+            .map_err(io)?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Checks that every tensor was written, then flushes and syncs.
+    pub fn finish(self) -> Result<(), WeightsError> {
+        if let Some((name, _)) = self.pending.get(self.next) {
+            return Err(WeightsError::GgufWrite {
+                path: self.path.clone(),
+                item: name.clone(),
+                detail: "the file was finished before this tensor was written".into(),
+            });
+        }
+        let path = self.path;
+        let io = |source| WeightsError::Io {
+            path: path.clone(),
+            source,
+        };
+        self.out
+            .into_inner()
+            .map_err(|e| io(e.into_error()))?
+            .sync_all()
+            .map_err(io)
+    }
 }
 
 fn pad(out: &mut Vec<u8>, alignment: usize) {

@@ -1,0 +1,100 @@
+//! `metrale quantize IN OUT --type T`: a GGUF file llama.cpp loads, from a
+//! Hugging Face checkpoint directory or a float GGUF file (see
+//! `metrale_model_engine::gguf::export`).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use metrale::engine::gguf::export::{QuantizeEvent, QuantizeOptions, quantize};
+use metrale::weights::gguf::mix::FileType;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The input: a checkpoint directory (config.json, safetensors,
+    /// tokenizer.json) or a GGUF file of F32/F16/BF16 tensors.
+    pub input: PathBuf,
+    /// The GGUF file to write (replaced if it exists, only once complete).
+    pub output: PathBuf,
+    /// The file type: f32, f16, bf16 (llama.cpp's converter's --outtype),
+    /// or q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_s, q4_k_m, q5_k_s, q5_k_m,
+    /// q6_k (llama-quantize's mixes, from the f32 values).
+    #[arg(long = "type", short = 't', value_name = "T", value_parser = parse_type)]
+    pub ftype: FileType,
+    /// The tokenizer.ggml.pre to write when llama.cpp's table of
+    /// pre-tokenizers does not know the checkpoint's (or to override it):
+    /// a name llama.cpp implements, e.g. gpt-2, llama-bpe, qwen2.
+    #[arg(long, value_name = "NAME")]
+    pub pre_tokenizer: Option<String>,
+}
+
+fn parse_type(s: &str) -> Result<FileType, String> {
+    FileType::from_name(s)
+        .ok_or_else(|| format!("unknown type {s:?}; one of {}", FileType::names()))
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if !args.input.exists() {
+        bail!("{}: no such file or directory", args.input.display());
+    }
+    if args.output.is_dir() {
+        bail!(
+            "{}: is a directory; give the GGUF file to write",
+            args.output.display()
+        );
+    }
+    let opts = QuantizeOptions {
+        ftype: args.ftype,
+        pre_tokenizer: args.pre_tokenizer.clone(),
+    };
+    // Ctrl-C mid-write: the temporary file goes too (OUT is untouched).
+    let tmp = metrale::engine::gguf::export::temp_path(&args.output);
+    if let Err(e) = ctrlc::set_handler(move || {
+        let _ = std::fs::remove_file(&tmp);
+        std::process::exit(130);
+    }) {
+        tracing::debug!("no Ctrl-C handler: {e}");
+    }
+    let show = std::io::stderr().is_terminal() && !super::quiet();
+    let mut bar: Option<ProgressBar> = None;
+    let mut progress = |e: QuantizeEvent| match e {
+        QuantizeEvent::Start { elements, .. } if show => {
+            let b = ProgressBar::new(elements).with_finish(indicatif::ProgressFinish::AndClear);
+            if let Ok(style) = ProgressStyle::with_template("quantizing {bar:40} {percent}% {msg}")
+            {
+                b.set_style(style);
+            }
+            bar = Some(b);
+        }
+        QuantizeEvent::Tensor {
+            name, ty, elements, ..
+        } => {
+            tracing::debug!("{name}: {}", ty.name());
+            if let Some(b) = &bar {
+                b.inc(elements);
+                b.set_message(name);
+            }
+        }
+        _ => {}
+    };
+    let summary = quantize(&args.input, &args.output, &opts, &mut progress)
+        .with_context(|| format!("writing {}", args.output.display()))?;
+    if let Some(b) = bar.take() {
+        b.finish_and_clear();
+    }
+    if !super::quiet() {
+        let types: Vec<String> = (summary.types.iter())
+            .map(|(t, n)| format!("{n} {}", t.name()))
+            .collect();
+        eprintln!(
+            "wrote {} ({}, {} tensors: {}, {:.1} MiB)",
+            args.output.display(),
+            args.ftype.name(),
+            summary.tensors,
+            types.join(", "),
+            summary.bytes as f64 / (1024.0 * 1024.0)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! `metrale quantize`: writes a file metrale itself then runs, prints a
+//! summary, and fails cleanly (one message naming the file and the tensor,
+//! no partial output) on bad input. What the files hold is checked against
+//! llama.cpp in crates/model-engine/tests/gguf_export.rs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+fn metrale(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_metrale"))
+        .args(args)
+        .output()
+        .expect("running metrale")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn quantize_writes_a_file_metrale_runs() {
+    let dir = std::env::temp_dir().join(format!("metrale-quantize-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = fixture("gguf-bf16/llama.gguf");
+    let out = dir.join("llama-q8.gguf");
+    let o = metrale(&[
+        "quantize",
+        input.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--type",
+        "q8_0",
+    ]);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("wrote") && err.contains("Q8_0") && err.contains("tensors"),
+        "{err}"
+    );
+    let g = metrale(&[
+        "generate",
+        "--model",
+        out.to_str().unwrap(),
+        "--threads",
+        "2",
+        "--temperature",
+        "0",
+        "-n",
+        "4",
+        "--ignore-eos",
+        "Hello",
+    ]);
+    assert!(g.status.success(), "{}", text(&g.stderr));
+    assert!(!text(&g.stdout).is_empty());
+
+    // -q: nothing on stderr.
+    let o = metrale(&[
+        "-q",
+        "quantize",
+        input.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--type",
+        "bf16",
+    ]);
+    assert!(
+        o.status.success() && o.stderr.is_empty(),
+        "{}",
+        text(&o.stderr)
+    );
+
+    // Bad arguments and input: one error line each, no output file.
+    let bad = dir.join("bad.gguf");
+    let q4 = fixture("gguf/llama/Q4_0.gguf");
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[
+                input.to_str().unwrap(),
+                bad.to_str().unwrap(),
+                "--type",
+                "q3_k",
+            ],
+            "unknown type \"q3_k\"",
+        ),
+        (
+            &[
+                "/nonexistent/model",
+                bad.to_str().unwrap(),
+                "--type",
+                "q8_0",
+            ],
+            "/nonexistent/model: no such file or directory",
+        ),
+        (
+            &[
+                q4.to_str().unwrap(),
+                bad.to_str().unwrap(),
+                "--type",
+                "q8_0",
+            ],
+            "Q4_0.gguf: tensor \"output.weight\" is already quantized (q6_K)",
+        ),
+    ];
+    for (args, expected) in cases {
+        let mut a = vec!["quantize"];
+        a.extend_from_slice(args);
+        let o = metrale(&a);
+        let err = text(&o.stderr);
+        assert!(!o.status.success(), "{a:?}");
+        assert!(err.contains(expected), "{a:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("backtrace"),
+            "{err}"
+        );
+        assert!(!bad.exists(), "{a:?}");
+    }
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["llama-q8.gguf"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
