@@ -20,7 +20,6 @@
 
 mod meta;
 mod pre_hashes;
-mod sha256;
 mod tensors;
 mod vocab;
 
@@ -33,10 +32,20 @@ use metrale_model_weights::gguf::{ALIGNMENT_KEY, GgufFile, GgufValue, GgufWriter
 use metrale_model_weights::loader::Checkpoint;
 use serde_json::{Map, Value};
 
-pub use sha256::sha256_hex;
 pub use vocab::{known_pre_tokenizer, pre_tokenizer_hash};
 
 use crate::config::{ModelConfig, ModelType};
+
+/// The SHA-256 digest of `data` as 64 lowercase hex digits (llama.cpp's
+/// converter names pre-tokenizers by such a hash; the tests compare tensors
+/// with recorded ones).
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 use crate::error::{EngineError, Result};
 use tensors::HfTensor;
 

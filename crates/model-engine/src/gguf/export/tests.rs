@@ -84,3 +84,11 @@ fn named_chat_templates_are_written_as_gguf_py_does() {
         ]
     );
 }
+
+#[test]
+fn sha256_hex_is_lowercase_hex() {
+    assert_eq!(
+        super::sha256_hex(b"abc"),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+}

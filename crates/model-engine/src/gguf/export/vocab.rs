@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 
 use super::Meta;
 use super::pre_hashes::{CHK_TXT, KNOWN_PRE};
-use super::sha256::sha256_hex;
+use super::sha256_hex;
 use crate::error::{EngineError, Result};
 
 /// gguf's token types.
