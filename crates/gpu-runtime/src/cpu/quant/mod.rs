@@ -11,11 +11,13 @@
 //! the order of the few f32 operations, and the AVX2 and AVX-512 VNNI
 //! paths (`x86.rs`, chosen at run time) follow it.
 //!
-//! [`quant_matmul`] streams each weight row once: rows are split over the
-//! team's threads, and each row (a few KiB) is dotted with all `m`
-//! activation rows while it sits in L1, four activation rows per kernel
-//! call so that each block is unpacked once per four rows. A row's result
-//! does not depend on `m` or on the thread count.
+//! [`quant_matmul`] quantizes the activations once per call (rows spread
+//! over the team), then splits the weight rows over the team's threads;
+//! each weight row (a few KiB) is dotted with a tile of activation rows
+//! (about 256 KiB of quants, which stay in L2) while it sits in L1, four
+//! activation rows per kernel call so that each block is unpacked once per
+//! four rows. A row's result does not depend on `m`, the tiling or the
+//! thread count.
 //!
 //! Not wired into the backend's ops yet: the integration step adds a
 //! quantized dtype and calls [`quant_matmul`].
@@ -174,6 +176,10 @@ pub fn activation_format(ty: GgmlType) -> GgmlType {
     }
 }
 
+/// Bytes of quantized activations a prefill tile holds (half of a Zen 4 or
+/// recent Intel core's L2, leaving room for the weights streaming past).
+const ACT_TILE_BYTES: usize = 256 << 10;
+
 /// Activation rows one kernel call takes (each weight block is unpacked
 /// once for all of them).
 pub(crate) const MAX_ROWS: usize = 4;
@@ -322,9 +328,9 @@ pub(crate) fn quant_matmul_with(
     }
     let q8k = uses_q8_k(ty);
     if q8k {
-        scratch.quantize_q8_k(x, m, k);
+        scratch.quantize_q8_k(team, x, m, k);
     } else {
-        scratch.quantize_q8_0(x, m, k);
+        scratch.quantize_q8_0(team, x, m, k);
     }
     let scratch = &*scratch;
     let act = |i: usize| {
@@ -334,6 +340,17 @@ pub(crate) fn quant_matmul_with(
             scratch.q8_0_row(i, k)
         }
     };
+    // Every activation row's slices, made once (not once per weight row:
+    // that was a tenth of prefill's time); decode's one row on the stack.
+    let one: [ActRow<'_>; 1];
+    let many: Vec<ActRow<'_>>;
+    let acts: &[ActRow<'_>] = if m == 1 {
+        one = [act(0)];
+        &one
+    } else {
+        many = (0..m).map(act).collect();
+        &many
+    };
     let threads = team.map_or(1, Team::threads);
     // A few shares per thread (the first to finish waits for at most a
     // small one), but about 1 MiB of weights or more each, as `gemv.rs`
@@ -341,21 +358,27 @@ pub(crate) fn quant_matmul_with(
     let per_thread = (w.bytes() >> 20).clamp(1, 8);
     let share = n.div_ceil(threads * per_thread).max(1);
     let ptr = OutPtr(out.as_mut_ptr());
+    // Prefill: the activation rows go in tiles of about `ACT_TILE_BYTES`
+    // of quants, which stay in L2 while the task's weight rows stream past
+    // them (each weight row is then read once per tile rather than once,
+    // but a few hundred bytes of it against a tile's tens of KiB).
+    let tile = (ACT_TILE_BYTES / k.max(1)).max(MAX_ROWS) / MAX_ROWS * MAX_ROWS;
     let run = |t: usize| {
         let (j0, j1) = (t * share, ((t + 1) * share).min(n));
         let mut vals = [0f32; MAX_ROWS];
-        for j in j0..j1 {
-            let row = w.row(j);
-            for i0 in (0..m).step_by(MAX_ROWS) {
-                let r = MAX_ROWS.min(m - i0);
-                let acts: [ActRow<'_>; MAX_ROWS] =
-                    std::array::from_fn(|u| act((i0 + u).min(m - 1)));
-                vec_dot_rows(isa, ty, row, &acts[..r], &mut vals[..r]);
-                for (u, &v) in vals[..r].iter().enumerate() {
-                    // SAFETY: `(i0 + u) * n + j < m * n <= out.len()`
-                    // (checked above); task `t` alone writes columns
-                    // `j0..j1`.
-                    unsafe { ptr.write((i0 + u) * n + j, v) };
+        for t0 in (0..m).step_by(tile) {
+            let t1 = (t0 + tile).min(m);
+            for j in j0..j1 {
+                let row = w.row(j);
+                for i0 in (t0..t1).step_by(MAX_ROWS) {
+                    let r = MAX_ROWS.min(t1 - i0);
+                    vec_dot_rows(isa, ty, row, &acts[i0..i0 + r], &mut vals[..r]);
+                    for (u, &v) in vals[..r].iter().enumerate() {
+                        // SAFETY: `(i0 + u) * n + j < m * n <= out.len()`
+                        // (checked above); task `t` alone writes columns
+                        // `j0..j1`.
+                        unsafe { ptr.write((i0 + u) * n + j, v) };
+                    }
                 }
             }
         }
