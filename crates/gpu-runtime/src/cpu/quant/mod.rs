@@ -23,6 +23,8 @@
 //! quantized dtype and calls [`quant_matmul`].
 
 mod act;
+#[cfg(target_arch = "x86_64")]
+mod packed;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -179,6 +181,10 @@ pub fn activation_format(ty: GgmlType) -> GgmlType {
 /// Bytes of quantized activations a prefill tile holds (half of a Zen 4 or
 /// recent Intel core's L2, leaving room for the weights streaming past).
 const ACT_TILE_BYTES: usize = 256 << 10;
+
+/// Activation rows from which Q4_K and Q8_0 weights are packed eight rows at a time
+/// (`packed.rs`; VNNI only): below it the packing costs more than it saves.
+const PACKED_MIN_ROWS: usize = 8;
 
 /// Activation rows one kernel call takes (each weight block is unpacked
 /// once for all of them).
@@ -352,19 +358,97 @@ pub(crate) fn quant_matmul_with(
         &many
     };
     let threads = team.map_or(1, Team::threads);
+    #[cfg(target_arch = "x86_64")]
+    let n_packed = if isa == QuantIsa::Vnni
+        && matches!(ty, GgmlType::Q4K | GgmlType::Q8_0)
+        && m >= PACKED_MIN_ROWS
+    {
+        n / packed::NR * packed::NR
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let n_packed = 0;
+    let tile = (ACT_TILE_BYTES / k.max(1)).max(MAX_ROWS) / MAX_ROWS * MAX_ROWS;
+    #[cfg(target_arch = "x86_64")]
+    if n_packed > 0 {
+        let groups = n_packed / packed::NR;
+        let per_thread = (w.bytes() >> 20).clamp(1, 8);
+        let share = groups.div_ceil(threads * per_thread).max(1);
+        let nb = k / ty.block_elems();
+        let ptr = OutPtr(out.as_mut_ptr());
+        let run = |t: usize| {
+            let (g0, g1) = (t * share, ((t + 1) * share).min(groups));
+            let mut panel = Vec::new();
+            for t0 in (0..m).step_by(tile) {
+                let t1 = (t0 + tile).min(m);
+                for g in g0..g1 {
+                    let j0 = g * packed::NR;
+                    let rows: [&[u8]; packed::NR] = std::array::from_fn(|w_| w.row(j0 + w_));
+                    if q8k {
+                        packed::pack_q4_k(&rows, nb, &mut panel);
+                    } else {
+                        packed::pack_q8_0(&rows, nb, &mut panel);
+                    }
+                    for i0 in (t0..t1).step_by(MAX_ROWS) {
+                        let r = MAX_ROWS.min(t1 - i0);
+                        let a = &acts[i0..i0 + r];
+                        macro_rules! go {
+                            ($r:literal) => {{
+                                let a = a.try_into().expect("rows");
+                                // SAFETY: `panel` holds nb packed blocks of the
+                                // weights' format, every activation row nb
+                                // blocks of the matching one (Q8_K for Q4_K,
+                                // Q8_0 for Q8_0), and `isa` (VNNI) was
+                                // detected on this CPU.
+                                let v = unsafe {
+                                    if q8k {
+                                        packed::dot_q4_k_panel::<$r>(&panel, nb, a)
+                                    } else {
+                                        packed::dot_q8_0_panel::<$r>(&panel, nb, a)
+                                    }
+                                };
+                                for (u, row) in v.iter().enumerate() {
+                                    for (x, &val) in row.iter().enumerate() {
+                                        // SAFETY: `(i0 + u) * n + j0 + x < m * n`
+                                        // (checked above); task `t` alone writes
+                                        // columns of groups `g0..g1`.
+                                        unsafe { ptr.write((i0 + u) * n + j0 + x, val) };
+                                    }
+                                }
+                            }};
+                        }
+                        match r {
+                            1 => go!(1),
+                            2 => go!(2),
+                            3 => go!(3),
+                            _ => go!(4),
+                        }
+                    }
+                }
+            }
+        };
+        let count = groups.div_ceil(share);
+        match team {
+            Some(team) => team.run(count, &run),
+            None => (0..count).for_each(run),
+        }
+        if n_packed == n {
+            return Ok(());
+        }
+    }
     // A few shares per thread (the first to finish waits for at most a
     // small one), but about 1 MiB of weights or more each, as `gemv.rs`
     // found short streams cost bandwidth.
     let per_thread = (w.bytes() >> 20).clamp(1, 8);
-    let share = n.div_ceil(threads * per_thread).max(1);
+    let share = (n - n_packed).div_ceil(threads * per_thread).max(1);
     let ptr = OutPtr(out.as_mut_ptr());
     // Prefill: the activation rows go in tiles of about `ACT_TILE_BYTES`
     // of quants, which stay in L2 while the task's weight rows stream past
     // them (each weight row is then read once per tile rather than once,
     // but a few hundred bytes of it against a tile's tens of KiB).
-    let tile = (ACT_TILE_BYTES / k.max(1)).max(MAX_ROWS) / MAX_ROWS * MAX_ROWS;
     let run = |t: usize| {
-        let (j0, j1) = (t * share, ((t + 1) * share).min(n));
+        let (j0, j1) = (n_packed + t * share, (n_packed + (t + 1) * share).min(n));
         let mut vals = [0f32; MAX_ROWS];
         for t0 in (0..m).step_by(tile) {
             let t1 = (t0 + tile).min(m);
@@ -383,7 +467,7 @@ pub(crate) fn quant_matmul_with(
             }
         }
     };
-    let count = n.div_ceil(share);
+    let count = (n - n_packed).div_ceil(share);
     match team {
         Some(team) => team.run(count, &run),
         None => (0..count).for_each(run),

@@ -238,13 +238,15 @@ fn rows_do_not_depend_on_m_or_threads() {
 }
 
 /// Prefill's path: activations quantized on the team and the rows taken in
-/// several L2 tiles (`ACT_TILE_BYTES / k` rows each, the last one ragged);
-/// every row must still equal the one-row product bit for bit.
+/// several L2 tiles (`ACT_TILE_BYTES / k` rows each, the last one ragged),
+/// Q4_K's weight rows packed eight at a time on VNNI (19 rows: two panels
+/// and three rows left over); every row must still equal the one-row
+/// product bit for bit.
 #[test]
 fn tiled_prefill_rows_match_single_rows() {
     let team = Team::new(3);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q6K] {
-        let (n, k) = (9, 8192);
+    for ty in SUPPORTED {
+        let (n, k) = (19, 8192);
         assert!(super::ACT_TILE_BYTES / k < 70 / 2, "several tiles");
         let w = weights(ty, n, k, 5);
         let wm = QuantMatrix::new(ty, &w, n, k).unwrap();

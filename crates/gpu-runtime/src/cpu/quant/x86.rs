@@ -108,21 +108,55 @@ unsafe fn f16x2(p: *const u8) -> (f32, f32) {
     (_mm_cvtss_f32(f), _mm_cvtss_f32(_mm_shuffle_ps(f, f, 1)))
 }
 
-/// `Σ_j mins[j] · (bsums[2j] + bsums[2j+1])` (Q4_K/Q5_K's min term).
+/// A Q4_K/Q5_K block's eight 6-bit scales and eight mins (bytes 4..16),
+/// as `scalar::scales_mins_k4` gives them, with 32-bit masks (llama.cpp's
+/// `utmp` trick) instead of byte by byte.
+///
+/// # Safety
+/// `p` must point at a whole block.
+#[inline(always)]
+unsafe fn scales_mins_k4(p: *const u8) -> ([u8; 8], [u8; 8]) {
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    // SAFETY: the caller's contract (bytes 4..16 are the scales).
+    let u = unsafe {
+        [
+            (p.add(4) as *const u32).read_unaligned(),
+            (p.add(8) as *const u32).read_unaligned(),
+            (p.add(12) as *const u32).read_unaligned(),
+        ]
+    };
+    // Scales: bytes j < 4 are u[0]'s low 6 bits; j >= 4 are u[2]'s low
+    // nibbles with u[0]'s top 2 bits above them. Mins likewise from u[1].
+    let sc_lo = u[0] & K1;
+    let sc_hi = (u[2] & K2) | (((u[0] >> 6) & K3) << 4);
+    let mn_lo = u[1] & K1;
+    let mn_hi = ((u[2] >> 4) & K2) | (((u[1] >> 6) & K3) << 4);
+    let join = |lo: u32, hi: u32| (lo as u64 | (hi as u64) << 32).to_le_bytes();
+    (join(sc_lo, sc_hi), join(mn_lo, mn_hi))
+}
+
+/// The eight mins of a Q4_K/Q5_K block as i16 pairs `(m0, m0, m1, m1,
+/// ...)`, lined up with an activation block's 16 sums (made once per block
+/// for every activation row).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn min_pairs(mins: &[u8; 8]) -> __m256i {
+    let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(*mins)));
+    _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m))
+}
+
+/// `Σ_j mins[j] · (bsums[2j] + bsums[2j+1])` (Q4_K/Q5_K's min term), with
+/// the mins from [`min_pairs`].
 ///
 /// # Safety
 /// `bsums` must be valid for reading 16 i16.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn imin_k(mins: &[u8; 8], bsums: *const i16) -> i32 {
-    // SAFETY: `mins` is 8 bytes; `bsums` the caller's contract.
-    let (m, bs) = unsafe {
-        (
-            _mm_cvtepu8_epi16(_mm_loadl_epi64(mins.as_ptr() as *const __m128i)),
-            _mm256_loadu_si256(bsums as *const __m256i),
-        )
-    };
-    let pairs = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
+unsafe fn imin_k(pairs: __m256i, bsums: *const i16) -> i32 {
+    // SAFETY: the caller's contract.
+    let bs = unsafe { _mm256_loadu_si256(bsums as *const __m256i) };
     hsum_i32(_mm256_madd_epi16(bs, pairs))
 }
 
@@ -214,6 +248,9 @@ macro_rules! kernels {
                 let groups = nb / 4;
                 let mut acc = [_mm_setzero_ps(); R];
                 let wp = w.as_ptr();
+                // Each row's arrays, hoisted out of the block loop.
+                let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
+                let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
                 for g in 0..groups {
                     let b = 4 * g;
                     // SAFETY: blocks b..b+4 < nb are inside `w`, and every
@@ -233,7 +270,7 @@ macro_rules! kernels {
                             _mm_setzero_ps()
                         };
                         for r in 0..R {
-                            let q = a[r].qs.as_ptr().add(32 * b);
+                            let q = qa[r].add(32 * b);
                             let h = _mm256_hadd_epi32(
                                 _mm256_hadd_epi32(mul::<T>(u[0], q), mul::<T>(u[1], q.add(32))),
                                 _mm256_hadd_epi32(
@@ -251,7 +288,7 @@ macro_rules! kernels {
                                 sums =
                                     _mm_sub_epi32(sums, _mm_sll_epi32(s, _mm_cvtsi32_si128(shift)));
                             }
-                            let dd = _mm_mul_ps(dw, _mm_loadu_ps(a[r].d.as_ptr().add(b)));
+                            let dd = _mm_mul_ps(dw, _mm_loadu_ps(da[r].add(b)));
                             let mut t = _mm_mul_ps(_mm_cvtepi32_ps(sums), dd);
                             if T == Q4_1 || T == Q5_1 {
                                 let ms = _mm_mul_ps(mw, _mm_loadu_ps(a[r].s.as_ptr().add(b)));
@@ -286,14 +323,20 @@ macro_rules! kernels {
                 let bb = if Q5 { 176 } else { 144 };
                 let qs_off = if Q5 { 48 } else { 16 };
                 let m4 = _mm256_set1_epi8(0x0F);
+                let nb = w.len() / bb;
+                // Each row's arrays, hoisted out of the block loop.
+                let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
+                let bsums: [*const i16; R] = std::array::from_fn(|r| a[r].bsums.as_ptr());
+                let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
                 let mut total = [0f32; R];
-                for (b, wb) in w.chunks_exact(bb).enumerate() {
+                for b in 0..nb {
                     let mut acc = [_mm256_setzero_si256(); R];
-                    let (scales, mins) = scalar::scales_mins_k4(wb);
-                    // SAFETY: the block and the rows' 256 activations are in
-                    // bounds (chunks_exact; the caller's contract for `a`).
+                    // SAFETY: block b < nb is inside `w`, and every row has
+                    // nb blocks of 256 quants, 16 sums and one scale (the
+                    // caller's contract).
                     unsafe {
-                        let p = wb.as_ptr();
+                        let p = w.as_ptr().add(b * bb);
+                        let (scales, mins) = scales_mins_k4(p);
                         let qh = if Q5 {
                             _mm256_loadu_si256(p.add(16) as *const __m256i)
                         } else {
@@ -315,19 +358,20 @@ macro_rules! kernels {
                             let s1 = _mm256_set1_epi32(scales[2 * c] as i32);
                             let s2 = _mm256_set1_epi32(scales[2 * c + 1] as i32);
                             for r in 0..R {
-                                let qa = a[r].qs.as_ptr().add(256 * b + 64 * c);
-                                let a_lo = _mm256_loadu_si256(qa as *const __m256i);
-                                let a_hi = _mm256_loadu_si256(qa.add(32) as *const __m256i);
+                                let q = qa[r].add(256 * b + 64 * c);
+                                let a_lo = _mm256_loadu_si256(q as *const __m256i);
+                                let a_hi = _mm256_loadu_si256(q.add(32) as *const __m256i);
                                 let d1 = _mm256_mullo_epi32($dot(lo, a_lo), s1);
                                 let d2 = _mm256_mullo_epi32($dot(hi, a_hi), s2);
                                 acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(d1, d2));
                             }
                         }
                         let (dw, dmin) = f16x2(p);
+                        let pairs = min_pairs(&mins);
                         for r in 0..R {
-                            let imin = imin_k(&mins, a[r].bsums.as_ptr().add(16 * b));
+                            let imin = imin_k(pairs, bsums[r].add(16 * b));
                             let isum = hsum_i32(acc[r]);
-                            total[r] += scalar::term_k(a[r].d[b], dw, dmin, isum, imin);
+                            total[r] += scalar::term_k(*da[r].add(b), dw, dmin, isum, imin);
                         }
                     }
                 }
@@ -344,6 +388,9 @@ macro_rules! kernels {
                 a: &[ActRow<'_>; R],
             ) -> [f32; R] {
                 let m4 = _mm256_set1_epi8(0x0F);
+                let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
+                let bsums: [*const i16; R] = std::array::from_fn(|r| a[r].bsums.as_ptr());
+                let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
                 let mut total = [0f32; R];
                 for (b, wb) in w.chunks_exact(210).enumerate() {
                     let mut acc = [_mm256_setzero_si256(); R];
@@ -375,8 +422,8 @@ macro_rules! kernels {
                                     _mm_set1_epi32(sc(j)),
                                 );
                                 for r in 0..R {
-                                    let qa = a[r].qs.as_ptr().add(256 * b + 128 * h + 32 * k);
-                                    let av = _mm256_loadu_si256(qa as *const __m256i);
+                                    let q = qa[r].add(256 * b + 128 * h + 32 * k);
+                                    let av = _mm256_loadu_si256(q as *const __m256i);
                                     acc[r] = _mm256_add_epi32(
                                         acc[r],
                                         _mm256_mullo_epi32($dot(qk, av), s),
@@ -389,12 +436,10 @@ macro_rules! kernels {
                             _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
                         let dw = f16x2(p.add(208)).0;
                         for r in 0..R {
-                            let bs = _mm256_loadu_si256(
-                                a[r].bsums.as_ptr().add(16 * b) as *const __m256i
-                            );
+                            let bs = _mm256_loadu_si256(bsums[r].add(16 * b) as *const __m256i);
                             let off = hsum_i32(_mm256_madd_epi16(scv, bs));
                             let isum = hsum_i32(acc[r]) - 32 * off;
-                            total[r] += scalar::term_q6_k(a[r].d[b], dw, isum);
+                            total[r] += scalar::term_q6_k(*da[r].add(b), dw, isum);
                         }
                     }
                 }
