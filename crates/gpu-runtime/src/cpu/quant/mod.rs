@@ -178,11 +178,17 @@ pub fn activation_format(ty: GgmlType) -> GgmlType {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// Packed weight panels (`packed.rs`), per pool thread, reused.
+    static PACKED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Bytes of quantized activations a prefill tile holds (half of a Zen 4 or
 /// recent Intel core's L2, leaving room for the weights streaming past).
 const ACT_TILE_BYTES: usize = 256 << 10;
 
-/// Activation rows from which Q4_K and Q8_0 weights are packed eight rows at a time
+/// Activation rows from which Q4_K, Q6_K and Q8_0 weights are packed eight rows at a time
 /// (`packed.rs`; VNNI only): below it the packing costs more than it saves.
 const PACKED_MIN_ROWS: usize = 8;
 
@@ -360,7 +366,7 @@ pub(crate) fn quant_matmul_with(
     let threads = team.map_or(1, Team::threads);
     #[cfg(target_arch = "x86_64")]
     let n_packed = if isa == QuantIsa::Vnni
-        && matches!(ty, GgmlType::Q4K | GgmlType::Q8_0)
+        && matches!(ty, GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q8_0)
         && m >= PACKED_MIN_ROWS
     {
         n / packed::NR * packed::NR
@@ -379,54 +385,67 @@ pub(crate) fn quant_matmul_with(
         let ptr = OutPtr(out.as_mut_ptr());
         let run = |t: usize| {
             let (g0, g1) = (t * share, ((t + 1) * share).min(groups));
-            let mut panel = Vec::new();
-            for t0 in (0..m).step_by(tile) {
-                let t1 = (t0 + tile).min(m);
-                for g in g0..g1 {
+            // The task's weight rows packed once (they are read once per
+            // tile of activation rows), in this thread's reused buffer.
+            PACKED.with_borrow_mut(|buf| {
+                let size = nb * packed::block_bytes(ty);
+                buf.resize((g1 - g0) * size, 0);
+                for (g, out) in (g0..g1).zip(buf.chunks_exact_mut(size)) {
                     let j0 = g * packed::NR;
                     let rows: [&[u8]; packed::NR] = std::array::from_fn(|w_| w.row(j0 + w_));
-                    if q8k {
-                        packed::pack_q4_k(&rows, nb, &mut panel);
-                    } else {
-                        packed::pack_q8_0(&rows, nb, &mut panel);
+                    match ty {
+                        GgmlType::Q4K => packed::pack_q4_k(&rows, nb, out),
+                        GgmlType::Q6K => packed::pack_q6_k(&rows, nb, out),
+                        _ => packed::pack_q8_0(&rows, nb, out),
                     }
-                    for i0 in (t0..t1).step_by(MAX_ROWS) {
-                        let r = MAX_ROWS.min(t1 - i0);
-                        let a = &acts[i0..i0 + r];
-                        macro_rules! go {
-                            ($r:literal) => {{
-                                let a = a.try_into().expect("rows");
-                                // SAFETY: `panel` holds nb packed blocks of the
-                                // weights' format, every activation row nb
-                                // blocks of the matching one (Q8_K for Q4_K,
-                                // Q8_0 for Q8_0), and `isa` (VNNI) was
-                                // detected on this CPU.
-                                let v = unsafe {
-                                    if q8k {
-                                        packed::dot_q4_k_panel::<$r>(&panel, nb, a)
-                                    } else {
-                                        packed::dot_q8_0_panel::<$r>(&panel, nb, a)
+                }
+                for t0 in (0..m).step_by(tile) {
+                    let t1 = (t0 + tile).min(m);
+                    for g in g0..g1 {
+                        let j0 = g * packed::NR;
+                        let panel = &buf[(g - g0) * size..(g - g0 + 1) * size];
+                        for i0 in (t0..t1).step_by(MAX_ROWS) {
+                            let r = MAX_ROWS.min(t1 - i0);
+                            let a = &acts[i0..i0 + r];
+                            macro_rules! go {
+                                ($r:literal) => {{
+                                    let a = a.try_into().expect("rows");
+                                    // SAFETY: `panel` holds nb packed blocks of the
+                                    // weights' format, every activation row nb
+                                    // blocks of the matching one (Q8_K for the
+                                    // K-quants, Q8_0 for Q8_0), and `isa` (VNNI) was
+                                    // detected on this CPU.
+                                    let v = unsafe {
+                                        match ty {
+                                            GgmlType::Q4K => {
+                                                packed::dot_q4_k_panel::<$r>(panel, nb, a)
+                                            }
+                                            GgmlType::Q6K => {
+                                                packed::dot_q6_k_panel::<$r>(panel, nb, a)
+                                            }
+                                            _ => packed::dot_q8_0_panel::<$r>(panel, nb, a),
+                                        }
+                                    };
+                                    for (u, row) in v.iter().enumerate() {
+                                        for (x, &val) in row.iter().enumerate() {
+                                            // SAFETY: `(i0 + u) * n + j0 + x < m * n`
+                                            // (checked above); task `t` alone writes
+                                            // columns of groups `g0..g1`.
+                                            unsafe { ptr.write((i0 + u) * n + j0 + x, val) };
+                                        }
                                     }
-                                };
-                                for (u, row) in v.iter().enumerate() {
-                                    for (x, &val) in row.iter().enumerate() {
-                                        // SAFETY: `(i0 + u) * n + j0 + x < m * n`
-                                        // (checked above); task `t` alone writes
-                                        // columns of groups `g0..g1`.
-                                        unsafe { ptr.write((i0 + u) * n + j0 + x, val) };
-                                    }
-                                }
-                            }};
-                        }
-                        match r {
-                            1 => go!(1),
-                            2 => go!(2),
-                            3 => go!(3),
-                            _ => go!(4),
+                                }};
+                            }
+                            match r {
+                                1 => go!(1),
+                                2 => go!(2),
+                                3 => go!(3),
+                                _ => go!(4),
+                            }
                         }
                     }
                 }
-            }
+            });
         };
         let count = groups.div_ceil(share);
         match team {

@@ -1,19 +1,21 @@
-//! Prefill's Q4_K and Q8_0 products on AVX-512 VNNI: weight rows packed eight at a
-//! time (llama.cpp's "repack" idea, done per call), so that one `vpdpbusd`
-//! multiplies four quants of eight weight rows by the same four activation
-//! quants (broadcast), and one `vpmulld` applies eight rows' sub-block
-//! scales at once. Per 32 elements of 8 weight rows and 4 activation rows
-//! that is 8 weight loads, 32 broadcasts and 32 `vpdpbusd` for 1024
-//! products, where the row-at-a-time kernel (`x86.rs`) spends an unpack,
-//! a `vpmulld` and an add per 256.
+//! Prefill's Q4_K, Q6_K and Q8_0 products on AVX-512 VNNI: weight rows
+//! packed eight at a time (llama.cpp's "repack" idea, done per call and
+//! per tile of activation rows), so that one `vpdpbusd` multiplies four
+//! quants of eight weight rows by the same four activation quants
+//! (broadcast), and one `vpmulld` applies eight rows' sub-block scales at
+//! once. Per 32 elements of 8 weight rows and 4 activation rows that is 8
+//! weight loads, 32 broadcasts and 32 `vpdpbusd` for 1024 products, where
+//! the row-at-a-time kernels (`x86.rs`) spend an unpack, a `vpmulld` and an
+//! add per 256. Q8_0's signed quants are stored plus 128 (`vpdpbusd` wants
+//! an unsigned operand), 128 times the activation block's sum taken off.
 //!
-//! The results are bit for bit those of `scalar.rs`: the integer sums
-//! (`isum`, `imin`) are exact whatever their order, and each weight row's
-//! f32 terms are made and summed in `scalar::term_k`'s order, one row per
-//! vector lane (no fused multiply-add).
+//! The results are bit for bit those of `scalar.rs`: the integer sums are
+//! exact whatever their order, and each weight row's f32 terms are made
+//! and summed in `scalar.rs`'s order, one weight row per vector lane (no
+//! fused multiply-add).
 //!
-//! Decode (one activation row) keeps the row-at-a-time kernel: packing
-//! would stream the weights twice.
+//! Decode (one activation row) keeps the row-at-a-time kernels: packing
+//! would touch the weights twice.
 
 use std::arch::x86_64::*;
 
@@ -25,6 +27,15 @@ use super::scalar;
 /// Weight rows per panel: the eight i32 lanes of a 256-bit vector.
 pub(super) const NR: usize = 8;
 
+/// Bytes of one packed block of `NR` rows of `ty` (a packed format).
+pub(super) fn block_bytes(ty: metrale_core::GgmlType) -> usize {
+    match ty {
+        metrale_core::GgmlType::Q4K => PACKED_BLOCK,
+        metrale_core::GgmlType::Q6K => PACKED_Q6_K,
+        _ => PACKED_Q8_0,
+    }
+}
+
 /// Bytes of one packed super-block of `NR` rows: the quants as
 /// `[sub-block j][group g of 4][row w][4]` (2048), the scales as
 /// `[j][w]` i32 (256), the mins as `[pair p][w]` i16 pairs `(min_2p,
@@ -35,10 +46,10 @@ const MINS: usize = SCALES + 256;
 const DW: usize = MINS + 128;
 const DMIN: usize = DW + 32;
 
-/// Packs `NR` Q4_K rows of `nb` super-blocks each into `out` (resized to
-/// `nb * PACKED_BLOCK` bytes).
-pub(super) fn pack_q4_k(rows: &[&[u8]; NR], nb: usize, out: &mut Vec<u8>) {
-    out.resize(nb * PACKED_BLOCK, 0);
+/// Packs `NR` Q4_K rows of `nb` super-blocks each into `out` (`nb *
+/// PACKED_BLOCK` bytes).
+pub(super) fn pack_q4_k(rows: &[&[u8]; NR], nb: usize, out: &mut [u8]) {
+    assert_eq!(out.len(), nb * PACKED_BLOCK, "a panel's bytes");
     for (b, pb) in out.chunks_exact_mut(PACKED_BLOCK).enumerate() {
         for (w, row) in rows.iter().enumerate() {
             let blk = &row[144 * b..144 * (b + 1)];
@@ -160,10 +171,10 @@ pub(super) unsafe fn dot_q4_k_panel<const R: usize>(
 /// (256), then `d` per row as f32 (32).
 pub(super) const PACKED_Q8_0: usize = 256 + 32;
 
-/// Packs `NR` Q8_0 rows of `nb` blocks each into `out` (resized to
-/// `nb * PACKED_Q8_0` bytes).
-pub(super) fn pack_q8_0(rows: &[&[u8]; NR], nb: usize, out: &mut Vec<u8>) {
-    out.resize(nb * PACKED_Q8_0, 0);
+/// Packs `NR` Q8_0 rows of `nb` blocks each into `out` (`nb *
+/// PACKED_Q8_0` bytes).
+pub(super) fn pack_q8_0(rows: &[&[u8]; NR], nb: usize, out: &mut [u8]) {
+    assert_eq!(out.len(), nb * PACKED_Q8_0, "a panel's bytes");
     for (b, pb) in out.chunks_exact_mut(PACKED_Q8_0).enumerate() {
         for (w, row) in rows.iter().enumerate() {
             let blk = &row[34 * b..34 * (b + 1)];
@@ -230,6 +241,111 @@ pub(super) unsafe fn dot_q8_0_panel<const R: usize>(
         let v = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
         // SAFETY: `out[r]` holds NR = 8 f32.
         unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), v) };
+    }
+    out
+}
+
+/// Bytes of one packed Q6_K super-block of `NR` rows: the 6-bit quants
+/// (0..64, unsigned) as `[sub-block j of 16][group g of 4][row w][4]`
+/// (2048), the 16 signed scales as `[j][w]` i32 (512), the same as i16
+/// pairs `(sc_2p, sc_2p+1)` `[p][w]` (256), then `d` per row as f32 (32).
+pub(super) const PACKED_Q6_K: usize = 2048 + 512 + 256 + 32;
+const Q6_SCALES: usize = 2048;
+const Q6_PAIRS: usize = Q6_SCALES + 512;
+const Q6_D: usize = Q6_PAIRS + 256;
+
+/// Packs `NR` Q6_K rows of `nb` super-blocks each into `out` (`nb *
+/// PACKED_Q6_K` bytes).
+pub(super) fn pack_q6_k(rows: &[&[u8]; NR], nb: usize, out: &mut [u8]) {
+    assert_eq!(out.len(), nb * PACKED_Q6_K, "a panel's bytes");
+    for (b, pb) in out.chunks_exact_mut(PACKED_Q6_K).enumerate() {
+        for (w, row) in rows.iter().enumerate() {
+            let blk = &row[210 * b..210 * (b + 1)];
+            for e in 0..256 {
+                let (h, k, l) = (e / 128, (e % 128) / 32, e % 32);
+                let ql = blk[64 * h + l + 32 * (k % 2)];
+                let lo = if k < 2 { ql & 0xF } else { ql >> 4 };
+                let q = lo | (((blk[128 + 32 * h + l] >> (2 * k)) & 3) << 4);
+                let (j, g, t) = (e / 16, (e % 16) / 4, e % 4);
+                pb[((j * 4 + g) * NR + w) * 4 + t] = q;
+            }
+            for j in 0..16 {
+                let sc = blk[192 + j] as i8;
+                let o = Q6_SCALES + (j * NR + w) * 4;
+                pb[o..o + 4].copy_from_slice(&(sc as i32).to_le_bytes());
+                let o = Q6_PAIRS + ((j / 2) * NR + w) * 4 + 2 * (j % 2);
+                pb[o..o + 2].copy_from_slice(&(sc as i16).to_le_bytes());
+            }
+            let d = f16::from_bits(u16::from_le_bytes([blk[208], blk[209]])).to_f32();
+            pb[Q6_D + 4 * w..Q6_D + 4 * w + 4].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+}
+
+/// `out[r][w] = dot(weight row w, a[r])` for a panel packed by
+/// [`pack_q6_k`] (`nb` super-blocks) and `R` Q8_K activation rows:
+/// `isum = Σ_j sc_j·Σ q·a − 32·Σ_j sc_j·bsum_j` (exact), then
+/// `scalar::term_q6_k` lane by lane, summed in block order.
+///
+/// # Safety
+/// As [`dot_q4_k_panel`], with `nb * PACKED_Q6_K` bytes in `panel`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_q6_k_panel<const R: usize>(
+    panel: &[u8],
+    nb: usize,
+    a: &[ActRow<'_>; R],
+) -> [[f32; NR]; R] {
+    let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
+    let bsums: [*const i16; R] = std::array::from_fn(|r| a[r].bsums.as_ptr());
+    let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
+    let mut total = [_mm256_setzero_ps(); R];
+    for b in 0..nb {
+        // SAFETY: block b < nb is inside `panel`, and every row's quants,
+        // sums and scale for block b are in bounds (the caller's contract).
+        unsafe {
+            let p = panel.as_ptr().add(b * PACKED_Q6_K);
+            let mut isum = [_mm256_setzero_si256(); R];
+            for j in 0..16 {
+                let mut acc = [[_mm256_setzero_si256(); 2]; R];
+                for g in 0..4 {
+                    let wv = _mm256_loadu_si256(p.add((j * 4 + g) * 32) as *const __m256i);
+                    for r in 0..R {
+                        let q =
+                            (qa[r].add(256 * b + 16 * j + 4 * g) as *const i32).read_unaligned();
+                        let e = &mut acc[r][g % 2];
+                        *e = _mm256_dpbusd_epi32(*e, wv, _mm256_set1_epi32(q));
+                    }
+                }
+                let sc = _mm256_loadu_si256(p.add(Q6_SCALES + 32 * j) as *const __m256i);
+                for r in 0..R {
+                    let sum = _mm256_add_epi32(acc[r][0], acc[r][1]);
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(sum, sc));
+                }
+            }
+            let pairs: [__m256i; 8] = std::array::from_fn(|q| {
+                _mm256_loadu_si256(p.add(Q6_PAIRS + 32 * q) as *const __m256i)
+            });
+            let dw = _mm256_loadu_ps(p.add(Q6_D) as *const f32);
+            for r in 0..R {
+                // The activation's 16 sums as 8 (j, j + 1) pairs of i16.
+                let bs = _mm256_loadu_si256(bsums[r].add(16 * b) as *const __m256i);
+                let mut off = _mm256_setzero_si256();
+                for (q, &pq) in pairs.iter().enumerate() {
+                    let bq = _mm256_permutevar8x32_epi32(bs, _mm256_set1_epi32(q as i32));
+                    off = _mm256_add_epi32(off, _mm256_madd_epi16(pq, bq));
+                }
+                let isum = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(off, 5));
+                // scalar::term_q6_k lane by lane: (da·dw)·isum.
+                let d = _mm256_set1_ps(*da[r].add(b));
+                let t = _mm256_mul_ps(_mm256_mul_ps(d, dw), _mm256_cvtepi32_ps(isum));
+                total[r] = _mm256_add_ps(total[r], t);
+            }
+        }
+    }
+    let mut out = [[0f32; NR]; R];
+    for r in 0..R {
+        // SAFETY: `out[r]` holds NR = 8 f32.
+        unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), total[r]) };
     }
     out
 }
