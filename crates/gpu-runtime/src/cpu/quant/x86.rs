@@ -394,12 +394,16 @@ macro_rules! kernels {
                 let mut total = [0f32; R];
                 for (b, wb) in w.chunks_exact(210).enumerate() {
                     let mut acc = [_mm256_setzero_si256(); R];
-                    let sc = |j: usize| wb[192 + j] as i8 as i32;
                     // SAFETY: as in `dot_q45_k`; the 16 scales are at 192 and
                     // `d` at 208 in the block.
                     unsafe {
                         let p = wb.as_ptr();
                         for h in 0..2 {
+                            // Scales 8h..8h+8 as i32; pair (2k, 2k + 1) goes to
+                            // the low and high four lanes with one permute.
+                            let sc8 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                p.add(192 + 8 * h) as *const __m128i
+                            ));
                             let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
                             let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
                             let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
@@ -416,10 +420,10 @@ macro_rules! kernels {
                                 ),
                             ];
                             for (k, qk) in q.into_iter().enumerate() {
-                                let j = 8 * h + 2 * k;
-                                let s = _mm256_set_m128i(
-                                    _mm_set1_epi32(sc(j + 1)),
-                                    _mm_set1_epi32(sc(j)),
+                                let (lo, hi) = (2 * k as i32, 2 * k as i32 + 1);
+                                let s = _mm256_permutevar8x32_epi32(
+                                    sc8,
+                                    _mm256_set_epi32(hi, hi, hi, hi, lo, lo, lo, lo),
                                 );
                                 for r in 0..R {
                                     let q = qa[r].add(256 * b + 128 * h + 32 * k);
@@ -438,7 +442,7 @@ macro_rules! kernels {
                         for r in 0..R {
                             let bs = _mm256_loadu_si256(bsums[r].add(16 * b) as *const __m256i);
                             let off = hsum_i32(_mm256_madd_epi16(scv, bs));
-                            let isum = hsum_i32(acc[r]) - 32 * off;
+                            let isum = hsum_i32(acc[r]).wrapping_sub(off.wrapping_mul(32));
                             total[r] += scalar::term_q6_k(*da[r].add(b), dw, isum);
                         }
                     }
