@@ -24,6 +24,32 @@ use half::f16;
 use super::act::ActRow;
 use super::scalar;
 
+// The loads of the kernels below, as plain byte-array copies: the
+// `_mm256_loadu_si256` and `read_unaligned` of `core` go through
+// `copy_nonoverlapping`, whose precondition checks (on with debug
+// assertions, as in the workspace's dev profile) cost these loops 3-4x.
+
+/// 32 bytes at `p` as a vector.
+///
+/// # Safety
+/// `p` must be valid for reading 32 bytes.
+#[inline(always)]
+pub(super) unsafe fn ld32(p: *const __m256i) -> __m256i {
+    // SAFETY: the caller's contract; `[u8; 32]` has no alignment, and every
+    // bit pattern is a valid `__m256i`.
+    unsafe { std::mem::transmute::<[u8; 32], __m256i>(*(p as *const [u8; 32])) }
+}
+
+/// The 4 bytes at `p` as an i32 (little-endian, as x86 loads them).
+///
+/// # Safety
+/// `p` must be valid for reading 4 bytes.
+#[inline(always)]
+unsafe fn ld4(p: *const i32) -> i32 {
+    // SAFETY: the caller's contract; `[u8; 4]` has no alignment.
+    i32::from_le_bytes(unsafe { *(p as *const [u8; 4]) })
+}
+
 /// Weight rows per panel: the eight i32 lanes of a 256-bit vector.
 pub(super) const NR: usize = 8;
 
@@ -102,38 +128,45 @@ pub(super) unsafe fn dot_q4_k_panel<const R: usize>(
         // sums and scales for block b are in bounds (the caller's
         // contract); every read below is within them.
         unsafe {
-            let p = panel.as_ptr().add(b * PACKED_BLOCK);
+            let p = panel.as_ptr().wrapping_add(b * PACKED_BLOCK);
             let mut isum = [_mm256_setzero_si256(); R];
             for j in 0..8 {
                 // Two accumulators per row (even and odd groups): twice the
                 // independent `vpdpbusd` chains.
-                let mut acc = [[_mm256_setzero_si256(); 2]; R];
-                for g in 0..8 {
-                    let wv = _mm256_loadu_si256(p.add((j * 8 + g) * 32) as *const __m256i);
+                // (Arrays indexed by `r` alone, in loops the compiler
+                // unrolls: they stay in registers at opt-level 2 too.)
+                let (mut acc0, mut acc1) =
+                    ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
+                let wj = p.wrapping_add(j * 8 * 32);
+                let aj: [*const i32; R] =
+                    std::array::from_fn(|r| qa[r].wrapping_add(256 * b + 32 * j) as *const i32);
+                for g in (0..8).step_by(2) {
+                    let w0 = ld32(wj.wrapping_add(g * 32) as *const __m256i);
+                    let w1 = ld32(wj.wrapping_add(g * 32 + 32) as *const __m256i);
                     for r in 0..R {
-                        let q =
-                            (qa[r].add(256 * b + 32 * j + 4 * g) as *const i32).read_unaligned();
-                        let e = &mut acc[r][g % 2];
-                        *e = _mm256_dpbusd_epi32(*e, wv, _mm256_set1_epi32(q));
+                        let q0 = ld4(aj[r].wrapping_add(g));
+                        let q1 = ld4(aj[r].wrapping_add(g + 1));
+                        acc0[r] = _mm256_dpbusd_epi32(acc0[r], w0, _mm256_set1_epi32(q0));
+                        acc1[r] = _mm256_dpbusd_epi32(acc1[r], w1, _mm256_set1_epi32(q1));
                     }
                 }
-                let sc = _mm256_loadu_si256(p.add(SCALES + 32 * j) as *const __m256i);
+                let sc = ld32(p.wrapping_add(SCALES + 32 * j) as *const __m256i);
                 for r in 0..R {
-                    let sum = _mm256_add_epi32(acc[r][0], acc[r][1]);
+                    let sum = _mm256_add_epi32(acc0[r], acc1[r]);
                     isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(sum, sc));
                 }
             }
             let mins: [__m256i; 4] =
-                std::array::from_fn(|q| _mm256_loadu_si256(p.add(MINS + 32 * q) as *const __m256i));
-            let dw = _mm256_loadu_ps(p.add(DW) as *const f32);
-            let dmin = _mm256_loadu_ps(p.add(DMIN) as *const f32);
+                std::array::from_fn(|q| ld32(p.wrapping_add(MINS + 32 * q) as *const __m256i));
+            let dw = _mm256_loadu_ps(p.wrapping_add(DW) as *const f32);
+            let dmin = _mm256_loadu_ps(p.wrapping_add(DMIN) as *const f32);
             for r in 0..R {
                 // The activation's 8 sub-block sums as i16, (j, j + 1) pairs
                 // in 4 i32 lanes.
-                let bs = bsums[r].add(16 * b);
+                let bs = bsums[r].wrapping_add(16 * b);
                 let s = _mm_hadd_epi16(
                     _mm_loadu_si128(bs as *const __m128i),
-                    _mm_loadu_si128(bs.add(8) as *const __m128i),
+                    _mm_loadu_si128(bs.wrapping_add(8) as *const __m128i),
                 );
                 let mut imin = _mm256_madd_epi16(mins[0], _mm256_broadcastd_epi32(s));
                 imin = _mm256_add_epi32(
@@ -149,7 +182,7 @@ pub(super) unsafe fn dot_q4_k_panel<const R: usize>(
                     _mm256_madd_epi16(mins[3], _mm256_broadcastd_epi32(_mm_shuffle_epi32(s, 0xFF))),
                 );
                 // scalar::term_k lane by lane: (da·dw)·isum − (da·dmin)·imin.
-                let d = _mm256_set1_ps(*da[r].add(b));
+                let d = _mm256_set1_ps(*da[r].wrapping_add(b));
                 let t = _mm256_sub_ps(
                     _mm256_mul_ps(_mm256_mul_ps(d, dw), _mm256_cvtepi32_ps(isum[r])),
                     _mm256_mul_ps(_mm256_mul_ps(d, dmin), _mm256_cvtepi32_ps(imin)),
@@ -212,24 +245,28 @@ pub(super) unsafe fn dot_q8_0_panel<const R: usize>(
         // SAFETY: block b < nb is inside `panel`, and every row's quants,
         // scale and sum for block b are in bounds (the caller's contract).
         unsafe {
-            let p = panel.as_ptr().add(b * PACKED_Q8_0);
+            let p = panel.as_ptr().wrapping_add(b * PACKED_Q8_0);
             // Two accumulators per row (even and odd groups): twice the
             // independent `vpdpbusd` chains.
-            let mut acc = [[_mm256_setzero_si256(); 2]; R];
-            for g in 0..8 {
-                let wv = _mm256_loadu_si256(p.add(g * 32) as *const __m256i);
+            let (mut acc0, mut acc1) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
+            let ab: [*const i32; R] =
+                std::array::from_fn(|r| qa[r].wrapping_add(32 * b) as *const i32);
+            for g in (0..8).step_by(2) {
+                let w0 = ld32(p.wrapping_add(g * 32) as *const __m256i);
+                let w1 = ld32(p.wrapping_add(g * 32 + 32) as *const __m256i);
                 for r in 0..R {
-                    let q = (qa[r].add(32 * b + 4 * g) as *const i32).read_unaligned();
-                    let e = &mut acc[r][g % 2];
-                    *e = _mm256_dpbusd_epi32(*e, wv, _mm256_set1_epi32(q));
+                    let q0 = ld4(ab[r].wrapping_add(g));
+                    let q1 = ld4(ab[r].wrapping_add(g + 1));
+                    acc0[r] = _mm256_dpbusd_epi32(acc0[r], w0, _mm256_set1_epi32(q0));
+                    acc1[r] = _mm256_dpbusd_epi32(acc1[r], w1, _mm256_set1_epi32(q1));
                 }
             }
-            let dw = _mm256_loadu_ps(p.add(256) as *const f32);
+            let dw = _mm256_loadu_ps(p.wrapping_add(256) as *const f32);
             for r in 0..R {
                 // Σ (q + 128)·a − 128 Σ a = Σ q·a, exactly.
-                let off = _mm256_set1_epi32(128 * *sums[r].add(b));
-                let sumi = _mm256_sub_epi32(_mm256_add_epi32(acc[r][0], acc[r][1]), off);
-                let dd = _mm256_mul_ps(dw, _mm256_set1_ps(*da[r].add(b)));
+                let off = _mm256_set1_epi32(128 * *sums[r].wrapping_add(b));
+                let sumi = _mm256_sub_epi32(_mm256_add_epi32(acc0[r], acc1[r]), off);
+                let dd = _mm256_mul_ps(dw, _mm256_set1_ps(*da[r].wrapping_add(b)));
                 let t = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), dd);
                 acc4[r][b % 4] = _mm256_add_ps(acc4[r][b % 4], t);
             }
@@ -303,32 +340,36 @@ pub(super) unsafe fn dot_q6_k_panel<const R: usize>(
         // SAFETY: block b < nb is inside `panel`, and every row's quants,
         // sums and scale for block b are in bounds (the caller's contract).
         unsafe {
-            let p = panel.as_ptr().add(b * PACKED_Q6_K);
+            let p = panel.as_ptr().wrapping_add(b * PACKED_Q6_K);
             let mut isum = [_mm256_setzero_si256(); R];
             for j in 0..16 {
-                let mut acc = [[_mm256_setzero_si256(); 2]; R];
-                for g in 0..4 {
-                    let wv = _mm256_loadu_si256(p.add((j * 4 + g) * 32) as *const __m256i);
+                let (mut acc0, mut acc1) =
+                    ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
+                let wj = p.wrapping_add(j * 4 * 32);
+                let aj: [*const i32; R] =
+                    std::array::from_fn(|r| qa[r].wrapping_add(256 * b + 16 * j) as *const i32);
+                for g in (0..4).step_by(2) {
+                    let w0 = ld32(wj.wrapping_add(g * 32) as *const __m256i);
+                    let w1 = ld32(wj.wrapping_add(g * 32 + 32) as *const __m256i);
                     for r in 0..R {
-                        let q =
-                            (qa[r].add(256 * b + 16 * j + 4 * g) as *const i32).read_unaligned();
-                        let e = &mut acc[r][g % 2];
-                        *e = _mm256_dpbusd_epi32(*e, wv, _mm256_set1_epi32(q));
+                        let q0 = ld4(aj[r].wrapping_add(g));
+                        let q1 = ld4(aj[r].wrapping_add(g + 1));
+                        acc0[r] = _mm256_dpbusd_epi32(acc0[r], w0, _mm256_set1_epi32(q0));
+                        acc1[r] = _mm256_dpbusd_epi32(acc1[r], w1, _mm256_set1_epi32(q1));
                     }
                 }
-                let sc = _mm256_loadu_si256(p.add(Q6_SCALES + 32 * j) as *const __m256i);
+                let sc = ld32(p.wrapping_add(Q6_SCALES + 32 * j) as *const __m256i);
                 for r in 0..R {
-                    let sum = _mm256_add_epi32(acc[r][0], acc[r][1]);
+                    let sum = _mm256_add_epi32(acc0[r], acc1[r]);
                     isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(sum, sc));
                 }
             }
-            let pairs: [__m256i; 8] = std::array::from_fn(|q| {
-                _mm256_loadu_si256(p.add(Q6_PAIRS + 32 * q) as *const __m256i)
-            });
-            let dw = _mm256_loadu_ps(p.add(Q6_D) as *const f32);
+            let pairs: [__m256i; 8] =
+                std::array::from_fn(|q| ld32(p.wrapping_add(Q6_PAIRS + 32 * q) as *const __m256i));
+            let dw = _mm256_loadu_ps(p.wrapping_add(Q6_D) as *const f32);
             for r in 0..R {
                 // The activation's 16 sums as 8 (j, j + 1) pairs of i16.
-                let bs = _mm256_loadu_si256(bsums[r].add(16 * b) as *const __m256i);
+                let bs = ld32(bsums[r].wrapping_add(16 * b) as *const __m256i);
                 let mut off = _mm256_setzero_si256();
                 for (q, &pq) in pairs.iter().enumerate() {
                     let bq = _mm256_permutevar8x32_epi32(bs, _mm256_set1_epi32(q as i32));
@@ -336,7 +377,7 @@ pub(super) unsafe fn dot_q6_k_panel<const R: usize>(
                 }
                 let isum = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(off, 5));
                 // scalar::term_q6_k lane by lane: (da·dw)·isum.
-                let d = _mm256_set1_ps(*da[r].add(b));
+                let d = _mm256_set1_ps(*da[r].wrapping_add(b));
                 let t = _mm256_mul_ps(_mm256_mul_ps(d, dw), _mm256_cvtepi32_ps(isum));
                 total[r] = _mm256_add_ps(total[r], t);
             }

@@ -20,6 +20,9 @@
 
 use std::arch::x86_64::*;
 
+// Loads without `core`'s precondition checks (see `packed.rs`).
+use super::packed::ld32;
+
 /// Which 32-element format a monomorphised loop handles.
 pub(super) const Q8_0: u8 = 0;
 pub(super) const Q4_0: u8 = 1;
@@ -91,7 +94,8 @@ fn hsum_i32(v: __m256i) -> i32 {
 #[inline]
 unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
     // SAFETY: the caller's contract.
-    let r = |i: usize| unsafe { (p.add(i * stride) as *const u16).read_unaligned() } as i16;
+    let r =
+        |i: usize| unsafe { (p.wrapping_add(i * stride) as *const u16).read_unaligned() } as i16;
     _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, r(3), r(2), r(1), r(0)))
 }
 
@@ -122,9 +126,9 @@ unsafe fn scales_mins_k4(p: *const u8) -> ([u8; 8], [u8; 8]) {
     // SAFETY: the caller's contract (bytes 4..16 are the scales).
     let u = unsafe {
         [
-            (p.add(4) as *const u32).read_unaligned(),
-            (p.add(8) as *const u32).read_unaligned(),
-            (p.add(12) as *const u32).read_unaligned(),
+            (p.wrapping_add(4) as *const u32).read_unaligned(),
+            (p.wrapping_add(8) as *const u32).read_unaligned(),
+            (p.wrapping_add(12) as *const u32).read_unaligned(),
         ]
     };
     // Scales: bytes j < 4 are u[0]'s low 6 bits; j >= 4 are u[2]'s low
@@ -156,7 +160,7 @@ fn min_pairs(mins: &[u8; 8]) -> __m256i {
 #[inline]
 unsafe fn imin_k(pairs: __m256i, bsums: *const i16) -> i32 {
     // SAFETY: the caller's contract.
-    let bs = unsafe { _mm256_loadu_si256(bsums as *const __m256i) };
+    let bs = unsafe { ld32(bsums as *const __m256i) };
     hsum_i32(_mm256_madd_epi16(bs, pairs))
 }
 
@@ -190,23 +194,23 @@ macro_rules! kernels {
                 // block (see `metrale_core::quant`'s layouts).
                 unsafe {
                     match T {
-                        Q8_0 => _mm256_loadu_si256(p.add(2) as *const __m256i),
+                        Q8_0 => ld32(p.wrapping_add(2) as *const __m256i),
                         IQ4_NL => {
                             let table = _mm_loadu_si128(
                                 metrale_core::quant::KVALUES_IQ4NL.as_ptr() as *const __m128i,
                             );
                             let t = _mm256_set_m128i(table, table);
-                            _mm256_shuffle_epi8(t, nibbles(p.add(2)))
+                            _mm256_shuffle_epi8(t, nibbles(p.wrapping_add(2)))
                         }
-                        Q4_0 => nibbles(p.add(2)),
-                        Q4_1 => nibbles(p.add(4)),
+                        Q4_0 => nibbles(p.wrapping_add(2)),
+                        Q4_1 => nibbles(p.wrapping_add(4)),
                         Q5_0 => _mm256_or_si256(
-                            nibbles(p.add(6)),
-                            fifth_bits((p.add(2) as *const u32).read_unaligned()),
+                            nibbles(p.wrapping_add(6)),
+                            fifth_bits((p.wrapping_add(2) as *const u32).read_unaligned()),
                         ),
                         _ => _mm256_or_si256(
-                            nibbles(p.add(8)),
-                            fifth_bits((p.add(4) as *const u32).read_unaligned()),
+                            nibbles(p.wrapping_add(8)),
+                            fifth_bits((p.wrapping_add(4) as *const u32).read_unaligned()),
                         ),
                     }
                 }
@@ -221,7 +225,7 @@ macro_rules! kernels {
             #[inline]
             unsafe fn mul<const T: u8>(w: __m256i, a: *const i8) -> __m256i {
                 // SAFETY: the caller's contract.
-                let av = unsafe { _mm256_loadu_si256(a as *const __m256i) };
+                let av = unsafe { ld32(a as *const __m256i) };
                 if T == Q8_0 || T == IQ4_NL {
                     $dot(_mm256_abs_epi8(w), _mm256_sign_epi8(av, w))
                 } else {
@@ -256,26 +260,29 @@ macro_rules! kernels {
                     // SAFETY: blocks b..b+4 < nb are inside `w`, and every
                     // `a[r]` has nb blocks (the caller's contract).
                     unsafe {
-                        let p = wp.add(b * bb);
+                        let p = wp.wrapping_add(b * bb);
                         let u = [
                             unpack::<T>(p),
-                            unpack::<T>(p.add(bb)),
-                            unpack::<T>(p.add(2 * bb)),
-                            unpack::<T>(p.add(3 * bb)),
+                            unpack::<T>(p.wrapping_add(bb)),
+                            unpack::<T>(p.wrapping_add(2 * bb)),
+                            unpack::<T>(p.wrapping_add(3 * bb)),
                         ];
                         let dw = f16x4(p, bb);
                         let mw = if T == Q4_1 || T == Q5_1 {
-                            f16x4(p.add(2), bb)
+                            f16x4(p.wrapping_add(2), bb)
                         } else {
                             _mm_setzero_ps()
                         };
                         for r in 0..R {
-                            let q = qa[r].add(32 * b);
+                            let q = qa[r].wrapping_add(32 * b);
                             let h = _mm256_hadd_epi32(
-                                _mm256_hadd_epi32(mul::<T>(u[0], q), mul::<T>(u[1], q.add(32))),
                                 _mm256_hadd_epi32(
-                                    mul::<T>(u[2], q.add(64)),
-                                    mul::<T>(u[3], q.add(96)),
+                                    mul::<T>(u[0], q),
+                                    mul::<T>(u[1], q.wrapping_add(32)),
+                                ),
+                                _mm256_hadd_epi32(
+                                    mul::<T>(u[2], q.wrapping_add(64)),
+                                    mul::<T>(u[3], q.wrapping_add(96)),
                                 ),
                             );
                             let mut sums = _mm_add_epi32(
@@ -283,15 +290,18 @@ macro_rules! kernels {
                                 _mm256_extracti128_si256(h, 1),
                             );
                             if T == Q4_0 || T == Q5_0 {
-                                let s = _mm_loadu_si128(a[r].sum.as_ptr().add(b) as *const __m128i);
+                                let s = _mm_loadu_si128(
+                                    a[r].sum.as_ptr().wrapping_add(b) as *const __m128i
+                                );
                                 let shift = if T == Q4_0 { 3 } else { 4 };
                                 sums =
                                     _mm_sub_epi32(sums, _mm_sll_epi32(s, _mm_cvtsi32_si128(shift)));
                             }
-                            let dd = _mm_mul_ps(dw, _mm_loadu_ps(da[r].add(b)));
+                            let dd = _mm_mul_ps(dw, _mm_loadu_ps(da[r].wrapping_add(b)));
                             let mut t = _mm_mul_ps(_mm_cvtepi32_ps(sums), dd);
                             if T == Q4_1 || T == Q5_1 {
-                                let ms = _mm_mul_ps(mw, _mm_loadu_ps(a[r].s.as_ptr().add(b)));
+                                let ms =
+                                    _mm_mul_ps(mw, _mm_loadu_ps(a[r].s.as_ptr().wrapping_add(b)));
                                 t = _mm_add_ps(t, ms);
                             }
                             acc[r] = _mm_add_ps(acc[r], t);
@@ -335,15 +345,15 @@ macro_rules! kernels {
                     // nb blocks of 256 quants, 16 sums and one scale (the
                     // caller's contract).
                     unsafe {
-                        let p = w.as_ptr().add(b * bb);
+                        let p = w.as_ptr().wrapping_add(b * bb);
                         let (scales, mins) = scales_mins_k4(p);
                         let qh = if Q5 {
-                            _mm256_loadu_si256(p.add(16) as *const __m256i)
+                            ld32(p.wrapping_add(16) as *const __m256i)
                         } else {
                             _mm256_setzero_si256()
                         };
                         for c in 0..4 {
-                            let x = _mm256_loadu_si256(p.add(qs_off + 32 * c) as *const __m256i);
+                            let x = ld32(p.wrapping_add(qs_off + 32 * c) as *const __m256i);
                             let mut lo = _mm256_and_si256(x, m4);
                             let mut hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
                             if Q5 {
@@ -358,9 +368,9 @@ macro_rules! kernels {
                             let s1 = _mm256_set1_epi32(scales[2 * c] as i32);
                             let s2 = _mm256_set1_epi32(scales[2 * c + 1] as i32);
                             for r in 0..R {
-                                let q = qa[r].add(256 * b + 64 * c);
-                                let a_lo = _mm256_loadu_si256(q as *const __m256i);
-                                let a_hi = _mm256_loadu_si256(q.add(32) as *const __m256i);
+                                let q = qa[r].wrapping_add(256 * b + 64 * c);
+                                let a_lo = ld32(q as *const __m256i);
+                                let a_hi = ld32(q.wrapping_add(32) as *const __m256i);
                                 let d1 = _mm256_mullo_epi32($dot(lo, a_lo), s1);
                                 let d2 = _mm256_mullo_epi32($dot(hi, a_hi), s2);
                                 acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(d1, d2));
@@ -369,9 +379,10 @@ macro_rules! kernels {
                         let (dw, dmin) = f16x2(p);
                         let pairs = min_pairs(&mins);
                         for r in 0..R {
-                            let imin = imin_k(pairs, bsums[r].add(16 * b));
+                            let imin = imin_k(pairs, bsums[r].wrapping_add(16 * b));
                             let isum = hsum_i32(acc[r]);
-                            total[r] += scalar::term_k(*da[r].add(b), dw, dmin, isum, imin);
+                            total[r] +=
+                                scalar::term_k(*da[r].wrapping_add(b), dw, dmin, isum, imin);
                         }
                     }
                 }
@@ -402,11 +413,11 @@ macro_rules! kernels {
                             // Scales 8h..8h+8 as i32; pair (2k, 2k + 1) goes to
                             // the low and high four lanes with one permute.
                             let sc8 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                                p.add(192 + 8 * h) as *const __m128i
+                                p.wrapping_add(192 + 8 * h) as *const __m128i,
                             ));
-                            let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
-                            let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
-                            let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+                            let ql0 = ld32(p.wrapping_add(64 * h) as *const __m256i);
+                            let ql1 = ld32(p.wrapping_add(64 * h + 32) as *const __m256i);
+                            let qh = ld32(p.wrapping_add(128 + 32 * h) as *const __m256i);
                             let q = [
                                 _mm256_or_si256(_mm256_and_si256(ql0, m4), q6_high(qh, 0)),
                                 _mm256_or_si256(_mm256_and_si256(ql1, m4), q6_high(qh, 2)),
@@ -426,8 +437,8 @@ macro_rules! kernels {
                                     _mm256_set_epi32(hi, hi, hi, hi, lo, lo, lo, lo),
                                 );
                                 for r in 0..R {
-                                    let q = qa[r].add(256 * b + 128 * h + 32 * k);
-                                    let av = _mm256_loadu_si256(q as *const __m256i);
+                                    let q = qa[r].wrapping_add(256 * b + 128 * h + 32 * k);
+                                    let av = ld32(q as *const __m256i);
                                     acc[r] = _mm256_add_epi32(
                                         acc[r],
                                         _mm256_mullo_epi32($dot(qk, av), s),
@@ -436,14 +447,15 @@ macro_rules! kernels {
                             }
                         }
                         // Σ sc·(q − 32)·a = Σ sc·q·a − 32 Σ_j sc_j · bsum_j.
-                        let scv =
-                            _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
-                        let dw = f16x2(p.add(208)).0;
+                        let scv = _mm256_cvtepi8_epi16(_mm_loadu_si128(
+                            p.wrapping_add(192) as *const __m128i
+                        ));
+                        let dw = f16x2(p.wrapping_add(208)).0;
                         for r in 0..R {
-                            let bs = _mm256_loadu_si256(bsums[r].add(16 * b) as *const __m256i);
+                            let bs = ld32(bsums[r].wrapping_add(16 * b) as *const __m256i);
                             let off = hsum_i32(_mm256_madd_epi16(scv, bs));
                             let isum = hsum_i32(acc[r]).wrapping_sub(off.wrapping_mul(32));
-                            total[r] += scalar::term_q6_k(*da[r].add(b), dw, isum);
+                            total[r] += scalar::term_q6_k(*da[r].wrapping_add(b), dw, isum);
                         }
                     }
                 }
