@@ -233,13 +233,8 @@ fn dot_rows<const R: usize>(
                 }
             };
         }
-        for ar in a {
-            debug_assert_eq!(
-                w.len() / ty.block_bytes() * ty.block_elems(),
-                ar.qs.len(),
-                "weight and activation rows differ"
-            );
-        }
+        // (Lengths: checked once per call by `quant_matmul_with`; a debug
+        // assertion here, per weight row, cost decode a few percent.)
         match isa {
             QuantIsa::Vnni => return go!(vnni),
             QuantIsa::Avx2 => return go!(avx2),
@@ -275,6 +270,11 @@ pub(crate) fn vec_dot_rows(
 #[cfg_attr(not(test), allow(dead_code))]
 #[inline]
 pub(crate) fn vec_dot(isa: QuantIsa, ty: GgmlType, w: &[u8], a: ActRow<'_>) -> f32 {
+    debug_assert_eq!(
+        w.len() / ty.block_bytes() * ty.block_elems(),
+        a.qs.len(),
+        "weight and activation rows differ"
+    );
     dot_rows::<1>(isa, ty, w, &[a])[0]
 }
 
@@ -352,6 +352,10 @@ pub(crate) fn quant_matmul_with(
             scratch.q8_0_row(i, k)
         }
     };
+    debug_assert!(
+        (0..m).all(|i| act(i).qs.len() == k),
+        "weight and activation rows differ"
+    );
     // Every activation row's slices, made once (not once per weight row:
     // that was a tenth of prefill's time); decode's one row on the stack.
     let one: [ActRow<'_>; 1];

@@ -158,15 +158,15 @@ pub(super) unsafe fn dot_q4_k_panel<const R: usize>(
             }
             let mins: [__m256i; 4] =
                 std::array::from_fn(|q| ld32(p.wrapping_add(MINS + 32 * q) as *const __m256i));
-            let dw = _mm256_loadu_ps(p.wrapping_add(DW) as *const f32);
-            let dmin = _mm256_loadu_ps(p.wrapping_add(DMIN) as *const f32);
+            let dw = _mm256_castsi256_ps(ld32(p.wrapping_add(DW) as *const __m256i));
+            let dmin = _mm256_castsi256_ps(ld32(p.wrapping_add(DMIN) as *const __m256i));
             for r in 0..R {
                 // The activation's 8 sub-block sums as i16, (j, j + 1) pairs
                 // in 4 i32 lanes.
                 let bs = bsums[r].wrapping_add(16 * b);
                 let s = _mm_hadd_epi16(
-                    _mm_loadu_si128(bs as *const __m128i),
-                    _mm_loadu_si128(bs.wrapping_add(8) as *const __m128i),
+                    super::x86::ld16(bs as *const __m128i),
+                    super::x86::ld16(bs.wrapping_add(8) as *const __m128i),
                 );
                 let mut imin = _mm256_madd_epi16(mins[0], _mm256_broadcastd_epi32(s));
                 imin = _mm256_add_epi32(
@@ -261,7 +261,7 @@ pub(super) unsafe fn dot_q8_0_panel<const R: usize>(
                     acc1[r] = _mm256_dpbusd_epi32(acc1[r], w1, _mm256_set1_epi32(q1));
                 }
             }
-            let dw = _mm256_loadu_ps(p.wrapping_add(256) as *const f32);
+            let dw = _mm256_castsi256_ps(ld32(p.wrapping_add(256) as *const __m256i));
             for r in 0..R {
                 // Σ (q + 128)·a − 128 Σ a = Σ q·a, exactly.
                 let off = _mm256_set1_epi32(128 * *sums[r].wrapping_add(b));
@@ -366,7 +366,7 @@ pub(super) unsafe fn dot_q6_k_panel<const R: usize>(
             }
             let pairs: [__m256i; 8] =
                 std::array::from_fn(|q| ld32(p.wrapping_add(Q6_PAIRS + 32 * q) as *const __m256i));
-            let dw = _mm256_loadu_ps(p.wrapping_add(Q6_D) as *const f32);
+            let dw = _mm256_castsi256_ps(ld32(p.wrapping_add(Q6_D) as *const __m256i));
             for r in 0..R {
                 // The activation's 16 sums as 8 (j, j + 1) pairs of i16.
                 let bs = ld32(bsums[r].wrapping_add(16 * b) as *const __m256i);

@@ -23,6 +23,36 @@ use std::arch::x86_64::*;
 // Loads without `core`'s precondition checks (see `packed.rs`).
 use super::packed::ld32;
 
+/// 16 bytes at `p` as a vector (as `ld32`).
+///
+/// # Safety
+/// `p` must be valid for reading 16 bytes.
+#[inline(always)]
+pub(super) unsafe fn ld16(p: *const __m128i) -> __m128i {
+    // SAFETY: the caller's contract; `[u8; 16]` has no alignment.
+    unsafe { std::mem::transmute::<[u8; 16], __m128i>(*(p as *const [u8; 16])) }
+}
+
+/// The little-endian u32 at `p`.
+///
+/// # Safety
+/// `p` must be valid for reading 4 bytes.
+#[inline(always)]
+unsafe fn ld_u32(p: *const u8) -> u32 {
+    // SAFETY: the caller's contract; `[u8; 4]` has no alignment.
+    u32::from_le_bytes(unsafe { *(p as *const [u8; 4]) })
+}
+
+/// The little-endian u16 at `p`.
+///
+/// # Safety
+/// `p` must be valid for reading 2 bytes.
+#[inline(always)]
+unsafe fn ld_u16(p: *const u8) -> u16 {
+    // SAFETY: the caller's contract; `[u8; 2]` has no alignment.
+    u16::from_le_bytes(unsafe { *(p as *const [u8; 2]) })
+}
+
 /// Which 32-element format a monomorphised loop handles.
 pub(super) const Q8_0: u8 = 0;
 pub(super) const Q4_0: u8 = 1;
@@ -53,7 +83,7 @@ fn dot_vnni(u: __m256i, s: __m256i) -> __m256i {
 #[inline]
 unsafe fn nibbles(p: *const u8) -> __m256i {
     // SAFETY: the caller's contract.
-    let x = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    let x = unsafe { ld16(p as *const __m128i) };
     let m = _mm_set1_epi8(0x0F);
     let lo = _mm_and_si128(x, m);
     let hi = _mm_and_si128(_mm_srli_epi16(x, 4), m);
@@ -94,8 +124,7 @@ fn hsum_i32(v: __m256i) -> i32 {
 #[inline]
 unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
     // SAFETY: the caller's contract.
-    let r =
-        |i: usize| unsafe { (p.wrapping_add(i * stride) as *const u16).read_unaligned() } as i16;
+    let r = |i: usize| unsafe { ld_u16(p.wrapping_add(i * stride)) } as i16;
     _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, r(3), r(2), r(1), r(0)))
 }
 
@@ -107,7 +136,7 @@ unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
 #[inline]
 unsafe fn f16x2(p: *const u8) -> (f32, f32) {
     // SAFETY: the caller's contract.
-    let v = unsafe { (p as *const u32).read_unaligned() };
+    let v = unsafe { ld_u32(p) };
     let f = _mm_cvtph_ps(_mm_cvtsi32_si128(v as i32));
     (_mm_cvtss_f32(f), _mm_cvtss_f32(_mm_shuffle_ps(f, f, 1)))
 }
@@ -126,9 +155,9 @@ unsafe fn scales_mins_k4(p: *const u8) -> ([u8; 8], [u8; 8]) {
     // SAFETY: the caller's contract (bytes 4..16 are the scales).
     let u = unsafe {
         [
-            (p.wrapping_add(4) as *const u32).read_unaligned(),
-            (p.wrapping_add(8) as *const u32).read_unaligned(),
-            (p.wrapping_add(12) as *const u32).read_unaligned(),
+            ld_u32(p.wrapping_add(4)),
+            ld_u32(p.wrapping_add(8)),
+            ld_u32(p.wrapping_add(12)),
         ]
     };
     // Scales: bytes j < 4 are u[0]'s low 6 bits; j >= 4 are u[2]'s low
@@ -196,9 +225,8 @@ macro_rules! kernels {
                     match T {
                         Q8_0 => ld32(p.wrapping_add(2) as *const __m256i),
                         IQ4_NL => {
-                            let table = _mm_loadu_si128(
-                                metrale_core::quant::KVALUES_IQ4NL.as_ptr() as *const __m128i,
-                            );
+                            let table =
+                                ld16(metrale_core::quant::KVALUES_IQ4NL.as_ptr() as *const __m128i);
                             let t = _mm256_set_m128i(table, table);
                             _mm256_shuffle_epi8(t, nibbles(p.wrapping_add(2)))
                         }
@@ -206,11 +234,11 @@ macro_rules! kernels {
                         Q4_1 => nibbles(p.wrapping_add(4)),
                         Q5_0 => _mm256_or_si256(
                             nibbles(p.wrapping_add(6)),
-                            fifth_bits((p.wrapping_add(2) as *const u32).read_unaligned()),
+                            fifth_bits(ld_u32(p.wrapping_add(2))),
                         ),
                         _ => _mm256_or_si256(
                             nibbles(p.wrapping_add(8)),
-                            fifth_bits((p.wrapping_add(4) as *const u32).read_unaligned()),
+                            fifth_bits(ld_u32(p.wrapping_add(4))),
                         ),
                     }
                 }
@@ -290,9 +318,7 @@ macro_rules! kernels {
                                 _mm256_extracti128_si256(h, 1),
                             );
                             if T == Q4_0 || T == Q5_0 {
-                                let s = _mm_loadu_si128(
-                                    a[r].sum.as_ptr().wrapping_add(b) as *const __m128i
-                                );
+                                let s = ld16(a[r].sum.as_ptr().wrapping_add(b) as *const __m128i);
                                 let shift = if T == Q4_0 { 3 } else { 4 };
                                 sums =
                                     _mm_sub_epi32(sums, _mm_sll_epi32(s, _mm_cvtsi32_si128(shift)));
@@ -447,9 +473,7 @@ macro_rules! kernels {
                             }
                         }
                         // Σ sc·(q − 32)·a = Σ sc·q·a − 32 Σ_j sc_j · bsum_j.
-                        let scv = _mm256_cvtepi8_epi16(_mm_loadu_si128(
-                            p.wrapping_add(192) as *const __m128i
-                        ));
+                        let scv = _mm256_cvtepi8_epi16(ld16(p.wrapping_add(192) as *const __m128i));
                         let dw = f16x2(p.wrapping_add(208)).0;
                         for r in 0..R {
                             let bs = ld32(bsums[r].wrapping_add(16 * b) as *const __m256i);
