@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Print the side-by-side table of a compare run (work/results.jsonl) and the
-same table as Markdown (for docs/PERFORMANCE.md).
+"""Print the side-by-side table of a compare run (work/results.jsonl, or
+compare_quant.sh's work/quant-results.jsonl, whose rows also name the weight
+format) and the same table as Markdown (for docs/PERFORMANCE.md).
 
 With several rounds per shape every figure is the median over the rounds, and
 every ratio the median of the rounds' ratios (each round runs both engines one
@@ -56,7 +57,8 @@ def main() -> None:
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
     by_shape = OrderedDict()
     for r in rows:
-        by_shape.setdefault(r["shape"], []).append(r)
+        key = f'{r["shape"]} {r["format"]}' if r.get("format") else r["shape"]
+        by_shape.setdefault(key, []).append(r)
     head = ("shape", "rounds", "metrale prefill", "llama.cpp prefill", "ratio", "metrale prefill bf16-dot", "ratio",
             "metrale decode", "llama.cpp decode", "ratio", "roofline", "metrale/roofline", "llama.cpp/roofline")
     table = [summarise(shape, runs) for shape, runs in by_shape.items()]
@@ -72,8 +74,9 @@ def main() -> None:
         bw = [r["metrale"].get("bandwidth_bytes_s", 0) / 1e9 for r in rows]
         m = rows[0]["metrale"]
         print(f"\nbandwidth probe: {min(bw):.1f}-{max(bw):.1f} GB/s (median {med(bw):.1f}) with {m['threads']} threads; "
-              f"weights {m['weight_dtype']}; prompt {m['prompt_len']}, generated {m['gen_len']}")
-        ttft = [(r["shape"], r["metrale"]["ttft_ms"], r["llama"]["ttft_ms"],
+              f"weights {'as named' if m.get('format') or rows[0].get('format') else m['weight_dtype']}; "
+              f"prompt {m['prompt_len']}, generated {m['gen_len']}")
+        ttft = [(f'{r["shape"]} {r["format"]}' if r.get("format") else r["shape"], r["metrale"]["ttft_ms"], r["llama"]["ttft_ms"],
                  r["metrale"]["peak_rss_bytes"] / 2**20, r["llama"]["peak_rss_bytes"] / 2**20) for r in rows]
         print("time to first token ms (metrale f32 / llama.cpp), peak RSS MiB (metrale / llama.cpp), medians:")
         for shape in by_shape:

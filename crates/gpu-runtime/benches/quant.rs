@@ -4,7 +4,8 @@
 //! cases cycle through 16 such matrices (70-134 MB, past the caches), so
 //! that every weight comes from memory as in a real decode step.
 //! `quant_rows8` multiplies 8 activation rows at once (throughput in
-//! FLOP/s, reported as elements), against bf16 at the same m.
+//! FLOP/s, reported as elements), against bf16 at the same m;
+//! `quant_prefill512` 512 rows (a prompt's prefill).
 //!
 //! `cargo bench -p metrale-gpu-runtime --bench quant -- --warm-up-time 1 --measurement-time 3`
 //! Threads: `METRALE_THREADS` (default 2, the benchmark machine's cores).
@@ -164,5 +165,33 @@ fn rows8(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, gemv, rows8);
+/// Prefill: m = 512 activation rows (a 512-token prompt) against the same
+/// 1024x4096 matrices, throughput in FLOP/s (reported as elements).
+fn prefill512(c: &mut Criterion) {
+    let threads = std::env::var("METRALE_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(2);
+    let cpu = CpuBackend::with_threads(threads);
+    let m = 512;
+    let x = values(m * K, 1);
+    let mut out = vec![0f32; m * N];
+    let mut scratch = QuantScratch::new();
+    let mut g = c.benchmark_group("quant_prefill512");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements((2 * m * N * K) as u64));
+    for ty in [GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+        let w = quantized(ty, 2);
+        let wm = QuantMatrix::new(ty, &w, N, K).expect("matrix");
+        g.bench_function(format!("{N}x{K}_{ty}"), |b| {
+            b.iter(|| {
+                cpu.quant_matmul(&x, wm, &mut out, m, &mut scratch)
+                    .expect("quant_matmul")
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, gemv, rows8, prefill512);
 criterion_main!(benches);

@@ -158,3 +158,26 @@ fn bench_profile_times_each_op_of_both_phases() {
         "no profile unless asked: {plain}"
     );
 }
+
+/// A GGUF file benches with its quantized tensors as stored (Q4_K_M: the
+/// decode bytes are the file's blocks, far below bf16's two bytes per
+/// parameter), or widened when `--weight-dtype` says so.
+#[test]
+fn bench_runs_a_quantized_gguf_file_as_stored() {
+    let gguf = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/gguf/llama/Q4_K_M.gguf");
+    let gguf = gguf.to_str().unwrap();
+    let v = bench(&["--model", gguf]);
+    for key in ["prefill_tok_s", "decode_tok_s"] {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {v}");
+    }
+    let dtype = v["weight_dtype"].as_str().unwrap().to_string();
+    assert!(dtype.starts_with("q"), "a quantized type: {v}");
+    let stored = v["decode_bytes_per_step"].as_f64().unwrap();
+    let params = v["params"].as_f64().unwrap();
+    assert!(stored < params, "{stored} bytes for {params} parameters");
+    let widened = bench(&["--model", gguf, "--weight-dtype", "bf16"]);
+    assert_eq!(widened["weight_dtype"], "bf16", "{widened}");
+    let bf16 = widened["decode_bytes_per_step"].as_f64().unwrap();
+    assert!(bf16 > 2.5 * stored, "bf16 {bf16} against stored {stored}");
+}

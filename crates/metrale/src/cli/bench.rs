@@ -21,7 +21,7 @@ use metrale::engine::random::write_random_checkpoint;
 use metrale::weights::loader::WeightDType;
 use metrale::{BackendOptions, Device, DeviceInfo, OpTime, open_backend};
 
-use super::bench_probe::{decode_params_per_token, peak_rss_bytes, read_bandwidth};
+use super::bench_probe::{decode_bytes_per_token, peak_rss_bytes, read_bandwidth};
 
 /// How weights are held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -43,7 +43,8 @@ impl BenchDType {
 #[command(group(clap::ArgGroup::new("source").required(true).args(["model", "config"])))]
 pub struct Args {
     /// A model: a directory (config.json, *.safetensors), a .safetensors
-    /// file in one, or a Hugging Face hub id org/name in the local cache.
+    /// file in one, a .gguf file (quantized tensors stay quantized), or a
+    /// Hugging Face hub id org/name in the local cache.
     #[arg(short, long)]
     pub model: Option<PathBuf>,
     /// The revision of a hub id model: a branch, tag or commit hash
@@ -81,9 +82,11 @@ pub struct Args {
     /// CPU), f32, or bf16 (half the memory per cached token).
     #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
     pub kv_dtype: super::KvDType,
-    /// How weights are held in memory (converted on load).
-    #[arg(long, value_enum, default_value_t = BenchDType::Bf16)]
-    pub weight_dtype: BenchDType,
+    /// How weights are held in memory (converted on load). Default: bf16,
+    /// but a .gguf file's tensors as it stores them (quantized ones stay
+    /// quantized and take the integer dot products).
+    #[arg(long, value_enum)]
+    pub weight_dtype: Option<BenchDType>,
     /// Seed of the random weights (with --config) and of the prompt.
     #[arg(short, long, default_value_t = 0)]
     pub seed: u64,
@@ -221,18 +224,29 @@ pub fn run(mut args: Args) -> Result<()> {
         cuda_graphs: !args.device.no_cuda_graphs,
         ..ModelOptions::default()
     };
-    let dtype = args.weight_dtype.dtype();
+    let mut dtype = args.weight_dtype.unwrap_or(BenchDType::Bf16).dtype();
+    // Bytes per element of a tensor the store does not know (none today).
+    let fallback_size = dtype.size_of();
     let start = Instant::now();
+    let mut as_stored = false;
     let (model, name) = match (&args.model, &args.config) {
         (Some(dir), _) => {
-            let source = metrale::engine::gguf::ModelSource::from_path(dir);
-            // A GGUF file's tensors are held as stored (its quantized ones
-            // stay quantized); a checkpoint's as --weight-dtype says.
-            let wd = match (&source, args.weight_dtype) {
-                (metrale::engine::gguf::ModelSource::Gguf(_), _) => WeightDType::AsStored,
-                (_, BenchDType::Bf16) => WeightDType::BF16,
-                (_, BenchDType::F32) => WeightDType::F32,
+            let gguf = matches!(
+                metrale::engine::gguf::ModelSource::from_path(dir),
+                metrale::engine::gguf::ModelSource::Gguf(_)
+            );
+            let wd = match args.weight_dtype {
+                Some(BenchDType::Bf16) => WeightDType::BF16,
+                Some(BenchDType::F32) => WeightDType::F32,
+                None if gguf || args.dtype.quant.is_some() => {
+                    as_stored = true;
+                    WeightDType::AsStored
+                }
+                None => WeightDType::BF16,
             };
+            // A checkpoint directory or a GGUF file (its quantized tensors
+            // stay quantized); --quant quantizes float weights on load.
+            let source = metrale::engine::gguf::ModelSource::from_path(dir);
             let format = metrale::WeightFormat {
                 dtype: wd,
                 quant: args.dtype.quant,
@@ -262,6 +276,32 @@ pub fn run(mut args: Args) -> Result<()> {
     });
     let config = model.config().clone();
     let weight_bytes = model.weight_store().map_or(0, |s| s.bytes());
+    if let (true, Some(store)) = (as_stored, model.weight_store()) {
+        // As a GGUF file stores them: the dtype that holds most of the
+        // bytes (Q6_K or Q4_K for a Q4_K_M file, whose tied head is Q6_K).
+        let mut by_dtype: Vec<(DType, usize)> = Vec::new();
+        for t in store.names().filter_map(|n| store.get(n).ok()) {
+            match by_dtype.iter_mut().find(|(d, _)| *d == t.dtype()) {
+                Some((_, b)) => *b += t.bytes(),
+                None => by_dtype.push((t.dtype(), t.bytes())),
+            }
+        }
+        if let Some(&(d, _)) = by_dtype.iter().max_by_key(|(_, b)| *b) {
+            dtype = d;
+        }
+    }
+    // What a decode step streams, from the tensors as loaded (a quantized
+    // GGUF's blocks, f32 norms), not parameters times --weight-dtype.
+    let decode_bytes = decode_bytes_per_token(
+        &config,
+        &|name| {
+            model
+                .weight_store()
+                .and_then(|s| s.get(name).ok())
+                .map(|t| t.bytes())
+        },
+        fallback_size,
+    );
     // Decode graphs: whether they were on, and what they did (warm-up included).
     let graphs = gpu
         .graphs_supported()
@@ -294,6 +334,7 @@ pub fn run(mut args: Args) -> Result<()> {
         bandwidth,
     );
     report.peak_rss = peak_rss;
+    report.decode_bytes = decode_bytes;
     report.bf16_dot = bf16_dot;
     report.device = backend.device();
     report.device_info = device_info;
@@ -484,7 +525,7 @@ impl Report {
             ttft_ms: m.ttft_s * 1e3,
             peak_rss: peak_rss_bytes(),
             bandwidth,
-            decode_bytes: decode_params_per_token(c) * dtype.size_of() as f64,
+            decode_bytes: super::bench_probe::decode_params_per_token(c) * dtype.size_of() as f64,
             bf16_dot: false,
             graphs: None,
             ops: [

@@ -86,20 +86,39 @@ fn status_kib(key: &str) -> Option<u64> {
 /// table is read once as the head) and, in MoE layers, only `top_k` of the
 /// routed experts.
 pub fn decode_params_per_token(c: &ModelConfig) -> f64 {
+    decode_read(c, &|_, elems| elems as f64)
+}
+
+/// Bytes a decode step reads for one token, as [`decode_params_per_token`]
+/// counts them, with each tensor's size from `bytes(name)` where it knows
+/// it (a loaded model's store: quantized GGUF tensors, f32 norms) and
+/// `fallback` bytes per element where it does not.
+pub fn decode_bytes_per_token(
+    c: &ModelConfig,
+    bytes: &dyn Fn(&str) -> Option<usize>,
+    fallback: usize,
+) -> f64 {
+    decode_read(c, &|name, elems| {
+        bytes(name).map_or((elems * fallback) as f64, |b| b as f64)
+    })
+}
+
+/// What a decode step reads, each tensor counted as `size(name, elements)`.
+fn decode_read(c: &ModelConfig, size_of: &dyn Fn(&str, usize) -> f64) -> f64 {
     let specs = c.expected_tensors();
     let size = |name: &str| {
         specs
             .iter()
             .find(|t| t.name == name)
-            .map_or(0, |t| t.shape.iter().product::<usize>())
+            .map_or(0.0, |t| size_of(name, t.shape.iter().product::<usize>()))
     };
-    let all: usize = specs
+    let all: f64 = specs
         .iter()
-        .map(|t| t.shape.iter().product::<usize>())
+        .map(|t| size_of(&t.name, t.shape.iter().product::<usize>()))
         .sum();
-    let mut read = all as f64;
+    let mut read = all;
     if c.names.lm_head.is_some() {
-        read -= size(&c.names.embed) as f64;
+        read -= size(&c.names.embed);
     }
     let Some(moe) = &c.moe else { return read };
     let active = moe.top_k as f64 / moe.n_experts.max(1) as f64;
@@ -107,14 +126,14 @@ pub fn decode_params_per_token(c: &ModelConfig) -> f64 {
         let FfnNames::Moe(m) = &layer.names.ffn else {
             continue;
         };
-        let experts: usize = match &m.experts {
+        let experts: f64 = match &m.experts {
             ExpertNames::Separate(list) => list
                 .iter()
-                .map(|e| mlp_names(e).iter().map(|n| size(n)).sum::<usize>())
+                .map(|e| mlp_names(e).iter().map(|n| size(n)).sum::<f64>())
                 .sum(),
             ExpertNames::Fused { gate_up, down } => size(gate_up) + size(down),
         };
-        read -= (1.0 - active) * experts as f64;
+        read -= (1.0 - active) * experts;
     }
     read
 }

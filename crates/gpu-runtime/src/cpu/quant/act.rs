@@ -14,6 +14,8 @@
 use half::f16;
 use metrale_core::quant::Q8KBlock;
 
+use super::super::team::Team;
+
 /// Quantized activation rows; reused across calls (grows, never shrinks).
 #[derive(Default, Debug)]
 pub struct QuantScratch {
@@ -50,48 +52,118 @@ fn grow<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
     }
 }
 
+/// A scratch array that tasks write disjoint ranges of.
+#[derive(Clone, Copy)]
+struct Ptr<T>(*mut T);
+// SAFETY: tasks write disjoint ranges (see `by_rows`' callers).
+unsafe impl<T: Send> Send for Ptr<T> {}
+unsafe impl<T: Send> Sync for Ptr<T> {}
+
+impl<T> Ptr<T> {
+    /// # Safety
+    /// `lo..hi` must be inside the array, and no other live reference may
+    /// touch it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, lo: usize, hi: usize) -> &mut [T] {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(lo), hi - lo) }
+    }
+}
+
+/// Elements below which quantizing stays on the calling thread.
+const SERIAL_ELEMENTS: usize = 1 << 15;
+
+/// `f(i0, i1)` over contiguous ranges of the `m` rows (of `k` elements),
+/// on `team` when there is enough work.
+fn by_rows(team: Option<&Team>, m: usize, k: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+    match team {
+        Some(team) if m > 1 && m * k >= SERIAL_ELEMENTS => {
+            let tasks = m.min(team.threads() * 4);
+            let per = m.div_ceil(tasks);
+            team.run(m.div_ceil(per), &|t| f(t * per, ((t + 1) * per).min(m)));
+        }
+        _ => f(0, m),
+    }
+}
+
 impl QuantScratch {
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Quantizes `m` rows of `k` (a multiple of 32) to Q8_0/Q8_1.
-    pub(super) fn quantize_q8_0(&mut self, x: &[f32], m: usize, k: usize) {
+    /// Quantizes `m` rows of `k` (a multiple of 32) to Q8_0/Q8_1, rows
+    /// spread over `team` (each row's values do not depend on it).
+    pub(super) fn quantize_q8_0(&mut self, team: Option<&Team>, x: &[f32], m: usize, k: usize) {
         let nb = k / 32;
         grow(&mut self.q8, m * k);
         grow(&mut self.q8_d, m * nb);
         grow(&mut self.q8_sum, m * nb);
         grow(&mut self.q8_s, m * nb);
-        let blocks = x[..m * k]
-            .chunks_exact(32)
-            .zip(self.q8.chunks_exact_mut(32));
-        for (b, (xb, qb)) in blocks.enumerate() {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, &v) in qb.iter_mut().zip(xb) {
-                *q = (v * id).round() as i8;
-                sum += *q as i32;
+        let (qs, ds, sums, ss) = (
+            Ptr(self.q8.as_mut_ptr()),
+            Ptr(self.q8_d.as_mut_ptr()),
+            Ptr(self.q8_sum.as_mut_ptr()),
+            Ptr(self.q8_s.as_mut_ptr()),
+        );
+        by_rows(team, m, k, &|i0, i1| {
+            // SAFETY: rows `i0..i1` of every array are in bounds (grown
+            // above) and handed to this task alone; the `&mut self` borrow
+            // keeps them unaliased until `by_rows` returns.
+            let (q8, q8_d, q8_sum, q8_s) = unsafe {
+                (
+                    qs.slice(i0 * k, i1 * k),
+                    ds.slice(i0 * nb, i1 * nb),
+                    sums.slice(i0 * nb, i1 * nb),
+                    ss.slice(i0 * nb, i1 * nb),
+                )
+            };
+            let blocks = x[i0 * k..i1 * k]
+                .chunks_exact(32)
+                .zip(q8.chunks_exact_mut(32));
+            for (b, (xb, qb)) in blocks.enumerate() {
+                let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let mut sum = 0i32;
+                for (q, &v) in qb.iter_mut().zip(xb) {
+                    *q = (v * id).round() as i8;
+                    sum += *q as i32;
+                }
+                q8_d[b] = f16::from_f32(d).to_f32();
+                q8_sum[b] = sum;
+                q8_s[b] = f16::from_f32(sum as f32 * d).to_f32();
             }
-            self.q8_d[b] = f16::from_f32(d).to_f32();
-            self.q8_sum[b] = sum;
-            self.q8_s[b] = f16::from_f32(sum as f32 * d).to_f32();
-        }
+        });
     }
 
-    /// Quantizes `m` rows of `k` (a multiple of 256) to Q8_K.
-    pub(super) fn quantize_q8_k(&mut self, x: &[f32], m: usize, k: usize) {
+    /// Quantizes `m` rows of `k` (a multiple of 256) to Q8_K, rows spread
+    /// over `team`.
+    pub(super) fn quantize_q8_k(&mut self, team: Option<&Team>, x: &[f32], m: usize, k: usize) {
         let nb = k / 256;
         grow(&mut self.qk, m * k);
         grow(&mut self.qk_d, m * nb);
         grow(&mut self.qk_bsums, m * k / 16);
-        for (b, xb) in x[..m * k].chunks_exact(256).enumerate() {
-            let blk = Q8KBlock::quantize(xb);
-            self.qk[256 * b..256 * b + 256].copy_from_slice(&blk.qs);
-            self.qk_d[b] = blk.d;
-            self.qk_bsums[16 * b..16 * b + 16].copy_from_slice(&blk.bsums);
-        }
+        let (qs, ds, bsums) = (
+            Ptr(self.qk.as_mut_ptr()),
+            Ptr(self.qk_d.as_mut_ptr()),
+            Ptr(self.qk_bsums.as_mut_ptr()),
+        );
+        by_rows(team, m, k, &|i0, i1| {
+            // SAFETY: as in `quantize_q8_0`: disjoint rows, in bounds.
+            let (qk, qk_d, qk_bsums) = unsafe {
+                (
+                    qs.slice(i0 * k, i1 * k),
+                    ds.slice(i0 * nb, i1 * nb),
+                    bsums.slice(i0 * k / 16, i1 * k / 16),
+                )
+            };
+            for (b, xb) in x[i0 * k..i1 * k].chunks_exact(256).enumerate() {
+                let blk = Q8KBlock::quantize(xb);
+                qk[256 * b..256 * b + 256].copy_from_slice(&blk.qs);
+                qk_d[b] = blk.d;
+                qk_bsums[16 * b..16 * b + 16].copy_from_slice(&blk.bsums);
+            }
+        });
     }
 
     /// Row `i` of the last [`quantize_q8_0`](Self::quantize_q8_0).

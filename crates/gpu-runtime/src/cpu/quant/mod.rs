@@ -11,16 +11,20 @@
 //! the order of the few f32 operations, and the AVX2 and AVX-512 VNNI
 //! paths (`x86.rs`, chosen at run time) follow it.
 //!
-//! [`quant_matmul`] streams each weight row once: rows are split over the
-//! team's threads, and each row (a few KiB) is dotted with all `m`
-//! activation rows while it sits in L1, four activation rows per kernel
-//! call so that each block is unpacked once per four rows. A row's result
-//! does not depend on `m` or on the thread count.
+//! [`quant_matmul`] quantizes the activations once per call (rows spread
+//! over the team), then splits the weight rows over the team's threads;
+//! each weight row (a few KiB) is dotted with a tile of activation rows
+//! (about 256 KiB of quants, which stay in L2) while it sits in L1, four
+//! activation rows per kernel call so that each block is unpacked once per
+//! four rows. A row's result does not depend on `m`, the tiling or the
+//! thread count.
 //!
 //! Not wired into the backend's ops yet: the integration step adds a
 //! quantized dtype and calls [`quant_matmul`].
 
 mod act;
+#[cfg(target_arch = "x86_64")]
+mod packed;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -174,6 +178,20 @@ pub fn activation_format(ty: GgmlType) -> GgmlType {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// Packed weight panels (`packed.rs`), per pool thread, reused.
+    static PACKED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Bytes of quantized activations a prefill tile holds (half of a Zen 4 or
+/// recent Intel core's L2, leaving room for the weights streaming past).
+const ACT_TILE_BYTES: usize = 256 << 10;
+
+/// Activation rows from which Q4_K, Q6_K and Q8_0 weights are packed eight rows at a time
+/// (`packed.rs`; VNNI only): below it the packing costs more than it saves.
+const PACKED_MIN_ROWS: usize = 8;
+
 /// Activation rows one kernel call takes (each weight block is unpacked
 /// once for all of them).
 pub(crate) const MAX_ROWS: usize = 4;
@@ -215,13 +233,8 @@ fn dot_rows<const R: usize>(
                 }
             };
         }
-        for ar in a {
-            debug_assert_eq!(
-                w.len() / ty.block_bytes() * ty.block_elems(),
-                ar.qs.len(),
-                "weight and activation rows differ"
-            );
-        }
+        // (Lengths: checked once per call by `quant_matmul_with`; a debug
+        // assertion here, per weight row, cost decode a few percent.)
         match isa {
             QuantIsa::Vnni => return go!(vnni),
             QuantIsa::Avx2 => return go!(avx2),
@@ -257,6 +270,11 @@ pub(crate) fn vec_dot_rows(
 #[cfg_attr(not(test), allow(dead_code))]
 #[inline]
 pub(crate) fn vec_dot(isa: QuantIsa, ty: GgmlType, w: &[u8], a: ActRow<'_>) -> f32 {
+    debug_assert_eq!(
+        w.len() / ty.block_bytes() * ty.block_elems(),
+        a.qs.len(),
+        "weight and activation rows differ"
+    );
     dot_rows::<1>(isa, ty, w, &[a])[0]
 }
 
@@ -322,9 +340,9 @@ pub(crate) fn quant_matmul_with(
     }
     let q8k = uses_q8_k(ty);
     if q8k {
-        scratch.quantize_q8_k(x, m, k);
+        scratch.quantize_q8_k(team, x, m, k);
     } else {
-        scratch.quantize_q8_0(x, m, k);
+        scratch.quantize_q8_0(team, x, m, k);
     }
     let scratch = &*scratch;
     let act = |i: usize| {
@@ -334,33 +352,145 @@ pub(crate) fn quant_matmul_with(
             scratch.q8_0_row(i, k)
         }
     };
+    debug_assert!(
+        (0..m).all(|i| act(i).qs.len() == k),
+        "weight and activation rows differ"
+    );
+    // Every activation row's slices, made once (not once per weight row:
+    // that was a tenth of prefill's time); decode's one row on the stack.
+    let one: [ActRow<'_>; 1];
+    let many: Vec<ActRow<'_>>;
+    let acts: &[ActRow<'_>] = if m == 1 {
+        one = [act(0)];
+        &one
+    } else {
+        many = (0..m).map(act).collect();
+        &many
+    };
     let threads = team.map_or(1, Team::threads);
+    #[cfg(target_arch = "x86_64")]
+    let n_packed = if isa == QuantIsa::Vnni
+        && matches!(ty, GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q8_0)
+        && m >= PACKED_MIN_ROWS
+    {
+        n / packed::NR * packed::NR
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let n_packed = 0;
+    let tile = (ACT_TILE_BYTES / k.max(1)).max(MAX_ROWS) / MAX_ROWS * MAX_ROWS;
+    #[cfg(target_arch = "x86_64")]
+    if n_packed > 0 {
+        let groups = n_packed / packed::NR;
+        let per_thread = (w.bytes() >> 20).clamp(1, 8);
+        let share = groups.div_ceil(threads * per_thread).max(1);
+        let nb = k / ty.block_elems();
+        let ptr = OutPtr(out.as_mut_ptr());
+        let run = |t: usize| {
+            let (g0, g1) = (t * share, ((t + 1) * share).min(groups));
+            // The task's weight rows packed once (they are read once per
+            // tile of activation rows), in this thread's reused buffer.
+            PACKED.with_borrow_mut(|buf| {
+                let size = nb * packed::block_bytes(ty);
+                buf.resize((g1 - g0) * size, 0);
+                for (g, out) in (g0..g1).zip(buf.chunks_exact_mut(size)) {
+                    let j0 = g * packed::NR;
+                    let rows: [&[u8]; packed::NR] = std::array::from_fn(|w_| w.row(j0 + w_));
+                    match ty {
+                        GgmlType::Q4K => packed::pack_q4_k(&rows, nb, out),
+                        GgmlType::Q6K => packed::pack_q6_k(&rows, nb, out),
+                        _ => packed::pack_q8_0(&rows, nb, out),
+                    }
+                }
+                for t0 in (0..m).step_by(tile) {
+                    let t1 = (t0 + tile).min(m);
+                    for g in g0..g1 {
+                        let j0 = g * packed::NR;
+                        let panel = &buf[(g - g0) * size..(g - g0 + 1) * size];
+                        for i0 in (t0..t1).step_by(MAX_ROWS) {
+                            let r = MAX_ROWS.min(t1 - i0);
+                            let a = &acts[i0..i0 + r];
+                            macro_rules! go {
+                                ($r:literal) => {{
+                                    let a = a.try_into().expect("rows");
+                                    // SAFETY: `panel` holds nb packed blocks of the
+                                    // weights' format, every activation row nb
+                                    // blocks of the matching one (Q8_K for the
+                                    // K-quants, Q8_0 for Q8_0), and `isa` (VNNI) was
+                                    // detected on this CPU.
+                                    let v = unsafe {
+                                        match ty {
+                                            GgmlType::Q4K => {
+                                                packed::dot_q4_k_panel::<$r>(panel, nb, a)
+                                            }
+                                            GgmlType::Q6K => {
+                                                packed::dot_q6_k_panel::<$r>(panel, nb, a)
+                                            }
+                                            _ => packed::dot_q8_0_panel::<$r>(panel, nb, a),
+                                        }
+                                    };
+                                    for (u, row) in v.iter().enumerate() {
+                                        for (x, &val) in row.iter().enumerate() {
+                                            // SAFETY: `(i0 + u) * n + j0 + x < m * n`
+                                            // (checked above); task `t` alone writes
+                                            // columns of groups `g0..g1`.
+                                            unsafe { ptr.write((i0 + u) * n + j0 + x, val) };
+                                        }
+                                    }
+                                }};
+                            }
+                            match r {
+                                1 => go!(1),
+                                2 => go!(2),
+                                3 => go!(3),
+                                _ => go!(4),
+                            }
+                        }
+                    }
+                }
+            });
+        };
+        let count = groups.div_ceil(share);
+        match team {
+            Some(team) => team.run(count, &run),
+            None => (0..count).for_each(run),
+        }
+        if n_packed == n {
+            return Ok(());
+        }
+    }
     // A few shares per thread (the first to finish waits for at most a
     // small one), but about 1 MiB of weights or more each, as `gemv.rs`
     // found short streams cost bandwidth.
     let per_thread = (w.bytes() >> 20).clamp(1, 8);
-    let share = n.div_ceil(threads * per_thread).max(1);
+    let share = (n - n_packed).div_ceil(threads * per_thread).max(1);
     let ptr = OutPtr(out.as_mut_ptr());
+    // Prefill: the activation rows go in tiles of about `ACT_TILE_BYTES`
+    // of quants, which stay in L2 while the task's weight rows stream past
+    // them (each weight row is then read once per tile rather than once,
+    // but a few hundred bytes of it against a tile's tens of KiB).
     let run = |t: usize| {
-        let (j0, j1) = (t * share, ((t + 1) * share).min(n));
+        let (j0, j1) = (n_packed + t * share, (n_packed + (t + 1) * share).min(n));
         let mut vals = [0f32; MAX_ROWS];
-        for j in j0..j1 {
-            let row = w.row(j);
-            for i0 in (0..m).step_by(MAX_ROWS) {
-                let r = MAX_ROWS.min(m - i0);
-                let acts: [ActRow<'_>; MAX_ROWS] =
-                    std::array::from_fn(|u| act((i0 + u).min(m - 1)));
-                vec_dot_rows(isa, ty, row, &acts[..r], &mut vals[..r]);
-                for (u, &v) in vals[..r].iter().enumerate() {
-                    // SAFETY: `(i0 + u) * n + j < m * n <= out.len()`
-                    // (checked above); task `t` alone writes columns
-                    // `j0..j1`.
-                    unsafe { ptr.write((i0 + u) * n + j, v) };
+        for t0 in (0..m).step_by(tile) {
+            let t1 = (t0 + tile).min(m);
+            for j in j0..j1 {
+                let row = w.row(j);
+                for i0 in (t0..t1).step_by(MAX_ROWS) {
+                    let r = MAX_ROWS.min(t1 - i0);
+                    vec_dot_rows(isa, ty, row, &acts[i0..i0 + r], &mut vals[..r]);
+                    for (u, &v) in vals[..r].iter().enumerate() {
+                        // SAFETY: `(i0 + u) * n + j < m * n <= out.len()`
+                        // (checked above); task `t` alone writes columns
+                        // `j0..j1`.
+                        unsafe { ptr.write((i0 + u) * n + j, v) };
+                    }
                 }
             }
         }
     };
-    let count = n.div_ceil(share);
+    let count = (n - n_packed).div_ceil(share);
     match team {
         Some(team) => team.run(count, &run),
         None => (0..count).for_each(run),

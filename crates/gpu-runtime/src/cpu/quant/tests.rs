@@ -72,9 +72,9 @@ fn weights(ty: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
 
 fn act(scratch: &mut QuantScratch, ty: GgmlType, x: &[f32], k: usize) {
     if uses_q8_k(ty) {
-        scratch.quantize_q8_k(x, x.len() / k, k);
+        scratch.quantize_q8_k(None, x, x.len() / k, k);
     } else {
-        scratch.quantize_q8_0(x, x.len() / k, k);
+        scratch.quantize_q8_0(None, x, x.len() / k, k);
     }
 }
 
@@ -91,8 +91,8 @@ fn activations_match_the_reference_quantizers() {
     let k = 512;
     let x = values(2 * k, 7);
     let mut s = QuantScratch::new();
-    s.quantize_q8_0(&x, 2, k);
-    s.quantize_q8_k(&x, 2, k);
+    s.quantize_q8_0(None, &x, 2, k);
+    s.quantize_q8_k(None, &x, 2, k);
     for i in 0..2 {
         let xi = &x[i * k..(i + 1) * k];
         let mut q80 = vec![0u8; GgmlType::Q8_0.row_bytes(k).unwrap()];
@@ -233,6 +233,37 @@ fn rows_do_not_depend_on_m_or_threads() {
             let mut one = vec![0f32; m * n];
             quant_matmul_with(isa, Some(&team), &x, wm, &mut one, m, &mut s).unwrap();
             assert_eq!(one, all, "{ty} {isa:?}");
+        }
+    }
+}
+
+/// Prefill's path: activations quantized on the team and the rows taken in
+/// several L2 tiles (`ACT_TILE_BYTES / k` rows each, the last one ragged),
+/// Q4_K's weight rows packed eight at a time on VNNI (19 rows: two panels
+/// and three rows left over); every row must still equal the one-row
+/// product bit for bit.
+#[test]
+fn tiled_prefill_rows_match_single_rows() {
+    let team = Team::new(3);
+    for ty in SUPPORTED {
+        let (n, k) = (19, 8192);
+        assert!(super::ACT_TILE_BYTES / k < 70 / 2, "several tiles");
+        let w = weights(ty, n, k, 5);
+        let wm = QuantMatrix::new(ty, &w, n, k).unwrap();
+        let m = 70;
+        let x = values(m * k, 17);
+        let mut s = QuantScratch::new();
+        let mut all = vec![0f32; m * n];
+        quant_matmul(Some(&team), &x, wm, &mut all, m, &mut s).unwrap();
+        for i in 0..m {
+            let mut one = vec![0f32; n];
+            quant_matmul(None, &x[i * k..(i + 1) * k], wm, &mut one, 1, &mut s).unwrap();
+            let a: Vec<u32> = all[i * n..(i + 1) * n]
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            let b: Vec<u32> = one.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(a, b, "{ty} row {i}");
         }
     }
 }

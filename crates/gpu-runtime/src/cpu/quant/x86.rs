@@ -20,6 +20,39 @@
 
 use std::arch::x86_64::*;
 
+// Loads without `core`'s precondition checks (see `packed.rs`).
+use super::packed::ld32;
+
+/// 16 bytes at `p` as a vector (as `ld32`).
+///
+/// # Safety
+/// `p` must be valid for reading 16 bytes.
+#[inline(always)]
+pub(super) unsafe fn ld16(p: *const __m128i) -> __m128i {
+    // SAFETY: the caller's contract; `[u8; 16]` has no alignment.
+    unsafe { std::mem::transmute::<[u8; 16], __m128i>(*(p as *const [u8; 16])) }
+}
+
+/// The little-endian u32 at `p`.
+///
+/// # Safety
+/// `p` must be valid for reading 4 bytes.
+#[inline(always)]
+unsafe fn ld_u32(p: *const u8) -> u32 {
+    // SAFETY: the caller's contract; `[u8; 4]` has no alignment.
+    u32::from_le_bytes(unsafe { *(p as *const [u8; 4]) })
+}
+
+/// The little-endian u16 at `p`.
+///
+/// # Safety
+/// `p` must be valid for reading 2 bytes.
+#[inline(always)]
+unsafe fn ld_u16(p: *const u8) -> u16 {
+    // SAFETY: the caller's contract; `[u8; 2]` has no alignment.
+    u16::from_le_bytes(unsafe { *(p as *const [u8; 2]) })
+}
+
 /// Which 32-element format a monomorphised loop handles.
 pub(super) const Q8_0: u8 = 0;
 pub(super) const Q4_0: u8 = 1;
@@ -50,7 +83,7 @@ fn dot_vnni(u: __m256i, s: __m256i) -> __m256i {
 #[inline]
 unsafe fn nibbles(p: *const u8) -> __m256i {
     // SAFETY: the caller's contract.
-    let x = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    let x = unsafe { ld16(p as *const __m128i) };
     let m = _mm_set1_epi8(0x0F);
     let lo = _mm_and_si128(x, m);
     let hi = _mm_and_si128(_mm_srli_epi16(x, 4), m);
@@ -91,7 +124,7 @@ fn hsum_i32(v: __m256i) -> i32 {
 #[inline]
 unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
     // SAFETY: the caller's contract.
-    let r = |i: usize| unsafe { (p.add(i * stride) as *const u16).read_unaligned() } as i16;
+    let r = |i: usize| unsafe { ld_u16(p.wrapping_add(i * stride)) } as i16;
     _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, r(3), r(2), r(1), r(0)))
 }
 
@@ -103,26 +136,60 @@ unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
 #[inline]
 unsafe fn f16x2(p: *const u8) -> (f32, f32) {
     // SAFETY: the caller's contract.
-    let v = unsafe { (p as *const u32).read_unaligned() };
+    let v = unsafe { ld_u32(p) };
     let f = _mm_cvtph_ps(_mm_cvtsi32_si128(v as i32));
     (_mm_cvtss_f32(f), _mm_cvtss_f32(_mm_shuffle_ps(f, f, 1)))
 }
 
-/// `Σ_j mins[j] · (bsums[2j] + bsums[2j+1])` (Q4_K/Q5_K's min term).
+/// A Q4_K/Q5_K block's eight 6-bit scales and eight mins (bytes 4..16),
+/// as `scalar::scales_mins_k4` gives them, with 32-bit masks (llama.cpp's
+/// `utmp` trick) instead of byte by byte.
+///
+/// # Safety
+/// `p` must point at a whole block.
+#[inline(always)]
+unsafe fn scales_mins_k4(p: *const u8) -> ([u8; 8], [u8; 8]) {
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    // SAFETY: the caller's contract (bytes 4..16 are the scales).
+    let u = unsafe {
+        [
+            ld_u32(p.wrapping_add(4)),
+            ld_u32(p.wrapping_add(8)),
+            ld_u32(p.wrapping_add(12)),
+        ]
+    };
+    // Scales: bytes j < 4 are u[0]'s low 6 bits; j >= 4 are u[2]'s low
+    // nibbles with u[0]'s top 2 bits above them. Mins likewise from u[1].
+    let sc_lo = u[0] & K1;
+    let sc_hi = (u[2] & K2) | (((u[0] >> 6) & K3) << 4);
+    let mn_lo = u[1] & K1;
+    let mn_hi = ((u[2] >> 4) & K2) | (((u[1] >> 6) & K3) << 4);
+    let join = |lo: u32, hi: u32| (lo as u64 | (hi as u64) << 32).to_le_bytes();
+    (join(sc_lo, sc_hi), join(mn_lo, mn_hi))
+}
+
+/// The eight mins of a Q4_K/Q5_K block as i16 pairs `(m0, m0, m1, m1,
+/// ...)`, lined up with an activation block's 16 sums (made once per block
+/// for every activation row).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn min_pairs(mins: &[u8; 8]) -> __m256i {
+    let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(*mins)));
+    _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m))
+}
+
+/// `Σ_j mins[j] · (bsums[2j] + bsums[2j+1])` (Q4_K/Q5_K's min term), with
+/// the mins from [`min_pairs`].
 ///
 /// # Safety
 /// `bsums` must be valid for reading 16 i16.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn imin_k(mins: &[u8; 8], bsums: *const i16) -> i32 {
-    // SAFETY: `mins` is 8 bytes; `bsums` the caller's contract.
-    let (m, bs) = unsafe {
-        (
-            _mm_cvtepu8_epi16(_mm_loadl_epi64(mins.as_ptr() as *const __m128i)),
-            _mm256_loadu_si256(bsums as *const __m256i),
-        )
-    };
-    let pairs = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
+unsafe fn imin_k(pairs: __m256i, bsums: *const i16) -> i32 {
+    // SAFETY: the caller's contract.
+    let bs = unsafe { ld32(bsums as *const __m256i) };
     hsum_i32(_mm256_madd_epi16(bs, pairs))
 }
 
@@ -156,23 +223,22 @@ macro_rules! kernels {
                 // block (see `metrale_core::quant`'s layouts).
                 unsafe {
                     match T {
-                        Q8_0 => _mm256_loadu_si256(p.add(2) as *const __m256i),
+                        Q8_0 => ld32(p.wrapping_add(2) as *const __m256i),
                         IQ4_NL => {
-                            let table = _mm_loadu_si128(
-                                metrale_core::quant::KVALUES_IQ4NL.as_ptr() as *const __m128i,
-                            );
+                            let table =
+                                ld16(metrale_core::quant::KVALUES_IQ4NL.as_ptr() as *const __m128i);
                             let t = _mm256_set_m128i(table, table);
-                            _mm256_shuffle_epi8(t, nibbles(p.add(2)))
+                            _mm256_shuffle_epi8(t, nibbles(p.wrapping_add(2)))
                         }
-                        Q4_0 => nibbles(p.add(2)),
-                        Q4_1 => nibbles(p.add(4)),
+                        Q4_0 => nibbles(p.wrapping_add(2)),
+                        Q4_1 => nibbles(p.wrapping_add(4)),
                         Q5_0 => _mm256_or_si256(
-                            nibbles(p.add(6)),
-                            fifth_bits((p.add(2) as *const u32).read_unaligned()),
+                            nibbles(p.wrapping_add(6)),
+                            fifth_bits(ld_u32(p.wrapping_add(2))),
                         ),
                         _ => _mm256_or_si256(
-                            nibbles(p.add(8)),
-                            fifth_bits((p.add(4) as *const u32).read_unaligned()),
+                            nibbles(p.wrapping_add(8)),
+                            fifth_bits(ld_u32(p.wrapping_add(4))),
                         ),
                     }
                 }
@@ -187,7 +253,7 @@ macro_rules! kernels {
             #[inline]
             unsafe fn mul<const T: u8>(w: __m256i, a: *const i8) -> __m256i {
                 // SAFETY: the caller's contract.
-                let av = unsafe { _mm256_loadu_si256(a as *const __m256i) };
+                let av = unsafe { ld32(a as *const __m256i) };
                 if T == Q8_0 || T == IQ4_NL {
                     $dot(_mm256_abs_epi8(w), _mm256_sign_epi8(av, w))
                 } else {
@@ -214,31 +280,37 @@ macro_rules! kernels {
                 let groups = nb / 4;
                 let mut acc = [_mm_setzero_ps(); R];
                 let wp = w.as_ptr();
+                // Each row's arrays, hoisted out of the block loop.
+                let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
+                let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
                 for g in 0..groups {
                     let b = 4 * g;
                     // SAFETY: blocks b..b+4 < nb are inside `w`, and every
                     // `a[r]` has nb blocks (the caller's contract).
                     unsafe {
-                        let p = wp.add(b * bb);
+                        let p = wp.wrapping_add(b * bb);
                         let u = [
                             unpack::<T>(p),
-                            unpack::<T>(p.add(bb)),
-                            unpack::<T>(p.add(2 * bb)),
-                            unpack::<T>(p.add(3 * bb)),
+                            unpack::<T>(p.wrapping_add(bb)),
+                            unpack::<T>(p.wrapping_add(2 * bb)),
+                            unpack::<T>(p.wrapping_add(3 * bb)),
                         ];
                         let dw = f16x4(p, bb);
                         let mw = if T == Q4_1 || T == Q5_1 {
-                            f16x4(p.add(2), bb)
+                            f16x4(p.wrapping_add(2), bb)
                         } else {
                             _mm_setzero_ps()
                         };
                         for r in 0..R {
-                            let q = a[r].qs.as_ptr().add(32 * b);
+                            let q = qa[r].wrapping_add(32 * b);
                             let h = _mm256_hadd_epi32(
-                                _mm256_hadd_epi32(mul::<T>(u[0], q), mul::<T>(u[1], q.add(32))),
                                 _mm256_hadd_epi32(
-                                    mul::<T>(u[2], q.add(64)),
-                                    mul::<T>(u[3], q.add(96)),
+                                    mul::<T>(u[0], q),
+                                    mul::<T>(u[1], q.wrapping_add(32)),
+                                ),
+                                _mm256_hadd_epi32(
+                                    mul::<T>(u[2], q.wrapping_add(64)),
+                                    mul::<T>(u[3], q.wrapping_add(96)),
                                 ),
                             );
                             let mut sums = _mm_add_epi32(
@@ -246,15 +318,16 @@ macro_rules! kernels {
                                 _mm256_extracti128_si256(h, 1),
                             );
                             if T == Q4_0 || T == Q5_0 {
-                                let s = _mm_loadu_si128(a[r].sum.as_ptr().add(b) as *const __m128i);
+                                let s = ld16(a[r].sum.as_ptr().wrapping_add(b) as *const __m128i);
                                 let shift = if T == Q4_0 { 3 } else { 4 };
                                 sums =
                                     _mm_sub_epi32(sums, _mm_sll_epi32(s, _mm_cvtsi32_si128(shift)));
                             }
-                            let dd = _mm_mul_ps(dw, _mm_loadu_ps(a[r].d.as_ptr().add(b)));
+                            let dd = _mm_mul_ps(dw, _mm_loadu_ps(da[r].wrapping_add(b)));
                             let mut t = _mm_mul_ps(_mm_cvtepi32_ps(sums), dd);
                             if T == Q4_1 || T == Q5_1 {
-                                let ms = _mm_mul_ps(mw, _mm_loadu_ps(a[r].s.as_ptr().add(b)));
+                                let ms =
+                                    _mm_mul_ps(mw, _mm_loadu_ps(a[r].s.as_ptr().wrapping_add(b)));
                                 t = _mm_add_ps(t, ms);
                             }
                             acc[r] = _mm_add_ps(acc[r], t);
@@ -286,21 +359,27 @@ macro_rules! kernels {
                 let bb = if Q5 { 176 } else { 144 };
                 let qs_off = if Q5 { 48 } else { 16 };
                 let m4 = _mm256_set1_epi8(0x0F);
+                let nb = w.len() / bb;
+                // Each row's arrays, hoisted out of the block loop.
+                let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
+                let bsums: [*const i16; R] = std::array::from_fn(|r| a[r].bsums.as_ptr());
+                let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
                 let mut total = [0f32; R];
-                for (b, wb) in w.chunks_exact(bb).enumerate() {
+                for b in 0..nb {
                     let mut acc = [_mm256_setzero_si256(); R];
-                    let (scales, mins) = scalar::scales_mins_k4(wb);
-                    // SAFETY: the block and the rows' 256 activations are in
-                    // bounds (chunks_exact; the caller's contract for `a`).
+                    // SAFETY: block b < nb is inside `w`, and every row has
+                    // nb blocks of 256 quants, 16 sums and one scale (the
+                    // caller's contract).
                     unsafe {
-                        let p = wb.as_ptr();
+                        let p = w.as_ptr().wrapping_add(b * bb);
+                        let (scales, mins) = scales_mins_k4(p);
                         let qh = if Q5 {
-                            _mm256_loadu_si256(p.add(16) as *const __m256i)
+                            ld32(p.wrapping_add(16) as *const __m256i)
                         } else {
                             _mm256_setzero_si256()
                         };
                         for c in 0..4 {
-                            let x = _mm256_loadu_si256(p.add(qs_off + 32 * c) as *const __m256i);
+                            let x = ld32(p.wrapping_add(qs_off + 32 * c) as *const __m256i);
                             let mut lo = _mm256_and_si256(x, m4);
                             let mut hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
                             if Q5 {
@@ -315,19 +394,21 @@ macro_rules! kernels {
                             let s1 = _mm256_set1_epi32(scales[2 * c] as i32);
                             let s2 = _mm256_set1_epi32(scales[2 * c + 1] as i32);
                             for r in 0..R {
-                                let qa = a[r].qs.as_ptr().add(256 * b + 64 * c);
-                                let a_lo = _mm256_loadu_si256(qa as *const __m256i);
-                                let a_hi = _mm256_loadu_si256(qa.add(32) as *const __m256i);
+                                let q = qa[r].wrapping_add(256 * b + 64 * c);
+                                let a_lo = ld32(q as *const __m256i);
+                                let a_hi = ld32(q.wrapping_add(32) as *const __m256i);
                                 let d1 = _mm256_mullo_epi32($dot(lo, a_lo), s1);
                                 let d2 = _mm256_mullo_epi32($dot(hi, a_hi), s2);
                                 acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(d1, d2));
                             }
                         }
                         let (dw, dmin) = f16x2(p);
+                        let pairs = min_pairs(&mins);
                         for r in 0..R {
-                            let imin = imin_k(&mins, a[r].bsums.as_ptr().add(16 * b));
+                            let imin = imin_k(pairs, bsums[r].wrapping_add(16 * b));
                             let isum = hsum_i32(acc[r]);
-                            total[r] += scalar::term_k(a[r].d[b], dw, dmin, isum, imin);
+                            total[r] +=
+                                scalar::term_k(*da[r].wrapping_add(b), dw, dmin, isum, imin);
                         }
                     }
                 }
@@ -344,18 +425,25 @@ macro_rules! kernels {
                 a: &[ActRow<'_>; R],
             ) -> [f32; R] {
                 let m4 = _mm256_set1_epi8(0x0F);
+                let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
+                let bsums: [*const i16; R] = std::array::from_fn(|r| a[r].bsums.as_ptr());
+                let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
                 let mut total = [0f32; R];
                 for (b, wb) in w.chunks_exact(210).enumerate() {
                     let mut acc = [_mm256_setzero_si256(); R];
-                    let sc = |j: usize| wb[192 + j] as i8 as i32;
                     // SAFETY: as in `dot_q45_k`; the 16 scales are at 192 and
                     // `d` at 208 in the block.
                     unsafe {
                         let p = wb.as_ptr();
                         for h in 0..2 {
-                            let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
-                            let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
-                            let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+                            // Scales 8h..8h+8 as i32; pair (2k, 2k + 1) goes to
+                            // the low and high four lanes with one permute.
+                            let sc8 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                p.wrapping_add(192 + 8 * h) as *const __m128i,
+                            ));
+                            let ql0 = ld32(p.wrapping_add(64 * h) as *const __m256i);
+                            let ql1 = ld32(p.wrapping_add(64 * h + 32) as *const __m256i);
+                            let qh = ld32(p.wrapping_add(128 + 32 * h) as *const __m256i);
                             let q = [
                                 _mm256_or_si256(_mm256_and_si256(ql0, m4), q6_high(qh, 0)),
                                 _mm256_or_si256(_mm256_and_si256(ql1, m4), q6_high(qh, 2)),
@@ -369,14 +457,14 @@ macro_rules! kernels {
                                 ),
                             ];
                             for (k, qk) in q.into_iter().enumerate() {
-                                let j = 8 * h + 2 * k;
-                                let s = _mm256_set_m128i(
-                                    _mm_set1_epi32(sc(j + 1)),
-                                    _mm_set1_epi32(sc(j)),
+                                let (lo, hi) = (2 * k as i32, 2 * k as i32 + 1);
+                                let s = _mm256_permutevar8x32_epi32(
+                                    sc8,
+                                    _mm256_set_epi32(hi, hi, hi, hi, lo, lo, lo, lo),
                                 );
                                 for r in 0..R {
-                                    let qa = a[r].qs.as_ptr().add(256 * b + 128 * h + 32 * k);
-                                    let av = _mm256_loadu_si256(qa as *const __m256i);
+                                    let q = qa[r].wrapping_add(256 * b + 128 * h + 32 * k);
+                                    let av = ld32(q as *const __m256i);
                                     acc[r] = _mm256_add_epi32(
                                         acc[r],
                                         _mm256_mullo_epi32($dot(qk, av), s),
@@ -385,16 +473,13 @@ macro_rules! kernels {
                             }
                         }
                         // Σ sc·(q − 32)·a = Σ sc·q·a − 32 Σ_j sc_j · bsum_j.
-                        let scv =
-                            _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
-                        let dw = f16x2(p.add(208)).0;
+                        let scv = _mm256_cvtepi8_epi16(ld16(p.wrapping_add(192) as *const __m128i));
+                        let dw = f16x2(p.wrapping_add(208)).0;
                         for r in 0..R {
-                            let bs = _mm256_loadu_si256(
-                                a[r].bsums.as_ptr().add(16 * b) as *const __m256i
-                            );
+                            let bs = ld32(bsums[r].wrapping_add(16 * b) as *const __m256i);
                             let off = hsum_i32(_mm256_madd_epi16(scv, bs));
-                            let isum = hsum_i32(acc[r]) - 32 * off;
-                            total[r] += scalar::term_q6_k(a[r].d[b], dw, isum);
+                            let isum = hsum_i32(acc[r]).wrapping_sub(off.wrapping_mul(32));
+                            total[r] += scalar::term_q6_k(*da[r].wrapping_add(b), dw, isum);
                         }
                     }
                 }
