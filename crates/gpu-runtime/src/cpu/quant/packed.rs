@@ -106,6 +106,57 @@ pub(super) fn pack_q4_k(rows: &[&[u8]; NR], nb: usize, out: &mut [u8]) {
     }
 }
 
+/// The scaled integer sums of one packed super-block for `R` activation
+/// rows: over its `J` sub-blocks of `G` groups of four quants (Q4_K: 8 of
+/// 8, Q6_K: 16 of 4), `Σ_j sc_j · Σ q·a` per weight row (lane), where the
+/// block's packed quants start at `p`, its sub-block scales at `p +
+/// scales`, and row `r`'s activation quants of the block at `qa[r] + at`.
+/// Exact (integer); shared by the Q4_K and Q6_K panel kernels.
+///
+/// # Safety
+/// As the panel kernels: the block and every row's quants are in bounds,
+/// and the CPU has AVX2 and AVX-512 VNNI/VL.
+#[inline(always)]
+unsafe fn scaled_sums<const R: usize, const J: usize, const G: usize>(
+    p: *const u8,
+    scales: usize,
+    qa: &[*const i8; R],
+    at: usize,
+) -> [__m256i; R] {
+    // SAFETY: inlined into the panel kernels, which enable the features
+    // these intrinsics need; every load is in bounds by the caller's
+    // contract.
+    unsafe {
+        let mut isum = [_mm256_setzero_si256(); R];
+        for j in 0..J {
+            // Two accumulators per row (even and odd groups): twice the
+            // independent `vpdpbusd` chains. (Arrays indexed by `r` alone,
+            // in loops the compiler unrolls: they stay in registers at
+            // opt-level 2 too.)
+            let (mut acc0, mut acc1) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
+            let wj = p.wrapping_add(j * G * 32);
+            let aj: [*const i32; R] =
+                std::array::from_fn(|r| qa[r].wrapping_add(at + 4 * G * j) as *const i32);
+            for g in (0..G).step_by(2) {
+                let w0 = ld32(wj.wrapping_add(g * 32) as *const __m256i);
+                let w1 = ld32(wj.wrapping_add(g * 32 + 32) as *const __m256i);
+                for r in 0..R {
+                    let q0 = ld4(aj[r].wrapping_add(g));
+                    let q1 = ld4(aj[r].wrapping_add(g + 1));
+                    acc0[r] = _mm256_dpbusd_epi32(acc0[r], w0, _mm256_set1_epi32(q0));
+                    acc1[r] = _mm256_dpbusd_epi32(acc1[r], w1, _mm256_set1_epi32(q1));
+                }
+            }
+            let sc = ld32(p.wrapping_add(scales + 32 * j) as *const __m256i);
+            for r in 0..R {
+                let sum = _mm256_add_epi32(acc0[r], acc1[r]);
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(sum, sc));
+            }
+        }
+        isum
+    }
+}
+
 /// `out[r][w] = dot(weight row w, a[r])` for a panel packed by
 /// [`pack_q4_k`] (`nb` super-blocks) and `R` Q8_K activation rows.
 ///
@@ -129,33 +180,7 @@ pub(super) unsafe fn dot_q4_k_panel<const R: usize>(
         // contract); every read below is within them.
         unsafe {
             let p = panel.as_ptr().wrapping_add(b * PACKED_BLOCK);
-            let mut isum = [_mm256_setzero_si256(); R];
-            for j in 0..8 {
-                // Two accumulators per row (even and odd groups): twice the
-                // independent `vpdpbusd` chains.
-                // (Arrays indexed by `r` alone, in loops the compiler
-                // unrolls: they stay in registers at opt-level 2 too.)
-                let (mut acc0, mut acc1) =
-                    ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
-                let wj = p.wrapping_add(j * 8 * 32);
-                let aj: [*const i32; R] =
-                    std::array::from_fn(|r| qa[r].wrapping_add(256 * b + 32 * j) as *const i32);
-                for g in (0..8).step_by(2) {
-                    let w0 = ld32(wj.wrapping_add(g * 32) as *const __m256i);
-                    let w1 = ld32(wj.wrapping_add(g * 32 + 32) as *const __m256i);
-                    for r in 0..R {
-                        let q0 = ld4(aj[r].wrapping_add(g));
-                        let q1 = ld4(aj[r].wrapping_add(g + 1));
-                        acc0[r] = _mm256_dpbusd_epi32(acc0[r], w0, _mm256_set1_epi32(q0));
-                        acc1[r] = _mm256_dpbusd_epi32(acc1[r], w1, _mm256_set1_epi32(q1));
-                    }
-                }
-                let sc = ld32(p.wrapping_add(SCALES + 32 * j) as *const __m256i);
-                for r in 0..R {
-                    let sum = _mm256_add_epi32(acc0[r], acc1[r]);
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(sum, sc));
-                }
-            }
+            let isum = scaled_sums::<R, 8, 8>(p, SCALES, &qa, 256 * b);
             let mins: [__m256i; 4] =
                 std::array::from_fn(|q| ld32(p.wrapping_add(MINS + 32 * q) as *const __m256i));
             let dw = _mm256_castsi256_ps(ld32(p.wrapping_add(DW) as *const __m256i));
@@ -341,29 +366,7 @@ pub(super) unsafe fn dot_q6_k_panel<const R: usize>(
         // sums and scale for block b are in bounds (the caller's contract).
         unsafe {
             let p = panel.as_ptr().wrapping_add(b * PACKED_Q6_K);
-            let mut isum = [_mm256_setzero_si256(); R];
-            for j in 0..16 {
-                let (mut acc0, mut acc1) =
-                    ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
-                let wj = p.wrapping_add(j * 4 * 32);
-                let aj: [*const i32; R] =
-                    std::array::from_fn(|r| qa[r].wrapping_add(256 * b + 16 * j) as *const i32);
-                for g in (0..4).step_by(2) {
-                    let w0 = ld32(wj.wrapping_add(g * 32) as *const __m256i);
-                    let w1 = ld32(wj.wrapping_add(g * 32 + 32) as *const __m256i);
-                    for r in 0..R {
-                        let q0 = ld4(aj[r].wrapping_add(g));
-                        let q1 = ld4(aj[r].wrapping_add(g + 1));
-                        acc0[r] = _mm256_dpbusd_epi32(acc0[r], w0, _mm256_set1_epi32(q0));
-                        acc1[r] = _mm256_dpbusd_epi32(acc1[r], w1, _mm256_set1_epi32(q1));
-                    }
-                }
-                let sc = ld32(p.wrapping_add(Q6_SCALES + 32 * j) as *const __m256i);
-                for r in 0..R {
-                    let sum = _mm256_add_epi32(acc0[r], acc1[r]);
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(sum, sc));
-                }
-            }
+            let isum = scaled_sums::<R, 16, 4>(p, Q6_SCALES, &qa, 256 * b);
             let pairs: [__m256i; 8] =
                 std::array::from_fn(|q| ld32(p.wrapping_add(Q6_PAIRS + 32 * q) as *const __m256i));
             let dw = _mm256_castsi256_ps(ld32(p.wrapping_add(Q6_D) as *const __m256i));
