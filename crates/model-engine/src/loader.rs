@@ -22,19 +22,7 @@ pub fn load_weights(
     progress: &mut dyn FnMut(LoadProgress),
 ) -> Result<WeightStore> {
     let format = format.into();
-    let mut quant = match format.quant {
-        Some(ftype) => crate::gguf::quant_types(config, ftype)?,
-        None => Default::default(),
-    };
-    let expected: Vec<ExpectedTensor> = config
-        .expected_tensors()
-        .into_iter()
-        .map(|t| ExpectedTensor {
-            quantize: quant.remove(&t.name),
-            name: t.name,
-            shape: t.shape,
-        })
-        .collect();
+    let expected = expected_weights(config, format)?;
     Ok(load_safetensors(
         model_dir,
         &expected,
@@ -42,4 +30,22 @@ pub fn load_weights(
         format.dtype,
         progress,
     )?)
+}
+
+/// The tensors `config` expects, each with the block format `format`'s
+/// file type quantizes it to (none without one).
+pub fn expected_weights(config: &ModelConfig, format: WeightFormat) -> Result<Vec<ExpectedTensor>> {
+    let mut quant = match format.quant {
+        Some(ftype) => crate::gguf::quant_types(config, ftype)?,
+        None => Default::default(),
+    };
+    Ok(config
+        .expected_tensors()
+        .into_iter()
+        .map(|t| ExpectedTensor {
+            quantize: quant.remove(&t.name),
+            name: t.name,
+            shape: t.shape,
+        })
+        .collect())
 }

@@ -174,5 +174,40 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
     Ok(())
 }
 
+/// `src` as rows of `row` elements encoded as `ty` ([`quantize_row`] each),
+/// the rows spread over the host's cores: the reference K-quant encoders
+/// are slow (a 350M model's weights take seconds). The first row that
+/// fails (an unsupported type, rows that are not whole blocks) fails all.
+pub fn quantize_rows(ty: GgmlType, src: &[f32], row: usize) -> Result<Vec<u8>, QuantError> {
+    let row = row.max(1);
+    let row_bytes = ty.row_bytes(row).ok_or(QuantError::NotWholeBlocks {
+        ty,
+        elems: row,
+        block: ty.block_elems(),
+    })?;
+    let rows = src.len() / row;
+    let mut out = vec![0u8; rows * row_bytes];
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = rows.div_ceil(threads).max(1);
+    let results: Vec<Result<(), QuantError>> = std::thread::scope(|s| {
+        let tasks: Vec<_> = (src.chunks(per * row))
+            .zip(out.chunks_mut(per * row_bytes))
+            .map(|(src, dst)| {
+                s.spawn(move || {
+                    (src.chunks_exact(row))
+                        .zip(dst.chunks_exact_mut(row_bytes))
+                        .try_for_each(|(r, d)| quantize_row(ty, r, d))
+                })
+            })
+            .collect();
+        tasks
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    results.into_iter().collect::<Result<(), _>>()?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests;

@@ -6,14 +6,16 @@ use std::sync::Arc;
 use metrale_core::scope::ModelResource;
 use metrale_gpu_runtime::gpu::GpuBackend;
 use metrale_model_weights::loader::{
-    LoadProgress, StoredDType, WeightFormat, device_dtype, load_gguf,
+    ExpectedTensor, LoadProgress, StoredDType, WeightFormat, device_dtype, load_gguf,
+    load_safetensors,
 };
+use metrale_model_weights::weights::WeightStore;
 
 use super::memory::MemoryPlan;
 use super::{ModelOptions, TransformerModel};
 use crate::config::{ModelConfig, load_config};
 use crate::error::Result;
-use crate::loader::load_weights;
+use crate::loader::expected_weights;
 
 impl TransformerModel {
     /// Reads `model_dir`'s config and weights onto `gpu` and builds the
@@ -33,8 +35,27 @@ impl TransformerModel {
         for warning in &config.warnings {
             progress(LoadProgress::Warning(warning.clone()));
         }
-        check_plan(model_dir, &config, &options, format, gpu.as_ref())?;
-        let mut store = load_weights(model_dir, &config, gpu.as_ref(), format, progress)?;
+        let expected = expected_weights(&config, format)?;
+        check_plan(
+            model_dir,
+            &config,
+            &options,
+            &expected,
+            format,
+            gpu.as_ref(),
+        )?;
+        let store = load_safetensors(model_dir, &expected, gpu.as_ref(), format.dtype, progress)?;
+        Self::assemble(gpu, config, options, store)
+    }
+
+    /// The model for `config` owning `store`; on failure the store is
+    /// released.
+    fn assemble(
+        gpu: Arc<dyn GpuBackend>,
+        config: ModelConfig,
+        options: ModelOptions,
+        mut store: WeightStore,
+    ) -> Result<Self> {
         let mut model = match TransformerModel::new(gpu.clone(), config, options) {
             Ok(m) => m,
             Err(e) => {
@@ -123,26 +144,20 @@ impl TransformerModel {
             })
         };
         MemoryPlan::new(gpu.as_ref(), &config, &options, &held)?.check(gpu.as_ref())?;
-        let mut store = load_gguf(&gguf.file, &expected, gpu.as_ref(), format.dtype, progress)?;
-        let mut model = match TransformerModel::new(gpu.clone(), config, options) {
-            Ok(m) => m,
-            Err(e) => {
-                let _ = store.release(gpu.as_ref());
-                return Err(e);
-            }
-        };
-        model.attach_weights(store)?;
-        Ok(model)
+        let store = load_gguf(&gguf.file, &expected, gpu.as_ref(), format.dtype, progress)?;
+        Self::assemble(gpu, config, options, store)
     }
 }
 
 /// Checks the model's memory plan against what `gpu` has left, with each
-/// tensor held as the checkpoint's headers and `dtype` say. Headers that
+/// tensor held as the checkpoint's headers and `format` say (at its block
+/// format when `expected` quantizes it). Headers that
 /// cannot be read are left to the loader, which names what is wrong.
 fn check_plan(
     dir: &Path,
     config: &ModelConfig,
     options: &ModelOptions,
+    expected: &[ExpectedTensor],
     format: WeightFormat,
     gpu: &dyn GpuBackend,
 ) -> Result<()> {
@@ -153,12 +168,12 @@ fn check_plan(
         .iter()
         .map(|t| (t.name.as_str(), t.dtype.as_str()))
         .collect();
-    let quantized = match format.quant {
-        Some(ftype) => crate::gguf::quant_types(config, ftype)?,
-        None => Default::default(),
-    };
+    let quantized: std::collections::HashMap<&str, metrale_core::DType> = expected
+        .iter()
+        .filter_map(|e| Some((e.name.as_str(), quant_dtype(e.quantize?)?)))
+        .collect();
     let held = |spec: &crate::config::TensorSpec| {
-        if let Some(q) = quantized.get(&spec.name).and_then(|&ty| quant_dtype(ty)) {
+        if let Some(&q) = quantized.get(spec.name.as_str()) {
             return q;
         }
         let as_stored = stored

@@ -43,6 +43,22 @@ impl From<WeightDType> for WeightFormat {
     }
 }
 
+/// `src` (little-endian f32, bf16 or f16 elements) decoded to f32 values in
+/// one pass.
+pub fn widen(src: &[u8], from: DType) -> Vec<f32> {
+    match from {
+        DType::BF16 => (src.chunks_exact(2))
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        DType::F16 => (src.chunks_exact(2))
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => (src.chunks_exact(4))
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    }
+}
+
 /// `src` (little-endian elements of `from`) as elements of `to`; borrowed
 /// when nothing changes. Only f32, bf16 and f16 are handled; the caller has
 /// checked both dtypes.

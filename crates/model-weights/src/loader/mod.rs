@@ -22,7 +22,7 @@ use metrale_core::quant::GgmlType;
 use metrale_gpu_runtime::gpu::GpuBackend;
 
 pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE, quantized};
-pub use convert::{WeightDType, WeightFormat, convert};
+pub use convert::{WeightDType, WeightFormat, convert, widen};
 pub use gguf::{GgufExpected, GgufTransform, RowRun, device_dtype, load_gguf};
 pub use header::{
     MAX_HEADER_BYTES, SafetensorsFile, StoredDType, TensorEntry, parse as parse_safetensors,

@@ -3,11 +3,11 @@
 //! ([`metrale_core::quant::quantize_row`]), so that a model quantized on
 //! load holds the bytes llama-quantize would have written.
 
-use metrale_core::quant::{GgmlType, quantize_row};
+use metrale_core::quant::GgmlType;
 use metrale_core::{DType, QuantFormat};
 use metrale_gpu_runtime::gpu::GpuBackend;
 
-use super::convert;
+use super::widen;
 
 /// The device dtype of a tensor of `shape` quantized to `ty` on `gpu`, or
 /// why it cannot be: its rows (the last dimension) must be whole blocks,
@@ -42,38 +42,17 @@ pub fn quant_dtype(
 }
 
 /// Whole rows of `row` elements stored as `stored` (f32, bf16 or f16)
-/// quantized to `ty`, the rows spread over the host's cores (the reference
-/// K-quant encoders are slow: a 350M model's weights take seconds).
+/// quantized to `ty` ([`metrale_core::quant::quantize_rows`], on every
+/// core).
 pub fn rows(src: &[u8], stored: DType, ty: GgmlType, row: usize) -> Vec<u8> {
-    let floats = convert(src, stored, DType::F32);
-    let values: Vec<f32> = floats
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    let n_rows = values.len() / row.max(1);
-    let row_bytes = ty.row_bytes(row).expect("checked by quant_dtype");
-    let mut out = vec![0u8; n_rows * row_bytes];
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per = n_rows.div_ceil(threads).max(1);
-    std::thread::scope(|s| {
-        for (dst, src) in out
-            .chunks_mut(per * row_bytes)
-            .zip(values.chunks(per * row))
-        {
-            s.spawn(move || {
-                for (d, r) in dst.chunks_exact_mut(row_bytes).zip(src.chunks_exact(row)) {
-                    quantize_row(ty, r, d).expect("whole blocks, checked by quant_dtype");
-                }
-            });
-        }
-    });
-    out
+    metrale_core::quant::quantize_rows(ty, &widen(src, stored), row)
+        .expect("whole blocks of a quantizable type, checked by quant_dtype")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use metrale_core::quant::dequantize_row;
+    use metrale_core::quant::{dequantize_row, quantize_row};
 
     #[test]
     fn rows_are_the_reference_encoding_of_each_row() {

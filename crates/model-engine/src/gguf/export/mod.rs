@@ -25,8 +25,7 @@ mod vocab;
 
 use std::path::{Path, PathBuf};
 
-use metrale_core::DType;
-use metrale_core::quant::{GgmlType, dequantize_row, quantize_row};
+use metrale_core::quant::{GgmlType, dequantize_row};
 use metrale_model_weights::gguf::mix::{FileType, MixParams, MixTensor, choose_types, llama_order};
 use metrale_model_weights::gguf::{ALIGNMENT_KEY, GgufFile, GgufValue, GgufWriter};
 use metrale_model_weights::loader::Checkpoint;
@@ -282,35 +281,9 @@ fn tensor_bytes<'a>(
 /// `values` as rows of `ty` (rows are `shape`'s last dimension), quantized
 /// on every core.
 fn encode(name: &str, shape: &[usize], ty: GgmlType, values: &[f32]) -> Result<Vec<u8>> {
-    let row = shape.last().copied().unwrap_or(1).max(1);
-    let row_bytes = ty.row_bytes(row).ok_or_else(|| {
-        EngineError::Internal(format!("tensor {name:?}: rows of {row} do not fit {ty}"))
-    })?;
-    let rows = values.len() / row;
-    let mut out = vec![0u8; rows * row_bytes];
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per = rows.div_ceil(threads).max(1);
-    let failed = std::sync::Mutex::new(None);
-    std::thread::scope(|s| {
-        for (src, dst) in values
-            .chunks(per * row)
-            .zip(out.chunks_mut(per * row_bytes))
-        {
-            let failed = &failed;
-            s.spawn(move || {
-                for (r, d) in src.chunks_exact(row).zip(dst.chunks_exact_mut(row_bytes)) {
-                    if let Err(e) = quantize_row(ty, r, d) {
-                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Err(EngineError::Internal(format!("tensor {name:?}: {e}")));
-    }
-    Ok(out)
+    let row = shape.last().copied().unwrap_or(1);
+    metrale_core::quant::quantize_rows(ty, values, row)
+        .map_err(|e| EngineError::Internal(format!("tensor {name:?}: {e}")))
 }
 
 /// A checkpoint tensor's values as f32.
@@ -331,17 +304,7 @@ fn read_f32(ckpt: &Checkpoint, name: &str) -> Result<Vec<f32>> {
     file.read(entry, 0, &mut buf)?;
     // Decoded in one pass (a large tensor is held twice at most: its bytes
     // and its f32 values).
-    Ok(match dtype {
-        DType::BF16 => (buf.chunks_exact(2))
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        DType::F16 => (buf.chunks_exact(2))
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        _ => (buf.chunks_exact(4))
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    })
+    Ok(metrale_model_weights::loader::widen(&buf, dtype))
 }
 
 fn read_config_json(dir: &Path) -> Result<Map<String, Value>> {
