@@ -86,6 +86,7 @@ pub fn options() -> ModelOptions {
         max_batch_tokens: 256,
         kv_dtype: None,
         cuda_graphs: true,
+        prefix_cache: Default::default(),
     }
 }
 

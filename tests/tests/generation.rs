@@ -13,7 +13,7 @@ use anyhow::{Result, bail, ensure};
 use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_gpu_runtime::gpu::GpuBackend;
 use metrale_model_engine::engine::{Engine, EngineConfig, Event, RequestId};
-use metrale_model_engine::model::{ModelOptions, TransformerModel};
+use metrale_model_engine::model::{ModelOptions, PrefixCacheOptions, TransformerModel};
 use metrale_model_engine::sampling::{Finish, SamplingParams};
 use metrale_model_engine::tokenizer::Tokenizer;
 use metrale_model_weights::loader::WeightDType;
@@ -41,6 +41,7 @@ fn roomy() -> ModelOptions {
         max_batch_tokens: 256,
         kv_dtype: None,
         cuda_graphs: true,
+        prefix_cache: Default::default(),
     }
 }
 
@@ -178,7 +179,8 @@ fn greedy_parity(name: &str) -> Result<()> {
     teardown(&cpu, engine)?;
 
     // Too little memory for 16 at once: requests wait, and running ones
-    // are preempted and recomputed.
+    // are preempted and recomputed (without prefix caching, whose sharing
+    // of the repeated prompts would save the memory that forces this).
     let tight = ModelOptions {
         kv_block_size: 8,
         kv_blocks: 24,
@@ -186,6 +188,7 @@ fn greedy_parity(name: &str) -> Result<()> {
         max_batch_tokens: 64,
         kv_dtype: None,
         cuda_graphs: true,
+        prefix_cache: PrefixCacheOptions::disabled(),
     };
     let (cpu, mut engine) = load(name, tight, chunked)?;
     check_greedy(name, &mut engine, 16, 16)?;
@@ -194,6 +197,16 @@ fn greedy_parity(name: &str) -> Result<()> {
         !paged || engine.stats().preemptions > 0,
         "{name}: the tight cache should preempt"
     );
+    teardown(&cpu, engine)?;
+
+    // The same with prefix caching: cached blocks are evicted as running
+    // sequences need them, and the outputs stay the same.
+    let cached = ModelOptions {
+        prefix_cache: PrefixCacheOptions::default(),
+        ..tight
+    };
+    let (cpu, mut engine) = load(name, cached, chunked)?;
+    check_greedy(name, &mut engine, 16, 16)?;
     teardown(&cpu, engine)
 }
 
@@ -516,6 +529,7 @@ fn stress(name: &str) -> Result<()> {
         max_batch_tokens: 64,
         kv_dtype: None,
         cuda_graphs: true,
+        prefix_cache: Default::default(),
     };
     let (cpu, mut engine) = load(
         name,

@@ -148,6 +148,7 @@ fn check_variant(rel: &str, scratch: &Path) -> Result<f32> {
             max_batch_tokens: 128,
             kv_dtype: None,
             cuda_graphs: true,
+            prefix_cache: Default::default(),
         },
         ..LoadOptions::default()
     };

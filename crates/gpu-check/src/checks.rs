@@ -288,6 +288,7 @@ fn options(kv_dtype: Option<DType>) -> ModelOptions {
         max_batch_tokens: 256,
         kv_dtype,
         cuda_graphs: true,
+        prefix_cache: Default::default(),
     }
 }
 

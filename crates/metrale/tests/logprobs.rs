@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use metrale::gpu_runtime::cpu::CpuBackend;
 use metrale::gpu_runtime::gpu::GpuBackend;
-use metrale::{EngineConfig, Generator, LoadOptions, Model, SamplingParams, StreamEvent};
+use metrale::{
+    EngineConfig, Generator, LoadOptions, Model, PrefixCacheOptions, SamplingParams, StreamEvent,
+};
 
 fn default_model() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/default"))
@@ -18,7 +20,12 @@ fn default_model() -> PathBuf {
 fn load_model() -> (Arc<CpuBackend>, Model) {
     let cpu = Arc::new(CpuBackend::with_threads(2));
     let gpu: Arc<dyn GpuBackend> = cpu.clone();
-    let model = Model::load_on(&default_model(), gpu, &LoadOptions::default(), &mut |_| {})
+    // Without prefix caching: the tests compare a prompt's second run with
+    // its first, which would otherwise reuse the first's KV and state and
+    // compute the rest in other chunks (other roundings).
+    let mut options = LoadOptions::default();
+    options.model.prefix_cache = PrefixCacheOptions::disabled();
+    let model = Model::load_on(&default_model(), gpu, &options, &mut |_| {})
         .expect("the default model loads");
     (cpu, model)
 }

@@ -33,6 +33,7 @@ fn load(debug_sync: bool) -> (Arc<CpuBackend>, TransformerModel) {
         max_batch_tokens: 16,
         kv_dtype: None,
         cuda_graphs: true,
+        prefix_cache: Default::default(),
     };
     let gpu: Arc<dyn GpuBackend> = cpu.clone();
     let model = TransformerModel::load(

@@ -23,6 +23,7 @@ fn options() -> ModelOptions {
         max_batch_tokens: 40,
         kv_dtype: None,
         cuda_graphs: true,
+        prefix_cache: Default::default(),
     }
 }
 
@@ -46,7 +47,7 @@ fn the_plan_is_what_a_model_allocates() {
             let plan =
                 MemoryPlan::new(cpu.as_ref(), model.config(), model.options(), &held).unwrap();
             assert_eq!(
-                plan.total(),
+                plan.at_load(),
                 cpu.live_bytes(),
                 "{name} {policy:?}: planned {}, allocated {}",
                 plan.breakdown(),

@@ -55,6 +55,7 @@ fn options() -> LoadOptions {
             max_batch_tokens: 256,
             kv_dtype: None,
             cuda_graphs: true,
+            prefix_cache: Default::default(),
         },
         ..LoadOptions::default()
     }

@@ -1,11 +1,21 @@
 //! The paged KV cache: fixed-size blocks shared by all attention layers,
-//! handed to sequences through block tables, with refcounts and a free list.
+//! handed to sequences through block tables, with refcounts and a free list,
+//! and (with prefix caching) a tree of cached prefixes whose blocks stay
+//! allocated after their sequences end, until memory is needed.
+//!
+//! Invariants:
+//! - A block is free (on the free list, refcount 0) or held: by sequences
+//!   (one reference each) and by the prefix tree (one more).
+//! - `idle` counts the blocks only the tree holds; they are as good as free
+//!   (`free_blocks` counts them) and are evicted, least recently used leaf
+//!   first, when a block is wanted and the free list is empty.
 
 use metrale_core::scope::ModelResource;
 use metrale_core::{BlockId, DType};
 use metrale_gpu_runtime::gpu::GpuBackend;
 use metrale_gpu_runtime::ops::{KvLayer, KvSpec};
 
+use super::prefix::{BlockTree, Inserted, NodeRef, PrefixMatch};
 use crate::error::{EngineError, Result};
 
 /// Default tokens per block.
@@ -20,8 +30,14 @@ pub struct KvCache {
     /// The element type the backend stores keys and values in.
     dtype: DType,
     layers: Vec<KvLayer>,
+    /// Elements of one block in each layer's K (and V) buffer.
+    block_elements: usize,
     refcounts: Vec<u32>,
     free: Vec<BlockId>,
+    /// Cached prefixes (`None`: prefix caching is off).
+    tree: Option<BlockTree>,
+    /// Blocks held by the tree alone.
+    idle: usize,
 }
 
 impl KvCache {
@@ -50,8 +66,11 @@ impl KvCache {
             kv_width,
             dtype: layout.dtype,
             layers: Vec::with_capacity(n_layers),
+            block_elements: layout.block_elements,
             refcounts: vec![0; num_blocks],
             free: (0..num_blocks as u32).rev().map(BlockId).collect(),
+            tree: None,
+            idle: 0,
         };
         let elements = num_blocks.saturating_mul(layout.block_elements);
         let dtype = layout.dtype;
@@ -85,12 +104,42 @@ impl KvCache {
         self.num_blocks
     }
 
+    /// Blocks a sequence can take: free ones and those only the prefix
+    /// tree holds (evicted on demand).
     pub fn free_blocks(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.idle
     }
 
+    /// Blocks held by sequences.
     pub fn used_blocks(&self) -> usize {
-        self.num_blocks - self.free.len()
+        self.num_blocks - self.free_blocks()
+    }
+
+    /// Blocks in the prefix tree (some of them also held by sequences).
+    pub fn cached_blocks(&self) -> usize {
+        self.tree.as_ref().map_or(0, BlockTree::len)
+    }
+
+    /// Turns prefix caching on (an empty tree) or off (every cached block
+    /// the tree alone held is freed).
+    pub fn set_prefix_cache(&mut self, on: bool) {
+        match (on, self.tree.is_some()) {
+            (true, false) => self.tree = Some(BlockTree::new(self.block_size)),
+            (false, true) => {
+                while self.evict_one() {}
+                if let Some(tree) = self.tree.take() {
+                    for b in tree.blocks().collect::<Vec<_>>() {
+                        self.release_block(b);
+                    }
+                }
+                self.idle = 0;
+            }
+            _ => {}
+        }
+    }
+
+    pub fn prefix_cache_enabled(&self) -> bool {
+        self.tree.is_some()
     }
 
     pub fn kv_width(&self) -> usize {
@@ -104,8 +153,12 @@ impl KvCache {
             .ok_or_else(|| EngineError::Internal(format!("no KV cache for attention layer {i}")))
     }
 
-    /// Takes a block off the free list with refcount 1.
+    /// Takes a block off the free list with refcount 1, evicting the least
+    /// recently used cached prefix block nobody else holds if none is free.
     pub fn alloc_block(&mut self) -> Result<BlockId> {
+        if self.free.is_empty() {
+            self.evict_one();
+        }
         let b = self.free.pop().ok_or_else(|| EngineError::Exhausted {
             resource: "KV cache blocks",
             detail: format!(
@@ -119,6 +172,9 @@ impl KvCache {
 
     /// Shares a block (prefix reuse): one more owner.
     pub fn retain(&mut self, b: BlockId) {
+        if self.refcounts[b.index()] == 1 && self.is_cached(b) {
+            self.idle -= 1;
+        }
         self.refcounts[b.index()] += 1;
     }
 
@@ -127,9 +183,76 @@ impl KvCache {
         let rc = &mut self.refcounts[b.index()];
         debug_assert!(*rc > 0, "{b} released more often than allocated");
         *rc = rc.saturating_sub(1);
-        if *rc == 0 {
-            self.free.push(b);
+        let rc = *rc;
+        match rc {
+            0 => self.free.push(b),
+            1 if self.is_cached(b) => self.idle += 1,
+            _ => {}
         }
+    }
+
+    fn is_cached(&self, b: BlockId) -> bool {
+        self.tree.as_ref().is_some_and(|t| t.contains_block(b))
+    }
+
+    /// Frees the least recently used cached leaf block that only the tree
+    /// holds; false when there is none.
+    fn evict_one(&mut self) -> bool {
+        let refcounts = &self.refcounts;
+        let Some(tree) = self.tree.as_mut() else {
+            return false;
+        };
+        let Some(b) = tree.lru_leaf(|b| refcounts[b.index()] == 1) else {
+            return false;
+        };
+        tree.remove_leaf(b);
+        self.idle -= 1;
+        self.refcounts[b.index()] = 0;
+        self.free.push(b);
+        true
+    }
+
+    /// The longest cached prefix of `tokens` (nothing when caching is off).
+    pub fn lookup(&mut self, tokens: &[u32]) -> PrefixMatch {
+        self.tree
+            .as_mut()
+            .map_or_else(PrefixMatch::default, |t| t.lookup(tokens))
+    }
+
+    /// Indexes `block`, holding `tokens`, under `parent` in the prefix tree,
+    /// taking one reference on it for the tree when it is added.
+    pub fn cache_block(
+        &mut self,
+        parent: Option<NodeRef>,
+        tokens: &[u32],
+        block: BlockId,
+    ) -> Inserted {
+        let Some(tree) = self.tree.as_mut() else {
+            return Inserted::StaleParent;
+        };
+        let inserted = tree.insert(parent, tokens, block);
+        if let Inserted::Added(_) = inserted {
+            // The tree's own reference; `retain` sees the block as cached.
+            self.refcounts[block.index()] += 1;
+            if self.refcounts[block.index()] == 1 {
+                self.idle += 1;
+            }
+        }
+        inserted
+    }
+
+    /// Copies block `src`'s keys and values, in every layer, into `dst`.
+    pub fn copy_block(&self, gpu: &dyn GpuBackend, src: BlockId, dst: BlockId) -> Result<()> {
+        let n = self.block_elements;
+        for layer in &self.layers {
+            for buf in [layer.k, layer.v] {
+                let from = buf.slice(src.index() * n, n);
+                let to = buf.slice(dst.index() * n, n);
+                from.and_then(|f| to.and_then(|t| gpu.copy_slice(f, t)))
+                    .map_err(EngineError::device("copying a cached KV block"))?;
+            }
+        }
+        Ok(())
     }
 
     pub fn refcount(&self, b: BlockId) -> u32 {
@@ -156,6 +279,10 @@ impl<'g> ModelResource<dyn GpuBackend + 'g> for KvCache {
         let freed = gpu.free_all(self.layers.drain(..).flat_map(|l| [l.k.ptr(), l.v.ptr()]));
         self.free.clear();
         self.refcounts.iter_mut().for_each(|r| *r = 0);
+        if let Some(tree) = self.tree.as_mut() {
+            tree.clear();
+        }
+        self.idle = 0;
         Ok(freed?)
     }
 }
@@ -202,6 +329,21 @@ impl SeqBlocks {
             }
         }
         Ok(())
+    }
+
+    /// Appends a block the caller has taken a reference on for this
+    /// sequence (a shared cached block, or a copy of one).
+    pub fn push(&mut self, b: BlockId) {
+        self.blocks.push(b);
+    }
+
+    /// Puts `b` (referenced for this sequence by the caller) in place of
+    /// block `i`, returning the block it replaces (whose reference the
+    /// caller drops).
+    pub fn replace(&mut self, i: usize, b: BlockId) -> Option<BlockId> {
+        self.blocks
+            .get_mut(i)
+            .map(|slot| std::mem::replace(slot, b))
     }
 
     /// Records that tokens up to `new_len` are now cached.

@@ -18,6 +18,10 @@ struct Cells {
     kv_blocks_total: AtomicUsize,
     ssm_slots_in_use: AtomicUsize,
     ssm_slots_total: AtomicUsize,
+    kv_blocks_cached: AtomicUsize,
+    snapshot_bytes: AtomicUsize,
+    prefix_hit_tokens: AtomicUsize,
+    prefix_recomputed_tokens: AtomicUsize,
 }
 
 /// The gauges' values at one moment.
@@ -35,6 +39,16 @@ pub struct GaugeValues {
     pub ssm_slots_in_use: usize,
     /// SSM state slots in all (0 for a model without recurrent layers).
     pub ssm_slots_total: usize,
+    /// KV cache blocks in the prefix cache (some also owned by sequences;
+    /// those only the cache holds are free to take).
+    pub kv_blocks_cached: usize,
+    /// Bytes of recurrent-state snapshots the prefix cache holds.
+    pub snapshot_bytes: usize,
+    /// Prompt tokens whose computation a cached prefix saved, since start.
+    pub prefix_hit_tokens: usize,
+    /// Prompt tokens the KV cache matched but that were recomputed because
+    /// the nearest state snapshot lay before them, since start.
+    pub prefix_recomputed_tokens: usize,
 }
 
 impl EngineGauges {
@@ -50,6 +64,10 @@ impl EngineGauges {
             kv_blocks_total: c.kv_blocks_total.load(Ordering::Acquire),
             ssm_slots_in_use: c.ssm_slots_in_use.load(Ordering::Acquire),
             ssm_slots_total: c.ssm_slots_total.load(Ordering::Acquire),
+            kv_blocks_cached: c.kv_blocks_cached.load(Ordering::Acquire),
+            snapshot_bytes: c.snapshot_bytes.load(Ordering::Acquire),
+            prefix_hit_tokens: c.prefix_hit_tokens.load(Ordering::Acquire),
+            prefix_recomputed_tokens: c.prefix_recomputed_tokens.load(Ordering::Acquire),
         }
     }
 
@@ -65,5 +83,12 @@ impl EngineGauges {
             .store(v.ssm_slots_in_use, Ordering::Release);
         c.ssm_slots_total
             .store(v.ssm_slots_total, Ordering::Release);
+        c.kv_blocks_cached
+            .store(v.kv_blocks_cached, Ordering::Release);
+        c.snapshot_bytes.store(v.snapshot_bytes, Ordering::Release);
+        c.prefix_hit_tokens
+            .store(v.prefix_hit_tokens, Ordering::Release);
+        c.prefix_recomputed_tokens
+            .store(v.prefix_recomputed_tokens, Ordering::Release);
     }
 }

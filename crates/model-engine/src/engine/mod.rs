@@ -91,6 +91,11 @@ pub struct EngineStats {
     pub tokens_generated: u64,
     /// Requests preempted for lack of KV blocks (recomputed later).
     pub preemptions: u64,
+    /// Prompt tokens a cached prefix saved computing.
+    pub prefix_hit_tokens: u64,
+    /// Prompt tokens the KV cache matched that were recomputed anyway,
+    /// because the nearest recurrent-state snapshot lay before them.
+    pub prefix_recomputed_tokens: u64,
 }
 
 /// A model serving many requests at once.
@@ -179,6 +184,7 @@ impl Engine {
             (kv.used_blocks(), kv.num_blocks())
         };
         let pool = self.model.ssm_pool();
+        let cached = self.model.prefix_cache_usage();
         self.gauges.store(GaugeValues {
             running: self.running.len(),
             waiting: self.waiting.len(),
@@ -186,6 +192,10 @@ impl Engine {
             kv_blocks_total,
             ssm_slots_in_use: pool.in_use(),
             ssm_slots_total: pool.capacity(),
+            kv_blocks_cached: cached.cached_blocks,
+            snapshot_bytes: cached.snapshot_bytes,
+            prefix_hit_tokens: self.stats.prefix_hit_tokens as usize,
+            prefix_recomputed_tokens: self.stats.prefix_recomputed_tokens as usize,
         });
     }
 
@@ -294,6 +304,7 @@ impl Engine {
             Ok(outputs) => {
                 self.stats.steps += 1;
                 self.stats.tokens_fed += plan.iter().map(|s| s.tokens as u64).sum::<u64>();
+                self.cache_prefixes(&plan);
                 for (id, logits) in outputs {
                     if !logits.is_empty() {
                         self.sample(id, &logits, &mut events);
@@ -349,6 +360,26 @@ impl Engine {
         Ok(ids.into_iter().zip(outputs).collect())
     }
 
+    /// After a step: indexes the KV blocks the step filled in the prefix
+    /// cache, and snapshots the recurrent state of sequences at a snapshot
+    /// point.
+    fn cache_prefixes(&mut self, plan: &[Scheduled]) {
+        if !self.model.prefix_cache_enabled() {
+            return;
+        }
+        for r in self.running.iter_mut() {
+            if !plan.iter().any(|s| s.id == r.id) {
+                continue;
+            }
+            let Some(seq) = r.seq.as_mut() else { continue };
+            self.model.cache_prefix(seq, &r.tokens);
+            let pos = seq.position();
+            if self.model.snapshot_due(pos) || r.snapshot_at == Some(pos) {
+                self.model.snapshot_prefix(seq, &r.tokens);
+            }
+        }
+    }
+
     /// Samples request `id`'s next token and reports it.
     fn sample(&mut self, id: RequestId, logits: &[f32], events: &mut Vec<Event>) {
         let Some(i) = self.running.iter().position(|r| r.id == id) else {
@@ -374,6 +405,9 @@ impl Engine {
                         reason,
                         usage: r.usage(),
                     });
+                    if let Some(seq) = r.seq.as_mut() {
+                        self.model.finish_prefix(seq, &r.tokens);
+                    }
                     self.remove_running(i);
                 }
             }

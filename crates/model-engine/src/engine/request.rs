@@ -89,6 +89,10 @@ pub(crate) struct Request {
     text: Option<TextState>,
     /// The model state; `None` while waiting (or after a preemption).
     pub seq: Option<Sequence>,
+    /// Where the prefix cache matched this request's prompt beyond the
+    /// snapshot it started from: its recurrent state is snapshotted there,
+    /// so the next request sharing the prefix starts at the match's end.
+    pub snapshot_at: Option<usize>,
 }
 
 /// What accepting a sampled token produced.
@@ -120,6 +124,7 @@ impl Request {
             decodable: tokenizer.map(|t| (t.vocab_size(), t.holes().clone())),
             text,
             seq: None,
+            snapshot_at: None,
         })
     }
 

@@ -6,6 +6,11 @@
 //! (at most as many requests run as a step has tokens), and the step's
 //! length is the decoding sequences' time between tokens.
 //!
+//! With prefix caching, an admitted request first takes what the cache holds
+//! of its prompt (`TransformerModel::reuse_prefix`) and is budgeted for the
+//! rest; a recurrent sequence's prefill chunk ends at its next snapshot
+//! point, so the state there can be snapshotted after the step.
+//!
 //! When a running decode finds no free KV block, the youngest running request
 //! is preempted: its sequence is freed and it goes back to the queue with its
 //! prompt and output so far, to be prefilled again (recompute). When every
@@ -143,7 +148,7 @@ impl Engine {
                 continue;
             }
             let (pos, blocks) = (r.position(), r.kv_blocks());
-            let n = budget.fit(pos, blocks, self.chunk(pending));
+            let n = budget.fit(pos, blocks, self.snapshot_cut(r, self.chunk(pending)));
             if n > 0 {
                 budget.take(pos, blocks, n);
                 plan.push(Scheduled {
@@ -155,16 +160,19 @@ impl Engine {
     }
 
     /// Starts waiting requests, first come first served, while a slot is
-    /// free and each one's first chunk (as much as the step's tokens leave)
-    /// fits in the free KV blocks. The first that does not
-    /// fit stops admission: later requests do not overtake it.
+    /// free and each one's first chunk (as much as the step's tokens leave,
+    /// after what the prefix cache holds of its prompt) fits in the free KV
+    /// blocks. The first that does not fit stops admission: later requests
+    /// do not overtake it.
     fn admit(&mut self, budget: &mut Budget, plan: &mut Vec<Scheduled>, events: &mut Vec<Event>) {
         while let Some(front) = self.waiting.front() {
-            if self.running.len() >= self.max_running() {
+            if self.running.len() >= self.max_running() || budget.tokens == 0 {
                 return;
             }
-            let want = self.chunk(front.pending()).min(budget.tokens);
-            if want == 0 || budget.fit(0, 0, want) < want {
+            // Without a cache hit the request would need this much; with
+            // one, less (checked again below).
+            let cold = self.chunk(front.pending()).min(budget.tokens);
+            if !self.model.prefix_cache_enabled() && budget.fit(0, 0, cold) < cold {
                 return;
             }
             let seq = match self.model.new_sequence() {
@@ -185,13 +193,66 @@ impl Engine {
                 return;
             };
             r.seq = Some(seq);
-            budget.take(0, 0, want);
+            if let Err(e) = self.reuse_prefix(&mut r) {
+                self.remove_failed(r, format!("starting from a cached prefix: {e}"), events);
+                continue;
+            }
+            budget.refresh(self.model.kv_cache().free_blocks());
+            let (pos, blocks) = (r.position(), r.kv_blocks());
+            let want = self.snapshot_cut(&r, self.chunk(r.pending()).min(budget.tokens));
+            if want == 0 || budget.fit(pos, blocks, want) < want {
+                // Back to the front of the queue, holding nothing.
+                if let Some(seq) = r.seq.take() {
+                    self.model.free_sequence(seq);
+                }
+                self.waiting.push_front(r);
+                return;
+            }
+            budget.take(pos, blocks, want);
             plan.push(Scheduled {
                 id: r.id,
                 tokens: want,
             });
             self.insert_running(r);
         }
+    }
+
+    /// Starts `r`'s fresh sequence from the longest cached prefix of its
+    /// tokens, counting what it saved.
+    fn reuse_prefix(&mut self, r: &mut Request) -> crate::error::Result<()> {
+        let Some(seq) = r.seq.as_mut() else {
+            return Ok(());
+        };
+        let hit = self.model.reuse_prefix(seq, &r.tokens)?;
+        self.stats.prefix_hit_tokens += hit.tokens as u64;
+        self.stats.prefix_recomputed_tokens += (hit.matched - hit.tokens) as u64;
+        // Snapshot where the match ended, so the next request sharing this
+        // prefix starts there.
+        r.snapshot_at =
+            (hit.matched > hit.tokens && self.model.caches_state()).then_some(hit.matched);
+        Ok(())
+    }
+
+    /// Ends a request that failed before it ran, freeing its sequence.
+    fn remove_failed(&mut self, mut r: Request, message: String, events: &mut Vec<Event>) {
+        if let Some(seq) = r.seq.take() {
+            self.model.free_sequence(seq);
+        }
+        events.push(Event::Error { id: r.id, message });
+    }
+
+    /// Most of `n` tokens `r` may feed next without passing a point where
+    /// its recurrent state is to be snapshotted.
+    fn snapshot_cut(&self, r: &Request, n: usize) -> usize {
+        let pos = r.position();
+        let mut end = pos + n;
+        if let Some(p) = self.model.next_snapshot_point(pos) {
+            end = end.min(p);
+        }
+        if let Some(m) = r.snapshot_at.filter(|&m| m > pos) {
+            end = end.min(m);
+        }
+        end - pos
     }
 
     /// Concurrent requests: SSM slots (or `max_seqs` for models without

@@ -28,6 +28,7 @@ fn options(kv_blocks: usize, max_seqs: usize) -> ModelOptions {
         max_batch_tokens: 64,
         kv_dtype: None,
         cuda_graphs: true,
+        prefix_cache: Default::default(),
     }
 }
 

@@ -21,6 +21,9 @@ pub struct MemoryPlan {
     pub kv_cache: usize,
     pub ssm_state: usize,
     pub activations: usize,
+    /// The prefix cache's budget for recurrent-state snapshots, allocated
+    /// as requests run (none at load).
+    pub snapshots: usize,
 }
 
 impl MemoryPlan {
@@ -75,10 +78,15 @@ impl MemoryPlan {
             derived,
             kv_cache,
             ssm_state,
-            activations: f32s(
-                arena_plan(config, options.max_batch_tokens, options.kv_blocks).total_elements(),
-            ),
+            activations: f32s(arena_plan(config, options).total_elements()),
+            snapshots: snapshot_budget(gpu, config, options),
         })
+    }
+
+    /// Bytes a load allocates (everything but the snapshots, which are
+    /// taken as requests run).
+    pub fn at_load(&self) -> usize {
+        self.total().saturating_sub(self.snapshots)
     }
 
     pub fn total(&self) -> usize {
@@ -88,6 +96,7 @@ impl MemoryPlan {
             self.kv_cache,
             self.ssm_state,
             self.activations,
+            self.snapshots,
         ]
         .iter()
         .fold(0usize, |a, &b| a.saturating_add(b))
@@ -123,6 +132,7 @@ impl MemoryPlan {
             ("KV cache", self.kv_cache),
             ("SSM state", self.ssm_state),
             ("activations", self.activations),
+            ("prefix snapshots", self.snapshots),
         ]
         .iter()
         .filter(|(_, b)| *b > 0)
@@ -187,4 +197,29 @@ pub fn human(bytes: usize) -> String {
     } else {
         format!("{v:.1} {}", UNITS[unit])
     }
+}
+
+/// Bytes the prefix cache may keep in recurrent-state snapshots: the
+/// option's, else twice the SSM state pool (0 without recurrent layers or
+/// with prefix caching off).
+pub fn snapshot_budget(
+    gpu: &dyn GpuBackend,
+    config: &ModelConfig,
+    options: &ModelOptions,
+) -> usize {
+    let p = &options.prefix_cache;
+    let shapes = recurrent_state_shapes(config);
+    if !p.enabled || shapes.is_empty() {
+        return 0;
+    }
+    p.snapshot_budget.unwrap_or_else(|| {
+        let slot: usize = shapes
+            .iter()
+            .map(|s| {
+                let bytes = |n: usize| gpu.state_layout(n.max(1)).slot_bytes();
+                bytes(s.conv).saturating_add(bytes(s.ssm))
+            })
+            .fold(0, usize::saturating_add);
+        slot.saturating_mul(options.max_seqs).saturating_mul(2)
+    })
 }

@@ -6,10 +6,12 @@ mod experts;
 pub mod forward;
 mod load;
 pub mod memory;
+pub mod prefix;
 pub mod rope;
 pub mod types;
 pub(crate) mod weights;
 
 pub use forward::{GraphStats, Logits, Sequence, Step};
 pub use memory::MemoryPlan;
+pub use prefix::{PrefixCacheOptions, PrefixHit};
 pub use types::{ModelOptions, TransformerModel};

@@ -57,5 +57,6 @@ pub fn small_options() -> metrale_model_engine::model::ModelOptions {
         max_batch_tokens: 32,
         kv_dtype: None,
         cuda_graphs: false,
+        prefix_cache: Default::default(),
     }
 }

@@ -32,6 +32,7 @@ pub fn load_options() -> LoadOptions {
             max_batch_tokens: 256,
             kv_dtype: None,
             cuda_graphs: true,
+            prefix_cache: Default::default(),
         },
         ..LoadOptions::default()
     }

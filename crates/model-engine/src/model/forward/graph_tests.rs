@@ -39,6 +39,7 @@ fn model(gpu: Arc<dyn GpuBackend>, name: &str, graphs: bool) -> TransformerModel
         max_batch_tokens: 24,
         kv_dtype: None,
         cuda_graphs: graphs,
+        prefix_cache: Default::default(),
     };
     TransformerModel::random(gpu, config, options, 7, DType::BF16).unwrap()
 }

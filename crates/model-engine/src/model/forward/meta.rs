@@ -25,15 +25,15 @@ use super::{Logits, Step, dev};
 use crate::error::{EngineError, Result};
 
 /// `u32` words the step buffer needs for steps of up to `tokens` tokens
-/// with a KV cache of `kv_blocks` blocks. A step has at most one sequence
-/// per token (sequences without tokens are left out), and its block tables
-/// list each of the cache's blocks at most once per sequence that holds it
-/// (blocks are not shared between sequences yet).
-pub fn step_meta_words(tokens: usize, kv_blocks: usize) -> usize {
+/// whose block tables have at most `table_entries` entries in all. A step
+/// has at most one sequence per token (sequences without tokens are left
+/// out), and its block tables list each of the cache's blocks once per
+/// sequence that holds it (see `arena_plan`).
+pub fn step_meta_words(tokens: usize, table_entries: usize) -> usize {
     let t = tokens.max(1);
     // ids, positions, KV slots, logit rows; the two kinds of sequence.
     t.saturating_mul(4 + ATTN_SEQ_WORDS + RECURRENT_SEQ_WORDS)
-        .saturating_add(kv_blocks)
+        .saturating_add(table_entries)
 }
 
 /// Where each part of the metadata lies in the buffer, and its counts.

@@ -29,9 +29,11 @@ use crate::error::{EngineError, Result};
 /// A sequence's per-model state: its cached tokens and recurrent slot.
 #[derive(Debug)]
 pub struct Sequence {
-    kv: SeqBlocks,
-    slot: Option<SlotGuard>,
-    pos: usize,
+    pub(in crate::model) kv: SeqBlocks,
+    pub(in crate::model) slot: Option<SlotGuard>,
+    pub(in crate::model) pos: usize,
+    /// How much of the block table the prefix tree indexes (`prefix.rs`).
+    pub(in crate::model) prefix: crate::model::prefix::PrefixCursor,
 }
 
 impl Sequence {
@@ -143,6 +145,7 @@ impl TransformerModel {
             kv: SeqBlocks::new(),
             slot,
             pos: 0,
+            prefix: Default::default(),
         })
     }
 

@@ -20,6 +20,8 @@ use crate::config::{MixerKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::model::derived::DerivedWeights;
 use crate::model::forward::{DecodeGraphs, step_meta_words};
+use crate::model::memory::snapshot_budget;
+use crate::model::prefix::PrefixCacheOptions;
 use crate::model::weights::{ModelWeights, resolve};
 
 /// How much per-sequence memory to set aside.
@@ -41,6 +43,8 @@ pub struct ModelOptions {
     /// graph launch instead of hundreds of kernel launches. Off: every step
     /// runs eagerly (what a backend without graphs always does).
     pub cuda_graphs: bool,
+    /// Reuse of cached prefixes across sequences (`model/prefix.rs`).
+    pub prefix_cache: PrefixCacheOptions,
 }
 
 impl Default for ModelOptions {
@@ -52,6 +56,7 @@ impl Default for ModelOptions {
             max_batch_tokens: 512,
             kv_dtype: None,
             cuda_graphs: true,
+            prefix_cache: PrefixCacheOptions::default(),
         }
     }
 }
@@ -101,10 +106,9 @@ impl TransformerModel {
                     return Err(e);
                 }
             };
-        let buffers = match BufferArena::allocate(
-            g,
-            arena_plan(&config, options.max_batch_tokens, options.kv_blocks),
-        ) {
+        kv.set_prefix_cache(options.prefix_cache.enabled);
+        let snapshots = SsmSnapshots::with_budget(snapshot_budget(g, &config, &options));
+        let buffers = match BufferArena::allocate(g, arena_plan(&config, &options)) {
             Ok(b) => b,
             Err(source) => {
                 let _ = kv.release(g);
@@ -120,7 +124,7 @@ impl TransformerModel {
             config,
             options,
             derived: DerivedWeights::new(),
-            ssm_snapshots: SsmSnapshots::new(),
+            ssm_snapshots: snapshots,
             ssm_pool: Arc::new(pool),
             kv_cache: Mutex::new(kv),
             buffers,
@@ -264,11 +268,20 @@ pub fn widest_ffn(config: &ModelConfig) -> usize {
     inter.max(1)
 }
 
-/// Activation scratch for steps of up to `tokens` rows.
+/// Activation scratch for steps of up to `options.max_batch_tokens` rows.
 /// Sizes saturate: absurd options give a plan too large to allocate (and
 /// refused by the memory plan), never an overflow.
-pub fn arena_plan(config: &ModelConfig, tokens: usize, kv_blocks: usize) -> ArenaPlan {
-    let t = tokens.max(1);
+pub fn arena_plan(config: &ModelConfig, options: &ModelOptions) -> ArenaPlan {
+    let t = options.max_batch_tokens.max(1);
+    // With prefix caching, sequences share blocks, so a step's block tables
+    // can list a block once per sequence.
+    let table_entries = if options.prefix_cache.enabled {
+        options
+            .kv_blocks
+            .saturating_mul(t.min(options.max_seqs.max(1)))
+    } else {
+        options.kv_blocks
+    };
     let rows = |width: usize| t.saturating_mul(width);
     let h = config.hidden_size;
     let (widest, inter) = (widest_intermediate(config), widest_ffn(config));
@@ -297,5 +310,5 @@ pub fn arena_plan(config: &ModelConfig, tokens: usize, kv_blocks: usize) -> Aren
         .region("group_offsets", n_experts + 1)
         .region("group_rows", routed)
         .region("group_weights", routed)
-        .region("step_meta", step_meta_words(t, kv_blocks))
+        .region("step_meta", step_meta_words(t, table_entries))
 }

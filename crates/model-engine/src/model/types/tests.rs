@@ -101,6 +101,7 @@ fn options() -> ModelOptions {
         max_batch_tokens: 16,
         kv_dtype: None,
         cuda_graphs: true,
+        prefix_cache: Default::default(),
     }
 }
 
@@ -133,7 +134,12 @@ fn full_model(plan: FaultPlan) -> (Arc<Fi>, TransformerModel) {
         let pool = model.ssm_pool.clone();
         model
             .ssm_snapshots
-            .capture(gpu.as_ref(), &pool, slot.slot(), SnapshotKey(7), 3)
+            .capture(
+                gpu.as_ref(),
+                &pool,
+                slot.slot(),
+                SnapshotKey::of(&[1, 2, 3]),
+            )
             .unwrap();
     }
     model.adopt_weight_store(store);
