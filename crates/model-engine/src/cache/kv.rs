@@ -227,6 +227,10 @@ impl KvCache {
         tokens: &[u32],
         block: BlockId,
     ) -> Inserted {
+        debug_assert!(
+            self.refcounts[block.index()] > 0,
+            "{block} is cached while free"
+        );
         let Some(tree) = self.tree.as_mut() else {
             return Inserted::StaleParent;
         };
@@ -364,5 +368,86 @@ impl SeqBlocks {
             cache.release_block(b);
         }
         self.len = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use metrale_gpu_runtime::cpu::CpuBackend;
+
+    use super::*;
+
+    fn cache(gpu: &CpuBackend, blocks: usize) -> KvCache {
+        let spec = KvSpec {
+            kv_width: 2,
+            block_size: 2,
+            dtype: None,
+        };
+        let mut kv = KvCache::allocate(gpu, 1, spec, blocks).unwrap();
+        kv.set_prefix_cache(true);
+        kv
+    }
+
+    #[test]
+    fn cached_blocks_are_free_to_take_and_evicted_least_recently_used_first() {
+        let gpu = CpuBackend::new();
+        let mut kv = cache(&gpu, 3);
+        let (a, b) = (kv.alloc_block().unwrap(), kv.alloc_block().unwrap());
+        let Inserted::Added(na) = kv.cache_block(None, &[1, 2], a) else {
+            panic!()
+        };
+        kv.cache_block(Some(na), &[3, 4], b);
+        let tail = kv.alloc_block().unwrap();
+        kv.cache_block(None, &[9], tail);
+        // The sequences holding them end; the tree keeps them.
+        for blk in [a, b, tail] {
+            kv.release_block(blk);
+        }
+        assert_eq!(
+            (kv.used_blocks(), kv.free_blocks(), kv.cached_blocks()),
+            (0, 3, 3)
+        );
+        // A lookup of [1,2,3] shares a and copies b's first token's block.
+        let found = kv.lookup(&[1, 2, 3]);
+        assert_eq!(found.tokens, 3);
+        kv.retain(a);
+        assert_eq!(kv.used_blocks(), 1);
+        // None is free: the tail (not used since it was cached) goes
+        // first, then b (a leaf under the held a); a is held and stays.
+        let first = kv.alloc_block().unwrap();
+        let second = kv.alloc_block().unwrap();
+        assert_eq!([first, second], [tail, b]);
+        assert!(
+            kv.alloc_block().is_err(),
+            "a held cached block is not taken"
+        );
+        assert_eq!(kv.cached_blocks(), 1);
+        kv.release_block(a);
+        kv.set_prefix_cache(false);
+        assert_eq!((kv.cached_blocks(), kv.used_blocks()), (0, 2));
+        kv.release(&gpu).unwrap();
+    }
+
+    #[test]
+    fn a_copied_block_holds_the_same_keys_and_values() {
+        let gpu = CpuBackend::new();
+        let kv = cache(&gpu, 2);
+        let layer = kv.layer(0).unwrap();
+        let n = layer.k.len() / 2;
+        let values: Vec<f32> = (0..n).map(|i| i as f32 + 0.5).collect();
+        let g: &dyn GpuBackend = &gpu;
+        g.upload_f32(&values, layer.k.slice(0, n).unwrap()).unwrap();
+        g.upload_f32(&values, layer.v.slice(0, n).unwrap()).unwrap();
+        kv.copy_block(&gpu, BlockId(0), BlockId(1)).unwrap();
+        assert_eq!(
+            g.download_f32(layer.k.slice(n, n).unwrap()).unwrap(),
+            values
+        );
+        assert_eq!(
+            g.download_f32(layer.v.slice(n, n).unwrap()).unwrap(),
+            values
+        );
+        let mut kv = kv;
+        kv.release(&gpu).unwrap();
     }
 }

@@ -148,7 +148,7 @@ impl Engine {
                 continue;
             }
             let (pos, blocks) = (r.position(), r.kv_blocks());
-            let n = budget.fit(pos, blocks, self.snapshot_cut(r, self.chunk(pending)));
+            let n = budget.fit(pos, blocks, self.snapshot_cut(r, pos, self.chunk(pending)));
             if n > 0 {
                 budget.take(pos, blocks, n);
                 plan.push(Scheduled {
@@ -166,13 +166,17 @@ impl Engine {
     /// do not overtake it.
     fn admit(&mut self, budget: &mut Budget, plan: &mut Vec<Scheduled>, events: &mut Vec<Event>) {
         while let Some(front) = self.waiting.front() {
-            if self.running.len() >= self.max_running() || budget.tokens == 0 {
+            if self.running.len() >= self.max_running() {
                 return;
             }
-            // Without a cache hit the request would need this much; with
-            // one, less (checked again below).
-            let cold = self.chunk(front.pending()).min(budget.tokens);
-            if !self.model.prefix_cache_enabled() && budget.fit(0, 0, cold) < cold {
+            let reuse = self.model.probe_prefix(&front.tokens);
+            let held = if budget.paged {
+                reuse / budget.block_size
+            } else {
+                0
+            };
+            let want = self.first_chunk(front, reuse, budget.tokens);
+            if want == 0 || budget.fit(reuse, held, want) < want {
                 return;
             }
             let seq = match self.model.new_sequence() {
@@ -197,9 +201,10 @@ impl Engine {
                 self.remove_failed(r, format!("starting from a cached prefix: {e}"), events);
                 continue;
             }
+            // Shared blocks only the cache held are no longer free.
             budget.refresh(self.model.kv_cache().free_blocks());
             let (pos, blocks) = (r.position(), r.kv_blocks());
-            let want = self.snapshot_cut(&r, self.chunk(r.pending()).min(budget.tokens));
+            let want = self.first_chunk(&r, pos, budget.tokens);
             if want == 0 || budget.fit(pos, blocks, want) < want {
                 // Back to the front of the queue, holding nothing.
                 if let Some(seq) = r.seq.take() {
@@ -215,6 +220,12 @@ impl Engine {
             });
             self.insert_running(r);
         }
+    }
+
+    /// The first chunk of `r` if it starts at `pos`, within `tokens`.
+    fn first_chunk(&self, r: &Request, pos: usize, tokens: usize) -> usize {
+        let pending = r.tokens.len().saturating_sub(pos);
+        self.snapshot_cut(r, pos, self.chunk(pending).min(tokens))
     }
 
     /// Starts `r`'s fresh sequence from the longest cached prefix of its
@@ -241,10 +252,9 @@ impl Engine {
         events.push(Event::Error { id: r.id, message });
     }
 
-    /// Most of `n` tokens `r` may feed next without passing a point where
-    /// its recurrent state is to be snapshotted.
-    fn snapshot_cut(&self, r: &Request, n: usize) -> usize {
-        let pos = r.position();
+    /// Most of `n` tokens `r`, at `pos`, may feed next without passing a
+    /// point where its recurrent state is to be snapshotted.
+    fn snapshot_cut(&self, r: &Request, pos: usize, n: usize) -> usize {
         let mut end = pos + n;
         if let Some(p) = self.model.next_snapshot_point(pos) {
             end = end.min(p);

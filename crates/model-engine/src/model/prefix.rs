@@ -76,6 +76,13 @@ pub struct PrefixHit {
     pub matched: usize,
 }
 
+/// A reusable prefix: its blocks, its snapshot, how much it saves.
+struct Found {
+    blocks: PrefixMatch,
+    snapshot: Option<SnapshotKey>,
+    hit: PrefixHit,
+}
+
 /// How far a sequence's block table is indexed by the prefix tree.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PrefixCursor {
@@ -122,45 +129,72 @@ impl TransformerModel {
     /// compute. A failure to reuse is no failure of the request: it is
     /// logged and the sequence starts from 0, unless putting it back fails.
     pub fn reuse_prefix(&mut self, seq: &mut Sequence, tokens: &[u32]) -> Result<PrefixHit> {
-        if !self.prefix_cache_enabled() || seq.pos != 0 || tokens.len() < 2 {
+        if seq.pos != 0 {
             return Ok(PrefixHit::default());
         }
+        let Some(found) = self.find_prefix(tokens) else {
+            return Ok(PrefixHit::default());
+        };
+        let hit = found.hit;
+        if hit.tokens == 0 {
+            return Ok(hit);
+        }
+        match self.start_from(seq, &found.blocks, hit.tokens, found.snapshot) {
+            Ok(()) => Ok(hit),
+            Err(e) => {
+                tracing::warn!(
+                    "reusing a cached prefix of {} tokens failed ({e}); computing it",
+                    hit.tokens
+                );
+                self.reset_sequence(seq)?;
+                Ok(PrefixHit { tokens: 0, ..hit })
+            }
+        }
+    }
+
+    /// How many tokens of `tokens` a new sequence would start with (what
+    /// [`reuse_prefix`](Self::reuse_prefix) will reuse, barring failures),
+    /// without taking anything: for admission to budget the rest.
+    pub fn probe_prefix(&mut self, tokens: &[u32]) -> usize {
+        self.find_prefix(tokens).map_or(0, |f| f.hit.tokens)
+    }
+
+    /// The longest reusable prefix of `tokens`; `None` when caching is off
+    /// or there is nothing to reuse (a prompt of one token).
+    fn find_prefix(&mut self, tokens: &[u32]) -> Option<Found> {
+        if !self.prefix_cache_enabled() || tokens.len() < 2 {
+            return None;
+        }
         let limit = tokens.len() - 1;
-        let found = if self.caches_kv() {
+        let blocks = if self.caches_kv() {
             self.kv_cache.lock().lookup(&tokens[..limit])
         } else {
             PrefixMatch::default()
         };
-        let matched = if self.caches_kv() {
-            found.tokens
+        // Without attention layers only snapshots say what is cached.
+        let reach = if self.caches_kv() {
+            blocks.tokens
         } else {
             limit
         };
         let (reuse, snapshot) = if self.caches_state() {
-            let keys: Vec<SnapshotKey> = SnapshotKey::prefixes(&tokens[..matched]).collect();
-            match self.ssm_snapshots.longest(&keys, matched) {
+            let keys: Vec<SnapshotKey> = SnapshotKey::prefixes(&tokens[..reach]).collect();
+            match self.ssm_snapshots.longest(&keys, reach) {
                 Some(key) => (key.tokens(), Some(key)),
                 None => (0, None),
             }
         } else {
-            (matched, None)
+            (reach, None)
         };
-        if reuse == 0 {
-            return Ok(PrefixHit { tokens: 0, matched });
-        }
-        match self.start_from(seq, &found, reuse, snapshot) {
-            Ok(()) => Ok(PrefixHit {
+        let matched = if self.caches_kv() { reach } else { reuse };
+        Some(Found {
+            blocks,
+            snapshot,
+            hit: PrefixHit {
                 tokens: reuse,
                 matched,
-            }),
-            Err(e) => {
-                tracing::warn!(
-                    "reusing a cached prefix of {reuse} tokens failed ({e}); computing it"
-                );
-                self.reset_sequence(seq)?;
-                Ok(PrefixHit { tokens: 0, matched })
-            }
-        }
+            },
+        })
     }
 
     /// Gives `seq` the KV blocks of `found`'s first `reuse` tokens and the
