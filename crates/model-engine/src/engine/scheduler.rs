@@ -13,7 +13,8 @@
 //!
 //! When a running decode finds no free KV block, the youngest running request
 //! is preempted: its sequence is freed and it goes back to the queue with its
-//! prompt and output so far, to be prefilled again (recompute). When every
+//! prompt and output so far, to be prefilled again (recompute; with prefix
+//! caching, from what the cache still holds of it). When every
 //! running request is mid-prefill and none can continue, the youngest is
 //! preempted too, so the cache never deadlocks.
 
@@ -286,7 +287,10 @@ impl Engine {
             return;
         }
         let mut r = self.running.remove(index);
-        if let Some(seq) = r.seq.take() {
+        if let Some(mut seq) = r.seq.take() {
+            // Cached, the work done so far is reused when the request
+            // starts again (unless memory pressure evicts it first).
+            self.model.finish_prefix(&mut seq, &r.tokens);
             self.model.free_sequence(seq);
         }
         self.stats.preemptions += 1;
