@@ -82,6 +82,8 @@ pub struct Args {
     /// CPU), f32, or bf16 (half the memory per cached token).
     #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
     pub kv_dtype: super::KvDType,
+    #[command(flatten)]
+    pub prefix: super::PrefixCacheArgs,
     /// How weights are held in memory (converted on load). Default: bf16,
     /// but a .gguf file's tensors as it stores them (quantized ones stay
     /// quantized and take the integer dot products).
@@ -222,6 +224,7 @@ pub fn run(mut args: Args) -> Result<()> {
         kv_blocks,
         kv_dtype: args.kv_dtype.dtype(),
         cuda_graphs: !args.device.no_cuda_graphs,
+        prefix_cache: args.prefix.options(),
         ..ModelOptions::default()
     };
     let mut dtype = args.weight_dtype.unwrap_or(BenchDType::Bf16).dtype();
