@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+mod bench_prefix;
 mod bench_probe;
 pub mod chat;
 pub mod generate;
