@@ -35,7 +35,9 @@ fn each_turn_reuses_all_that_the_previous_turn_fed() {
     let mut g = load();
     let template = g.chat_template().unwrap();
     let params = SamplingParams {
-        max_tokens: Some(8),
+        // Enough that the quotations end with EOS (they do, greedy); the
+        // CLI test below ends its replies by length.
+        max_tokens: Some(40),
         ..SamplingParams::greedy()
     };
     let mut messages = vec![ChatMessage::new("system", "Quotations.")];
@@ -85,6 +87,9 @@ fn a_render_that_does_not_continue_the_kept_text_is_tokenized_whole() {
     let whole = g.chat_prompt(&template, &other).unwrap();
     let render = g.chat_text(&template, &other).unwrap();
     assert_eq!(tokens.prompt(g.tokenizer(), &render).unwrap(), whole);
+    // An end-of-sequence id is left out: the template renders its own.
+    tokens.push_reply("x", &[5, 9], &Finish::Eos(9));
+    assert_eq!(&tokens.ids()[whole.len()..], &[5]);
     // A stop string cut the reply: nothing is kept.
     tokens.push_reply("x", &[7], &Finish::StopString("y".into()));
     assert!(tokens.ids().is_empty());
