@@ -233,8 +233,15 @@ impl Generator {
         template: &ChatTemplate,
         messages: &[ChatMessage],
     ) -> Result<Vec<u32>> {
-        let text = template.render(messages, true)?;
+        let text = self.chat_text(template, messages)?;
         Ok(self.tokenizer.encode(&text, false)?)
+    }
+
+    /// A conversation rendered by `template`, ready for the assistant's
+    /// reply: the text [`chat_prompt`](Self::chat_prompt) tokenizes (see
+    /// [`crate::ChatTokens`] for keeping the ids of earlier turns).
+    pub fn chat_text(&self, template: &ChatTemplate, messages: &[ChatMessage]) -> Result<String> {
+        Ok(template.render(messages, true)?)
     }
 
     /// Generates from a text prompt until a stop condition; blocks.

@@ -64,7 +64,9 @@ pub use metrale_model_weights as weights;
 mod builder;
 pub use builder::GeneratorBuilder;
 mod bundled;
+mod chat_tokens;
 pub use bundled::{CACHE_ENV, bundled_model_dir, cache_root, has_bundled_model};
+pub use chat_tokens::ChatTokens;
 mod device;
 pub use device::{
     Backend, BackendOptions, Device, DeviceInfo, ParseDeviceError, announce_device_choice,

@@ -118,6 +118,56 @@ fn exported_random_checkpoint_loads_and_benches() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--shared-prefix`: misses and hits of the prefix cache on an exported
+/// random hybrid (its recurrent state comes back from snapshots).
+#[test]
+fn bench_shared_prefix_times_misses_and_hits() {
+    let dir = std::env::temp_dir().join(format!("metrale-prefix-{}", std::process::id()));
+    let status = Command::new(env!("CARGO_BIN_EXE_metrale"))
+        .args(["export-random", "--config"])
+        .arg(tiny_config())
+        .arg("--out")
+        .arg(&dir)
+        .status()
+        .expect("running metrale");
+    assert!(status.success());
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_metrale"))
+            .args(["bench", "--threads", "1", "--model"])
+            .arg(&dir)
+            .args(["--shared-prefix", "24", "--suffix", "4", "--repeat", "2"])
+            .args(extra)
+            .output()
+            .expect("running metrale");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let text = run(&[]);
+    for line in ["miss ttft", "hit ttft", "x faster", "prefix hits"] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&run(&["--json"])).expect("one JSON object");
+    for key in ["miss_ttft_ms", "hit_ttft_ms", "speedup"] {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {v}");
+    }
+    assert_eq!(v["hits"], 6);
+    // Each hit reuses the 24-token prefix, less what lies after the
+    // nearest snapshot (recomputed).
+    let reused = v["prefix_hit_tokens"].as_u64().unwrap();
+    let recomputed = v["prefix_recomputed_tokens"].as_u64().unwrap();
+    assert!(reused > 0, "{v}");
+    assert!(reused + recomputed <= 6 * 24, "{v}");
+    let off: serde_json::Value =
+        serde_json::from_str(&run(&["--json", "--no-prefix-cache"])).expect("one JSON object");
+    assert_eq!(off["prefix_hit_tokens"], 0, "{off}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bench_needs_a_model_or_a_config() {
     let out = Command::new(env!("CARGO_BIN_EXE_metrale"))

@@ -335,3 +335,33 @@ fn chat_reports_a_bad_line_and_goes_on() {
         "one reply, for the good line: {stderr}"
     );
 }
+
+#[test]
+fn generate_is_the_same_without_the_prefix_cache() {
+    let run = |flags: &[&str]| {
+        let mut args = vec!["generate", "--max-tokens", "16", "--temperature", "0", "-q"];
+        args.extend_from_slice(flags);
+        args.push("A fool and his money");
+        let out = metrale(&args, None);
+        assert!(out.status.success(), "{flags:?}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let cached = run(&[]);
+    assert!(!cached.trim().is_empty());
+    assert_eq!(run(&["--no-prefix-cache"]), cached);
+    assert_eq!(
+        run(&["--snapshot-interval", "4", "--snapshot-budget", "1MiB"]),
+        cached
+    );
+    // Documented in the help of each subcommand that runs a model.
+    for sub in ["generate", "chat", "bench", "logits"] {
+        let help = text(&metrale(&[sub, "--help"], None).stdout);
+        for flag in [
+            "--no-prefix-cache",
+            "--snapshot-interval",
+            "--snapshot-budget",
+        ] {
+            assert!(help.contains(flag), "{sub} --help lacks {flag}");
+        }
+    }
+}

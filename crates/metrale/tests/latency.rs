@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 use metrale::engine::model::ModelOptions;
 use metrale::gpu_runtime::cpu::CpuBackend;
 use metrale::gpu_runtime::gpu::GpuBackend;
-use metrale::{EngineConfig, GeneratorHandle, LoadOptions, Model, SamplingParams, StreamEvent};
+use metrale::{
+    EngineConfig, GeneratorHandle, LoadOptions, Model, PrefixCacheOptions, SamplingParams,
+    StreamEvent,
+};
 
 /// Tokens of the long prompt, prefilled in one step.
 const LONG: usize = 3000;
@@ -81,6 +84,10 @@ fn submit_and_cancel_do_not_wait_for_the_running_step() {
         model: ModelOptions {
             max_batch_tokens: LONG,
             kv_blocks: (LONG + 64).div_ceil(16) * 2,
+            // The same long prompt is sent again and again: with the
+            // prefix cache each would prefill only its last token, and the
+            // step this test needs to overlap would not run.
+            prefix_cache: PrefixCacheOptions::disabled(),
             ..ModelOptions::default()
         },
         ..LoadOptions::default()

@@ -1,8 +1,41 @@
 //! The parsers of `metrale-serve`'s options that take more than a number,
 //! spelled as the `metrale` subcommands spell them (`--kv-dtype`,
-//! `--memory-limit`).
+//! `--memory-limit`, `--no-prefix-cache`).
 
+use metrale::PrefixCacheOptions;
 use metrale::core::DType;
+
+/// The prefix cache's options, as the `metrale` subcommands spell them.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct PrefixCacheArgs {
+    /// Turn the prefix cache off: every request prefills its whole prompt
+    /// (by default a prompt starting like an earlier request reuses that
+    /// request's KV blocks and recurrent state).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+    /// Tokens between the snapshots of a running request's recurrent state
+    /// (hybrid and recurrent models); a hit recomputes at most this many
+    /// tokens of its prefix (0: snapshots only where a request ends or a
+    /// match ended). Default: 128.
+    #[arg(long, value_name = "TOKENS")]
+    pub snapshot_interval: Option<usize>,
+    /// The most memory recurrent-state snapshots may take, e.g. 512MiB
+    /// (default: twice the recurrent state of --max-seqs sequences).
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+    pub snapshot_budget: Option<usize>,
+}
+
+impl PrefixCacheArgs {
+    /// The options the flags give, over the defaults.
+    pub fn options(&self) -> PrefixCacheOptions {
+        let defaults = PrefixCacheOptions::default();
+        PrefixCacheOptions {
+            enabled: !self.no_prefix_cache,
+            snapshot_interval: self.snapshot_interval.unwrap_or(defaults.snapshot_interval),
+            snapshot_budget: self.snapshot_budget.or(defaults.snapshot_budget),
+        }
+    }
+}
 
 /// `--kv-dtype`: the KV cache's element type.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -73,6 +106,31 @@ mod tests {
         assert_eq!(parse_memory("4096").unwrap(), 4096);
         assert!(parse_memory("lots").is_err());
         assert!(parse_memory("8 parsecs").is_err());
+    }
+
+    #[test]
+    fn prefix_cache_flags() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            prefix: PrefixCacheArgs,
+        }
+        let on = Cli::parse_from(["x"]).prefix.options();
+        assert_eq!(on, PrefixCacheOptions::default());
+        let off = Cli::parse_from([
+            "x",
+            "--no-prefix-cache",
+            "--snapshot-interval",
+            "64",
+            "--snapshot-budget",
+            "1MiB",
+        ])
+        .prefix
+        .options();
+        assert!(!off.enabled);
+        assert_eq!(off.snapshot_interval, 64);
+        assert_eq!(off.snapshot_budget, Some(1 << 20));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Parser;
 use metrale::{Device, EngineConfig, Generator, LoadOptions, default_model_dir};
-use metrale_server::cli::{KvDType, parse_memory};
+use metrale_server::cli::{KvDType, PrefixCacheArgs, parse_memory};
 use metrale_server::{AppState, ServerConfig};
 
 #[derive(Parser, Debug)]
@@ -73,6 +73,8 @@ struct Args {
     /// CPU), f32, or bf16 (half the memory per cached token).
     #[arg(long, value_enum, default_value_t = KvDType::Auto)]
     kv_dtype: KvDType,
+    #[command(flatten)]
+    prefix: PrefixCacheArgs,
     /// Most requests the engine runs at once (sequences in the batch).
     #[arg(long)]
     max_seqs: Option<usize>,
@@ -156,6 +158,7 @@ fn run(args: Args) -> Result<()> {
         ..LoadOptions::default()
     };
     options.model.kv_dtype = args.kv_dtype.dtype();
+    options.model.prefix_cache = args.prefix.options();
     if let Some(n) = args.max_seqs {
         options.model.max_seqs = n;
     }

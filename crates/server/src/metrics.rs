@@ -9,6 +9,10 @@
 //! requests holding a sequence, and requests queued for memory; with
 //! `metrale_kv_blocks_in_use` and `metrale_ssm_slots_in_use` (and their
 //! `_total` capacities) as of the engine's last step, queueing or cancel.
+//! The prefix cache's: `metrale_kv_blocks_cached` and
+//! `metrale_prefix_snapshot_bytes` (what it holds), and the prompt tokens it
+//! saved (`metrale_prefix_cache_hit_tokens_total`) or matched but had to
+//! recompute (`metrale_prefix_cache_recomputed_tokens_total`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -231,6 +235,30 @@ impl Metrics {
                 "SSM state slots in all.",
                 "gauge",
                 engine.ssm_slots_total as i64,
+            ),
+            (
+                "metrale_kv_blocks_cached",
+                "KV cache blocks held by the prefix cache (some also by sequences).",
+                "gauge",
+                engine.kv_blocks_cached as i64,
+            ),
+            (
+                "metrale_prefix_snapshot_bytes",
+                "Bytes of recurrent-state snapshots held by the prefix cache.",
+                "gauge",
+                engine.snapshot_bytes as i64,
+            ),
+            (
+                "metrale_prefix_cache_hit_tokens_total",
+                "Prompt tokens whose computation a cached prefix saved.",
+                "counter",
+                engine.prefix_hit_tokens as i64,
+            ),
+            (
+                "metrale_prefix_cache_recomputed_tokens_total",
+                "Prompt tokens the prefix cache matched but recomputed (the nearest state snapshot lay before them).",
+                "counter",
+                engine.prefix_recomputed_tokens as i64,
             ),
         ] {
             let _ = writeln!(

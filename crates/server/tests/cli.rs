@@ -1,5 +1,6 @@
 //! `metrale-serve`'s command line: `--ctx-size` / `--max-model-len` bound
-//! the context, `--dtype` is accepted as by the `metrale` subcommands, and
+//! the context, `--dtype` and the prefix cache's flags are accepted as by
+//! the `metrale` subcommands, and
 //! a user error is one clean line.
 
 use std::io::{BufRead, BufReader};
@@ -44,6 +45,17 @@ fn ctx_size_bounds_the_served_context() {
     }
     let line = banner(&["--dtype", "bf16"]);
     assert!(line.contains("context"), "{line:?}");
+}
+
+#[test]
+fn the_prefix_cache_flags_are_accepted() {
+    for args in [
+        &["--no-prefix-cache"][..],
+        &["--snapshot-interval", "32", "--snapshot-budget", "16MiB"],
+    ] {
+        let line = banner(args);
+        assert!(line.contains("context"), "{args:?}: {line:?}");
+    }
 }
 
 #[test]

@@ -269,6 +269,45 @@ fn health_models_and_metrics() {
 }
 
 #[test]
+fn the_prefix_cache_metrics_count_a_repeated_prompt() {
+    let server = start(ServerConfig::default());
+    let text = get(server.addr, "/metrics").body;
+    for (series, kind) in [
+        ("metrale_kv_blocks_cached", "gauge"),
+        ("metrale_prefix_snapshot_bytes", "gauge"),
+        ("metrale_prefix_cache_hit_tokens_total", "counter"),
+        ("metrale_prefix_cache_recomputed_tokens_total", "counter"),
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {series} {kind}\n")),
+            "{series}: {text}"
+        );
+        assert_eq!(metric(&text, series), 0.0, "{series}: {text}");
+    }
+    let body = json!({"prompt": "The quick brown fox jumps over the lazy dog", "max_tokens": 1});
+    let first = post(server.addr, "/v1/completions", &body).json();
+    let prompt = first["usage"]["prompt_tokens"].as_f64().unwrap();
+    let text = get(server.addr, "/metrics").body;
+    assert_eq!(metric(&text, "metrale_prefix_cache_hit_tokens_total"), 0.0);
+    post(server.addr, "/v1/completions", &body).json();
+    let text = get(server.addr, "/metrics").body;
+    // The whole prompt is cached but its last token is fed again: its
+    // logits give the first generated token.
+    assert_eq!(
+        metric(&text, "metrale_prefix_cache_hit_tokens_total"),
+        prompt - 1.0,
+        "{text}"
+    );
+    // Attention layers only: no recurrent state to restore from a snapshot.
+    assert_eq!(
+        metric(&text, "metrale_prefix_cache_recomputed_tokens_total"),
+        0.0
+    );
+    assert_eq!(metric(&text, "metrale_prefix_snapshot_bytes"), 0.0);
+    assert!(metric(&text, "metrale_kv_blocks_cached") >= 1.0, "{text}");
+}
+
+#[test]
 fn a_panicking_handler_is_a_500_and_the_server_stays_up() {
     let server = start_app(
         &fixture(),

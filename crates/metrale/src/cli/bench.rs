@@ -7,6 +7,10 @@
 //! host's). On a GPU it also reports the device: name, compute capability,
 //! memory.
 //!
+//! With `--shared-prefix N` it measures the prefix cache instead: the time
+//! to first token of a cached N-token prefix against an uncached one
+//! (`bench_prefix.rs`).
+//!
 //! Also the hidden `metrale export-random`, which writes the random model of
 //! a config as a Hugging Face checkpoint (for comparisons with other engines).
 
@@ -82,6 +86,8 @@ pub struct Args {
     /// CPU), f32, or bf16 (half the memory per cached token).
     #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
     pub kv_dtype: super::KvDType,
+    #[command(flatten)]
+    pub prefix: super::PrefixCacheArgs,
     /// How weights are held in memory (converted on load). Default: bf16,
     /// but a .gguf file's tensors as it stores them (quantized ones stay
     /// quantized and take the integer dot products).
@@ -94,6 +100,24 @@ pub struct Args {
     /// probe times copies of device memory, on the CPU reads of host memory.
     #[arg(long)]
     pub no_probe: bool,
+    /// Measure the prefix cache instead: the time to first token of a
+    /// prompt of this many shared tokens plus --suffix new ones, on a miss
+    /// (a prefix never seen) and on hits (the same prefix, a new suffix),
+    /// interleaved over --repeat rounds of one miss and three hits, with
+    /// the prompt tokens the hits reused and recomputed.
+    #[arg(long, value_name = "TOKENS", conflicts_with_all = ["batch", "prompt_len", "gen_len", "profile"])]
+    pub shared_prefix: Option<usize>,
+    /// New tokens after the shared prefix (with --shared-prefix).
+    #[arg(
+        long,
+        value_name = "TOKENS",
+        default_value_t = 16,
+        requires = "shared_prefix"
+    )]
+    pub suffix: usize,
+    /// Rounds of --shared-prefix (each a new prefix: one miss, then hits).
+    #[arg(long, default_value_t = 5, requires = "shared_prefix")]
+    pub repeat: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -158,6 +182,11 @@ const MAX_BATCH: usize = 4096;
 /// applies too); returns the KV blocks the run needs.
 fn check_sizes(args: &Args, config: &ModelConfig, block_size: usize) -> Result<usize> {
     let (b, n, m) = (args.batch, args.prompt_len, args.gen_len);
+    if let Some(shared) = args.shared_prefix {
+        let limit = args.ctx_size.unwrap_or(usize::MAX);
+        let limit = limit.min(config.max_position_embeddings);
+        return super::bench_prefix::check_sizes(args, shared, limit, block_size);
+    }
     if n == 0 || b == 0 {
         bail!("--prompt-len and --batch must be at least 1");
     }
@@ -215,13 +244,17 @@ pub fn run(mut args: Args) -> Result<()> {
     let device_info = backend.device_info();
     let bf16_dot = backend.bf16_dot_products();
     let gpu = backend.gpu().clone();
-    let max_batch_tokens = n.min(2048).max(b);
+    let prompt_tokens = args
+        .shared_prefix
+        .map_or(n, |s| s.saturating_add(args.suffix));
+    let max_batch_tokens = prompt_tokens.min(2048).max(b);
     let options = ModelOptions {
         max_batch_tokens,
         max_seqs: b,
         kv_blocks,
         kv_dtype: args.kv_dtype.dtype(),
         cuda_graphs: !args.device.no_cuda_graphs,
+        prefix_cache: args.prefix.options(),
         ..ModelOptions::default()
     };
     let mut dtype = args.weight_dtype.unwrap_or(BenchDType::Bf16).dtype();
@@ -271,6 +304,15 @@ pub fn run(mut args: Args) -> Result<()> {
         (None, None) => bail!("give --model DIR or --config FILE"),
     };
     let load_s = start.elapsed().as_secs_f64();
+    if let Some(shared) = args.shared_prefix {
+        let config = model.config().clone();
+        let measured = super::bench_prefix::measure(model, &args, shared)?;
+        print!(
+            "{}",
+            super::bench_prefix::report(&config, &name, &args, shared, &measured)
+        );
+        return Ok(());
+    }
     let measured = measure(&model, &args, load_s, &|| {
         backend.take_op_times().unwrap_or_default()
     });

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
-use metrale::{ChatMessage, Generator, StreamEvent};
+use metrale::{ChatMessage, ChatTokens, Generator, StreamEvent};
 use metrale_model_engine::chat::ChatTemplate;
 
 use super::generate::{ModelArgs, SamplingArgs, summary};
@@ -94,6 +94,8 @@ fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
         .map(|s| ChatMessage::new("system", s.as_str()))
         .collect();
     let mut messages = start.clone();
+    // The ids the model saw, so that each turn prefills only what is new.
+    let mut tokens = ChatTokens::new();
     let mut input = std::io::stdin().lock();
     let mut number = 0;
     loop {
@@ -120,6 +122,7 @@ fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
                     .is_some_and(|a| matches!(a.trim().to_ascii_lowercase().as_str(), "y" | "yes"));
                 if yes {
                     messages = start.clone();
+                    tokens.clear();
                     eprintln!("(the conversation starts over)");
                 } else {
                     eprintln!("(the conversation goes on)");
@@ -133,7 +136,14 @@ fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
         }
         messages.push(ChatMessage::new("user", line));
         interrupt.generating(true);
-        let result = turn(generator, &template, &mut messages, args, &interrupt);
+        let result = turn(
+            generator,
+            &template,
+            &mut messages,
+            &mut tokens,
+            args,
+            &interrupt,
+        );
         interrupt.generating(false);
         match result {
             Ok(reply) => messages.push(ChatMessage::new("assistant", reply)),
@@ -143,6 +153,7 @@ fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
                 // a conversation the model could answer.
                 eprintln!("error: {}", super::format_error(&e));
                 messages.pop();
+                tokens.clear();
             }
         }
     }
@@ -176,22 +187,28 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 
 /// One reply: renders the conversation (dropping its oldest turns if it no
 /// longer fits the context), streams the answer until it ends or Ctrl-C
-/// stops it, returns its text (what was shown, when stopped).
+/// stops it, returns its text (what was shown, when stopped). `tokens`
+/// holds the ids of the conversation so far and gets the reply's.
 fn turn(
     generator: &mut Generator,
     template: &ChatTemplate,
     messages: &mut Vec<ChatMessage>,
+    tokens: &mut ChatTokens,
     args: &Args,
     interrupt: &Interrupt,
 ) -> Result<String> {
     let limit = generator.engine().context_limit();
-    let mut ids = generator.chat_prompt(template, messages)?;
+    let mut render = generator.chat_text(template, messages)?;
+    let mut ids = tokens.prompt(generator.tokenizer(), &render)?;
     while ids.len() >= limit && drop_oldest_turn(messages) {
-        ids = generator.chat_prompt(template, messages)?;
+        render = generator.chat_text(template, messages)?;
+        ids = tokens.prompt(generator.tokenizer(), &render)?;
     }
     let params = args.sampling.params(generator, ids.len())?;
+    let hits_before = generator.engine().stats().prefix_hit_tokens;
     let mut out = std::io::stdout().lock();
     let mut text = String::new();
+    let mut generated = Vec::new();
     let mut finished = None;
     {
         // Stopped, the stream ends between two engine steps (also between
@@ -201,7 +218,10 @@ fn turn(
             .stop_when(&interrupt.stop);
         for event in stream {
             match event? {
-                StreamEvent::Token { text: delta, .. } => {
+                StreamEvent::Token {
+                    token, text: delta, ..
+                } => {
+                    generated.push(token);
                     out.write_all(delta.as_bytes())
                         .context("writing to stdout")?;
                     out.flush().context("writing to stdout")?;
@@ -223,8 +243,19 @@ fn turn(
             if !super::quiet() {
                 eprintln!("{}", summary(&timings, &reason));
             }
+            let reused = (generator.engine().stats().prefix_hit_tokens).saturating_sub(hits_before);
+            tracing::info!(
+                "prefix cache: reused {reused} of {} prompt tokens",
+                timings.prompt_tokens
+            );
+            tokens.push_reply(&text, &generated, &reason);
         }
-        None => eprintln!("[stopped]"),
+        None => {
+            eprintln!("[stopped]");
+            // What was shown stays in the conversation, but the ids fed
+            // stop anywhere: the next prompt is tokenized whole.
+            tokens.clear();
+        }
     }
     Ok(text)
 }

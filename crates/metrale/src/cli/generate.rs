@@ -43,6 +43,8 @@ pub struct ModelArgs {
     /// CPU), f32, or bf16 (half the memory per cached token).
     #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
     pub kv_dtype: super::KvDType,
+    #[command(flatten)]
+    pub prefix: super::PrefixCacheArgs,
 }
 
 impl ModelArgs {
@@ -75,6 +77,7 @@ impl ModelArgs {
         options.model.max_seqs = 1;
         options.model.kv_dtype = self.kv_dtype.dtype();
         options.model.cuda_graphs = !self.device.no_cuda_graphs;
+        options.model.prefix_cache = self.prefix.options();
         let mut config = EngineConfig::default();
         if let Some(ctx) = self.ctx_size {
             check_ctx_size(ctx, &dir)?;

@@ -46,6 +46,8 @@ pub struct Args {
     /// CPU), f32, or bf16 (half the memory per cached token).
     #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
     pub kv_dtype: super::KvDType,
+    #[command(flatten)]
+    pub prefix: super::PrefixCacheArgs,
 }
 
 pub fn run(mut args: Args) -> Result<()> {
@@ -80,6 +82,7 @@ pub fn run(mut args: Args) -> Result<()> {
     options.model.max_seqs = 1;
     options.model.kv_dtype = args.kv_dtype.dtype();
     options.model.cuda_graphs = !args.device.no_cuda_graphs;
+    options.model.prefix_cache = args.prefix.options();
     tracing::debug!("loading {} with {options:?}", args.model.display());
     let model = Model::load(&args.model, &options, &mut super::load_progress())?;
     let vocab = model.engine().config().vocab_size;

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+mod bench_prefix;
 mod bench_probe;
 pub mod chat;
 pub mod generate;
@@ -64,6 +65,40 @@ impl KvDType {
 pub fn parse_memory(text: &str) -> Result<usize, String> {
     let bytes = inspect::parse_bytes(text).map_err(|e| format!("{e:#}"))?;
     usize::try_from(bytes).map_err(|_| format!("{text} is more than this machine can address"))
+}
+
+/// The prefix cache's flags, the same on every subcommand that runs a model
+/// (and on `metrale serve`).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct PrefixCacheArgs {
+    /// Turn the prefix cache off: every request prefills its whole prompt
+    /// (by default a prompt starting like an earlier request, such as the
+    /// next turn of a chat, reuses that request's KV blocks and recurrent
+    /// state).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+    /// Tokens between the snapshots of a running request's recurrent state
+    /// (hybrid and recurrent models); a hit recomputes at most this many
+    /// tokens of its prefix (0: snapshots only where a request ends or a
+    /// match ended). Default: 128.
+    #[arg(long, value_name = "TOKENS")]
+    pub snapshot_interval: Option<usize>,
+    /// The most memory recurrent-state snapshots may take, e.g. 512MiB
+    /// (default: twice the recurrent state of the sequences run at once).
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+    pub snapshot_budget: Option<usize>,
+}
+
+impl PrefixCacheArgs {
+    /// The options the flags give, over the defaults.
+    pub fn options(&self) -> metrale::PrefixCacheOptions {
+        let defaults = metrale::PrefixCacheOptions::default();
+        metrale::PrefixCacheOptions {
+            enabled: !self.no_prefix_cache,
+            snapshot_interval: self.snapshot_interval.unwrap_or(defaults.snapshot_interval),
+            snapshot_budget: self.snapshot_budget.or(defaults.snapshot_budget),
+        }
+    }
 }
 
 /// `--dtype`: the arithmetic, the same on every subcommand that runs a model.

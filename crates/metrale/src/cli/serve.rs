@@ -21,6 +21,7 @@ pub struct Args {
     /// 8000] [--api-key KEY] [--served-model-name NAME] [--device cpu|auto]
     /// [-t N] [--memory-limit SIZE] [--kv-dtype auto|f32|bf16]
     /// [--ctx-size N] [--dtype auto|f32|bf16] [--quant TYPE] [--max-seqs N] [--max-waiting N]
+    /// [--no-prefix-cache] [--snapshot-interval N] [--snapshot-budget SIZE]
     /// (`metrale serve --help` lists them).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub args: Vec<String>,
