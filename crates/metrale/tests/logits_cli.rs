@@ -42,7 +42,9 @@ fn run_logits(
 ) -> Result<std::process::Output> {
     let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_metrale"));
-    cmd.args(["logits", "--threads", "2", "--model"])
+    // The exact arithmetic: the default (`auto`) multiplies bf16 weights
+    // with bf16 dot products, out of the golden files' 1e-4.
+    cmd.args(["logits", "--threads", "2", "--dtype", "f32", "--model"])
         .arg(fixture(model))
         .args(["--ids", &ids.join(","), "--out"])
         .arg(out);

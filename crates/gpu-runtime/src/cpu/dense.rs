@@ -65,8 +65,9 @@ thread_local! {
 }
 
 impl CpuBackend {
-    /// `o = x · wᵀ`: the GEMV up to `GEMV_MAX_ROWS` rows, then the bf16-dot
-    /// GEMM where asked for and possible, else the f32 GEMM.
+    /// `o = x · wᵀ`: with bf16 dot products (where asked for and possible)
+    /// the decode-sized kernel up to its `MAX_ROWS` rows, then the GEMM;
+    /// otherwise the GEMV up to `GEMV_MAX_ROWS` rows, then the f32 GEMM.
     ///
     /// Quantized weights take the integer dot products of `cpu::quant`
     /// (activations quantized per block, as llama.cpp does), whatever `m`.
@@ -84,10 +85,15 @@ impl CpuBackend {
             let mut scratch = self.quant_scratch.lock();
             return super::quant::quant_matmul(team, xs, w, o, m, &mut scratch);
         }
-        if m <= GEMV_MAX_ROWS || k == 0 {
-            // Small ones run here alone, without the team.
-            let team = (n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
-            super::gemv::gemv(team, xs, ws, o, m, n, k)
+        // Small ones run on the calling thread alone, without the team.
+        let small_team = (n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
+        if let (true, Weights::BF16(wb)) = (self.bf16_dot, ws)
+            && m <= super::gemv_bf16::MAX_ROWS
+            && super::gemv_bf16::gemv(small_team, xs, wb, o, m, n, k)
+        {
+            // bf16 dot products, each row's bits whatever shares the step.
+        } else if m <= GEMV_MAX_ROWS || k == 0 {
+            super::gemv::gemv(small_team, xs, ws, o, m, n, k)
         } else if let (true, Weights::BF16(wb)) = (self.bf16_dot, ws)
             && super::gemm_bf16::gemm(self.team(), xs, wb, o, m, n, k)
         {
@@ -110,7 +116,7 @@ impl CpuBackend {
         d: MatmulDims,
     ) -> Result<()> {
         let MatmulDims { m, n, k } = d;
-        if m > GEMV_MAX_ROWS
+        if m > super::gemv_bf16::MAX_ROWS.max(GEMV_MAX_ROWS)
             && let (true, Weights::BF16(g), Weights::BF16(up)) = (self.bf16_dot, wg, wu)
             && super::gemm_bf16::gemm_swiglu(self.team(), xs, g, up, o, m, n, k)
         {

@@ -143,7 +143,7 @@ fn gemm_with(
 }
 
 /// `src` (f32) as bf16 pairs `(2p, 2p+1)` in `dst`, rounded to nearest even.
-fn to_pairs(src: &[f32], dst: &mut [u32]) {
+pub(super) fn to_pairs(src: &[f32], dst: &mut [u32]) {
     let even = src.len() / 32 * 32;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `gemm` checked `available()`; the kernel reads `even` elements of

@@ -10,6 +10,7 @@ mod dense;
 mod elementwise;
 mod gemm_bf16;
 mod gemv;
+mod gemv_bf16;
 mod host_memory;
 mod kernels;
 mod moe;
