@@ -3,7 +3,8 @@
 //! `config.json` as the converter reads it: `TextModel.set_gguf_parameters`
 //! and the family classes' additions (`LlamaModel`, `Qwen2Model`,
 //! `Mamba2Model`, `GraniteModel` / `GraniteMoeModel` /
-//! `GraniteHybridModel`, `NemotronHModel`), in the order they write them
+//! `GraniteHybridModel`, `NemotronHModel` with and without MoE,
+//! `Qwen2MoeModel` / `Qwen3NextModel`), in the order they write them
 //! (a key written twice keeps its first place, as in gguf-py's writer).
 //!
 //! The converter reads `config.json` through transformers' `AutoConfig`,

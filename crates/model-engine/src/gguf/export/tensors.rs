@@ -2,8 +2,9 @@
 //! writes them: renamed and changed by the family's [`GgufTable`] read
 //! forwards (the loader reads it backwards), in the converter's order (the
 //! shard files by name, each file's tensor names sorted, each giving its
-//! GGUF tensors in turn), with
-//! the converter's shapes and float types.
+//! GGUF tensors in turn; a layer's per-expert tensors held back and written
+//! as stacked `ffn_*_exps` where its last one comes), with the converter's
+//! shapes and float types.
 
 use std::path::Path;
 
@@ -455,6 +456,63 @@ mod tests {
         assert_eq!(apply(&t(part, vec![2, 4]), m), [2., 3., 6., 7.]);
         let a = apply(&t(Forward::NegExp, vec![2]), vec![0.0, 1.0]);
         assert_eq!(a, [-1.0, -1f32.exp()]);
+        assert_eq!(apply(&t(Forward::PlusOne, vec![1]), vec![0.5]), [1.5]);
+    }
+
+    #[test]
+    fn qkvz_rows_regroup_as_the_converter_does() {
+        // Two key groups of one-row q, k, v, z: HF rows [q0 k0 v0 z0 q1 k1
+        // v1 z1] become attn_qkv [q0 q1 k0 k1 v0 v1] and attn_gate [z0 z1].
+        let run = |source, start| RowRun {
+            source,
+            start,
+            len: 1,
+        };
+        let runs: Vec<RowRun> = (0..2)
+            .flat_map(|g| [run(0, g), run(0, 2 + g), run(0, 4 + g), run(1, g)])
+            .collect();
+        let hf: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let part = |part| Forward::Scatter {
+            part,
+            runs: runs.clone(),
+        };
+        let qkv = apply(&t(part(0), vec![8, 1]), hf.clone());
+        assert_eq!(qkv, [0., 4., 1., 5., 2., 6.]);
+        assert_eq!(forward_shape(&part(0), &[8, 1]), [6, 1]);
+        assert_eq!(apply(&t(part(1), vec![8, 1]), hf), [3., 7.]);
+    }
+
+    #[test]
+    fn experts_are_stacked_once_the_layer_has_them_all() {
+        let dir = Path::new("x");
+        let mut s = Stacks::default();
+        // The converter's order: by name, so expert by expert.
+        for e in 0..2 {
+            for m in ["down", "up"] {
+                let name = format!("blk.3.ffn_{m}_exps.weight");
+                let hf = format!("backbone.layers.3.mixer.experts.{e}.{m}_proj.weight");
+                s.add(&name, &hf, &[4, 2], e, 2, dir).unwrap();
+                let ready = s.take_complete(&name);
+                if (e, m) != (1, "up") {
+                    assert!(ready.is_empty(), "{e} {m}");
+                    continue;
+                }
+                let names: Vec<&str> = ready.iter().map(|t| t.name.as_str()).collect();
+                assert_eq!(
+                    names,
+                    ["blk.3.ffn_down_exps.weight", "blk.3.ffn_up_exps.weight"]
+                );
+                assert_eq!(ready[0].shape, [2, 4, 2]);
+                assert_eq!(ready[1].hf.len(), 2);
+            }
+        }
+        s.finish(dir).unwrap();
+        let mut s = Stacks::default();
+        s.add("blk.0.ffn_up_exps.weight", "a", &[1], 1, 2, dir)
+            .unwrap();
+        let e = s.finish(dir).unwrap_err().to_string();
+        assert!(e.contains("experts [0] are missing"), "{e}");
+        assert_eq!(layer_of("blk.12.ffn_up_exps.weight"), "blk.12.");
     }
 
     #[test]
