@@ -185,6 +185,20 @@ fn granitemoehybrid_gguf_logits_match_safetensors() {
     same_model("granitemoehybrid", false);
 }
 
+// Qwen3-Next: norm weights stored as `w + 1` and `A` as `-exp(A_log)` (in
+// f32), which loading undoes with rounding; experts stacked, `in_proj_qkvz`
+// regrouped (exact). These files are also what `metrale quantize --type
+// bf16` writes (gguf_export.rs), so this is its round trip too.
+#[test]
+fn qwen3_next_gguf_logits_match_safetensors() {
+    same_model("qwen3_next", false);
+}
+
+#[test]
+fn nemotron_h_moe_gguf_logits_match_safetensors() {
+    same_model("nemotron_h_moe", false);
+}
+
 #[test]
 fn gguf_tokenizer_encodes_like_tokenizer_json() {
     let file = GgufFile::open(&gguf("llama")).unwrap();

@@ -21,13 +21,15 @@ use metrale_model_engine::gguf::export::{QuantizeOptions, quantize};
 use metrale_model_weights::gguf::mix::FileType;
 use metrale_model_weights::gguf::{GgufFile, GgufValue};
 
-pub const MODELS: [&str; 6] = [
+pub const MODELS: [&str; 8] = [
     "llama",
     "qwen3",
     "mamba2",
     "bamba",
     "nemotron_h",
     "granitemoehybrid",
+    "qwen3_next",
+    "nemotron_h_moe",
 ];
 
 fn fixtures() -> PathBuf {
@@ -218,9 +220,9 @@ fn check_quantized(ours: &GgufFile, e: &Expected, base: &GgufFile) {
 #[test]
 fn requantizing_the_bf16_files_is_llama_quantize() {
     let all = expected_files();
-    // 6 fixtures x 10 formats x 2 sources, the converter's f32 and f16
-    // files of the 6 fixtures, and models/default's 6 K-quant formats.
-    assert_eq!(all.len(), 2 * 6 * 10 + 6 * 2 + 6);
+    // 8 fixtures x 10 formats x 2 sources, the converter's f32 and f16
+    // files of the 8 fixtures, and models/default's 6 K-quant formats.
+    assert_eq!(all.len(), 2 * 8 * 10 + 8 * 2 + 6);
     let dir = scratch("requant");
     for e in all.iter().filter(|e| e.source == "gguf-bf16") {
         let input = fixtures().join(format!("gguf-bf16/{}.gguf", e.model));
@@ -361,6 +363,23 @@ fn refusals_name_the_problem_and_leave_no_file() {
     assert!(
         e.contains("config.json")
             && e.contains("reads the attention layers as [], metrale as [1, 3]"),
+        "{e}"
+    );
+    assert_eq!(listing(&dir), ["same.gguf"]);
+
+    // A dense Nemotron-H config with transformers' MoE defaults: the
+    // converter takes it for nemotron_h_moe, where its MLP layer would be
+    // lost; refused, saying what to drop.
+    let e = quantize(
+        &fixtures().join("nemotron_h"),
+        &dir.join("n.gguf"),
+        &options(FileType::BF16),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("config.json") && e.contains("dense feed-forward layers [3]"),
         "{e}"
     );
     assert_eq!(listing(&dir), ["same.gguf"]);

@@ -3,7 +3,8 @@
 //! `config.json` as the converter reads it: `TextModel.set_gguf_parameters`
 //! and the family classes' additions (`LlamaModel`, `Qwen2Model`,
 //! `Mamba2Model`, `GraniteModel` / `GraniteMoeModel` /
-//! `GraniteHybridModel`, `NemotronHModel`), in the order they write them
+//! `GraniteHybridModel`, `NemotronHModel` with and without MoE,
+//! `Qwen2MoeModel` / `Qwen3NextModel`), in the order they write them
 //! (a key written twice keeps its first place, as in gguf-py's writer).
 //!
 //! The converter reads `config.json` through transformers' `AutoConfig`,
@@ -183,6 +184,12 @@ fn text_model(m: &mut Meta, hp: &Hparams) -> Result<()> {
     if let Some(n) = hp.u(&used) {
         m.put("expert_used_count", u32v(n));
     }
+    if let Some(n) = hp.get("n_group").and_then(Value::as_u64) {
+        m.put("expert_group_count", u32v(n));
+    }
+    if let Some(n) = hp.get("topk_group").and_then(Value::as_u64) {
+        m.put("expert_group_used_count", u32v(n));
+    }
     if let Some(n) = hp.get("head_dim").and_then(Value::as_u64) {
         m.put("attention.key_length", u32v(n));
         m.put("attention.value_length", u32v(n));
@@ -278,13 +285,72 @@ pub(super) fn arch_keys(
         ModelType::Bamba | ModelType::GraniteMoeHybrid | ModelType::NemotronH => {
             granite_hybrid(m, model_type, hp, layers, file_type)?;
         }
-        ModelType::Qwen3Next => {
+        ModelType::Qwen3Next => qwen3_next(m, hp, layers, file_type)?,
+    }
+    Ok(())
+}
+
+/// `Qwen2MoeModel` and `Qwen3NextModel.set_gguf_parameters` (without MTP
+/// layers: the converter is run with `--no-mtp`, as a config without
+/// `mtp_num_hidden_layers` needs).
+fn qwen3_next(m: &mut Meta, hp: &Hparams, layers: u64, file_type: u32) -> Result<()> {
+    text_model(m, hp)?;
+    m.put_full("general.file_type", GgufValue::U32(file_type));
+    if let Some(n) = hp.get("moe_intermediate_size").and_then(Value::as_u64) {
+        m.put("expert_feed_forward_length", u32v(n));
+    }
+    if let Some(n) = (hp.get("shared_expert_intermediate_size")).and_then(Value::as_u64) {
+        m.put("expert_shared_feed_forward_length", u32v(n));
+    }
+    let v_heads = hp.need_u(&["linear_num_value_heads"])?;
+    m.put(
+        "ssm.conv_kernel",
+        u32v(hp.need_u(&["linear_conv_kernel_dim"])?),
+    );
+    m.put("ssm.state_size", u32v(hp.need_u(&["linear_key_head_dim"])?));
+    m.put(
+        "ssm.group_count",
+        u32v(hp.need_u(&["linear_num_key_heads"])?),
+    );
+    m.put("ssm.time_step_rank", u32v(v_heads));
+    let v_dim = hp.need_u(&["linear_value_head_dim"])?;
+    m.put("ssm.inner_size", u32v(v_dim * v_heads));
+    if let Some(types) = hp.get("layer_types").and_then(Value::as_array) {
+        if types.len() as u64 != layers {
             return Err(EngineError::Config {
                 path: hp.path.to_path_buf(),
-                detail: "qwen3_next models are not exported to GGUF yet".into(),
+                detail: format!(
+                    "layer_types has {} entries for {layers} layers",
+                    types.len()
+                ),
             });
         }
+        let recurrent = (types.iter())
+            .map(|t| t.as_str() == Some("linear_attention"))
+            .collect();
+        m.put(
+            "attention.recurrent_layers",
+            GgufValue::Array(GgufArray::Bool(recurrent)),
+        );
     }
+    let interval = hp.get("full_attention_interval").and_then(Value::as_u64);
+    m.put("full_attention_interval", u32v(interval.unwrap_or(4)));
+    let head_dim = match hp.get("head_dim").and_then(Value::as_u64) {
+        Some(d) => d,
+        None => hp.need_u(&["hidden_size"])? / hp.need_u(&["num_attention_heads"])?.max(1),
+    };
+    // `int(head_dim * partial_rotary_factor)`, the factor from
+    // rope_parameters (or rope_scaling, or the top level), 0.25 if none.
+    let rope = hp.get("rope_parameters").or(hp.get("rope_scaling"));
+    let factor = (rope.and_then(|r| r.get("partial_rotary_factor")))
+        .filter(|v| !v.is_null())
+        .or(hp.get("partial_rotary_factor"))
+        .and_then(Value::as_f64)
+        .unwrap_or(0.25);
+    m.put(
+        "rope.dimension_count",
+        u32v((head_dim as f64 * factor) as u64),
+    );
     Ok(())
 }
 
@@ -390,12 +456,60 @@ fn granite_hybrid(
         };
         m.put("attention.key_length", u32v(head_dim));
         m.put("attention.value_length", u32v(head_dim));
+        nemotron_ffn(m, hp, pattern.unwrap_or_default())?;
+    }
+    Ok(())
+}
+
+/// `NemotronHModel`'s feed-forward keys: the per-layer sizes (of the `-`
+/// layers, or with MoE keys of the `E` layers) and the MoE keys.
+fn nemotron_ffn(m: &mut Meta, hp: &Hparams, pattern: &str) -> Result<()> {
+    if !hp.map.contains_key("num_experts_per_tok") {
         let n_ff = hp.need_u(&["intermediate_size", "n_inner", "hidden_dim"])?;
-        let pattern = pattern.unwrap_or_default();
         let ff = (pattern.chars())
             .map(|c| if c == '-' { n_ff } else { 0 })
             .collect();
         m.put("feed_forward_length", i32_array(ff));
+        return Ok(());
+    }
+    let n_ff = hp.need_u(&["moe_intermediate_size"])?;
+    let ff = (pattern.chars())
+        .map(|c| if c == 'E' { n_ff } else { 0 })
+        .collect();
+    m.put("feed_forward_length", i32_array(ff));
+    m.put(
+        "expert_used_count",
+        u32v(hp.need_u(&["num_experts_per_tok"])?),
+    );
+    m.put("expert_feed_forward_length", u32v(n_ff));
+    let shared = hp.need_u(&["moe_shared_expert_intermediate_size"])?;
+    m.put("expert_shared_feed_forward_length", u32v(shared));
+    m.put("expert_count", u32v(hp.need_u(&["n_routed_experts"])?));
+    m.put(
+        "expert_shared_count",
+        u32v(hp.need_u(&["n_shared_experts"])?),
+    );
+    let norm = hp.get("norm_topk_prob").and_then(Value::as_bool);
+    let Some(norm) = norm else {
+        return Err(EngineError::Config {
+            path: hp.path.to_path_buf(),
+            detail: "the GGUF converter needs norm_topk_prob".into(),
+        });
+    };
+    m.put("expert_weights_norm", GgufValue::Bool(norm));
+    let scale = hp
+        .f(&["routed_scaling_factor"])
+        .ok_or_else(|| EngineError::Config {
+            path: hp.path.to_path_buf(),
+            detail: "the GGUF converter needs routed_scaling_factor".into(),
+        })?;
+    m.put("expert_weights_scale", f32v(scale));
+    m.put("expert_group_count", u32v(hp.need_u(&["n_group"])?));
+    if hp.get("moe_latent_size").is_some() {
+        return Err(EngineError::Config {
+            path: hp.path.to_path_buf(),
+            detail: "latent MoE (moe_latent_size) is not exported".into(),
+        });
     }
     Ok(())
 }

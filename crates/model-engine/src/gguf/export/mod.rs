@@ -132,16 +132,19 @@ fn export_err(path: &Path, detail: impl Into<String>) -> EngineError {
     }
 }
 
-/// The `general.architecture` llama.cpp's converter gives a model type.
-fn gguf_arch(t: ModelType) -> Option<&'static str> {
+/// The `general.architecture` llama.cpp's converter gives a model type
+/// (`moe_keys`: the config has `num_experts_per_tok`, which makes the
+/// converter take a Nemotron-H for `nemotron_h_moe`).
+fn gguf_arch(t: ModelType, moe_keys: bool) -> Option<&'static str> {
     Some(match t {
         ModelType::Llama | ModelType::Mistral => "llama",
         ModelType::Qwen2 => "qwen2",
         ModelType::Qwen3 => "qwen3",
         ModelType::Mamba2 => "mamba2",
         ModelType::Bamba | ModelType::GraniteMoeHybrid => "granitehybrid",
+        ModelType::NemotronH if moe_keys => "nemotron_h_moe",
         ModelType::NemotronH => "nemotron_h",
-        ModelType::Qwen3Next => return None,
+        ModelType::Qwen3Next => "qwen3next",
     })
 }
 
@@ -272,7 +275,14 @@ fn tensor_bytes<'a>(
                 .map_err(|e| export_err(f.path(), format!("tensor {:?}: {e}", t.name)))?;
             v
         }
-        (Src::Hf(h), _, Some(c)) => tensors::apply(h, read_f32(c, &h.hf)?),
+        (Src::Hf(h), _, Some(c)) => {
+            // Stacked experts: the experts' values one after the other.
+            let mut values = Vec::new();
+            for name in &h.hf {
+                values.extend(read_f32(c, name)?);
+            }
+            tensors::apply(h, values)
+        }
         _ => return Err(EngineError::Internal("tensor source mismatch".into())),
     };
     encode(&t.name, &t.shape, t.to, &values).map(Cow::Owned)
@@ -337,12 +347,35 @@ fn padded_vocab(c: &ModelConfig, hp: &Map<String, Value>, has_ssm: bool) -> usiz
     c.vocab_size.div_ceil(pad.max(1)) * pad.max(1)
 }
 
+/// A Nemotron-H config with MoE keys is converted as `nemotron_h_moe`,
+/// where llama.cpp's converter takes only `E` layers for feed-forward
+/// layers: a dense (`-`) layer there would be written as no layer at all.
+fn nemotron_moe_check(config: &ModelConfig, path: &Path) -> Result<()> {
+    let dense = (config.layers.iter().enumerate())
+        .filter(|(_, l)| l.ffn == crate::config::FfnKind::Mlp)
+        .map(|(i, _)| i)
+        .collect::<Vec<_>>();
+    if config.moe.is_none() || !dense.is_empty() {
+        return Err(export_err(
+            path,
+            format!(
+                "a Nemotron-H config with MoE keys (num_experts_per_tok) is converted by \
+                 llama.cpp as nemotron_h_moe, which takes only MoE feed-forward layers; this one \
+                 has dense feed-forward layers {dense:?} (drop the MoE keys to export it as \
+                 nemotron_h)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The metadata and tensors of a checkpoint directory's export.
 fn plan_dir(dir: &Path, opts: &QuantizeOptions) -> Result<(Meta, Vec<Planned>, Checkpoint)> {
     let config = crate::config::load_config(dir)?;
     let hp_map = read_config_json(dir)?;
     let config_path = dir.join("config.json");
-    let Some(arch) = gguf_arch(config.model_type) else {
+    let moe_keys = hp_map.contains_key("num_experts_per_tok");
+    let Some(arch) = gguf_arch(config.model_type, moe_keys) else {
         return Err(export_err(
             &config_path,
             format!(
@@ -351,12 +384,8 @@ fn plan_dir(dir: &Path, opts: &QuantizeOptions) -> Result<(Meta, Vec<Planned>, C
             ),
         ));
     };
-    if config.model_type == ModelType::NemotronH && hp_map.contains_key("num_experts_per_tok") {
-        return Err(export_err(
-            &config_path,
-            "a Nemotron-H config with MoE keys is converted by llama.cpp as nemotron_h_moe, \
-             which metrale does not export",
-        ));
+    if config.model_type == ModelType::NemotronH && moe_keys {
+        nemotron_moe_check(&config, &config_path)?;
     }
     let has_ssm = config.mamba.is_some();
     if matches!(

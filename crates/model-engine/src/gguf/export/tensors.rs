@@ -2,25 +2,31 @@
 //! writes them: renamed and changed by the family's [`GgufTable`] read
 //! forwards (the loader reads it backwards), in the converter's order (the
 //! shard files by name, each file's tensor names sorted, each giving its
-//! GGUF tensors in turn), with
-//! the converter's shapes and float types.
+//! GGUF tensors in turn; a layer's per-expert tensors held back and written
+//! as stacked `ffn_*_exps` where its last one comes), with the converter's
+//! shapes and float types.
+
+use std::path::Path;
 
 use metrale_core::quant::GgmlType;
-use metrale_model_weights::loader::{Checkpoint, GgufTransform};
+use metrale_model_weights::loader::{Checkpoint, GgufTransform, RowRun};
 
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, ModelType};
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufTable;
 
-/// One GGUF tensor made from one checkpoint tensor.
+/// One GGUF tensor made from one checkpoint tensor, or from one per expert
+/// (a stacked `ffn_*_exps`).
 #[derive(Clone, Debug)]
 pub(super) struct HfTensor {
     /// The GGUF name.
     pub name: String,
     /// Row-major, as the converter stores it.
     pub shape: Vec<usize>,
-    /// The checkpoint tensor it comes from.
-    pub hf: String,
+    /// The checkpoint tensors it comes from: one, or every expert's in
+    /// expert order (stacked along a new outermost axis, `torch.stack`).
+    pub hf: Vec<String>,
+    /// The shape of each of `hf`.
     pub hf_shape: Vec<usize>,
     pub forward: Forward,
 }
@@ -35,12 +41,18 @@ pub(super) enum Forward {
     PermuteRows { n_heads: usize },
     /// `A = -exp(A_log)`.
     NegExp,
+    /// `w + 1` (Qwen3-Next's zero-centred norm weights).
+    PlusOne,
     /// Part `index` of `parts` equal parts along `axis` (`torch.split`).
     Part {
         axis: usize,
         index: usize,
         parts: usize,
     },
+    /// Output `part` of a regrouped fused projection: the source's rows are
+    /// `runs` in order, and the runs of this part go to their `start`
+    /// (the inverse of the loader's [`GgufTransform::Gather`]).
+    Scatter { part: usize, runs: Vec<RowRun> },
 }
 
 /// Checkpoint names the converter drops.
@@ -52,13 +64,15 @@ fn skipped(name: &str) -> bool {
 
 /// The converter's shape for a tensor it stores under `gguf` (Mamba-2's
 /// `modify_tensors`: the conv weight squeezed, `A` and `D` given a trailing
-/// 1, the norm weight as `[n_groups, d_inner / n_groups]`).
+/// 1, the norm weight as `[n_groups, d_inner / n_groups]`; Qwen3-Next
+/// squeezes the conv weight only).
 fn converted_shape(gguf: &str, shape: &[usize], c: &ModelConfig) -> Vec<usize> {
     let base = gguf.rsplit_once('.').map_or(gguf, |(_, b)| b);
     if gguf.ends_with("ssm_conv1d.weight") {
         return shape.iter().copied().filter(|&d| d != 1).collect();
     }
-    if base == "ssm_a" || base == "ssm_d" {
+    let mamba2 = c.model_type != ModelType::Qwen3Next;
+    if mamba2 && (base == "ssm_a" || base == "ssm_d") {
         return shape.iter().copied().chain([1]).collect();
     }
     if gguf.ends_with("ssm_norm.weight")
@@ -71,12 +85,19 @@ fn converted_shape(gguf: &str, shape: &[usize], c: &ModelConfig) -> Vec<usize> {
     shape.to_vec()
 }
 
+fn config_err(dir: &Path, detail: String) -> EngineError {
+    EngineError::Config {
+        path: dir.to_path_buf(),
+        detail,
+    }
+}
+
 /// Every GGUF tensor the checkpoint gives, in the converter's order.
 pub(super) fn plan(
     ckpt: &Checkpoint,
     table: &GgufTable,
     config: &ModelConfig,
-    dir: &std::path::Path,
+    dir: &Path,
 ) -> Result<Vec<HfTensor>> {
     // The converter's order: the shard files by name, then each file's
     // tensors by name.
@@ -86,77 +107,239 @@ pub(super) fn plan(
         .collect();
     names.sort();
     let mut out = Vec::new();
+    let mut stacks = Stacks::default();
     for (_, hf, hf_shape) in names {
         if skipped(&hf) {
             continue;
         }
         let Some((gguf, transform)) = table.source(&hf, config) else {
-            return Err(EngineError::Config {
-                path: dir.to_path_buf(),
-                detail: format!(
+            return Err(config_err(
+                dir,
+                format!(
                     "tensor {hf:?}: no GGUF name is known for it in a {} model",
                     config.model_type.as_str()
                 ),
-            });
+            ));
         };
+        if let GgufTransform::Slice { index, count } = transform {
+            // The converter holds a layer's experts back until it has them
+            // all, then writes the stacks where the last one came.
+            let name = gguf.into_iter().next().unwrap_or_default();
+            stacks.add(&name, &hf, &hf_shape, index, count, dir)?;
+            out.extend(stacks.take_complete(&name));
+            continue;
+        }
         let parts = gguf.len();
         for (index, name) in gguf.into_iter().enumerate() {
-            let forward = match &transform {
-                GgufTransform::Identity | GgufTransform::Reshape => Forward::Same,
-                GgufTransform::UnpermuteRows { n_heads } => {
-                    let rows = hf_shape.first().copied().unwrap_or(0);
-                    if *n_heads == 0 || !rows.is_multiple_of(2 * n_heads) {
-                        return Err(EngineError::Config {
-                            path: dir.to_path_buf(),
-                            detail: format!(
-                                "tensor {hf:?}: {rows} rows cannot be split into {n_heads} heads \
-                                 of two rope halves"
-                            ),
-                        });
-                    }
-                    Forward::PermuteRows { n_heads: *n_heads }
-                }
-                GgufTransform::ALogFromA => Forward::NegExp,
-                GgufTransform::Concat { axis } => Forward::Part {
-                    axis: *axis,
-                    index,
-                    parts,
-                },
-                // Qwen3-Next's and the stacked experts' changes: those
-                // families are refused before planning.
-                other => {
-                    return Err(EngineError::Config {
-                        path: dir.to_path_buf(),
-                        detail: format!(
-                            "tensor {hf:?}: the converter's change {other:?} is not exported yet"
-                        ),
-                    });
-                }
-            };
-            let mut shape = hf_shape.clone();
-            if let Forward::Part { axis, .. } = forward {
-                if axis >= shape.len() || !shape[axis].is_multiple_of(parts) {
-                    return Err(EngineError::Config {
-                        path: dir.to_path_buf(),
-                        detail: format!(
-                            "tensor {hf:?} of shape {hf_shape:?} cannot be split into {parts} \
-                             parts along axis {axis}"
-                        ),
-                    });
-                }
-                shape[axis] /= parts;
-            }
+            let forward = forward(&transform, index, parts, &hf, &hf_shape, dir)?;
+            let shape = forward_shape(&forward, &hf_shape);
             let shape = converted_shape(&name, &shape, config);
             out.push(HfTensor {
                 name,
                 shape,
-                hf: hf.clone(),
+                hf: vec![hf.clone()],
                 hf_shape: hf_shape.clone(),
                 forward,
             });
         }
     }
+    stacks.finish(dir)?;
     Ok(out)
+}
+
+/// The forward change of part `index` of `parts` for the loader's
+/// `transform` of checkpoint tensor `hf`.
+fn forward(
+    transform: &GgufTransform,
+    index: usize,
+    parts: usize,
+    hf: &str,
+    hf_shape: &[usize],
+    dir: &Path,
+) -> Result<Forward> {
+    let rows = hf_shape.first().copied().unwrap_or(0);
+    Ok(match transform {
+        GgufTransform::Identity | GgufTransform::Reshape => Forward::Same,
+        GgufTransform::UnpermuteRows { n_heads } => {
+            if *n_heads == 0 || !rows.is_multiple_of(2 * n_heads) {
+                return Err(config_err(
+                    dir,
+                    format!(
+                        "tensor {hf:?}: {rows} rows cannot be split into {n_heads} heads of two \
+                         rope halves"
+                    ),
+                ));
+            }
+            Forward::PermuteRows { n_heads: *n_heads }
+        }
+        GgufTransform::ALogFromA => Forward::NegExp,
+        GgufTransform::MinusOne => Forward::PlusOne,
+        GgufTransform::Concat { axis } => {
+            let fits = hf_shape.get(*axis).is_some_and(|d| d.is_multiple_of(parts));
+            if !fits {
+                return Err(config_err(
+                    dir,
+                    format!(
+                        "tensor {hf:?} of shape {hf_shape:?} cannot be split into {parts} parts \
+                         along axis {axis}"
+                    ),
+                ));
+            }
+            Forward::Part {
+                axis: *axis,
+                index,
+                parts,
+            }
+        }
+        GgufTransform::Gather(runs) => {
+            let total: usize = runs.iter().map(|r| r.len).sum();
+            if total != rows || hf_shape.len() != 2 {
+                return Err(config_err(
+                    dir,
+                    format!(
+                        "tensor {hf:?} of shape {hf_shape:?}: the config gives {total} fused rows"
+                    ),
+                ));
+            }
+            Forward::Scatter {
+                part: index,
+                runs: runs.clone(),
+            }
+        }
+        // Handled by the caller (the stacks).
+        GgufTransform::Slice { .. } => {
+            return Err(EngineError::Internal(format!(
+                "tensor {hf:?}: an expert slice planned as a tensor"
+            )));
+        }
+    })
+}
+
+/// The shape of a forward change's output, before the converter's reshapes.
+fn forward_shape(forward: &Forward, hf_shape: &[usize]) -> Vec<usize> {
+    let mut shape = hf_shape.to_vec();
+    match forward {
+        Forward::Part { axis, parts, .. } => shape[*axis] /= parts,
+        Forward::Scatter { part, runs } => {
+            shape[0] = (runs.iter().filter(|r| r.source == *part))
+                .map(|r| r.start + r.len)
+                .max()
+                .unwrap_or(0);
+        }
+        _ => {}
+    }
+    shape
+}
+
+/// Experts waiting to be stacked, per GGUF name.
+#[derive(Default)]
+struct Stacks {
+    pending: Vec<Stack>,
+}
+
+struct Stack {
+    name: String,
+    hf: Vec<Option<String>>,
+    hf_shape: Vec<usize>,
+}
+
+impl Stacks {
+    fn add(
+        &mut self,
+        name: &str,
+        hf: &str,
+        hf_shape: &[usize],
+        index: usize,
+        count: usize,
+        dir: &Path,
+    ) -> Result<()> {
+        let i = match self.pending.iter().position(|s| s.name == name) {
+            Some(i) => i,
+            None => {
+                self.pending.push(Stack {
+                    name: name.to_string(),
+                    hf: vec![None; count],
+                    hf_shape: hf_shape.to_vec(),
+                });
+                self.pending.len() - 1
+            }
+        };
+        let s = &mut self.pending[i];
+        if s.hf_shape != hf_shape {
+            return Err(config_err(
+                dir,
+                format!(
+                    "tensor {hf:?} of shape {hf_shape:?}: the other experts of {name} are {:?}",
+                    s.hf_shape
+                ),
+            ));
+        }
+        match s.hf.get_mut(index) {
+            Some(slot @ None) => *slot = Some(hf.to_string()),
+            Some(Some(other)) => {
+                return Err(config_err(
+                    dir,
+                    format!("tensors {other:?} and {hf:?} are the same expert of {name}"),
+                ));
+            }
+            None => {
+                return Err(config_err(
+                    dir,
+                    format!("tensor {hf:?}: expert {index} of a model of {count} experts"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The stacks of `name`'s layer, once every one of them is complete
+    /// (as the converter: all the layer's expert tensors seen), in the
+    /// converter's order (by matrix name: down, gate, up).
+    fn take_complete(&mut self, name: &str) -> Vec<HfTensor> {
+        let layer = layer_of(name);
+        let mine = |s: &Stack| layer_of(&s.name) == layer;
+        let done = |s: &Stack| s.hf.iter().all(Option::is_some);
+        if !self.pending.iter().filter(|s| mine(s)).all(done) {
+            return Vec::new();
+        }
+        let (mut ready, rest): (Vec<Stack>, Vec<Stack>) =
+            self.pending.drain(..).partition(|s| mine(s));
+        self.pending = rest;
+        ready.sort_by(|a, b| a.name.cmp(&b.name));
+        (ready.into_iter())
+            .map(|s| HfTensor {
+                shape: [s.hf.len()].into_iter().chain(s.hf_shape.clone()).collect(),
+                name: s.name,
+                hf: s.hf.into_iter().flatten().collect(),
+                hf_shape: s.hf_shape,
+                forward: Forward::Same,
+            })
+            .collect()
+    }
+
+    /// Fails if some experts were never completed (the converter's
+    /// "Unprocessed experts").
+    fn finish(self, dir: &Path) -> Result<()> {
+        match self.pending.first() {
+            None => Ok(()),
+            Some(s) => {
+                let missing: Vec<usize> = (s.hf.iter().enumerate())
+                    .filter(|(_, h)| h.is_none())
+                    .map(|(i, _)| i)
+                    .collect();
+                Err(config_err(
+                    dir,
+                    format!("{}: experts {missing:?} are missing", s.name),
+                ))
+            }
+        }
+    }
+}
+
+/// `blk.{i}.` of a GGUF tensor name.
+fn layer_of(name: &str) -> &str {
+    let end = (name.match_indices('.').nth(1)).map_or(name.len(), |(i, _)| i + 1);
+    &name[..end]
 }
 
 /// The type the converter stores a tensor in when its `--outtype` gives
@@ -174,16 +357,23 @@ pub(super) fn converter_type(name: &str, shape: &[usize], outtype: GgmlType) -> 
     if forced { GgmlType::F32 } else { outtype }
 }
 
-/// Applies `t.forward` to the checkpoint tensor's values `src` (f32, of
-/// `t.hf_shape`).
+/// Applies `t.forward` to the checkpoint tensors' values `src` (f32, of
+/// `t.hf_shape`, the experts one after the other).
 pub(super) fn apply(t: &HfTensor, mut src: Vec<f32>) -> Vec<f32> {
-    match t.forward {
+    match &t.forward {
         Forward::Same => src,
         Forward::NegExp => {
             src.iter_mut().for_each(|x| *x = -x.exp());
             src
         }
-        Forward::PermuteRows { n_heads } => {
+        Forward::PlusOne => {
+            src.iter_mut().for_each(|x| *x += 1.0);
+            src
+        }
+        Forward::Scatter { part, runs } => {
+            scatter(&src, t.hf_shape.first().copied().unwrap_or(1), *part, runs)
+        }
+        &Forward::PermuteRows { n_heads } => {
             let rows = t.hf_shape.first().copied().unwrap_or(1).max(1);
             let row = src.len() / rows;
             let per = rows / n_heads;
@@ -201,7 +391,7 @@ pub(super) fn apply(t: &HfTensor, mut src: Vec<f32>) -> Vec<f32> {
             }
             out
         }
-        Forward::Part { axis, index, parts } => {
+        &Forward::Part { axis, index, parts } => {
             let outer: usize = t.hf_shape[..axis].iter().product();
             let full = src.len() / outer.max(1);
             let chunk = full / parts;
@@ -215,6 +405,26 @@ pub(super) fn apply(t: &HfTensor, mut src: Vec<f32>) -> Vec<f32> {
     }
 }
 
+/// The rows of output `part` of a fused `rows`-row tensor whose rows are
+/// `runs` in order.
+fn scatter(src: &[f32], rows: usize, part: usize, runs: &[RowRun]) -> Vec<f32> {
+    let row = src.len() / rows.max(1);
+    let out_rows = (runs.iter().filter(|r| r.source == part))
+        .map(|r| r.start + r.len)
+        .max()
+        .unwrap_or(0);
+    let mut out = vec![0f32; out_rows * row];
+    let mut at = 0;
+    for r in runs {
+        if r.source == part {
+            out[r.start * row..(r.start + r.len) * row]
+                .copy_from_slice(&src[at * row..(at + r.len) * row]);
+        }
+        at += r.len;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,7 +433,7 @@ mod tests {
         HfTensor {
             name: "x".into(),
             shape: vec![],
-            hf: "x".into(),
+            hf: vec!["x".into()],
             hf_shape,
             forward,
         }
@@ -246,6 +456,63 @@ mod tests {
         assert_eq!(apply(&t(part, vec![2, 4]), m), [2., 3., 6., 7.]);
         let a = apply(&t(Forward::NegExp, vec![2]), vec![0.0, 1.0]);
         assert_eq!(a, [-1.0, -1f32.exp()]);
+        assert_eq!(apply(&t(Forward::PlusOne, vec![1]), vec![0.5]), [1.5]);
+    }
+
+    #[test]
+    fn qkvz_rows_regroup_as_the_converter_does() {
+        // Two key groups of one-row q, k, v, z: HF rows [q0 k0 v0 z0 q1 k1
+        // v1 z1] become attn_qkv [q0 q1 k0 k1 v0 v1] and attn_gate [z0 z1].
+        let run = |source, start| RowRun {
+            source,
+            start,
+            len: 1,
+        };
+        let runs: Vec<RowRun> = (0..2)
+            .flat_map(|g| [run(0, g), run(0, 2 + g), run(0, 4 + g), run(1, g)])
+            .collect();
+        let hf: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let part = |part| Forward::Scatter {
+            part,
+            runs: runs.clone(),
+        };
+        let qkv = apply(&t(part(0), vec![8, 1]), hf.clone());
+        assert_eq!(qkv, [0., 4., 1., 5., 2., 6.]);
+        assert_eq!(forward_shape(&part(0), &[8, 1]), [6, 1]);
+        assert_eq!(apply(&t(part(1), vec![8, 1]), hf), [3., 7.]);
+    }
+
+    #[test]
+    fn experts_are_stacked_once_the_layer_has_them_all() {
+        let dir = Path::new("x");
+        let mut s = Stacks::default();
+        // The converter's order: by name, so expert by expert.
+        for e in 0..2 {
+            for m in ["down", "up"] {
+                let name = format!("blk.3.ffn_{m}_exps.weight");
+                let hf = format!("backbone.layers.3.mixer.experts.{e}.{m}_proj.weight");
+                s.add(&name, &hf, &[4, 2], e, 2, dir).unwrap();
+                let ready = s.take_complete(&name);
+                if (e, m) != (1, "up") {
+                    assert!(ready.is_empty(), "{e} {m}");
+                    continue;
+                }
+                let names: Vec<&str> = ready.iter().map(|t| t.name.as_str()).collect();
+                assert_eq!(
+                    names,
+                    ["blk.3.ffn_down_exps.weight", "blk.3.ffn_up_exps.weight"]
+                );
+                assert_eq!(ready[0].shape, [2, 4, 2]);
+                assert_eq!(ready[1].hf.len(), 2);
+            }
+        }
+        s.finish(dir).unwrap();
+        let mut s = Stacks::default();
+        s.add("blk.0.ffn_up_exps.weight", "a", &[1], 1, 2, dir)
+            .unwrap();
+        let e = s.finish(dir).unwrap_err().to_string();
+        assert!(e.contains("experts [0] are missing"), "{e}");
+        assert_eq!(layer_of("blk.12.ffn_up_exps.weight"), "blk.12.");
     }
 
     #[test]
