@@ -12,7 +12,7 @@ use metrale_model_weights::loader::WeightDType;
 use safetensors::SafeTensors;
 
 /// The fixture model folders with golden logits.
-pub const MODELS: [&str; 7] = [
+pub const MODELS: [&str; 8] = [
     "llama",
     "qwen3",
     "mamba2",
@@ -20,6 +20,7 @@ pub const MODELS: [&str; 7] = [
     "nemotron_h",
     "granitemoehybrid",
     "qwen3_next",
+    "nemotron_h_moe",
 ];
 
 /// Largest |logits - golden| the fixtures' README allows on the CPU.

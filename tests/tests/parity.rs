@@ -104,3 +104,8 @@ fn granitemoehybrid_matches_golden() -> Result<()> {
 fn qwen3_next_matches_golden() -> Result<()> {
     check_model("qwen3_next")
 }
+
+#[test]
+fn nemotron_h_moe_matches_golden() -> Result<()> {
+    check_model("nemotron_h_moe")
+}
