@@ -8,8 +8,8 @@
 //!
 //! With prefix caching, an admitted request first takes what the cache holds
 //! of its prompt (`TransformerModel::reuse_prefix`) and is budgeted for the
-//! rest; a recurrent sequence's prefill chunk ends at its next snapshot
-//! point, so the state there can be snapshotted after the step.
+//! rest; a recurrent sequence's prefill chunk ends at the last snapshot
+//! point it reaches, so the state there can be snapshotted after the step.
 //!
 //! When a running decode finds no free KV block, the youngest running request
 //! is preempted: its sequence is freed and it goes back to the queue with its
@@ -257,8 +257,8 @@ impl Engine {
     /// point where its recurrent state is to be snapshotted.
     fn snapshot_cut(&self, r: &Request, pos: usize, n: usize) -> usize {
         let mut end = pos + n;
-        if let Some(p) = self.model.next_snapshot_point(pos) {
-            end = end.min(p);
+        if let Some(p) = self.model.last_snapshot_point(pos, end) {
+            end = p;
         }
         if let Some(m) = r.snapshot_at.filter(|&m| m > pos) {
             end = end.min(m);
