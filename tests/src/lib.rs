@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_gpu_runtime::gpu::GpuBackend;
+use metrale_model_engine::engine::Engine;
 use metrale_model_engine::model::{Logits, ModelOptions, Sequence, Step, TransformerModel};
 use metrale_model_weights::loader::WeightDType;
 use safetensors::SafeTensors;
@@ -147,4 +148,23 @@ pub fn argmax(v: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// Tears an engine down after its requests: no KV block or SSM slot still
+/// in use, teardown without error, the backend's ledger empty.
+pub fn teardown_engine(cpu: &CpuBackend, engine: Engine) -> Result<()> {
+    anyhow::ensure!(
+        engine.model().kv_cache().used_blocks() == 0,
+        "KV blocks left in use"
+    );
+    anyhow::ensure!(
+        engine.model().ssm_pool().in_use() == 0,
+        "SSM slots left in use"
+    );
+    engine.shutdown()?;
+    anyhow::ensure!(
+        cpu.live_bytes() == 0,
+        "the ledger is not empty after teardown"
+    );
+    Ok(())
 }

@@ -17,7 +17,7 @@ use metrale_model_engine::model::{ModelOptions, PrefixCacheOptions, TransformerM
 use metrale_model_engine::sampling::{Finish, SamplingParams};
 use metrale_model_engine::tokenizer::Tokenizer;
 use metrale_model_weights::loader::WeightDType;
-use metrale_tests::{MODELS, fixture_dir, golden};
+use metrale_tests::{MODELS, fixture_dir, golden, teardown_engine};
 
 /// What one request produced.
 #[derive(Clone, Debug, Default)]
@@ -103,23 +103,6 @@ fn run_one(engine: &mut Engine, prompt: &[u32], params: SamplingParams) -> Resul
         .ok_or_else(|| anyhow::anyhow!("no output"))
 }
 
-fn teardown(cpu: &CpuBackend, engine: Engine) -> Result<()> {
-    ensure!(
-        engine.model().kv_cache().used_blocks() == 0,
-        "KV blocks left in use"
-    );
-    ensure!(
-        engine.model().ssm_pool().in_use() == 0,
-        "SSM slots left in use"
-    );
-    engine.shutdown()?;
-    ensure!(
-        cpu.live_bytes() == 0,
-        "the ledger is not empty after teardown"
-    );
-    Ok(())
-}
-
 fn greedy(max_tokens: usize) -> SamplingParams {
     SamplingParams {
         max_tokens: Some(max_tokens),
@@ -171,12 +154,12 @@ fn greedy_parity(name: &str) -> Result<()> {
     check_greedy(name, &mut engine, 1, 4)?;
     check_greedy(name, &mut engine, 4, 4)?;
     check_greedy(name, &mut engine, 16, 16)?;
-    teardown(&cpu, engine)?;
+    teardown_engine(&cpu, engine)?;
 
     // Whole prompts in one step.
     let (cpu, mut engine) = load(name, roomy(), EngineConfig::default())?;
     check_greedy(name, &mut engine, 16, 16)?;
-    teardown(&cpu, engine)?;
+    teardown_engine(&cpu, engine)?;
 
     // Too little memory for 16 at once: requests wait, and running ones
     // are preempted and recomputed (without prefix caching, whose sharing
@@ -197,7 +180,7 @@ fn greedy_parity(name: &str) -> Result<()> {
         !paged || engine.stats().preemptions > 0,
         "{name}: the tight cache should preempt"
     );
-    teardown(&cpu, engine)?;
+    teardown_engine(&cpu, engine)?;
 
     // The same with prefix caching: cached blocks are evicted as running
     // sequences need them, and the outputs stay the same.
@@ -207,7 +190,7 @@ fn greedy_parity(name: &str) -> Result<()> {
     };
     let (cpu, mut engine) = load(name, cached, chunked)?;
     check_greedy(name, &mut engine, 16, 16)?;
-    teardown(&cpu, engine)
+    teardown_engine(&cpu, engine)
 }
 
 #[test]
@@ -275,7 +258,7 @@ fn seeded_sampling_is_reproducible_through_the_engine() -> Result<()> {
         greedy_seeded.tokens == greedy_out.tokens,
         "temperature 0 is not greedy"
     );
-    teardown(&cpu, engine)
+    teardown_engine(&cpu, engine)
 }
 
 #[test]
@@ -379,7 +362,7 @@ fn each_sampling_parameter_changes_the_output() -> Result<()> {
         },
     )?;
     ensure!(out.tokens == base[..=first] && out.finish == Some(Finish::StopToken(stop)));
-    teardown(&cpu, engine)
+    teardown_engine(&cpu, engine)
 }
 
 /// Byte offsets in `text` where the decoded text of a prefix of `tokens`
@@ -446,7 +429,7 @@ fn stop_strings_straddling_token_boundaries_stop_in_the_right_place() -> Result<
         }
     }
     ensure!(checked >= 2, "too few token boundaries to test ({checked})");
-    teardown(&cpu, engine)
+    teardown_engine(&cpu, engine)
 }
 
 #[test]
@@ -483,7 +466,7 @@ fn streamed_text_is_valid_utf8_and_matches_the_decoded_tokens() -> Result<()> {
         multibyte > 0,
         "no multi-byte character was generated; the test proves little"
     );
-    teardown(&cpu, engine)
+    teardown_engine(&cpu, engine)
 }
 
 /// SplitMix64: a small deterministic generator for the stress test.
@@ -586,7 +569,7 @@ fn stress(name: &str) -> Result<()> {
         "{name}: {finished} finished, {cancelled} cancelled, {:?}",
         engine.stats()
     );
-    teardown(&cpu, engine)
+    teardown_engine(&cpu, engine)
 }
 
 #[test]

@@ -16,7 +16,7 @@ use metrale_model_engine::engine::{Engine, EngineConfig, Event, RequestId};
 use metrale_model_engine::model::{ModelOptions, PrefixCacheOptions, TransformerModel};
 use metrale_model_engine::sampling::SamplingParams;
 use metrale_model_weights::loader::WeightDType;
-use metrale_tests::{MODELS, fixture_dir, golden};
+use metrale_tests::{MODELS, fixture_dir, golden, teardown_engine};
 
 /// Where the reference run's top two tokens are this close, either may be
 /// the greedy choice.
@@ -204,23 +204,6 @@ fn compare(what: &str, on: &[Run], off: &[Run]) -> Result<usize> {
     Ok(near_ties)
 }
 
-fn teardown(cpu: &CpuBackend, engine: Engine) -> Result<()> {
-    ensure!(
-        engine.model().kv_cache().used_blocks() == 0,
-        "KV blocks left in use"
-    );
-    ensure!(
-        engine.model().ssm_pool().in_use() == 0,
-        "SSM slots left in use"
-    );
-    engine.shutdown()?;
-    ensure!(
-        cpu.live_bytes() == 0,
-        "the ledger is not empty after teardown"
-    );
-    Ok(())
-}
-
 /// Both workloads on one engine; the outputs and the chat's reuse.
 fn workloads(
     name: &str,
@@ -244,7 +227,7 @@ fn greedy_outputs_are_the_same_with_the_cache_on_and_off() -> Result<()> {
     for name in MODELS {
         let (off_shared, off_chat, _, engine, cpu) =
             workloads(name, options(PrefixCacheOptions::disabled(), 256))?;
-        teardown(&cpu, engine)?;
+        teardown_engine(&cpu, engine)?;
         let on = PrefixCacheOptions {
             snapshot_interval: 8,
             ..PrefixCacheOptions::default()
@@ -252,7 +235,7 @@ fn greedy_outputs_are_the_same_with_the_cache_on_and_off() -> Result<()> {
         let (shared, chat, reuse, engine, cpu) = workloads(name, options(on, 256))?;
         let stats = engine.stats();
         let usage = engine.model().prefix_cache_usage();
-        teardown(&cpu, engine)?;
+        teardown_engine(&cpu, engine)?;
         let ties = compare(&format!("{name} shared prompt"), &shared, &off_shared)?
             + compare(&format!("{name} chat"), &chat, &off_chat)?;
         // Turn N starts from all that turn N-1 fed the model.
@@ -284,10 +267,10 @@ fn budgets_hold_under_a_workload_that_exceeds_them() -> Result<()> {
     for name in MODELS {
         let (off, _, _, engine, cpu) =
             workloads(name, options(PrefixCacheOptions::disabled(), 256))?;
-        teardown(&cpu, engine)?;
+        teardown_engine(&cpu, engine)?;
         let (cpu, probe) = load(name, options(PrefixCacheOptions::default(), 256))?;
         let slot_bytes = snapshot_size(&probe);
-        teardown(&cpu, probe)?;
+        teardown_engine(&cpu, probe)?;
         let budget = 3 * slot_bytes;
         let tight = PrefixCacheOptions {
             snapshot_interval: 4,
@@ -338,7 +321,7 @@ fn budgets_hold_under_a_workload_that_exceeds_them() -> Result<()> {
         };
         let paged = engine.model().config().attention_layers().next().is_some();
         ensure!(!paged || peak_cached > 0, "{name}: nothing was cached");
-        teardown(&cpu, engine)?;
+        teardown_engine(&cpu, engine)?;
         compare(&format!("{name} under budgets"), &on, &off)?;
     }
     Ok(())

@@ -9,7 +9,7 @@
 //! backend's threads; nothing is allocated per call.
 
 use super::kernels::Weights;
-use super::team::Team;
+use super::team::{OutPtr, Team};
 use half::bf16;
 
 /// Which vector instructions the kernels may use.
@@ -41,23 +41,6 @@ impl Isa {
 /// Rows of `w` one kernel call handles.
 const ROWS: usize = 4;
 
-/// A pointer to `out` that tasks write disjoint elements of.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint column ranges of `out` (see `gemv`), so sharing
-// the pointer across the team's threads cannot race.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// # Safety
-    /// `i` must be inside `out`, and no other task may touch element `i`.
-    unsafe fn write(self, i: usize, v: f32) {
-        // SAFETY: the caller's contract.
-        unsafe { *self.0.add(i) = v };
-    }
-}
-
 /// `out[i * n + j] = dot(x[i * k..], w[j * k..])` for `i < m`, `j < n`.
 ///
 /// With a team, its threads take shares (handed out from a counter, the
@@ -86,7 +69,7 @@ pub(crate) fn gemv(
     // `gemv/stream_moe_experts_64_bf16`). A multiple of ROWS rows.
     let per_thread = ((n * k) >> 20).clamp(1, 8);
     let share = n.div_ceil(threads * per_thread).div_ceil(ROWS) * ROWS;
-    let ptr = OutPtr(out.as_mut_ptr());
+    let ptr = OutPtr::new(out);
     let run = |t: usize| {
         let (j0, j1) = (t * share, ((t + 1) * share).min(n));
         // Weight rows outside, activation rows inside: each group of ROWS

@@ -469,3 +469,27 @@ mod tests {
         assert_eq!(n.load(Ordering::Relaxed), 8);
     }
 }
+
+/// A pointer to a kernel's output that the team's tasks write disjoint
+/// elements of (each task its own columns or rows, as the kernel splits
+/// the work).
+#[derive(Clone, Copy)]
+pub(crate) struct OutPtr(*mut f32);
+// SAFETY: the kernels that make one hand each task a disjoint set of
+// elements to write (the `write` contract), so sharing the pointer across
+// the team's threads cannot race.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    pub(crate) fn new(out: &mut [f32]) -> Self {
+        Self(out.as_mut_ptr())
+    }
+
+    /// # Safety
+    /// `i` must be inside the output, and no other task may touch element `i`.
+    pub(crate) unsafe fn write(self, i: usize, v: f32) {
+        // SAFETY: the caller's contract.
+        unsafe { *self.0.add(i) = v };
+    }
+}

@@ -38,7 +38,7 @@ pub use act::QuantScratch;
 use metrale_core::GgmlType;
 use metrale_core::quant::QuantError;
 
-use super::team::Team;
+use super::team::{OutPtr, Team};
 use crate::error::{GpuError, Result};
 
 /// The weight formats [`quant_matmul`] multiplies.
@@ -278,22 +278,6 @@ pub(crate) fn vec_dot(isa: QuantIsa, ty: GgmlType, w: &[u8], a: ActRow<'_>) -> f
     dot_rows::<1>(isa, ty, w, &[a])[0]
 }
 
-/// A pointer to `out` that tasks write disjoint elements of.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint columns of `out` (see `quant_matmul`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// # Safety
-    /// `i` must be inside `out`, and no other task may touch element `i`.
-    unsafe fn write(self, i: usize, v: f32) {
-        // SAFETY: the caller's contract.
-        unsafe { *self.0.add(i) = v };
-    }
-}
-
 /// `out[i * n + j] = dot(x[i * k..][..k], w[j])` for `i < m`, `j < n`,
 /// with the best ISA this CPU has.
 ///
@@ -386,7 +370,7 @@ pub(crate) fn quant_matmul_with(
         let per_thread = (w.bytes() >> 20).clamp(1, 8);
         let share = groups.div_ceil(threads * per_thread).max(1);
         let nb = k / ty.block_elems();
-        let ptr = OutPtr(out.as_mut_ptr());
+        let ptr = OutPtr::new(out);
         let run = |t: usize| {
             let (g0, g1) = (t * share, ((t + 1) * share).min(groups));
             // The task's weight rows packed once (they are read once per
@@ -465,7 +449,7 @@ pub(crate) fn quant_matmul_with(
     // found short streams cost bandwidth.
     let per_thread = (w.bytes() >> 20).clamp(1, 8);
     let share = (n - n_packed).div_ceil(threads * per_thread).max(1);
-    let ptr = OutPtr(out.as_mut_ptr());
+    let ptr = OutPtr::new(out);
     // Prefill: the activation rows go in tiles of about `ACT_TILE_BYTES`
     // of quants, which stay in L2 while the task's weight rows stream past
     // them (each weight row is then read once per tile rather than once,
