@@ -1,7 +1,9 @@
 //! A decode row's logits are bitwise the same whatever else its step holds:
 //! a sequence decoding alone and the same sequence decoding among up to 31
-//! others (f32 arithmetic: the GEMV path) or 63 others (bf16 weights with
-//! bf16 dot products: `gemv_bf16.rs`), for every fixture architecture.
+//! others, in f32 arithmetic (the GEMV path) and with bf16 weights and bf16
+//! dot products (`gemv_bf16.rs`), for every fixture architecture. (Past 32
+//! rows both arithmetics take a blocked GEMM, whose sums depend on the
+//! tiling.)
 
 use std::sync::Arc;
 
@@ -129,7 +131,7 @@ fn f32_decode_rows_do_not_depend_on_the_batch() -> Result<()> {
 #[test]
 fn bf16_decode_rows_do_not_depend_on_the_batch() -> Result<()> {
     for name in MODELS {
-        check(name, true, 64)?;
+        check(name, true, 32)?;
     }
     Ok(())
 }

@@ -4,15 +4,14 @@
 //! `out[i, j] = Σ_c bf16(x[i, c]) · w[j, c]`, as the prefill GEMM
 //! (`gemm_bf16.rs`) computes it, but reading the weights as stored (row
 //! major, no packing per call, which for a few rows would cost as much as
-//! the products) and once for all rows of the step: a group of four weight
-//! rows stays in L1 while every activation row, as bf16 pairs, is taken
-//! against it (one weight row against four activation rows at a time for a
-//! few rows, four against three for more).
+//! the products) and once for all rows of the step: a weight row stays in
+//! L1 while every activation row, as bf16 pairs, is taken against it, four
+//! at a time.
 //!
 //! Batch invariance: every output is summed the same way whatever the
 //! number of rows, their grouping or the thread that computes it: chunk `c`
-//! of 32 elements into the 16-lane accumulator `c % 2`, in order, then
-//! `s0 + s1` reduced across lanes in a fixed order. A decode row's result is therefore bitwise the same
+//! of 32 elements into the 16-lane accumulator `c % 4`, in order, then
+//! `(s0 + s1) + (s2 + s3)` reduced across lanes in a fixed order. A decode row's result is therefore bitwise the same
 //! alone or among up to [`MAX_ROWS`] others.
 
 use std::cell::RefCell;
@@ -21,8 +20,10 @@ use half::bf16;
 
 use super::team::{OutPtr, Team};
 
-/// Most activation rows this kernel takes (more: the prefill GEMM).
-pub(crate) const MAX_ROWS: usize = 64;
+/// Most activation rows this kernel takes (more: the prefill GEMM, whose
+/// packed tiles use each load more often: at 64 rows of the Granite-350M
+/// shape it decodes 112-114 tok/s where this kernel gave 80-88).
+pub(crate) const MAX_ROWS: usize = 32;
 /// Weight rows per group.
 const ROWS: usize = 4;
 /// Activation rows per pass over a group.
@@ -100,20 +101,23 @@ fn run(
     let ptr = OutPtr::new(out);
     let task = |t: usize| {
         let (j0, j1) = (t * share, ((t + 1) * share).min(n));
-        // A few rows: each weight row streamed alone against up to four
-        // activation rows (one sequential stream, which the prefetchers
-        // follow best). More: four weight rows against three activation
-        // rows at a time, each activation load used four times.
-        let (wide, mb) = if m <= MB { (false, MB) } else { (true, 3) };
         let mut j = j0;
         while j < j1 {
             let rows = ROWS.min(j1 - j);
             let mut i = 0;
             while i < m {
-                let block = mb.min(m - i);
+                let block = MB.min(m - i);
                 let mut acc = [[0f32; ROWS]; MB];
-                let xs = &xp[i * stride..(i + block) * stride];
-                group(xs, stride, block, w, j, rows, k, wide, &mut acc);
+                group(
+                    &xp[i * stride..(i + block) * stride],
+                    stride,
+                    block,
+                    w,
+                    j,
+                    rows,
+                    k,
+                    &mut acc,
+                );
                 for (b, sums) in acc[..block].iter().enumerate() {
                     for (r, v) in sums[..rows].iter().enumerate() {
                         // SAFETY: `(i + b) * n + j + r < m * n <= out.len()`
@@ -134,8 +138,7 @@ fn run(
     }
 }
 
-/// `acc[b][r] = Σ dot(x row b, w row j + r)` for `b < block`, `r < rows`;
-/// `wide`: the four weight rows together (`block <= 3`), else one by one.
+/// `acc[b][r] = Σ dot(x row b, w row j + r)` for `b < block`, `r < rows`.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn group(
@@ -146,7 +149,6 @@ fn group(
     j: usize,
     rows: usize,
     k: usize,
-    wide: bool,
     acc: &mut [[f32; ROWS]; MB],
 ) {
     // Short groups repeat their last row: the same loads, results unused.
@@ -154,36 +156,17 @@ fn group(
     let ws = [row(0), row(1), row(2), row(3)];
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `available()` (checked by `gemv`) found AVX-512F/BW/BF16;
-    // `xp` holds `block` rows of `stride` pairs, `stride` covers `k`, each
-    // weight row `k` elements.
+    // `xp` holds `block` rows of `stride` pairs, `stride` covers `k`.
     unsafe {
-        use x86::tile;
-        let mut put = |r0: usize, sums: &[[f32; MB]]| {
-            for (r, s) in sums.iter().enumerate() {
-                for b in 0..block {
-                    acc[b][r0 + r] = s[b];
-                }
-            }
-        };
-        if wide {
-            match block {
-                1 => put(0, &tile::<4, 1>(xp, stride, ws, k)),
-                2 => put(0, &tile::<4, 2>(xp, stride, ws, k)),
-                _ => put(0, &tile::<4, 3>(xp, stride, ws, k)),
-            }
-        } else {
-            for (r, wr) in ws.into_iter().enumerate() {
-                match block {
-                    1 => put(r, &tile::<1, 1>(xp, stride, [wr], k)),
-                    2 => put(r, &tile::<1, 2>(xp, stride, [wr], k)),
-                    3 => put(r, &tile::<1, 3>(xp, stride, [wr], k)),
-                    _ => put(r, &tile::<1, 4>(xp, stride, [wr], k)),
-                }
-            }
+        match block {
+            1 => x86::group::<1>(xp, stride, ws, k, acc),
+            2 => x86::group::<2>(xp, stride, ws, k, acc),
+            3 => x86::group::<3>(xp, stride, ws, k, acc),
+            _ => x86::group::<4>(xp, stride, ws, k, acc),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (xp, stride, block, ws, k, wide, acc);
+    let _ = (xp, stride, block, ws, k, acc);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -192,69 +175,101 @@ mod x86 {
 
     use half::bf16;
 
-    use super::{LANES, MB};
+    use super::{LANES, MB, ROWS};
 
-    /// `out[r][b] = Σ_c dot2(x[b * stride + c], w[r][2c..2c + 2])` for
-    /// `r < R`, `b < B`. Each sum is kept in two accumulators (chunk `c` of
-    /// 32 elements in accumulator `c % 2`, in order), added and reduced
-    /// across lanes: the same order whatever `R` and `B`, so a row's result
-    /// does not depend on the tile it was computed in.
+    /// `acc[b][r] = Σ_c dot2(x[b * stride + c], w[r][2c..2c + 2])` for
+    /// `b < B`: each sum kept in four accumulators (chunk `c` of 32 elements
+    /// in accumulator `c % 4`), added as `(s0 + s1) + (s2 + s3)` and reduced
+    /// across lanes.
     ///
     /// # Safety
     /// The CPU must support AVX-512F, AVX-512BW and AVX512-BF16; `xp` holds
     /// `B * stride` pairs with `stride >= k.div_ceil(32) * 16`; each `w[r]`
     /// holds `k` elements.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn tile<const R: usize, const B: usize>(
+    pub(super) unsafe fn group<const B: usize>(
         xp: &[u32],
         stride: usize,
-        w: [&[bf16]; R],
+        w: [&[bf16]; ROWS],
         k: usize,
-    ) -> [[f32; MB]; R] {
-        let chunks = k.div_ceil(2 * LANES);
-        assert!(B <= MB && xp.len() >= B * stride && stride >= chunks * LANES);
+        acc: &mut [[f32; ROWS]; MB],
+    ) {
+        assert!(B <= MB && xp.len() >= B * stride && stride >= k.div_ceil(2 * LANES) * LANES);
         assert!(w.iter().all(|r| r.len() >= k));
+        // One weight row at a time: the group's rows are adjacent, so the
+        // reads are one sequential stream, which the prefetchers follow
+        // best (four interleaved rows streamed at half the speed).
+        for r in 0..ROWS {
+            // SAFETY: the caller's contract, checked above.
+            let sums = unsafe { row::<B>(xp.as_ptr(), stride, w[r].as_ptr(), k) };
+            for b in 0..B {
+                acc[b][r] = sums[b];
+            }
+        }
+    }
+
+    /// The `B` dot products of one weight row (see [`group`]).
+    ///
+    /// # Safety
+    /// As [`group`], for the row at `w`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn row<const B: usize>(
+        xs: *const u32,
+        stride: usize,
+        w: *const bf16,
+        k: usize,
+    ) -> [f32; B] {
+        let mut s = [[_mm512_setzero_ps(); 4]; B];
+        let chunks = k.div_ceil(2 * LANES);
         let full = k / (2 * LANES);
-        let xs = xp.as_ptr();
-        let wp: [*const bf16; R] = std::array::from_fn(|r| w[r].as_ptr());
-        let mut s = [[[_mm512_setzero_ps(); 2]; B]; R];
-        // Index loops over fixed bounds (no iterators over arrays of
-        // vectors): LLVM keeps every accumulator in a register.
-        for c in 0..chunks {
+        // Index loops over fixed bounds, no iterators over arrays of
+        // vectors: LLVM keeps every accumulator in a register.
+        let mut c = 0;
+        while c + 4 <= full {
+            for u in 0..4 {
+                // SAFETY: elements `(c + u) * 32 + 32 <= k` of the row; pairs
+                // `b * stride + (c + u) * 16 + 16 <= B * stride`. Unaligned.
+                unsafe {
+                    let wv: __m512bh =
+                        std::mem::transmute(_mm512_loadu_si512(w.add((c + u) * 2 * LANES).cast()));
+                    for b in 0..B {
+                        let xv: __m512bh = std::mem::transmute(_mm512_loadu_si512(
+                            xs.add(b * stride + (c + u) * LANES).cast(),
+                        ));
+                        s[b][u] = _mm512_dpbf16_ps(s[b][u], xv, wv);
+                    }
+                }
+            }
+            c += 4;
+        }
+        while c < chunks {
             let start = c * 2 * LANES;
             let mask = if c < full {
                 !0
             } else {
                 (1u32 << (k - start)) - 1
             };
-            // SAFETY: the weight loads read elements `start..start + 32`,
-            // masked to those below `k`, of rows holding `k`; the pair loads
-            // `b * stride + c * 16 + 16 <= B * stride` (asserted). Unaligned.
+            // SAFETY: as above; the weight load is masked to the elements
+            // below `k`.
             unsafe {
-                let mut wv = [_mm512_setzero_si512(); R];
-                for r in 0..R {
-                    wv[r] = if c < full {
-                        _mm512_loadu_si512(wp[r].add(start).cast())
-                    } else {
-                        _mm512_maskz_loadu_epi16(mask, wp[r].add(start).cast())
-                    };
-                }
+                let wv: __m512bh =
+                    std::mem::transmute(_mm512_maskz_loadu_epi16(mask, w.add(start).cast()));
                 for b in 0..B {
                     let xv: __m512bh = std::mem::transmute(_mm512_loadu_si512(
                         xs.add(b * stride + c * LANES).cast(),
                     ));
-                    for r in 0..R {
-                        let wr: __m512bh = std::mem::transmute(wv[r]);
-                        s[r][b][c % 2] = _mm512_dpbf16_ps(s[r][b][c % 2], xv, wr);
-                    }
+                    s[b][c % 4] = _mm512_dpbf16_ps(s[b][c % 4], xv, wv);
                 }
             }
+            c += 1;
         }
-        let mut out = [[0f32; MB]; R];
-        for r in 0..R {
-            for b in 0..B {
-                out[r][b] = _mm512_reduce_add_ps(_mm512_add_ps(s[r][b][0], s[r][b][1]));
-            }
+        let mut out = [0f32; B];
+        for b in 0..B {
+            let v = _mm512_add_ps(
+                _mm512_add_ps(s[b][0], s[b][1]),
+                _mm512_add_ps(s[b][2], s[b][3]),
+            );
+            out[b] = _mm512_reduce_add_ps(v);
         }
         out
     }
@@ -320,8 +335,8 @@ mod tests {
         let (x, w) = inputs(MAX_ROWS, n, k);
         let mut all = vec![0f32; MAX_ROWS * n];
         assert!(gemv(Some(&team), &x, &w, &mut all, MAX_ROWS, n, k));
-        for m in [1, 2, 3, 5, 16, 33] {
-            for start in [0, 7, MAX_ROWS - m] {
+        for m in [1, 2, 3, 5, 16, MAX_ROWS - 1] {
+            for start in [0, 7.min(MAX_ROWS - m), MAX_ROWS - m] {
                 let mut some = vec![0f32; m * n];
                 let xs = &x[start * k..(start + m) * k];
                 assert!(gemv(None, xs, &w, &mut some, m, n, k));

@@ -130,7 +130,7 @@ impl CpuBackend {
     /// and multiply with AVX512-BF16 dot products (up to twice the f32 rate,
     /// as llama.cpp computes with bf16 weights), where the CPU has them. The
     /// logits then differ from the f32 reference by more than 1e-4: off by
-    /// default. Decode-sized steps (up to 64 rows) use them too
+    /// default. Decode-sized steps (up to 32 rows) use them too
     /// (`gemv_bf16.rs`), each row's result independent of the others.
     pub fn with_bf16_dot_products(mut self, on: bool) -> Self {
         self.bf16_dot = on;
