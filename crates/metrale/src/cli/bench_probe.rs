@@ -179,6 +179,7 @@ fn bf16_block() -> f64 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+    use std::hint::black_box;
 
     use super::{BLOCK_ITERS, CHAINS};
 
@@ -186,14 +187,15 @@ mod x86 {
     /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn fma_avx512() -> f64 {
-        let (a, b) = (_mm512_set1_ps(0.999), _mm512_set1_ps(1e-3));
-        let mut acc = [_mm512_set1_ps(1.0); CHAINS];
+        // Opaque to the optimiser, which would fold the loop away otherwise.
+        let (a, b) = black_box((_mm512_set1_ps(0.999), _mm512_set1_ps(1e-3)));
+        let mut acc = black_box([_mm512_set1_ps(1.0); CHAINS]);
         for _ in 0..BLOCK_ITERS {
             for x in acc.iter_mut() {
                 *x = _mm512_fmadd_ps(*x, a, b);
             }
         }
-        std::hint::black_box(acc);
+        black_box(acc);
         (2 * 16 * CHAINS * BLOCK_ITERS) as f64
     }
 
@@ -201,14 +203,15 @@ mod x86 {
     /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn fma_avx2() -> f64 {
-        let (a, b) = (_mm256_set1_ps(0.999), _mm256_set1_ps(1e-3));
-        let mut acc = [_mm256_set1_ps(1.0); CHAINS];
+        // Opaque to the optimiser, which would fold the loop away otherwise.
+        let (a, b) = black_box((_mm256_set1_ps(0.999), _mm256_set1_ps(1e-3)));
+        let mut acc = black_box([_mm256_set1_ps(1.0); CHAINS]);
         for _ in 0..BLOCK_ITERS {
             for x in acc.iter_mut() {
                 *x = _mm256_fmadd_ps(*x, a, b);
             }
         }
-        std::hint::black_box(acc);
+        black_box(acc);
         (2 * 8 * CHAINS * BLOCK_ITERS) as f64
     }
 
@@ -224,13 +227,14 @@ mod x86 {
                 std::mem::transmute(_mm512_set1_epi32(0x3a83_3a83)),
             )
         };
-        let mut acc = [_mm512_setzero_ps(); CHAINS];
+        let (a, b) = black_box((a, b));
+        let mut acc = black_box([_mm512_setzero_ps(); CHAINS]);
         for _ in 0..BLOCK_ITERS {
             for x in acc.iter_mut() {
                 *x = _mm512_dpbf16_ps(*x, a, b);
             }
         }
-        std::hint::black_box(acc);
+        black_box(acc);
         // 16 lanes, each two products and two sums.
         (4 * 16 * CHAINS * BLOCK_ITERS) as f64
     }
