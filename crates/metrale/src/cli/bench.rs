@@ -333,15 +333,12 @@ pub fn run(mut args: Args) -> Result<()> {
         return Ok(());
     }
     let op_times = || backend.take_op_times().unwrap_or_default();
-    let mut measured = Vec::with_capacity(args.batch.len());
-    for &b in &args.batch {
-        let m = measure(&model, &args, b, load_s, &op_times);
-        let failed = m.is_err();
-        measured.push(m);
-        if failed {
-            break;
-        }
-    }
+    // Each batch size in turn (stopping at the first that fails).
+    let measured: Result<Vec<Measured>> = args
+        .batch
+        .iter()
+        .map(|&b| measure(&model, &args, b, load_s, &op_times))
+        .collect();
     let config = model.config().clone();
     let weight_bytes = model.weight_store().map_or(0, |s| s.bytes());
     if let (true, Some(store)) = (as_stored, model.weight_store()) {
@@ -375,7 +372,7 @@ pub fn run(mut args: Args) -> Result<()> {
         .graphs_supported()
         .then(|| (options.cuda_graphs, model.graph_stats()));
     let shutdown = model.shutdown();
-    let measured: Vec<Measured> = measured.into_iter().collect::<Result<_>>()?;
+    let measured = measured?;
     shutdown?;
     // Before the probe, whose buffer would count otherwise.
     let peak_rss = peak_rss_bytes();
