@@ -10,6 +10,7 @@ llama.cpp's GFLOP/s count the same FLOPs per token as metrale's report
 (2 x the parameters a decode step reads per token)."""
 
 import json
+import math
 import sys
 from collections import OrderedDict
 
@@ -46,7 +47,7 @@ def row(shape, b, pairs):
         f"{med([a['decode_flop_s'] for a in m]) / 1e9:.1f}",
         pct([a.get("compute_fraction") for a in m]),
         f"{flops_per_tok * med([c['decode_tok_s'] for c in l]) / 1e9:.1f}",
-        pct([flops_per_tok * c["decode_tok_s"] / peak for c in l] if peak == peak else []),
+        pct([flops_per_tok * c["decode_tok_s"] / peak for c in l] if not math.isnan(peak) else []),
         f"{med([a['decode_weight_bytes_s'] for a in m]) / 1e9:.1f}",
         pct([a.get("bandwidth_fraction") for a in m]),
     )

@@ -223,8 +223,8 @@ mod x86 {
         // SAFETY: __m512bh and __m512i are both 512-bit vectors.
         let (a, b): (__m512bh, __m512bh) = unsafe {
             (
-                std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80)),
-                std::mem::transmute(_mm512_set1_epi32(0x3a83_3a83)),
+                std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(0x3f80_3f80)),
+                std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(0x3a83_3a83)),
             )
         };
         let (a, b) = black_box((a, b));
