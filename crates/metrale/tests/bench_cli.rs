@@ -118,6 +118,67 @@ fn exported_random_checkpoint_loads_and_benches() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--batch 1,3`: both batch sizes on the model loaded once, one JSON object
+/// each (an array), and a table with a decode line per batch size against
+/// the probed peaks.
+#[test]
+fn bench_a_list_of_batch_sizes() {
+    let dir = std::env::temp_dir().join(format!("metrale-batches-{}", std::process::id()));
+    let status = Command::new(env!("CARGO_BIN_EXE_metrale"))
+        .args(["export-random", "--config", tiny_config().to_str().unwrap()])
+        .args(["--out", dir.to_str().unwrap()])
+        .status()
+        .expect("running metrale");
+    assert!(status.success());
+    let model = dir.to_str().unwrap();
+    let v = bench(&["--model", model, "--batch", "1,3"]);
+    let runs = v.as_array().expect("an array of one object per batch size");
+    assert_eq!(runs.len(), 2, "{v}");
+    for (run, b) in runs.iter().zip([1, 3]) {
+        check_keys(run, "bf16");
+        assert_eq!(run["batch"], b);
+        let agg = run["decode_tok_s"].as_f64().unwrap();
+        let per_seq = run["decode_tok_s_per_seq"].as_f64().unwrap();
+        assert!((agg / b as f64 - per_seq).abs() < 1e-9 * agg, "{run}");
+        for key in ["decode_flop_s", "decode_weight_bytes_s"] {
+            assert!(run[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {run}");
+        }
+    }
+    // A table, with the probes (a second or so).
+    let out = Command::new(env!("CARGO_BIN_EXE_metrale"))
+        .args([
+            "bench",
+            "--model",
+            model,
+            "--batch",
+            "1,3",
+            "--threads",
+            "1",
+        ])
+        .args(["--prompt-len", "12", "--gen-len", "3"])
+        .output()
+        .expect("running metrale");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("model        ").count(), 1, "{text}");
+    for b in ["b1", "b3"] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("decode {b}: ")))
+            .unwrap_or_else(|| panic!("no decode {b} line in {text}"));
+        assert!(line.contains("tok/s per sequence"), "{line}");
+        assert!(
+            line.contains(" peak)") && line.contains("GB/s weights ("),
+            "{line}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `--shared-prefix`: misses and hits of the prefix cache on an exported
 /// random hybrid (its recurrent state comes back from snapshots).
 #[test]

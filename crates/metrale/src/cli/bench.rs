@@ -7,6 +7,12 @@
 //! host's). On a GPU it also reports the device: name, compute capability,
 //! memory.
 //!
+//! `--batch` takes a list (1,4,16,64): each batch size runs in turn on the
+//! model loaded once, and each reports its decode throughput, per sequence
+//! and in all, with the FLOP/s and weight bytes/s of its decode steps
+//! against the machine's peaks (`bench_report.rs`; on the CPU a short
+//! compute probe measures the arithmetic peak, `bench_probe.rs`).
+//!
 //! With `--shared-prefix N` it measures the prefix cache instead: the time
 //! to first token of a cached N-token prefix against an uncached one
 //! (`bench_prefix.rs`).
@@ -20,12 +26,15 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use metrale::core::DType;
 use metrale::engine::config::{ModelConfig, parse_config};
-use metrale::engine::model::{GraphStats, Logits, ModelOptions, Sequence, Step, TransformerModel};
+use metrale::engine::model::{Logits, ModelOptions, Sequence, Step, TransformerModel};
 use metrale::engine::random::write_random_checkpoint;
 use metrale::weights::loader::WeightDType;
-use metrale::{BackendOptions, Device, DeviceInfo, OpTime, open_backend};
+use metrale::{Backend, BackendOptions, OpTime, open_backend};
 
-use super::bench_probe::{decode_bytes_per_token, peak_rss_bytes, read_bandwidth};
+use super::bench_probe::{
+    ComputePeaks, compute_peaks, decode_bytes_per_token, peak_rss_bytes, read_bandwidth,
+};
+use super::bench_report::Report;
 
 /// How weights are held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -64,9 +73,10 @@ pub struct Args {
     /// Tokens generated per sequence after the prompt.
     #[arg(long, default_value_t = 32)]
     pub gen_len: usize,
-    /// Sequences run together (decode steps batch them).
-    #[arg(long, default_value_t = 1)]
-    pub batch: usize,
+    /// Sequences run together (decode steps batch them); a comma-separated
+    /// list (1,4,16) runs each batch size in turn on the model loaded once.
+    #[arg(long, value_delimiter = ',', num_args = 1, default_value = "1")]
+    pub batch: Vec<usize>,
     #[command(flatten)]
     pub device: super::DeviceArgs,
     #[command(flatten)]
@@ -96,8 +106,10 @@ pub struct Args {
     /// Seed of the random weights (with --config) and of the prompt.
     #[arg(short, long, default_value_t = 0)]
     pub seed: u64,
-    /// Skip the memory-bandwidth probe (no roofline then). On a GPU the
-    /// probe times copies of device memory, on the CPU reads of host memory.
+    /// Skip the probes (no roofline nor compute peak then). On a GPU the
+    /// bandwidth probe times copies of device memory, on the CPU reads of
+    /// host memory; the compute probe (CPU only) times f32 FMA and, where
+    /// the CPU has AVX512-BF16, bf16 dot-product loops.
     #[arg(long)]
     pub no_probe: bool,
     /// Measure the prefix cache instead: the time to first token of a
@@ -118,7 +130,8 @@ pub struct Args {
     /// Rounds of --shared-prefix (each a new prefix: one miss, then hits).
     #[arg(long, default_value_t = 5, requires = "shared_prefix")]
     pub repeat: usize,
-    /// Print one JSON object instead of a table.
+    /// Print one JSON object instead of a table (an array of one per batch
+    /// size for a list of them).
     #[arg(long)]
     pub json: bool,
     /// Also report the wall time of each op in the prefill and in the
@@ -143,15 +156,15 @@ pub struct ExportArgs {
 }
 
 /// What one run measured.
-struct Measured {
-    load_s: f64,
-    prefill_s: f64,
-    ttft_s: f64,
-    decode_s: f64,
-    decoded: usize,
+pub(super) struct Measured {
+    pub(super) load_s: f64,
+    pub(super) prefill_s: f64,
+    pub(super) ttft_s: f64,
+    pub(super) decode_s: f64,
+    pub(super) decoded: usize,
     /// Per-op wall times (with --profile; empty otherwise).
-    prefill_ops: Vec<OpTime>,
-    decode_ops: Vec<OpTime>,
+    pub(super) prefill_ops: Vec<OpTime>,
+    pub(super) decode_ops: Vec<OpTime>,
 }
 
 pub fn export_random(args: ExportArgs) -> Result<()> {
@@ -181,15 +194,16 @@ const MAX_BATCH: usize = 4096;
 /// the model's context (`max_position_embeddings`, the limit `generate`
 /// applies too); returns the KV blocks the run needs.
 fn check_sizes(args: &Args, config: &ModelConfig, block_size: usize) -> Result<usize> {
-    let (b, n, m) = (args.batch, args.prompt_len, args.gen_len);
+    let (n, m) = (args.prompt_len, args.gen_len);
     if let Some(shared) = args.shared_prefix {
         let limit = args.ctx_size.unwrap_or(usize::MAX);
         let limit = limit.min(config.max_position_embeddings);
         return super::bench_prefix::check_sizes(args, shared, limit, block_size);
     }
-    if n == 0 || b == 0 {
+    if n == 0 || args.batch.contains(&0) {
         bail!("--prompt-len and --batch must be at least 1");
     }
+    let b = max_batch(args);
     if b > MAX_BATCH {
         bail!("--batch {b} is more than {MAX_BATCH} sequences");
     }
@@ -214,11 +228,16 @@ fn check_sizes(args: &Args, config: &ModelConfig, block_size: usize) -> Result<u
     Ok(b * ((n + m).div_ceil(block_size) + 1))
 }
 
+/// The largest of the --batch sizes: what the model's scheduler must hold.
+fn max_batch(args: &Args) -> usize {
+    args.batch.iter().copied().max().unwrap_or(1)
+}
+
 pub fn run(mut args: Args) -> Result<()> {
     if let Some(spec) = &args.model {
         args.model = Some(metrale::resolve_model(spec, args.revision.as_deref())?);
     }
-    let (b, n) = (args.batch, args.prompt_len);
+    let (b, n) = (max_batch(&args), args.prompt_len);
     let config = match (&args.model, &args.config) {
         (Some(dir), _) => metrale::engine::gguf::ModelSource::from_path(dir).config()?,
         (None, Some(path)) => {
@@ -313,9 +332,13 @@ pub fn run(mut args: Args) -> Result<()> {
         );
         return Ok(());
     }
-    let measured = measure(&model, &args, load_s, &|| {
-        backend.take_op_times().unwrap_or_default()
-    });
+    let op_times = || backend.take_op_times().unwrap_or_default();
+    // Each batch size in turn (stopping at the first that fails).
+    let measured: Result<Vec<Measured>> = args
+        .batch
+        .iter()
+        .map(|&b| measure(&model, &args, b, load_s, &op_times))
+        .collect();
     let config = model.config().clone();
     let weight_bytes = model.weight_store().map_or(0, |s| s.bytes());
     if let (true, Some(store)) = (as_stored, model.weight_store()) {
@@ -353,50 +376,63 @@ pub fn run(mut args: Args) -> Result<()> {
     shutdown?;
     // Before the probe, whose buffer would count otherwise.
     let peak_rss = peak_rss_bytes();
-    let bandwidth = if args.no_probe {
-        None
-    } else {
-        match backend.device_bandwidth() {
-            None => Some(read_bandwidth(threads)),
-            Some(Ok(bw)) => Some(bw),
-            Some(Err(e)) => {
-                eprintln!("metrale bench: the device bandwidth probe failed, no roofline: {e:#}");
-                None
-            }
-        }
-    };
-    let mut report = Report::new(
-        &config,
-        name,
-        &args,
-        threads,
-        dtype,
-        weight_bytes,
-        &measured,
-        bandwidth,
-    );
-    report.peak_rss = peak_rss;
-    report.decode_bytes = decode_bytes;
-    report.bf16_dot = bf16_dot;
-    report.device = backend.device();
-    report.device_info = device_info;
-    report.graphs = graphs;
-    if args.json {
-        println!("{}", serde_json::to_string(&report.json())?);
-    } else {
-        print!("{}", report.text());
-    }
+    let (bandwidth, compute) = probe(&args, &backend, threads);
+    let reports: Vec<Report> = args
+        .batch
+        .iter()
+        .zip(&measured)
+        .map(|(&b, m)| {
+            let mut report = Report::new(
+                &config,
+                name.clone(),
+                &args,
+                b,
+                threads,
+                dtype,
+                weight_bytes,
+                m,
+                bandwidth,
+            );
+            report.peak_rss = peak_rss;
+            report.decode_bytes = decode_bytes;
+            report.bf16_dot = bf16_dot;
+            report.compute = compute;
+            report.device = backend.device();
+            report.device_info = device_info.clone();
+            report.graphs = graphs;
+            report
+        })
+        .collect();
+    print!("{}", super::bench_report::render(&reports, args.json)?);
     Ok(())
 }
 
+/// The machine's peaks: the memory bandwidth (the device's on a GPU) and,
+/// on the CPU, the arithmetic peaks; none with --no-probe.
+fn probe(args: &Args, backend: &Backend, threads: usize) -> (Option<f64>, Option<ComputePeaks>) {
+    if args.no_probe {
+        return (None, None);
+    }
+    match backend.device_bandwidth() {
+        None => (Some(read_bandwidth(threads)), Some(compute_peaks(threads))),
+        Some(Ok(bw)) => (Some(bw), None),
+        Some(Err(e)) => {
+            eprintln!("metrale bench: the device bandwidth probe failed, no roofline: {e:#}");
+            (None, None)
+        }
+    }
+}
+
+/// Runs `b` sequences: their prompts, then --gen-len batched decode steps.
 /// `op_times` returns (and resets) the backend's per-op times.
 fn measure(
     model: &TransformerModel,
     args: &Args,
+    b: usize,
     load_s: f64,
     op_times: &dyn Fn() -> Vec<OpTime>,
 ) -> Result<Measured> {
-    let (b, n, m) = (args.batch, args.prompt_len, args.gen_len);
+    let (n, m) = (args.prompt_len, args.gen_len);
     let vocab = model.config().vocab_size as u64;
     let chunk = model.options().max_batch_tokens;
     // Seeded prompts (an LCG: any ids will do, they only need to be valid).
@@ -506,338 +542,4 @@ fn argmax(v: &[f32]) -> u32 {
             if x > best.1 { (i, x) } else { best }
         })
         .0 as u32
-}
-
-struct Report {
-    model: String,
-    model_type: &'static str,
-    /// The backend it ran on.
-    device: Device,
-    /// What the accelerator is (None: the CPU).
-    device_info: Option<DeviceInfo>,
-    params: usize,
-    weight_bytes: usize,
-    dtype: DType,
-    threads: usize,
-    batch: usize,
-    prompt_len: usize,
-    gen_len: usize,
-    load_s: f64,
-    prefill_tok_s: f64,
-    decode_tok_s: f64,
-    ttft_ms: f64,
-    peak_rss: Option<u64>,
-    bandwidth: Option<f64>,
-    decode_bytes: f64,
-    bf16_dot: bool,
-    /// On a backend with graphs: whether decode graphs were on, and their counters.
-    graphs: Option<(bool, GraphStats)>,
-    /// (phase, its seconds, its ops) for --profile.
-    ops: Vec<(&'static str, f64, Vec<OpTime>)>,
-}
-
-impl Report {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        c: &ModelConfig,
-        model: String,
-        args: &Args,
-        threads: usize,
-        dtype: DType,
-        weight_bytes: usize,
-        m: &Measured,
-        bandwidth: Option<f64>,
-    ) -> Self {
-        let rate = |count: usize, secs: f64| if secs > 0.0 { count as f64 / secs } else { 0.0 };
-        Report {
-            model,
-            model_type: c.model_type.as_str(),
-            device: Device::Cpu,
-            device_info: None,
-            params: c.parameter_count(),
-            weight_bytes,
-            dtype,
-            threads,
-            batch: args.batch,
-            prompt_len: args.prompt_len,
-            gen_len: args.gen_len,
-            load_s: m.load_s,
-            prefill_tok_s: rate(args.batch * args.prompt_len, m.prefill_s),
-            decode_tok_s: rate(m.decoded, m.decode_s),
-            ttft_ms: m.ttft_s * 1e3,
-            peak_rss: peak_rss_bytes(),
-            bandwidth,
-            decode_bytes: super::bench_probe::decode_params_per_token(c) * dtype.size_of() as f64,
-            bf16_dot: false,
-            graphs: None,
-            ops: [
-                ("prefill", m.prefill_s, &m.prefill_ops),
-                ("decode", m.decode_s, &m.decode_ops),
-            ]
-            .into_iter()
-            .filter(|(_, _, ops)| !ops.is_empty())
-            .map(|(phase, secs, ops)| (phase, secs, ops.clone()))
-            .collect(),
-        }
-    }
-
-    /// Decode tokens/s if every step only streamed its weights at full bandwidth.
-    fn roofline(&self) -> Option<f64> {
-        self.bandwidth
-            .map(|bw| self.batch as f64 * bw / self.decode_bytes.max(1.0))
-    }
-
-    fn json(&self) -> serde_json::Value {
-        let roofline = self.roofline();
-        let mut v = serde_json::json!({
-            "model": self.model,
-            "model_type": self.model_type,
-            "device": self.device.to_string(),
-            "params": self.params,
-            "weight_bytes": self.weight_bytes,
-            "weight_dtype": self.dtype.name(),
-            "bf16_dot_products": self.bf16_dot,
-            "threads": self.threads,
-            "batch": self.batch,
-            "prompt_len": self.prompt_len,
-            "gen_len": self.gen_len,
-            "load_s": self.load_s,
-            "prefill_tok_s": self.prefill_tok_s,
-            "decode_tok_s": self.decode_tok_s,
-            "ttft_ms": self.ttft_ms,
-            "peak_rss_bytes": self.peak_rss,
-            "bandwidth_bytes_s": self.bandwidth,
-            "decode_bytes_per_step": self.decode_bytes,
-            "roofline_decode_tok_s": roofline,
-            "roofline_fraction": roofline.map(|r| self.decode_tok_s / r),
-        });
-        if let Some(info) = &self.device_info {
-            v["device_name"] = info.name.clone().into();
-            v["compute_capability"] = format!(
-                "{}.{}",
-                info.compute_capability.0, info.compute_capability.1
-            )
-            .into();
-            v["device_memory_bytes"] = info.total_memory.into();
-            v["device_free_memory_bytes"] = info.free_memory.into();
-        }
-        if let Some((on, g)) = &self.graphs {
-            v["cuda_graphs"] = serde_json::json!({
-                "enabled": on,
-                "captures": g.captures,
-                "replays": g.replays,
-                "failed": g.failed,
-            });
-        }
-        for (phase, secs, ops) in &self.ops {
-            let rows: Vec<_> = ops
-                .iter()
-                .map(|t| {
-                    serde_json::json!({
-                        "op": t.op,
-                        "calls": t.calls,
-                        "ms": t.total.as_secs_f64() * 1e3,
-                        "share": t.total.as_secs_f64() / secs.max(f64::MIN_POSITIVE),
-                    })
-                })
-                .collect();
-            v[format!("{phase}_ops")] = rows.into();
-        }
-        v
-    }
-
-    /// The table `metrale bench` prints.
-    fn text(&self) -> String {
-        let mut out = String::new();
-        macro_rules! line {
-            ($($t:tt)*) => {{
-                out.push_str(&format!($($t)*));
-                out.push('\n');
-            }};
-        }
-        let gib = |b: f64| b / (1u64 << 30) as f64;
-        line!(
-            "model        {} ({}, {:.1}M parameters, weights {} = {:.2} GiB)",
-            self.model,
-            self.model_type,
-            self.params as f64 / 1e6,
-            self.dtype,
-            gib(self.weight_bytes as f64)
-        );
-        if let Some(info) = &self.device_info {
-            line!(
-                "device       {} ({}), compute capability {}.{}, {:.1} GiB ({:.1} GiB free)",
-                self.device,
-                info.name,
-                info.compute_capability.0,
-                info.compute_capability.1,
-                gib(info.total_memory as f64),
-                gib(info.free_memory as f64)
-            );
-            if let Some((on, g)) = &self.graphs {
-                if *on {
-                    line!(
-                        "graphs       decode steps as CUDA graphs: {} captured, {} steps replayed{}",
-                        g.captures,
-                        g.replays,
-                        if g.failed > 0 {
-                            format!(", {} batch size(s) eager after a failed capture", g.failed)
-                        } else {
-                            String::new()
-                        }
-                    );
-                } else {
-                    line!("graphs       off (--no-cuda-graphs): every step eager");
-                }
-            }
-            line!(
-                "run          {}, batch {}, prompt {} tokens, {} generated; load {:.2} s",
-                self.device,
-                self.batch,
-                self.prompt_len,
-                self.gen_len,
-                self.load_s
-            );
-        } else {
-            line!(
-                "run          {}, {} thread(s), batch {}, prompt {} tokens, {} generated; load {:.2} s",
-                self.device,
-                self.threads,
-                self.batch,
-                self.prompt_len,
-                self.gen_len,
-                self.load_s
-            );
-        }
-        let math = if self.bf16_dot {
-            "bf16 dot products"
-        } else if self.device_info.is_some() && self.dtype != DType::F32 {
-            "f32 accumulation"
-        } else {
-            "f32"
-        };
-        line!(
-            "prefill      {:>10.1} tok/s ({math} arithmetic)",
-            self.prefill_tok_s
-        );
-        line!("ttft         {:>10.1} ms", self.ttft_ms);
-        match (self.roofline(), self.bandwidth) {
-            (Some(r), Some(bw)) => line!(
-                "decode       {:>10.2} tok/s   roofline {:.2} tok/s ({:.2} GiB/step at {:.1} GB/s): {:.0}%",
-                self.decode_tok_s,
-                r,
-                gib(self.decode_bytes),
-                bw / 1e9,
-                100.0 * self.decode_tok_s / r
-            ),
-            _ => line!("decode       {:>10.2} tok/s", self.decode_tok_s),
-        }
-        match self.peak_rss {
-            Some(p) => line!("peak memory  {:>10.2} GiB (resident)", gib(p as f64)),
-            None => line!("peak memory  unknown on this OS"),
-        }
-        for (phase, secs, ops) in &self.ops {
-            line!("{phase} by op ({:.1} ms in all):", secs * 1e3);
-            for t in ops {
-                let ms = t.total.as_secs_f64() * 1e3;
-                line!(
-                    "  {:<20} {:>9.1} ms {:>5.1}% {:>7} calls",
-                    t.op,
-                    ms,
-                    100.0 * ms / (secs * 1e3).max(f64::MIN_POSITIVE),
-                    t.calls
-                );
-            }
-        }
-        out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    use super::*;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: Args,
-    }
-
-    fn report(bandwidth: Option<f64>, device_info: Option<DeviceInfo>) -> Report {
-        let path = PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../benches/configs/tiny-hybrid.json"
-        ));
-        let config = parse_config(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
-        let cli = Cli::parse_from(["bench", "--config", "x.json", "--batch", "2"]);
-        let measured = Measured {
-            load_s: 1.0,
-            prefill_s: 1.0,
-            ttft_s: 0.01,
-            decode_s: 1.0,
-            decoded: 100,
-            prefill_ops: Vec::new(),
-            decode_ops: Vec::new(),
-        };
-        let mut r = Report::new(
-            &config,
-            "tiny".into(),
-            &cli.args,
-            1,
-            DType::BF16,
-            1 << 20,
-            &measured,
-            bandwidth,
-        );
-        r.device_info = device_info;
-        r
-    }
-
-    fn h200() -> DeviceInfo {
-        DeviceInfo {
-            name: "NVIDIA H200".into(),
-            compute_capability: (9, 0),
-            free_memory: 140 << 30,
-            total_memory: 141 << 30,
-            driver_version: 13000,
-            scratch_bytes: 0,
-        }
-    }
-
-    #[test]
-    fn a_gpu_run_reports_the_device_and_its_roofline() {
-        let bw = 4.0e12;
-        let r = report(Some(bw), Some(h200()));
-        let text = r.text();
-        assert!(
-            text.contains("(NVIDIA H200), compute capability 9.0, 141.0 GiB (140.0 GiB free)"),
-            "{text}"
-        );
-        assert!(!text.contains("thread(s)"), "{text}");
-        // Roofline: batch x bandwidth / bytes a decode step reads.
-        let roofline = 2.0 * bw / r.decode_bytes;
-        assert!(
-            text.contains(&format!("roofline {roofline:.2} tok/s")),
-            "{text}"
-        );
-        assert!(text.contains("at 4000.0 GB/s"), "{text}");
-        let v = r.json();
-        assert_eq!(v["device_name"], "NVIDIA H200");
-        assert_eq!(v["compute_capability"], "9.0");
-        assert_eq!(v["device_memory_bytes"], 141u64 << 30);
-        assert_eq!(v["bandwidth_bytes_s"], bw);
-        assert!((v["roofline_decode_tok_s"].as_f64().unwrap() - roofline).abs() < 1e-6);
-    }
-
-    #[test]
-    fn a_cpu_run_has_no_device_line() {
-        let r = report(None, None);
-        let text = r.text();
-        assert!(!text.contains("compute capability"), "{text}");
-        assert!(text.contains("1 thread(s), batch 2"), "{text}");
-        assert!(text.contains("decode       "), "{text}");
-        assert!(r.json().get("device_name").is_none());
-    }
 }

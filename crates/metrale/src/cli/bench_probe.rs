@@ -1,6 +1,7 @@
 //! Measurements `metrale bench` reports beside its own timings: the memory
-//! bandwidth the machine sustains, the process's peak memory, and the bytes
-//! of weights a decode step reads.
+//! bandwidth the machine sustains, its arithmetic peaks (f32 FMA and, where
+//! the CPU has AVX512-BF16, bf16 dot products), the process's peak memory,
+//! and the bytes of weights a decode step reads.
 
 use std::time::Instant;
 
@@ -68,6 +69,175 @@ fn sum_words_portable(part: &[u64]) -> u64 {
         }
     }
     acc.iter().fold(rest, |a, &b| a.wrapping_add(b))
+}
+
+/// Seconds each compute probe pass runs; the best of [`COMPUTE_PASSES`].
+const COMPUTE_PASS_S: f64 = 0.1;
+const COMPUTE_PASSES: usize = 3;
+
+/// The CPU's arithmetic peaks in FLOP/s on the bench's threads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ComputePeaks {
+    /// Fused multiply-adds on f32 vectors (2 FLOP per lane).
+    pub f32_fma: f64,
+    /// `vdpbf16ps` (4 FLOP per f32 lane: two products, two sums), where
+    /// the CPU has AVX512-BF16.
+    pub bf16_dot: Option<f64>,
+}
+
+/// Measures [`ComputePeaks`] with `threads` threads, each running
+/// independent chains of the instruction from registers (no memory
+/// traffic), for a fraction of a second per probe.
+pub fn compute_peaks(threads: usize) -> ComputePeaks {
+    ComputePeaks {
+        f32_fma: peak_flops(threads, fma_block),
+        bf16_dot: bf16_dot_available().then(|| peak_flops(threads, bf16_block)),
+    }
+}
+
+/// FLOP/s of `block` (which returns the FLOPs it did) on `threads`
+/// threads, each repeating it for [`COMPUTE_PASS_S`]; the best pass, since
+/// a peak is what the probe is after and a shared machine only lowers it.
+fn peak_flops(threads: usize, block: fn() -> f64) -> f64 {
+    let threads = threads.max(1);
+    let mut best = 0.0f64;
+    for _ in 0..COMPUTE_PASSES {
+        let start = Instant::now();
+        let flops: f64 = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| s.spawn(move || repeat_for(block, start)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+        });
+        best = best.max(flops / start.elapsed().as_secs_f64());
+    }
+    best
+}
+
+fn repeat_for(block: fn() -> f64, start: Instant) -> f64 {
+    let mut flops = 0.0;
+    while start.elapsed().as_secs_f64() < COMPUTE_PASS_S {
+        flops += block();
+    }
+    flops
+}
+
+/// Iterations of a probe block between clock reads (about 10 µs of work).
+const BLOCK_ITERS: usize = 4096;
+/// Independent accumulators: enough to cover the FMA latency (4 cycles) on
+/// two ports.
+const CHAINS: usize = 10;
+
+fn fma_block() -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F (checked just above).
+        return unsafe { x86::fma_avx512() };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+        return unsafe { x86::fma_avx2() };
+    }
+    fma_portable()
+}
+
+/// Scalar chains the compiler may vectorise: a floor, not the CPU's peak,
+/// where the probe has no kernel for the architecture.
+fn fma_portable() -> f64 {
+    let mut acc = [1.0f32; CHAINS * 8];
+    let (a, b) = (
+        std::hint::black_box(0.999_f32),
+        std::hint::black_box(1e-3_f32),
+    );
+    for _ in 0..BLOCK_ITERS {
+        for x in acc.iter_mut() {
+            *x = x.mul_add(a, b);
+        }
+    }
+    std::hint::black_box(acc);
+    (2 * BLOCK_ITERS * acc.len()) as f64
+}
+
+fn bf16_dot_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bf16");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+fn bf16_block() -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if bf16_dot_available() {
+        // SAFETY: the CPU supports AVX-512F and AVX512-BF16 (checked just above).
+        return unsafe { x86::dot_bf16() };
+    }
+    0.0
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+    use std::hint::black_box;
+
+    use super::{BLOCK_ITERS, CHAINS};
+
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn fma_avx512() -> f64 {
+        // Opaque to the optimiser, which would fold the loop away otherwise.
+        let (a, b) = black_box((_mm512_set1_ps(0.999), _mm512_set1_ps(1e-3)));
+        let mut acc = black_box([_mm512_set1_ps(1.0); CHAINS]);
+        for _ in 0..BLOCK_ITERS {
+            for x in acc.iter_mut() {
+                *x = _mm512_fmadd_ps(*x, a, b);
+            }
+        }
+        black_box(acc);
+        (2 * 16 * CHAINS * BLOCK_ITERS) as f64
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn fma_avx2() -> f64 {
+        // Opaque to the optimiser, which would fold the loop away otherwise.
+        let (a, b) = black_box((_mm256_set1_ps(0.999), _mm256_set1_ps(1e-3)));
+        let mut acc = black_box([_mm256_set1_ps(1.0); CHAINS]);
+        for _ in 0..BLOCK_ITERS {
+            for x in acc.iter_mut() {
+                *x = _mm256_fmadd_ps(*x, a, b);
+            }
+        }
+        black_box(acc);
+        (2 * 8 * CHAINS * BLOCK_ITERS) as f64
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512F and AVX512-BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn dot_bf16() -> f64 {
+        // 0x3f80 is bf16 1.0; small products keep the sums finite.
+        // SAFETY: __m512bh and __m512i are both 512-bit vectors.
+        let (a, b): (__m512bh, __m512bh) = unsafe {
+            (
+                std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(0x3f80_3f80)),
+                std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(0x3a83_3a83)),
+            )
+        };
+        let (a, b) = black_box((a, b));
+        let mut acc = black_box([_mm512_setzero_ps(); CHAINS]);
+        for _ in 0..BLOCK_ITERS {
+            for x in acc.iter_mut() {
+                *x = _mm512_dpbf16_ps(*x, a, b);
+            }
+        }
+        black_box(acc);
+        // 16 lanes, each two products and two sums.
+        (4 * 16 * CHAINS * BLOCK_ITERS) as f64
+    }
 }
 
 /// The process's peak resident memory (VmHWM), in bytes, where the OS says.
@@ -154,5 +324,12 @@ mod tests {
     fn sums_words() {
         let v: Vec<u64> = (0..1003).collect();
         assert_eq!(sum_words(&v), 1002 * 1003 / 2);
+    }
+
+    #[test]
+    fn compute_peaks_are_positive() {
+        let p = compute_peaks(1);
+        assert!(p.f32_fma.is_finite() && p.f32_fma > 0.0, "{p:?}");
+        assert!(p.bf16_dot.is_none_or(|f| f.is_finite() && f > 0.0), "{p:?}");
     }
 }

@@ -3,6 +3,7 @@
 pub mod bench;
 mod bench_prefix;
 mod bench_probe;
+mod bench_report;
 pub mod chat;
 pub mod generate;
 pub mod inspect;
