@@ -36,28 +36,31 @@ fn mix(mut x: u64) -> u64 {
 }
 
 impl SnapshotKey {
+    /// The key of the empty prefix.
+    const EMPTY: Self = Self {
+        tokens: 0,
+        hashes: SEEDS,
+    };
+
+    /// The key of this prefix followed by `token`.
+    fn then(self, token: u32) -> Self {
+        let (a, b) = self.hashes;
+        let t = u64::from(token);
+        Self {
+            tokens: self.tokens + 1,
+            hashes: (mix(a ^ t), mix(b.rotate_left(23).wrapping_add(t ^ SEEDS.1))),
+        }
+    }
+
     /// The key of the prefix `tokens`.
     pub fn of(tokens: &[u32]) -> Self {
-        Self::prefixes(tokens)
-            .last()
-            .expect("prefixes yields the empty prefix first")
+        tokens.iter().fold(Self::EMPTY, |key, &t| key.then(t))
     }
 
     /// The keys of `tokens[..0]`, `tokens[..1]`, ... `tokens[..]`, in order.
     pub fn prefixes(tokens: &[u32]) -> impl Iterator<Item = Self> + '_ {
-        let first = Self {
-            tokens: 0,
-            hashes: SEEDS,
-        };
-        std::iter::once(first).chain(tokens.iter().scan(first, |key, &t| {
-            let (a, b) = key.hashes;
-            *key = Self {
-                tokens: key.tokens + 1,
-                hashes: (
-                    mix(a ^ u64::from(t)),
-                    mix(b.rotate_left(23).wrapping_add(u64::from(t) ^ SEEDS.1)),
-                ),
-            };
+        std::iter::once(Self::EMPTY).chain(tokens.iter().scan(Self::EMPTY, |key, &t| {
+            *key = key.then(t);
             Some(*key)
         }))
     }
@@ -287,5 +290,25 @@ impl<'g> ModelResource<dyn GpuBackend + 'g> for SsmSnapshots {
             .collect();
         self.bytes = 0;
         Ok(free_states(gpu, &states)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_names_its_prefix_and_only_it() {
+        let tokens = [5, 1, 4, 1, 5, 9];
+        let keys: Vec<SnapshotKey> = SnapshotKey::prefixes(&tokens).collect();
+        assert_eq!(keys.len(), tokens.len() + 1);
+        for (n, key) in keys.iter().enumerate() {
+            assert_eq!(*key, SnapshotKey::of(&tokens[..n]));
+            assert_eq!(key.tokens(), n);
+        }
+        // Order, values and length all count.
+        assert_ne!(SnapshotKey::of(&[1, 4]), SnapshotKey::of(&[4, 1]));
+        assert_ne!(SnapshotKey::of(&[0]), SnapshotKey::of(&[0, 0]));
+        assert_ne!(SnapshotKey::of(&[7]).hashes, SnapshotKey::of(&[8]).hashes);
     }
 }
