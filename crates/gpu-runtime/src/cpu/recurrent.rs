@@ -311,7 +311,13 @@ impl CpuBackend {
         // On the team, prefill too: a chunk's heads are a short parallel
         // region each (hundreds per prompt), and rayon's sleeping workers
         // woke too late to take their share of most of them.
-        ios.into_iter()
+        // Single-token sequences (decode) go together: one pass over every
+        // (sequence, head) state on the team, not one parallel region per
+        // sequence; the others are scanned one by one.
+        let (single, longer): (Vec<_>, Vec<_>) = ios.into_iter().partition(|io| io.len == 1);
+        ssd::step_seqs(&ctx, single, self.team());
+        longer
+            .into_iter()
             .for_each(|io| ssd::scan_seq(&ctx, io, mode, self.team()));
         Ok(())
     }

@@ -91,6 +91,26 @@ pub(super) fn scan_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, team: &Team) {
     }
 }
 
+/// One token of each of `seqs` (every one of length 1): each head's state
+/// updated in place and its output written, all (sequence, head) pairs
+/// shared out over the team in one pass. The same arithmetic as
+/// [`scan_seq`] on one token, so a sequence's bits do not depend on the
+/// others in its step.
+pub(super) fn step_seqs(ctx: &Ctx<'_>, seqs: Vec<SeqIo<'_>>, team: &Team) {
+    let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
+    let mut heads: Vec<(usize, usize, &mut [f32], &mut [f32])> = Vec::new();
+    for io in seqs {
+        let row = io.row_start;
+        let pairs = io.state.chunks_mut(hp * n).zip(io.out.chunks_mut(hp));
+        heads.extend(pairs.enumerate().map(|(h, (s, y))| (row, h, s, y)));
+    }
+    team.chunks(&mut heads, heads_per_task(&ctx.p), |_, group| {
+        for (row, h, s, y) in group {
+            recurrent_head(ctx, *row, 1, *h, s, y);
+        }
+    });
+}
+
 simd_fn! {
     /// The per-token recurrence of head `h` over rows `row0..row0 + len`.
     fn recurrent_head(ctx: &Ctx<'_>, row0: usize, len: usize, h: usize, s: &mut [f32], yh: &mut [f32]) {
