@@ -394,8 +394,12 @@ impl CpuBackend {
             n_v_heads * k_head_dim * v_head_dim,
             &[q, k, v, a, b, a_log, dt_bias],
         )?;
-        // On the team, prefill too (see `ssd_impl`).
-        ios.into_iter()
+        // On the team, prefill too (see `ssd_impl`); single-token sequences
+        // (decode) together, as there.
+        let (single, longer): (Vec<_>, Vec<_>) = ios.into_iter().partition(|io| io.len == 1);
+        delta::step_seqs(&ctx, single, self.team());
+        longer
+            .into_iter()
             .for_each(|io| delta::delta_seq(&ctx, io, mode, self.team()));
         Ok(())
     }

@@ -202,6 +202,52 @@ pub(super) fn delta_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, team: &Team) {
     }
 }
 
+/// One token of each of `seqs` (every one of length 1): the q/k rows of all
+/// normalised in one pass, then every (sequence, v head) state updated in
+/// place and its output written, shared out over the team together. The
+/// same arithmetic as [`delta_seq`] on one token, so a sequence's bits do
+/// not depend on the others in its step.
+pub(super) fn step_seqs(ctx: &Ctx<'_>, seqs: Vec<SeqIo<'_>>, team: &Team) {
+    if seqs.is_empty() {
+        return;
+    }
+    let DeltaParams {
+        n_k_heads: nk,
+        n_v_heads: nh,
+        k_head_dim: dk,
+        v_head_dim: dv,
+        ..
+    } = ctx.p;
+    let (kw, n) = (nk * dk, seqs.len());
+    let rows: Vec<usize> = seqs.iter().map(|io| io.row_start).collect();
+    let (mut qn, mut kn) = (Buf::zeroed(n * kw), Buf::zeroed(n * kw));
+    team.chunks2(&mut qn, kw, &mut kn, kw, |i, qr, kr| {
+        normalise_row(ctx, rows[i], qr, kr)
+    });
+    let (qn, kn) = (&*qn, &*kn);
+    let mut heads: Vec<(usize, usize, &mut [f32], &mut [f32])> = Vec::with_capacity(n * nh);
+    for (i, io) in seqs.into_iter().enumerate() {
+        let pairs = io.state.chunks_mut(dk * dv).zip(io.out.chunks_mut(dv));
+        heads.extend(pairs.enumerate().map(|(h, (s, y))| (i, h, s, y)));
+    }
+    team.chunks(&mut heads, HEADS_PER_TASK, |_, group| {
+        for (i, h, s, y) in group {
+            let norm = Normed {
+                q: &qn[*i * kw..(*i + 1) * kw],
+                k: &kn[*i * kw..(*i + 1) * kw],
+                width: kw,
+                col: *h / (nh / nk) * dk,
+            };
+            with_scratch(1, dk, dv, |scr| {
+                recurrent_head(ctx, &norm, scr, rows[*i], 1, *h, s, y)
+            });
+        }
+    });
+}
+
+/// (Sequence, head) pairs a task of [`step_seqs`] takes.
+const HEADS_PER_TASK: usize = 4;
+
 /// Runs `f` with this thread's scratch for chunks of `cap` tokens.
 fn with_scratch(cap: usize, dk: usize, dv: usize, f: impl FnOnce(&mut Scratch)) {
     thread_local! {
