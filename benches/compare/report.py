@@ -53,6 +53,18 @@ def summarise(shape, runs):
     )
 
 
+def print_table(head, table):
+    """The rows aligned as text, then as a Markdown table."""
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
+    for line in [head] + table:
+        print("  ".join(str(x).rjust(w) for x, w in zip(line, widths)))
+    print()
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" for _ in head) + "|")
+    for line in table:
+        print("| " + " | ".join(line) + " |")
+
+
 def main() -> None:
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
     by_shape = OrderedDict()
@@ -62,14 +74,7 @@ def main() -> None:
     head = ("shape", "rounds", "metrale prefill", "llama.cpp prefill", "ratio", "metrale prefill bf16-dot", "ratio",
             "metrale decode", "llama.cpp decode", "ratio", "roofline", "metrale/roofline", "llama.cpp/roofline")
     table = [summarise(shape, runs) for shape, runs in by_shape.items()]
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
-    for line in [head] + table:
-        print("  ".join(str(x).rjust(w) for x, w in zip(line, widths)))
-    print()
-    print("| " + " | ".join(head) + " |")
-    print("|" + "|".join("---" for _ in head) + "|")
-    for line in table:
-        print("| " + " | ".join(line) + " |")
+    print_table(head, table)
     if rows:
         bw = [r["metrale"].get("bandwidth_bytes_s", 0) / 1e9 for r in rows]
         m = rows[0]["metrale"]

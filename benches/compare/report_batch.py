@@ -14,7 +14,7 @@ import math
 import sys
 from collections import OrderedDict
 
-from report import med, ratio_cell
+from report import med, print_table, ratio_cell
 
 
 def by_batch(runs):
@@ -62,14 +62,7 @@ def main() -> None:
             "metrale tok/s/seq", "llama.cpp tok/s/seq", "metrale GFLOP/s", "of peak",
             "llama.cpp GFLOP/s", "of peak", "metrale weights GB/s", "of bandwidth")
     table = [row(shape, b, pairs) for shape, runs in by_shape.items() for b, pairs in by_batch(runs).items()]
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
-    for line in [head] + table:
-        print("  ".join(str(x).rjust(w) for x, w in zip(line, widths)))
-    print()
-    print("| " + " | ".join(head) + " |")
-    print("|" + "|".join("---" for _ in head) + "|")
-    for line in table:
-        print("| " + " | ".join(line) + " |")
+    print_table(head, table)
     ms = [m for r in rows for m in r["metrale"]]
     if ms:
         bw = [m["bandwidth_bytes_s"] / 1e9 for m in ms if m.get("bandwidth_bytes_s")]
