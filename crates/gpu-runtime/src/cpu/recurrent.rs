@@ -17,32 +17,45 @@ mod tests_scan;
 
 use super::CpuBackend;
 use super::dense::{need, shape_err};
-use super::simd::simd_fn;
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
 use crate::ops::step::{RECURRENT_SEQ_WORDS, RecurrentBatch, RecurrentSeqDesc, StateSlots};
 
-simd_fn! {
-    /// One decode step of the causal conv for one sequence: `w` as stored
-    /// (`[channels, kernel]`, read with stride `kernel`, which vectorises as
-    /// interleaved loads), the state `[km1, channels]`.
-    fn conv_step(out: &mut [f32], state: &mut [f32], x: &[f32], w: &[f32], bias: &[f32], km1: usize) {
-        let (channels, taps) = (x.len(), km1 + 1);
-        // The same order of additions as the prefill path: bias, the taps on
-        // the state (oldest first), then the new input.
-        for (ch, o) in out[..channels].iter_mut().enumerate() {
-            let wc = &w[ch * taps..(ch + 1) * taps];
-            let mut acc = bias[ch];
-            for j in 0..km1 {
-                acc += wc[j] * state[j * channels + ch];
-            }
-            *o = acc + wc[km1] * x[ch];
+/// Decode steps whose conv updates touch fewer multiply-adds than this run
+/// on the calling thread alone.
+const PARALLEL_CONV: usize = 1 << 15;
+
+/// One decode step of the causal conv for one sequence: `wt` transposed
+/// (`[kernel, channels]`), the state `[kernel - 1, channels]`, oldest first.
+/// The additions in the prefill path's order (bias, the taps on the state
+/// oldest first, then the new input), with its row kernels: the same bits.
+fn conv_decode(
+    out: &mut [f32],
+    state: &mut [f32],
+    x: &[f32],
+    wt: &[f32],
+    bias: &[f32],
+    silu_out: bool,
+) {
+    let channels = x.len();
+    let km1 = wt.len() / channels.max(1) - 1;
+    let o = &mut out[..channels];
+    let row = |j: usize| &state[j * channels..(j + 1) * channels];
+    if km1 == 3 {
+        super::elementwise::conv_row4(o, bias, wt, [row(0), row(1), row(2), x], silu_out);
+    } else {
+        o.copy_from_slice(&bias[..channels]);
+        for (j, wj) in wt.chunks(channels).enumerate() {
+            super::elementwise::mul_add(o, wj, if j < km1 { row(j) } else { x });
         }
-        if km1 > 0 {
-            state.copy_within(channels..km1 * channels, 0);
-            state[(km1 - 1) * channels..km1 * channels].copy_from_slice(x);
+        if silu_out {
+            super::elementwise::silu_in_place(o);
         }
+    }
+    if km1 > 0 {
+        state.copy_within(channels..km1 * channels, 0);
+        state[(km1 - 1) * channels..km1 * channels].copy_from_slice(x);
     }
 }
 
@@ -466,23 +479,31 @@ impl CpuBackend {
         let xs = &self.read_f32(OP, x)?[..rows * channels];
         let km1 = kernel - 1;
         let ios = self.seq_ios(OP, seqs, out, channels, channels * km1, &inputs)?;
-        if decode_only(seqs) {
-            // One token per sequence: a few thousand multiply-adds, done here.
-            for io in ios.into_iter().filter(|io| io.len == 1) {
-                let x = &xs[io.row_start * channels..(io.row_start + 1) * channels];
-                conv_step(io.out, io.state, x, &w, &bias, km1);
-                if silu_out {
-                    super::elementwise::silu_in_place(&mut io.out[..channels]);
-                }
-            }
-            return Ok(());
-        }
         // Transposed to [kernel, channels] so each tap is a contiguous row.
         let mut wt = vec![0f32; kernel * channels];
         for (ch, taps) in w.chunks(kernel).enumerate() {
             for (j, &t) in taps.iter().enumerate() {
                 wt[j * channels + ch] = t;
             }
+        }
+        if decode_only(seqs) {
+            // One token per sequence: every sequence's update in one pass
+            // over the team (a few thousand multiply-adds each).
+            let (wt, bias) = (&wt, &bias);
+            let step = |io: &mut SeqIo<'_>| {
+                if io.len == 1 {
+                    let x = &xs[io.row_start * channels..(io.row_start + 1) * channels];
+                    conv_decode(io.out, io.state, x, wt, bias, silu_out);
+                }
+            };
+            let mut ios = ios;
+            if ios.len() * channels * kernel >= PARALLEL_CONV {
+                self.team()
+                    .chunks(&mut ios, 1, |_, io| io.iter_mut().for_each(step));
+            } else {
+                ios.iter_mut().for_each(step);
+            }
+            return Ok(());
         }
         let (wt, bias) = (&wt, &bias);
         let conv_seq = |io: SeqIo<'_>| {
