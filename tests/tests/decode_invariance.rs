@@ -1,13 +1,15 @@
 //! A decode row's logits are bitwise the same whatever else its step holds:
-//! a sequence decoding alone and the same sequence decoding among up to 31
-//! others, in f32 arithmetic (the GEMV path) and with bf16 weights and bf16
-//! dot products (`gemv_bf16.rs`), for every fixture architecture. (Past 32
-//! rows both arithmetics take a blocked GEMM, whose sums depend on the
-//! tiling.)
+//! a sequence decoding alone and the same sequence decoding among 63
+//! others, in f32 arithmetic (the GEMV path, up to 64 rows) and with bf16
+//! weights and bf16 dot products (`gemm_bf16`, the weights packed in panels
+//! at load where their shapes allow and per call elsewhere; invariant at
+//! any size), for every fixture architecture. (Past 64 rows f32 takes a
+//! blocked GEMM, whose sums depend on the tiling.)
 
 use std::sync::Arc;
 
 use anyhow::{Result, ensure};
+use metrale_core::DType;
 use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_gpu_runtime::gpu::GpuBackend;
 use metrale_model_engine::model::{
@@ -45,6 +47,15 @@ fn load(name: &str, bf16_dot: bool, batch: usize) -> Result<(Arc<CpuBackend>, Tr
         },
         &mut |_| {},
     )?;
+    if cpu.bf16_dot_products() {
+        // The weights the shapes allow are packed in panels at load.
+        let store = model.weight_store().expect("loaded");
+        let packed = store
+            .names()
+            .filter(|n| store.get(n).is_ok_and(|t| t.dtype() == DType::BF16Panels))
+            .count();
+        ensure!(packed > 0, "{name}: no weight was packed in panels");
+    }
     Ok((cpu, model))
 }
 
@@ -123,7 +134,7 @@ fn check(name: &str, bf16_dot: bool, batch: usize) -> Result<()> {
 #[test]
 fn f32_decode_rows_do_not_depend_on_the_batch() -> Result<()> {
     for name in MODELS {
-        check(name, false, 32)?;
+        check(name, false, 64)?;
     }
     Ok(())
 }
@@ -131,7 +142,7 @@ fn f32_decode_rows_do_not_depend_on_the_batch() -> Result<()> {
 #[test]
 fn bf16_decode_rows_do_not_depend_on_the_batch() -> Result<()> {
     for name in MODELS {
-        check(name, true, 32)?;
+        check(name, true, 64)?;
     }
     Ok(())
 }

@@ -11,6 +11,16 @@ use crate::quant::GgmlType;
 pub enum DType {
     F32,
     BF16,
+    /// bf16 matrix weights in the CPU's matmul layout, made at load by
+    /// `DenseOps::pack_matmul_weight` (never read from a file): a `[n, k]`
+    /// matrix (`k` even) as panels of [`PANEL_ROWS`] rows. Panel `i` holds
+    /// rows `32i..32i + w` (`w = min(32, n - 32i)`) from element `32i·k` on,
+    /// as `k / 2` pairs `(2p, 2p + 1)` of each row, pair `p` of row `32i + r`
+    /// at pair index `16i·k + p·w + r`. The same size as [`DType::BF16`];
+    /// rows `a..b` with `a` a multiple of 32 and `b` one too (or `n`) are
+    /// themselves such a matrix, so fused projections split on panel
+    /// boundaries as they do row-major.
+    BF16Panels,
     F16,
     I64,
     /// Device addresses (tables of expert weights, read by grouped ops).
@@ -22,6 +32,9 @@ pub enum DType {
     /// still counts elements, which come in whole blocks.
     Quant(QuantFormat),
 }
+
+/// Rows per panel of [`DType::BF16Panels`] (two 16-lane vectors).
+pub const PANEL_ROWS: usize = 32;
 
 /// A block-quantized GGML format ([`GgmlType`] with more than one element
 /// per block): the one way a quantized weight's format is named.
@@ -54,7 +67,7 @@ impl DType {
     pub fn size_of(self) -> usize {
         match self {
             DType::F32 | DType::I32 | DType::U32 => 4,
-            DType::BF16 | DType::F16 => 2,
+            DType::BF16 | DType::BF16Panels | DType::F16 => 2,
             DType::I64 | DType::U64 => 8,
             DType::U8 => 1,
             DType::Quant(q) => q.block_bytes(),
@@ -100,6 +113,7 @@ impl DType {
         match self {
             DType::F32 => "f32",
             DType::BF16 => "bf16",
+            DType::BF16Panels => "bf16-panels",
             DType::F16 => "f16",
             DType::I64 => "i64",
             DType::U64 => "u64",

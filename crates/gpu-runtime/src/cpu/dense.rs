@@ -5,6 +5,8 @@ use rayon::prelude::*;
 use super::CpuBackend;
 use super::elementwise as ew;
 use super::kernels::{Weights, dot_f32, gemm_xwt};
+use metrale_core::DType;
+
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::dense::{AttnParams, DenseOps, KvLayer, MatmulDims, RopeParams};
@@ -12,13 +14,14 @@ use crate::ops::step::AttnBatch;
 
 /// Rows of W widened per GEMM panel when weights are not f32.
 const WIDEN_PANEL_ROWS: usize = 256;
-/// Up to this many rows of x, matmul runs as matrix-vector products. Each
-/// output element is then one dot product whose summation order does not
-/// depend on how many rows the call has, so a sequence's logits are bitwise
-/// the same alone and in any step of up to this many tokens (decode batches
-/// included). Larger steps go through the blocked GEMM, which sums in another
-/// order (differences of a few ulps).
-const GEMV_MAX_ROWS: usize = 32;
+/// Up to this many rows of x, f32 matmuls run as matrix-vector products.
+/// Each output element is then one dot product whose summation order does
+/// not depend on how many rows the call has, so a sequence's logits are
+/// bitwise the same alone and in any step of up to this many tokens (decode
+/// batches included). Larger steps go through the blocked GEMM, which sums
+/// in another order (differences of a few ulps). (bf16 dot products are
+/// batch-invariant at any size: `gemm_bf16`.)
+const GEMV_MAX_ROWS: usize = 64;
 /// Ops touching fewer elements than this run on the calling thread: handing
 /// them to the team costs more than the work (decode runs hundreds of such
 /// ops a token).
@@ -65,8 +68,8 @@ thread_local! {
 }
 
 impl CpuBackend {
-    /// `o = x · wᵀ`: with bf16 dot products (where asked for and possible)
-    /// the decode-sized kernel up to its `MAX_ROWS` rows, then the GEMM;
+    /// `o = x · wᵀ`: weights in panels, and bf16 weights under bf16
+    /// arithmetic, with bf16 dot products (`gemm_bf16`, whatever `m`);
     /// otherwise the GEMV up to `GEMV_MAX_ROWS` rows, then the f32 GEMM.
     ///
     /// Quantized weights take the integer dot products of `cpu::quant`
@@ -86,26 +89,48 @@ impl CpuBackend {
             return super::quant::quant_matmul(team, xs, w, o, m, &mut scratch);
         }
         // Small ones run on the calling thread alone, without the team.
-        let small_team = (n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
-        if let (true, Weights::BF16(wb)) = (self.bf16_dot, ws)
-            && m <= super::gemv_bf16::MAX_ROWS
-            && super::gemv_bf16::gemv(small_team, xs, wb, o, m, n, k)
-        {
-            // bf16 dot products, each row's bits whatever shares the step.
+        if let Some(w) = self.bf16_operand(ws, n, k)? {
+            let team = (m * n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
+            if !super::gemm_bf16::matmul(team, xs, w, None, o, m, n, k) {
+                return Err(GpuError::Unavailable(
+                    "bf16 panels need AVX512-BF16, which this CPU lacks".into(),
+                ));
+            }
         } else if m <= GEMV_MAX_ROWS || k == 0 {
+            let small_team = (n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
             super::gemv::gemv(small_team, xs, ws, o, m, n, k)
-        } else if let (true, Weights::BF16(wb)) = (self.bf16_dot, ws)
-            && super::gemm_bf16::gemm(self.team(), xs, wb, o, m, n, k)
-        {
-            // Done with bf16 dot products (opt-in; see gemm_bf16.rs).
         } else {
             self.install(|| self.gemm_widened(xs, ws, o, d));
         }
         Ok(())
     }
 
-    /// `o = silu(x · gᵀ) * (x · uᵀ)`: fused bf16 dot products where asked for
-    /// and possible, else the gate into `o`, the up product into `u`.
+    /// `ws` as `gemm_bf16` takes it: panels always, row-major bf16 under
+    /// bf16 arithmetic; None for what the f32 kernels multiply.
+    fn bf16_operand<'a>(
+        &self,
+        ws: Weights<'a>,
+        n: usize,
+        k: usize,
+    ) -> Result<Option<super::gemm_bf16::Operand<'a>>> {
+        use super::gemm_bf16::Operand;
+        Ok(match ws {
+            Weights::Panels(p) if k.is_multiple_of(2) && p.len() >= n * k / 2 => {
+                Some(Operand::Panels(p))
+            }
+            Weights::Panels(_) => {
+                return Err(shape_err(
+                    "matmul",
+                    format!("bf16 panels of {n}x{k}: k must be even and the slice whole"),
+                ));
+            }
+            Weights::BF16(w) if self.bf16_dot_products() => Some(Operand::Rows(w)),
+            _ => None,
+        })
+    }
+
+    /// `o = silu(x · gᵀ) * (x · uᵀ)`: fused bf16 dot products where the
+    /// weights take them, else the gate into `o`, the up product into `u`.
     pub(super) fn swiglu_into(
         &self,
         xs: &[f32],
@@ -116,9 +141,9 @@ impl CpuBackend {
         d: MatmulDims,
     ) -> Result<()> {
         let MatmulDims { m, n, k } = d;
-        if m > super::gemv_bf16::MAX_ROWS.max(GEMV_MAX_ROWS)
-            && let (true, Weights::BF16(g), Weights::BF16(up)) = (self.bf16_dot, wg, wu)
-            && super::gemm_bf16::gemm_swiglu(self.team(), xs, g, up, o, m, n, k)
+        let team = (m * n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
+        if let (Some(g), Some(up)) = (self.bf16_operand(wg, n, k)?, self.bf16_operand(wu, n, k)?)
+            && super::gemm_bf16::matmul(team, xs, g, Some(up), o, m, n, k)
         {
             return Ok(());
         }
@@ -178,6 +203,12 @@ impl DenseOps for CpuBackend {
         need(OP, out, ids.len() * hidden, "out")?;
         let vocab = table.len() / hidden.max(1);
         let w = Weights::from_bytes(OP, table.dtype(), self.read(OP, table, table.dtype())?)?;
+        if matches!(w, Weights::Panels(_)) && !hidden.is_multiple_of(2) {
+            return Err(shape_err(
+                OP,
+                format!("bf16 panels with odd rows of {hidden}"),
+            ));
+        }
         if hidden % w.block_elems() != 0 {
             return Err(shape_err(
                 OP,
@@ -196,9 +227,41 @@ impl DenseOps for CpuBackend {
                     format!("token id {id} is outside the vocabulary of {vocab}"),
                 ));
             }
-            w.widen_into(id as usize * hidden, &mut o[i * hidden..(i + 1) * hidden]);
+            let row = &mut o[i * hidden..(i + 1) * hidden];
+            match w {
+                Weights::Panels(p) => {
+                    super::gemm_bf16::panel_row(p, vocab, hidden, id as usize, row)
+                }
+                w => w.widen_into(id as usize * hidden, row),
+            }
         }
         Ok(())
+    }
+
+    fn pack_matmul_weight(
+        &self,
+        w: DeviceSlice,
+        n: usize,
+        k: usize,
+    ) -> Result<Option<DeviceSlice>> {
+        const OP: &str = "pack_matmul_weight";
+        let _timer = self.begin_op(OP)?;
+        if w.dtype() != DType::BF16
+            || !self.bf16_dot_products()
+            || !k.is_multiple_of(2)
+            || w.len() != n * k
+            || !(w.ptr().raw()).is_multiple_of(4)
+        {
+            return Ok(None);
+        }
+        let bytes = self.write(OP, w, &[])?;
+        // SAFETY: `write` checked the range is live and ours alone; it starts
+        // on 4 bytes (checked above) and holds `n · k` bf16, `n · k / 2`
+        // whole pairs (`k` even), any bit pattern a valid u32.
+        let pairs: &mut [u32] =
+            unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), n * k / 2) };
+        self.install(|| super::gemm_bf16::pack_in_place(pairs, n, k));
+        Ok(Some(DeviceSlice::new(w.ptr(), DType::BF16Panels, w.len())))
     }
 
     fn matmul(

@@ -14,6 +14,9 @@ pub(crate) enum Weights<'a> {
     F32(&'a [f32]),
     BF16(&'a [bf16]),
     F16(&'a [f16]),
+    /// bf16 pairs in panels ([`DType::BF16Panels`]): the matmuls read them
+    /// through `gemm_bf16`; not addressable by element offset alone.
+    Panels(&'a [u32]),
     /// GGML blocks (a format `cpu::quant` multiplies); element offsets into
     /// it are whole blocks (the ops check their row lengths).
     Quant(QuantFormat, &'a [u8]),
@@ -21,9 +24,17 @@ pub(crate) enum Weights<'a> {
 
 impl<'a> Weights<'a> {
     pub(crate) fn from_bytes(op: &'static str, dtype: DType, bytes: &'a [u8]) -> Result<Self> {
+        if dtype == DType::BF16Panels && (bytes.as_ptr() as usize % 4 != 0 || bytes.len() % 4 != 0)
+        {
+            return Err(GpuError::Shape {
+                op,
+                detail: "bf16 panels must start and end on whole pairs".into(),
+            });
+        }
         // SAFETY: backend allocations are 64-byte aligned and slices start at
-        // whole-element offsets, so the casts below are aligned; f32, bf16 and
-        // f16 accept every bit pattern.
+        // whole-element offsets, so the casts below are aligned (panels, as
+        // u32 pairs, were checked to start on 4 bytes just above); f32, bf16,
+        // f16 and u32 accept every bit pattern.
         unsafe {
             Ok(match dtype {
                 DType::F32 => Weights::F32(std::slice::from_raw_parts(
@@ -37,6 +48,10 @@ impl<'a> Weights<'a> {
                 DType::F16 => Weights::F16(std::slice::from_raw_parts(
                     bytes.as_ptr().cast(),
                     bytes.len() / 2,
+                )),
+                DType::BF16Panels => Weights::Panels(std::slice::from_raw_parts(
+                    bytes.as_ptr().cast(),
+                    bytes.len() / 4,
                 )),
                 DType::Quant(q) if super::quant::supports(q.ggml()) => Weights::Quant(q, bytes),
                 other => return Err(GpuError::UnsupportedDType { op, dtype: other }),
@@ -68,6 +83,9 @@ impl<'a> Weights<'a> {
                 }
             }
             Weights::Quant(q, bytes) => dequantize(*q, bytes, start, out),
+            // Reached by no op (the matmuls route panels to `gemm_bf16`,
+            // `embedding` reads rows with `panel_row`); NaN, not a panic.
+            Weights::Panels(_) => out.fill(f32::NAN),
         }
     }
 
@@ -88,6 +106,7 @@ impl<'a> Weights<'a> {
                 }
                 acc
             }
+            Weights::Panels(_) => f32::NAN,
             Weights::Quant(q, _) => {
                 // Block by block through f32 (the matmuls take the integer
                 // path, `cpu::quant`; this serves odd callers).

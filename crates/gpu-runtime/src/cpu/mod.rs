@@ -10,7 +10,6 @@ mod dense;
 mod elementwise;
 mod gemm_bf16;
 mod gemv;
-mod gemv_bf16;
 mod host_memory;
 mod kernels;
 mod moe;
@@ -126,12 +125,12 @@ impl CpuBackend {
         self
     }
 
-    /// Lets prefill matmuls with bf16 weights round the activations to bf16
-    /// and multiply with AVX512-BF16 dot products (up to twice the f32 rate,
-    /// as llama.cpp computes with bf16 weights), where the CPU has them. The
-    /// logits then differ from the f32 reference by more than 1e-4: off by
-    /// default. Decode-sized steps (up to 32 rows) use them too
-    /// (`gemv_bf16.rs`), each row's result independent of the others.
+    /// Lets matmuls with bf16 weights round the activations to bf16 and
+    /// multiply with AVX512-BF16 dot products (up to twice the f32 rate, as
+    /// llama.cpp computes with bf16 weights), where the CPU has them; model
+    /// weights are then packed at load (`pack_matmul_weight`). The logits
+    /// differ from the f32 reference by more than 1e-4: off by default.
+    /// Each row's result is independent of the others (`gemm_bf16`).
     pub fn with_bf16_dot_products(mut self, on: bool) -> Self {
         self.bf16_dot = on;
         self

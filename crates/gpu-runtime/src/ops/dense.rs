@@ -76,6 +76,25 @@ pub trait DenseOps {
         dims: MatmulDims,
     ) -> Result<()>;
 
+    /// Rewrites the bf16 weight matrix `w` (`[n, k]`, row-major) in place
+    /// into the layout this backend's matmuls read fastest, and returns the
+    /// same memory relabelled (today the CPU's [`DType::BF16Panels`] under
+    /// bf16 arithmetic); `None`, leaving `w` untouched, where the backend
+    /// keeps row-major weights. The products are the same bits either way.
+    /// Afterwards only the matmuls (dense and grouped) and `embedding` read
+    /// the matrix, through the returned slice.
+    ///
+    /// [`DType::BF16Panels`]: metrale_core::DType::BF16Panels
+    fn pack_matmul_weight(
+        &self,
+        w: DeviceSlice,
+        n: usize,
+        k: usize,
+    ) -> Result<Option<DeviceSlice>> {
+        let _ = (w, n, k);
+        Ok(None)
+    }
+
     /// SwiGLU's first half in one op: `out = silu(x · gateᵀ) * (x · upᵀ)`,
     /// `gate` and `up` `[n, k]` in f32/bf16/f16 (no bias), `out` `[m, n]`.
     /// The same values, to the bit, as two `matmul`s and `silu_mul`; a

@@ -54,6 +54,29 @@ impl DerivedWeights {
         self.adopt(gpu, name, dst, gathered)
     }
 
+    /// Packs derived matrix `name` (`[n, k]`) for the matmuls, as
+    /// [`WeightStore::pack_matmul`](metrale_model_weights::weights::WeightStore::pack_matmul)
+    /// does for checkpoint tensors; returns its slice as it now is.
+    pub fn pack_matmul(
+        &mut self,
+        gpu: &dyn GpuBackend,
+        name: &str,
+        n: usize,
+        k: usize,
+    ) -> Result<DeviceSlice> {
+        let slice = self
+            .tensors
+            .get_mut(name)
+            .ok_or_else(|| EngineError::Internal(format!("no derived tensor {name}")))?;
+        if let Some(packed) = gpu
+            .pack_matmul_weight(*slice, n, k)
+            .map_err(EngineError::device(format!("packing {name}")))?
+        {
+            *slice = packed;
+        }
+        Ok(*slice)
+    }
+
     /// `values` in device memory, f32 (RoPE's inverse frequencies).
     #[track_caller]
     pub fn upload_f32(

@@ -1,6 +1,7 @@
 //! The weights a forward pass uses, resolved once from the plan's tensor
 //! names into device handles (into the weight store or derived weights).
 
+use metrale_core::PANEL_ROWS;
 use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
 use metrale_model_weights::weights::WeightStore;
 
@@ -26,6 +27,14 @@ impl Linear {
     /// of split out of the whole with a copy per part.
     pub fn rows(&self, start: usize, n: usize) -> Result<Linear> {
         const PART: &str = "part of a fused projection";
+        let on_panels = start % PANEL_ROWS == 0 && (n % PANEL_ROWS == 0 || start + n == self.n);
+        if self.w.dtype() == metrale_core::DType::BF16Panels && !on_panels {
+            return Err(EngineError::Internal(format!(
+                "rows {start}..{} of a {}-row matrix in panels do not start and end on panels",
+                start + n,
+                self.n
+            )));
+        }
         Ok(Linear {
             w: self
                 .w
@@ -157,9 +166,22 @@ pub(crate) struct ModelWeights {
 /// The derived tensor holding RoPE's inverse frequencies.
 pub(crate) const ROPE_INV_FREQ: &str = "rope.inv_freq";
 
-/// Looks tensors up by name and checks their shapes.
+/// Looks tensors up by name and checks their shapes; packs matrices for
+/// the backend's matmuls as it resolves them.
 struct Resolver<'a> {
-    store: &'a WeightStore,
+    store: &'a mut WeightStore,
+    gpu: &'a dyn GpuBackend,
+}
+
+/// Whether a matrix whose consumers read the consecutive row ranges of
+/// `parts` (lengths) can be packed in panels ([`DType::BF16Panels`]): every
+/// part but the last must be whole panels, so that each starts on one.
+///
+/// [`DType::BF16Panels`]: metrale_core::DType::BF16Panels
+pub(crate) fn panel_aligned(parts: &[usize]) -> bool {
+    parts
+        .split_last()
+        .is_none_or(|(_, init)| init.iter().all(|p| p % PANEL_ROWS == 0))
 }
 
 impl Resolver<'_> {
@@ -190,13 +212,36 @@ impl Resolver<'_> {
         Ok(t.slice)
     }
 
-    fn linear(&self, name: &str, bias: Option<&String>, n: usize, k: usize) -> Result<Linear> {
+    /// `[n, k]` as it is stored (a source of derived copies).
+    fn raw_linear(&self, name: &str, bias: Option<&String>, n: usize, k: usize) -> Result<Linear> {
         let w = self.tensor(name, &[n, k])?;
         let b = bias.map(|b| self.vector(b, n)).transpose()?;
         Ok(Linear { w, b, n, k })
     }
 
-    fn mlp(&self, names: &MlpNames, hidden: usize, inter: usize) -> Result<MlpWeights> {
+    /// A projection read whole, packed for the matmuls.
+    fn linear(&mut self, name: &str, bias: Option<&String>, n: usize, k: usize) -> Result<Linear> {
+        self.fused_linear(name, bias, &[n], k)
+    }
+
+    /// A projection whose consumers read the row ranges of `parts` (see
+    /// [`Linear::rows`]), packed for the matmuls when they fall on panels.
+    fn fused_linear(
+        &mut self,
+        name: &str,
+        bias: Option<&String>,
+        parts: &[usize],
+        k: usize,
+    ) -> Result<Linear> {
+        let n = parts.iter().sum();
+        let mut l = self.raw_linear(name, bias, n, k)?;
+        if panel_aligned(parts) {
+            l.w = self.store.pack_matmul(self.gpu, name, n, k)?;
+        }
+        Ok(l)
+    }
+
+    fn mlp(&mut self, names: &MlpNames, hidden: usize, inter: usize) -> Result<MlpWeights> {
         Ok(match names {
             MlpNames::Split {
                 gate,
@@ -212,7 +257,7 @@ impl Resolver<'_> {
                 }
             }
             MlpNames::Fused { gate_up, down } => MlpWeights::Fused {
-                gate_up: self.linear(gate_up, None, 2 * inter, hidden)?,
+                gate_up: self.fused_linear(gate_up, None, &[inter, inter], hidden)?,
                 down: self.linear(down, None, hidden, inter)?,
             },
             MlpNames::Plain { up, down, bias } => {
@@ -226,6 +271,27 @@ impl Resolver<'_> {
     }
 }
 
+/// A derived copy of `src` with its rows in `order` (see
+/// [`DerivedWeights::permute_rows`]), packed for the matmuls when the row
+/// ranges `parts` its consumers read fall on panels.
+#[allow(clippy::too_many_arguments)]
+fn derived_matrix(
+    derived: &mut DerivedWeights,
+    gpu: &dyn GpuBackend,
+    name: &str,
+    src: DeviceSlice,
+    width: usize,
+    order: &[usize],
+    parts: &[usize],
+) -> Result<DeviceSlice> {
+    let copy = derived.permute_rows(gpu, name, src, width, order)?;
+    if panel_aligned(parts) {
+        derived.pack_matmul(gpu, name, order.len(), width)
+    } else {
+        Ok(copy)
+    }
+}
+
 fn missing(what: &str) -> EngineError {
     EngineError::Internal(format!(
         "the plan has {what} layers but the config has no {what} section"
@@ -236,22 +302,19 @@ fn missing(what: &str) -> EngineError {
 /// where the kernels want another layout.
 pub(crate) fn resolve(
     config: &ModelConfig,
-    store: &WeightStore,
+    store: &mut WeightStore,
     derived: &mut DerivedWeights,
     gpu: &dyn GpuBackend,
 ) -> Result<ModelWeights> {
-    let r = Resolver { store };
+    let r = &mut Resolver { store, gpu };
     let h = config.hidden_size;
-    let embed = r.tensor(&config.names.embed, &[config.vocab_size, h])?;
+    // A tied head packs the embedding table too, which `embedding` reads
+    // in panels: the table's handle is taken after.
     let lm_head = match &config.names.lm_head {
         Some(name) => r.linear(name, None, config.vocab_size, h)?,
-        None => Linear {
-            w: embed,
-            b: None,
-            n: config.vocab_size,
-            k: h,
-        },
+        None => r.linear(&config.names.embed, None, config.vocab_size, h)?,
     };
+    let embed = r.tensor(&config.names.embed, &[config.vocab_size, h])?;
     let (mut attn_i, mut state_i) = (0, 0);
     let mut layers = Vec::with_capacity(config.layers.len());
     for (i, plan) in config.layers.iter().enumerate() {
@@ -262,14 +325,14 @@ pub(crate) fn resolve(
                     .as_ref()
                     .ok_or_else(|| missing("attention"))?;
                 attn_i += 1;
-                let mut w = attention(&r, derived, gpu, a, n, h, attn_i - 1)?;
+                let mut w = attention(r, derived, a, n, h, attn_i - 1)?;
                 w.sliding_window = plan.sliding_window;
                 MixerWeights::Attention(w)
             }
             (MixerNames::Mamba2(n), MixerKind::Mamba2) => {
                 let m = config.mamba.as_ref().ok_or_else(|| missing("mamba"))?;
                 state_i += 1;
-                MixerWeights::Mamba(mamba(&r, m, n, h, state_i - 1)?)
+                MixerWeights::Mamba(mamba(r, m, n, h, state_i - 1)?)
             }
             (MixerNames::GatedDeltaNet(n), MixerKind::GatedDeltaNet) => {
                 let d = config
@@ -277,7 +340,7 @@ pub(crate) fn resolve(
                     .as_ref()
                     .ok_or_else(|| missing("gated DeltaNet"))?;
                 state_i += 1;
-                MixerWeights::Delta(deltanet(&r, derived, gpu, d, n, h, state_i - 1, i)?)
+                MixerWeights::Delta(deltanet(r, derived, d, n, h, state_i - 1, i)?)
             }
             (MixerNames::None, MixerKind::None) => MixerWeights::None,
             _ => {
@@ -294,7 +357,7 @@ pub(crate) fn resolve(
             }
             (FfnNames::Moe(n), FfnKind::Moe) => {
                 let m = config.moe.as_ref().ok_or_else(|| missing("MoE"))?;
-                FfnWeights::Moe(Box::new(moe(&r, derived, gpu, m, n, h, i)?))
+                FfnWeights::Moe(Box::new(moe(r, derived, m, n, h, i)?))
             }
             (FfnNames::None, FfnKind::None) => FfnWeights::None,
             _ => {
@@ -333,9 +396,8 @@ pub(crate) fn resolve(
 }
 
 fn attention(
-    r: &Resolver<'_>,
+    r: &mut Resolver<'_>,
     derived: &mut DerivedWeights,
-    gpu: &dyn GpuBackend,
     a: &AttentionConfig,
     n: &AttentionNames,
     h: usize,
@@ -345,14 +407,16 @@ fn attention(
     let q = if a.output_gate {
         // HF lays q_proj out per head as [query(hd), gate(hd)]; gather all
         // queries first and all gates after, so the output splits in two.
-        let raw = r.linear(&n.q, n.q_bias.as_ref(), 2 * qw, h)?;
+        let gpu = r.gpu;
+        let raw = r.raw_linear(&n.q, n.q_bias.as_ref(), 2 * qw, h)?;
         let order: Vec<usize> = (0..2)
             .flat_map(|half| {
                 (0..a.n_heads)
                     .flat_map(move |head| (0..hd).map(move |c| head * 2 * hd + half * hd + c))
             })
             .collect();
-        let w = derived.permute_rows(gpu, &format!("{}#query_then_gate", n.q), raw.w, h, &order)?;
+        let name = format!("{}#query_then_gate", n.q);
+        let w = derived_matrix(derived, gpu, &name, raw.w, h, &order, &[qw, qw])?;
         let b = match raw.b {
             Some(b) => {
                 let name = format!("{}#bias_query_then_gate", n.q);
@@ -377,14 +441,19 @@ fn attention(
 }
 
 fn mamba(
-    r: &Resolver<'_>,
+    r: &mut Resolver<'_>,
     m: &MambaConfig,
     n: &MambaNames,
     h: usize,
     state_layer: usize,
 ) -> Result<MambaWeights> {
     Ok(MambaWeights {
-        in_proj: r.linear(&n.in_proj, n.in_proj_bias.as_ref(), m.in_proj_dim(), h)?,
+        in_proj: r.fused_linear(
+            &n.in_proj,
+            n.in_proj_bias.as_ref(),
+            &[m.d_inner(), m.conv_dim(), m.n_heads],
+            h,
+        )?,
         conv_w: r.any_shape(&n.conv_weight, m.conv_dim() * m.conv_kernel)?,
         conv_b: n
             .conv_bias
@@ -402,9 +471,8 @@ fn mamba(
 
 #[allow(clippy::too_many_arguments)]
 fn deltanet(
-    r: &Resolver<'_>,
+    r: &mut Resolver<'_>,
     derived: &mut DerivedWeights,
-    gpu: &dyn GpuBackend,
     d: &DeltaNetConfig,
     n: &DeltaNetNames,
     h: usize,
@@ -427,9 +495,18 @@ fn deltanet(
             (0..nk).flat_map(move |g| (0..len).map(move |c| g * group + off + c))
         })
         .collect();
-    let raw = r.linear(&n.in_proj_qkvz, None, nk * group, h)?;
+    let gpu = r.gpu;
+    let raw = r.raw_linear(&n.in_proj_qkvz, None, nk * group, h)?;
     let qkvz = Linear {
-        w: derived.permute_rows(gpu, &format!("layer{layer}.qkvz"), raw.w, h, &order)?,
+        w: derived_matrix(
+            derived,
+            gpu,
+            &format!("layer{layer}.qkvz"),
+            raw.w,
+            h,
+            &order,
+            &[d.conv_dim(), d.value_dim()],
+        )?,
         ..raw
     };
     // in_proj_ba per key head: [b(ratio), a(ratio)].
@@ -438,9 +515,17 @@ fn deltanet(
             (0..nk).flat_map(move |g| (0..ratio).map(move |c| g * 2 * ratio + half * ratio + c))
         })
         .collect();
-    let raw_ba = r.linear(&n.in_proj_ba, None, 2 * d.n_v_heads, h)?;
+    let raw_ba = r.raw_linear(&n.in_proj_ba, None, 2 * d.n_v_heads, h)?;
     let ba = Linear {
-        w: derived.permute_rows(gpu, &format!("layer{layer}.ba"), raw_ba.w, h, &ba_order)?,
+        w: derived_matrix(
+            derived,
+            gpu,
+            &format!("layer{layer}.ba"),
+            raw_ba.w,
+            h,
+            &ba_order,
+            &[d.n_v_heads, d.n_v_heads],
+        )?,
         ..raw_ba
     };
     Ok(DeltaWeights {
@@ -456,9 +541,8 @@ fn deltanet(
 }
 
 fn moe(
-    r: &Resolver<'_>,
+    r: &mut Resolver<'_>,
     derived: &mut DerivedWeights,
-    gpu: &dyn GpuBackend,
     m: &MoeConfig,
     n: &MoeNames,
     h: usize,
@@ -471,8 +555,18 @@ fn moe(
             .map(|e| r.mlp(e, h, inter))
             .collect::<Result<Vec<_>>>()?,
         ExpertNames::Fused { gate_up, down } => {
-            let gu = r.tensor(gate_up, &[m.n_experts, 2 * inter, h])?;
-            let dn = r.tensor(down, &[m.n_experts, h, inter])?;
+            let mut gu = r.tensor(gate_up, &[m.n_experts, 2 * inter, h])?;
+            let mut dn = r.tensor(down, &[m.n_experts, h, inter])?;
+            // Every expert's gate and up halves, and its down matrix, on
+            // panel boundaries: the stacks pack as one matrix each.
+            if panel_aligned(&[inter, inter]) {
+                gu = r
+                    .store
+                    .pack_matmul(r.gpu, gate_up, m.n_experts * 2 * inter, h)?;
+            }
+            if panel_aligned(&[h, h]) {
+                dn = r.store.pack_matmul(r.gpu, down, m.n_experts * h, inter)?;
+            }
             (0..m.n_experts)
                 .map(|e| {
                     let slice = |t: DeviceSlice, len: usize| {
@@ -511,7 +605,7 @@ fn moe(
             .as_ref()
             .map(|b| r.vector(b, m.n_experts))
             .transpose()?,
-        experts: experts::tables(&experts, derived, gpu, layer)?,
+        experts: experts::tables(&experts, derived, r.gpu, layer)?,
         shared: match (&n.shared, m.shared_intermediate) {
             (Some(s), Some(si)) => Some(r.mlp(s, h, si)?),
             _ => None,

@@ -81,6 +81,39 @@ impl WeightStore {
         Ok(&self.tensors[name])
     }
 
+    /// Rewrites tensor `name`, a matrix `[n, k]` (or experts `[e, n', k]`
+    /// taken as `[e·n', k]`), in place into the layout `gpu`'s matmuls read
+    /// fastest ([`DenseOps::pack_matmul_weight`]) and relabels it; left as
+    /// it is where the backend keeps it (or packed it already). Afterwards
+    /// only matmuls and embedding lookups may read it. Returns its slice as
+    /// it now is.
+    ///
+    /// [`DenseOps::pack_matmul_weight`]: metrale_gpu_runtime::ops::DenseOps::pack_matmul_weight
+    pub fn pack_matmul(
+        &mut self,
+        gpu: &dyn GpuBackend,
+        name: &str,
+        n: usize,
+        k: usize,
+    ) -> Result<DeviceSlice, WeightsError> {
+        let t = self
+            .tensors
+            .get_mut(name)
+            .ok_or_else(|| WeightsError::NotLoaded {
+                name: name.to_string(),
+            })?;
+        let packed =
+            gpu.pack_matmul_weight(t.slice, n, k)
+                .map_err(|source| WeightsError::Device {
+                    name: name.to_string(),
+                    source,
+                })?;
+        if let Some(slice) = packed {
+            t.slice = slice;
+        }
+        Ok(t.slice)
+    }
+
     pub fn get(&self, name: &str) -> Result<&DeviceTensor, WeightsError> {
         self.tensors
             .get(name)

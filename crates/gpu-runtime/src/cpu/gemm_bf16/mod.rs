@@ -1,18 +1,28 @@
-//! Prefill GEMM with bf16 dot products (AVX512-BF16 `vdpbf16ps`), opt-in.
+//! Matmuls with bf16 dot products (AVX512-BF16 `vdpbf16ps`), for bf16
+//! weights under bf16 arithmetic (`--dtype auto`, the default, or `bf16`).
 //!
 //! `out[m, n] = x[m, k] · w[n, k]ᵀ` with bf16 weights, the activations
 //! rounded to bf16 (round to nearest even) and each pair of products summed
 //! in f32: what llama.cpp does with bf16 weights. One instruction does 32
-//! multiply-adds where an f32 FMA does 16, so prefill's matmuls run up to
-//! twice as fast; the price is the rounding of the activations (relative
-//! error about 2⁻⁹ per product), which takes the logits out of the 1e-4
-//! agreement with the f32 reference. Hence opt-in
-//! ([`super::CpuBackend::with_bf16_dot_products`]); the default stays f32.
+//! multiply-adds where an f32 FMA does 16; the price is the rounding of the
+//! activations (relative error about 2⁻⁹ per product), which takes the
+//! logits out of the 1e-4 agreement with the f32 reference.
 //!
-//! Layout: the weight rows are packed per panel of [`NR`] rows so that one
-//! 64-byte load holds the pair `(2p, 2p+1)` of all 16 rows of a vector; the
-//! activations are converted once to bf16 pairs and broadcast. The panels are
-//! shared out over the backend's team; each task writes its own columns of `out`.
+//! Layout: the weights are read in panels of [`NR`] rows in which one
+//! 64-byte load holds the pair `(2p, 2p+1)` of 16 rows
+//! ([`DType::BF16Panels`](metrale_core::DType::BF16Panels)). Model weights
+//! are packed so once at load ([`pack_in_place`]); a row-major operand
+//! (the SSD scan's products, a weight left unpacked) is packed per call and
+//! per panel into a thread's buffer. The activations are converted once to
+//! bf16 pairs and broadcast. The panels are shared out over the backend's
+//! team; each task writes its own columns of `out`.
+//!
+//! Batch invariance: every output `out[i, j]` is one accumulator lane fed
+//! pair 0, 1, ..., `k/2 - 1` of row `i` and column `j` in that order, by the
+//! same instruction, whatever `m` is, however the rows are tiled, whichever
+//! thread runs the panel and whether the panel was packed at load or per
+//! call. A decode row's result is therefore bitwise the same alone or among
+//! any number of others, in decode steps and prefill chunks alike.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,13 +31,24 @@ use half::bf16;
 
 use super::team::Team;
 
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
 /// Weight rows per panel (two 16-lane vectors).
-const NR: usize = 32;
+pub(crate) const NR: usize = metrale_core::PANEL_ROWS;
 /// Activation rows per micro-tile.
 const MR: usize = 8;
+/// Up to this many activation rows each task takes one run of panels (see
+/// `run`). Measured on 40 streamed 3072x768 matrices, 2 threads, against
+/// panels dealt one at a time: at 16 rows 253 against 290 µs a matrix
+/// (medians of 4 rounds), at 1 and 32 rows the same.
+const STREAMING_ROWS: usize = 64;
+/// Below this many activation elements the pairs are made on the calling
+/// thread alone (a team dispatch costs more than the conversion).
+const SERIAL_PAIRS: usize = 1 << 14;
 
 thread_local! {
-    /// The packed weight panel, per team thread.
+    /// A row-major operand's panel, packed per call, per team thread.
     static PANEL: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
     /// The second operand's panel of a fused SwiGLU, per team thread.
     static PANEL_UP: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
@@ -35,7 +56,7 @@ thread_local! {
     static ACTS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Whether this CPU can run [`gemm`].
+/// Whether this CPU can run these kernels.
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -48,7 +69,43 @@ pub(crate) fn available() -> bool {
     }
 }
 
-/// A pointer to `out` that tasks write disjoint columns of.
+/// A matmul's weight operand `[n, k]`.
+#[derive(Clone, Copy)]
+pub(crate) enum Operand<'a> {
+    /// Row-major bf16, packed per call.
+    Rows(&'a [bf16]),
+    /// Packed at load ([`pack_in_place`]): `n · k / 2` pairs.
+    Panels(&'a [u32]),
+}
+
+impl<'a> Operand<'a> {
+    fn check(&self, n: usize, k: usize) -> bool {
+        match self {
+            Operand::Rows(w) => w.len() >= n * k,
+            Operand::Panels(p) => k.is_multiple_of(2) && p.len() >= n * k / 2,
+        }
+    }
+
+    /// The bytes panel `t` is made from: what to prefetch before it.
+    fn bytes_of_panel(&self, t: usize, n: usize, k: usize) -> &'a [u8] {
+        let (a, rows) = (t * NR, NR.min(n - t * NR));
+        let (ptr, len) = match *self {
+            Operand::Rows(w) => {
+                let part = &w[a * k..(a + rows) * k];
+                (part.as_ptr().cast::<u8>(), std::mem::size_of_val(part))
+            }
+            Operand::Panels(p) => {
+                let part = &p[a * k / 2..(a + rows) * k / 2];
+                (part.as_ptr().cast::<u8>(), std::mem::size_of_val(part))
+            }
+        };
+        // SAFETY: the bytes of a live `&'a` slice of plain data (bf16 or
+        // u32), borrowed for as long as it.
+        unsafe { std::slice::from_raw_parts(ptr, len) }
+    }
+}
+
+/// Where `out` is written by the tasks, each its own columns.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: each task writes only the columns of its own panel.
@@ -83,60 +140,53 @@ pub(crate) fn gemm(
     n: usize,
     k: usize,
 ) -> bool {
-    gemm_with(team, x, w, None, out, m, n, k)
+    matmul(Some(team), x, Operand::Rows(w), None, out, m, n, k)
 }
 
-/// `out = silu(x·gateᵀ) * (x·upᵀ)`, each product as [`gemm`] computes it
-/// and the SiLU as `silu_mul` does, applied to each tile before it is
-/// stored: the same bits as two [`gemm`] calls and `silu_mul`, without
-/// writing and reading back the two products. False where [`gemm`] is.
+/// `out = x · wᵀ`, or with `up` `silu(x · wᵀ) * (x · upᵀ)`, each product
+/// as [`gemm`] computes it and the SiLU as `silu_mul` does, applied to each
+/// tile before it is stored (the same bits as two products and `silu_mul`).
+/// `team`: None runs on the calling thread alone (small matrices). False,
+/// doing nothing, where the CPU lacks AVX512-BF16 or `w` and `up` are not
+/// both of one kind.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_swiglu(
-    team: &Team,
+pub(crate) fn matmul(
+    team: Option<&Team>,
     x: &[f32],
-    gate: &[bf16],
-    up: &[bf16],
+    w: Operand<'_>,
+    up: Option<Operand<'_>>,
     out: &mut [f32],
     m: usize,
     n: usize,
     k: usize,
 ) -> bool {
-    assert!(up.len() >= n * k);
-    gemm_with(team, x, gate, Some(up), out, m, n, k)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn gemm_with(
-    team: &Team,
-    x: &[f32],
-    w: &[bf16],
-    up: Option<&[bf16]>,
-    out: &mut [f32],
-    m: usize,
-    n: usize,
-    k: usize,
-) -> bool {
-    if !available() {
+    let same_kind = match up {
+        None => true,
+        Some(u) => std::mem::discriminant(&u) == std::mem::discriminant(&w),
+    };
+    if !available() || !same_kind {
         return false;
     }
-    assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
+    assert!(x.len() >= m * k && out.len() >= m * n && w.check(n, k));
+    assert!(up.is_none_or(|u| u.check(n, k)));
     if m == 0 || n == 0 {
         return true;
     }
     let kp = k.div_ceil(2);
-    let rows = m.div_ceil(MR) * MR;
     ACTS.with_borrow_mut(|xb| {
-        // Activations as bf16 pairs, padded to whole micro-tiles with zeros.
-        // Every row is overwritten, so only growth and the padding are zeroed
-        // (zeroing it all, on one thread, had cost 4% of a prefill).
-        if xb.len() < rows * kp {
-            xb.resize(rows * kp, 0);
+        // Every row is overwritten: only growth is zeroed.
+        if xb.len() < m * kp {
+            xb.resize(m * kp, 0);
         }
-        let xb = &mut xb[..rows * kp];
-        xb[m * kp..].fill(0);
-        team.chunks(&mut xb[..m * kp], kp, |i, dst| {
-            to_pairs(&x[i * k..(i + 1) * k], dst)
-        });
+        let xb = &mut xb[..m * kp];
+        let convert = |i: usize, dst: &mut [u32]| to_pairs(&x[i * k..(i + 1) * k], dst);
+        match team.filter(|_| m * k >= SERIAL_PAIRS) {
+            Some(team) => team.chunks(xb, kp, convert),
+            None => xb
+                .chunks_mut(kp)
+                .enumerate()
+                .for_each(|(i, d)| convert(i, d)),
+        }
         run(team, xb, w, up, out, m, n, k);
     });
     true
@@ -146,8 +196,9 @@ fn gemm_with(
 pub(super) fn to_pairs(src: &[f32], dst: &mut [u32]) {
     let even = src.len() / 32 * 32;
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `gemm` checked `available()`; the kernel reads `even` elements of
-    // `src` and writes `even / 2` of `dst` (which holds `src.len().div_ceil(2)`).
+    // SAFETY: callers checked `available()`; the kernel reads `even` elements
+    // of `src` and writes `even / 2` of `dst` (which holds
+    // `src.len().div_ceil(2)`).
     unsafe {
         x86::to_pairs(&src[..even], &mut dst[..even / 2])
     };
@@ -165,12 +216,60 @@ pub(super) fn to_pairs(src: &[f32], dst: &mut [u32]) {
     }
 }
 
+/// One panel of an operand as the micro-tile reads it: `kp` rows of
+/// `stride` pairs.
+struct Panel<'p> {
+    pairs: &'p [u32],
+    stride: usize,
+}
+
+/// Panel `t` (columns `t * NR..t * NR + cols`) of `w`: in place when packed
+/// at load, else packed into `buf`.
+fn panel<'p>(w: Operand<'p>, buf: &'p mut Vec<u32>, t: usize, n: usize, k: usize) -> Panel<'p> {
+    let (kp, j0) = (k.div_ceil(2), t * NR);
+    let cols = NR.min(n - j0);
+    match w {
+        Operand::Panels(p) => Panel {
+            pairs: &p[j0 * kp..(j0 + cols) * kp],
+            stride: cols,
+        },
+        Operand::Rows(w) => {
+            // `pack` overwrites the whole panel: no need to clear it.
+            buf.resize(kp * NR, 0);
+            pack(w, k, kp, j0, cols, buf);
+            Panel {
+                pairs: buf,
+                stride: NR,
+            }
+        }
+    }
+}
+
+/// `tile = a[..rows] · panel` for `rows <= MR` activation rows.
+fn tile(a: &[u32], rows: usize, p: &Panel<'_>, kp: usize, out: &mut [[f32; NR]; MR]) {
+    macro_rules! dispatch {
+        ($($r:literal)*) => {
+            match (rows, p.stride == NR) {
+                // SAFETY: `available()` was checked by `matmul`; `a` holds
+                // `rows` rows of `kp` pairs and the panel `kp * stride`.
+                $(($r, true) => unsafe { x86::tile::<$r, true>(a, p.pairs, kp, p.stride, out) },
+                  ($r, false) => unsafe { x86::tile::<$r, false>(a, p.pairs, kp, p.stride, out) },)*
+                _ => unreachable!("at most MR rows per tile"),
+            }
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    dispatch!(1 2 3 4 5 6 7 8);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (a, rows, p, kp, out);
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run(
-    team: &Team,
+    team: Option<&Team>,
     xb: &[u32],
-    w: &[bf16],
-    up: Option<&[bf16]>,
+    w: Operand<'_>,
+    up: Option<Operand<'_>>,
     out: &mut [f32],
     m: usize,
     n: usize,
@@ -180,37 +279,46 @@ fn run(
     let panels = n.div_ceil(NR);
     let next = AtomicUsize::new(0);
     let ptr = OutPtr(out.as_mut_ptr());
-    let work = || {
-        PANEL.with_borrow_mut(|panel| {
-            PANEL_UP.with_borrow_mut(|panel_up| {
-                // `pack` overwrites the whole panel: no need to clear it.
-                panel.resize(kp * NR, 0);
-                if up.is_some() {
-                    panel_up.resize(kp * NR, 0);
-                }
-                // Each thread claims its next panel one ahead and, during the
+    let tasks = team.map_or(1, |t| t.threads().min(panels));
+    // Decode-sized steps stream the weights: each task takes one run of
+    // whole panels, one sequential stream as the hardware prefetcher likes
+    // it. Prefill-sized ones are compute-bound: the panels go out one at a
+    // time from a counter, which evens out the tasks' speeds.
+    let streaming = m <= STREAMING_ROWS;
+    let work = |task: usize| {
+        let (mut from, to) = (panels * task / tasks, panels * (task + 1) / tasks);
+        let mut claim = || {
+            if streaming {
+                from += 1;
+                (from <= to).then_some(from - 1)
+            } else {
+                Some(next.fetch_add(1, Ordering::Relaxed)).filter(|&t| t < panels)
+            }
+        };
+        PANEL.with_borrow_mut(|buf| {
+            PANEL_UP.with_borrow_mut(|buf_up| {
+                // Each task claims its next panel one ahead and, during the
                 // last quarter of the current panel's row tiles, prefetches
-                // the weight rows packing will read (32 rows at a time: more
-                // streams than the hardware prefetcher follows).
-                let mut t = next.fetch_add(1, Ordering::Relaxed);
-                while t < panels {
-                    let ahead = next.fetch_add(1, Ordering::Relaxed);
-                    let upcoming = (ahead < panels).then(|| {
-                        let (a0, rows) = (ahead * NR, NR.min(n - ahead * NR));
+                // the rows packing it will read (32 rows at a time: more
+                // streams than the hardware prefetcher follows; a panel
+                // packed at load is one stream, left to the hardware).
+                let mut current = claim();
+                while let Some(t) = current {
+                    let ahead = claim();
+                    let rows = matches!(w, Operand::Rows(_));
+                    let upcoming = ahead.filter(|_| rows).map(|ahead| {
                         (
-                            &w[a0 * k..(a0 + rows) * k],
-                            up.map(|u| &u[a0 * k..(a0 + rows) * k]),
+                            w.bytes_of_panel(ahead, n, k),
+                            up.map(|u| u.bytes_of_panel(ahead, n, k)),
                         )
                     });
                     let tiles = m.div_ceil(MR);
                     let from = tiles - tiles.div_ceil(4);
                     let j0 = t * NR;
                     let cols = NR.min(n - j0);
-                    pack(w, k, kp, j0, cols, panel);
-                    if let Some(up) = up {
-                        pack(up, k, kp, j0, cols, panel_up);
-                    }
-                    let (mut tile, mut tile_up) = ([[0f32; NR]; MR], [[0f32; NR]; MR]);
+                    let pw = panel(w, buf, t, n, k);
+                    let pu = up.map(|u| panel(u, buf_up, t, n, k));
+                    let (mut g, mut u) = ([[0f32; NR]; MR], [[0f32; NR]; MR]);
                     let mut row = [0f32; NR];
                     for (ti, i0) in (0..m).step_by(MR).enumerate() {
                         if let Some((wr, ur)) = upcoming.filter(|_| ti >= from) {
@@ -219,20 +327,18 @@ fn run(
                                 prefetch_part(ur, ti - from, tiles - from);
                             }
                         }
-                        let a = &xb[i0 * kp..(i0 + MR) * kp];
-                        // SAFETY: `available()` found AVX-512F and AVX512-BF16;
-                        // `a` holds `MR` full rows (padded), the panels `kp * NR`.
-                        unsafe { x86::tile(a, panel, kp, &mut tile) };
-                        if up.is_some() {
-                            // SAFETY: as above.
-                            unsafe { x86::tile(a, panel_up, kp, &mut tile_up) };
+                        let rows = MR.min(m - i0);
+                        let a = &xb[i0 * kp..(i0 + rows) * kp];
+                        tile(a, rows, &pw, kp, &mut g);
+                        if let Some(pu) = &pu {
+                            tile(a, rows, pu, kp, &mut u);
                         }
-                        for (r, g) in tile.iter().enumerate().take(m - i0) {
-                            let v = if up.is_some() {
+                        for (r, g) in g.iter().enumerate().take(rows) {
+                            let v = if pu.is_some() {
                                 super::elementwise::silu_mul(
                                     &mut row[..cols],
                                     &g[..cols],
-                                    &tile_up[r][..cols],
+                                    &u[r][..cols],
                                 );
                                 &row[..cols]
                             } else {
@@ -244,18 +350,20 @@ fn run(
                             unsafe { ptr.write_row((i0 + r) * n + j0, v) };
                         }
                     }
-                    t = ahead;
+                    current = ahead;
                 }
             })
         })
     };
-    // One task per thread, each taking panels from the counter.
-    team.run(team.threads().min(panels), &|_| work());
+    match team {
+        Some(team) => team.run(tasks, &work),
+        None => work(0),
+    }
 }
 
 /// Prefetches part `i` of `parts` of `data` (whole cache lines) into L1.
-fn prefetch_part(data: &[bf16], i: usize, parts: usize) {
-    const LINE: usize = 32; // bf16s per 64-byte line
+fn prefetch_part(data: &[u8], i: usize, parts: usize) {
+    const LINE: usize = 64;
     let lines = data.len().div_ceil(LINE);
     let per = lines.div_ceil(parts);
     for l in (i * per..((i + 1) * per).min(lines)).map(|l| l * LINE) {
@@ -274,15 +382,28 @@ fn pack(w: &[bf16], k: usize, kp: usize, j0: usize, cols: usize, panel: &mut [u3
     #[cfg(target_arch = "x86_64")]
     if cols == NR && k.is_multiple_of(2) {
         let rows = &w[j0 * k..(j0 + NR) * k];
-        // SAFETY: `gemm` checked `available()`; `rows` holds NR rows of `k`
+        // SAFETY: callers checked `available()`; `rows` holds NR rows of `k`
         // (even) elements and `panel` `kp * NR` pairs.
         unsafe { x86::pack_full(rows, kp, panel) };
         return;
     }
-    for r in 0..NR {
+    pack_scalar(w, k, kp, j0, cols, NR, panel);
+}
+
+/// [`pack`] without vectors, into panels `stride >= cols` wide.
+fn pack_scalar(
+    w: &[bf16],
+    k: usize,
+    kp: usize,
+    j0: usize,
+    cols: usize,
+    stride: usize,
+    panel: &mut [u32],
+) {
+    for r in 0..stride {
         if r >= cols {
             for p in 0..kp {
-                panel[p * NR + r] = 0;
+                panel[p * stride + r] = 0;
             }
             continue;
         }
@@ -290,161 +411,45 @@ fn pack(w: &[bf16], k: usize, kp: usize, j0: usize, cols: usize, panel: &mut [u3
         for p in 0..kp {
             let lo = row[2 * p].to_bits() as u32;
             let hi = row.get(2 * p + 1).map_or(0, |v| v.to_bits() as u32);
-            panel[p * NR + r] = lo | (hi << 16);
+            panel[p * stride + r] = lo | (hi << 16);
         }
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    use super::{MR, NR};
-
-    /// Packs NR full rows of `kp` pairs each (`rows`, row-major bf16) into
-    /// `panel[p * NR + r]`: 16×16 blocks of pairs transposed in registers
-    /// (four butterfly stages of two-source permutes), the last `kp % 16`
-    /// pair indices by gathers.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pack_full(rows: &[half::bf16], kp: usize, panel: &mut [u32]) {
-        assert!(rows.len() == NR * kp * 2 && panel.len() >= kp * NR);
-        let base = rows.as_ptr().cast::<u32>();
-        // Stage `b` swaps bit `b` of the row index with bit `b` of the lane:
-        // lane j of the low row takes the high row's lane j - b where j has
-        // bit b set; lane j of the high row takes the low row's lane j + b
-        // where j has it clear.
-        let stages: [(usize, __m512i, __m512i); 4] = [8, 4, 2, 1].map(|b| {
-            let mut lo = [0i32; 16];
-            let mut hi = [0i32; 16];
-            for j in 0..16 {
-                (lo[j], hi[j]) = if j & b == 0 {
-                    (j as i32, (j + b) as i32)
-                } else {
-                    ((16 + j - b) as i32, (16 + j) as i32)
-                };
-            }
-            // SAFETY: 16 i32 are 64 bytes; unaligned loads.
-            unsafe {
-                (
-                    b,
-                    _mm512_loadu_si512(lo.as_ptr().cast()),
-                    _mm512_loadu_si512(hi.as_ptr().cast()),
-                )
-            }
-        });
-        let blocks = kp / 16;
-        for half in 0..NR / 16 {
-            for blk in 0..blocks {
-                let p0 = blk * 16;
-                // SAFETY: rows `half * 16 + r < NR` hold `kp` pairs from
-                // `base + row * kp`; pairs `p0..p0 + 16 <= kp`; the stores
-                // write `panel[(p0 + i) * NR + half * 16..][..16]`, inside
-                // `kp * NR`. Unaligned loads and stores.
-                unsafe {
-                    let mut v = [_mm512_setzero_si512(); 16];
-                    for (r, v) in v.iter_mut().enumerate() {
-                        let row = base.add((half * 16 + r) * kp + p0);
-                        *v = _mm512_loadu_si512(row.cast());
-                    }
-                    for &(b, lo, hi) in &stages {
-                        for i in (0..16).filter(|i| i & b == 0) {
-                            let (a, c) = (v[i], v[i + b]);
-                            v[i] = _mm512_permutex2var_epi32(a, lo, c);
-                            v[i + b] = _mm512_permutex2var_epi32(a, hi, c);
-                        }
-                    }
-                    for (i, v) in v.iter().enumerate() {
-                        let dst = panel.as_mut_ptr().add((p0 + i) * NR + half * 16);
-                        _mm512_storeu_si512(dst.cast(), *v);
-                    }
-                }
-            }
-        }
-        let idx = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(kp as i32),
-        );
-        let bytes = rows.as_ptr().cast::<u8>();
-        for p in blocks * 16..kp {
-            // SAFETY: pair `p` of row `r` is the 4 bytes at `(r * kp + p) * 4`,
-            // inside `rows` for `r < NR`, `p < kp`; gathers and stores unaligned.
-            unsafe {
-                let lo = _mm512_i32gather_epi32::<4>(idx, bytes.add(p * 4).cast());
-                let hi = _mm512_i32gather_epi32::<4>(idx, bytes.add((16 * kp + p) * 4).cast());
-                _mm512_storeu_si512(panel.as_mut_ptr().add(p * NR).cast(), lo);
-                _mm512_storeu_si512(panel.as_mut_ptr().add(p * NR + 16).cast(), hi);
-            }
-        }
+/// Rewrites `w`, an `[n, k]` row-major bf16 matrix held as `n · k / 2`
+/// pairs (`k` even), into [`DType::BF16Panels`](metrale_core::DType::BF16Panels)
+/// in place, the panels in parallel on the calling rayon pool.
+pub(crate) fn pack_in_place(w: &mut [u32], n: usize, k: usize) {
+    assert!(k.is_multiple_of(2) && w.len() == n * k / 2);
+    let kp = k / 2;
+    if kp == 0 {
+        return;
     }
-
-    /// bf16 pairs of `src` (a multiple of 32 long) into `dst` (half as long).
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F and AVX512-BF16.
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    pub(super) unsafe fn to_pairs(src: &[f32], dst: &mut [u32]) {
-        assert!(src.len().is_multiple_of(32) && dst.len() * 2 == src.len());
-        for c in (0..src.len()).step_by(32) {
-            // SAFETY: `c + 32 <= src.len()` and `c / 2 + 16 <= dst.len()`.
-            unsafe {
-                let lo = _mm512_loadu_ps(src.as_ptr().add(c));
-                let hi = _mm512_loadu_ps(src.as_ptr().add(c + 16));
-                // Lanes 0..16 from the second operand, 16..32 from the first.
-                let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
-                _mm512_storeu_si512(dst.as_mut_ptr().add(c / 2).cast(), v);
-            }
+    use rayon::prelude::*;
+    w.par_chunks_mut(NR * kp).for_each(|region| {
+        let cols = region.len() / kp;
+        let rows: Vec<bf16> = region
+            .iter()
+            .flat_map(|&v| [bf16::from_bits(v as u16), bf16::from_bits((v >> 16) as u16)])
+            .collect();
+        if cols == NR && available() {
+            pack(&rows, k, kp, 0, NR, region);
+        } else {
+            pack_scalar(&rows, k, kp, 0, cols, cols, region);
         }
-    }
-
-    /// `tile[r][c] = Σ_p dot2(a[r * kp + p], panel[p * NR + c])`.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F and AVX512-BF16; `a` holds `MR * kp`
-    /// pairs and `panel` `kp * NR`.
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    pub(super) unsafe fn tile(a: &[u32], panel: &[u32], kp: usize, tile: &mut [[f32; NR]; MR]) {
-        assert!(a.len() >= MR * kp && panel.len() >= kp * NR);
-        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
-        for p in 0..kp {
-            // SAFETY: `p * NR + 32 <= kp * NR` and `r * kp + p < MR * kp`
-            // (asserted above); unaligned loads.
-            unsafe {
-                let b0: __m512bh =
-                    std::mem::transmute(_mm512_loadu_si512(panel.as_ptr().add(p * NR).cast()));
-                let b1: __m512bh =
-                    std::mem::transmute(_mm512_loadu_si512(panel.as_ptr().add(p * NR + 16).cast()));
-                for r in 0..MR {
-                    let av: __m512bh =
-                        std::mem::transmute(_mm512_set1_epi32(*a.get_unchecked(r * kp + p) as i32));
-                    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
-                    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
-                }
-            }
-        }
-        for r in 0..MR {
-            // SAFETY: each row of `tile` holds NR = 32 f32.
-            unsafe {
-                _mm512_storeu_ps(tile[r].as_mut_ptr(), acc[r][0]);
-                _mm512_storeu_ps(tile[r].as_mut_ptr().add(16), acc[r][1]);
-            }
-        }
-    }
+    });
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-mod x86 {
-    pub(super) unsafe fn to_pairs(_: &[f32], _: &mut [u32]) {}
-
-    pub(super) unsafe fn tile(
-        _: &[u32],
-        _: &[u32],
-        _: usize,
-        _: &mut [[f32; super::NR]; super::MR],
-    ) {
-        unreachable!("available() is false off x86_64")
+/// Row `row` of an `[n, k]` matrix in panels (`n · k / 2` pairs), widened.
+pub(crate) fn panel_row(w: &[u32], n: usize, k: usize, row: usize, out: &mut [f32]) {
+    let kp = k / 2;
+    let (j0, r) = (row / NR * NR, row % NR);
+    let cols = NR.min(n - j0);
+    let panel = &w[j0 * kp..(j0 + cols) * kp];
+    for (p, o) in out.chunks_exact_mut(2).enumerate() {
+        let v = panel[p * cols + r];
+        o[0] = f32::from_bits(v << 16);
+        o[1] = f32::from_bits(v & 0xffff_0000);
     }
 }
 
@@ -488,6 +493,133 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    fn operands(m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<bf16>) {
+        let x = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 37.0)
+            .collect();
+        let w = (0..n * k)
+            .map(|i| bf16::from_f32(((i * 53 % 97) as f32 - 48.0) / 48.0))
+            .collect();
+        (x, w)
+    }
+
+    fn packed(w: &[bf16], n: usize, k: usize) -> Vec<u32> {
+        let mut p: Vec<u32> = w
+            .chunks(2)
+            .map(|c| c[0].to_bits() as u32 | (c[1].to_bits() as u32) << 16)
+            .collect();
+        pack_in_place(&mut p, n, k);
+        p
+    }
+
+    #[test]
+    fn panels_packed_at_load_give_the_bits_of_packing_per_call() {
+        if !available() {
+            return;
+        }
+        let team = Team::new(2);
+        // Full panels, a partial last panel (16 and 48 rows), one row.
+        for &(m, n, k) in &[
+            (3, 64, 96),
+            (9, 48, 64),
+            (1, 80, 768),
+            (17, 1, 34),
+            (40, 96, 130),
+        ] {
+            let (x, w) = operands(m, n, k);
+            let p = packed(&w, n, k);
+            let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            assert!(matmul(
+                Some(&team),
+                &x,
+                Operand::Rows(&w),
+                None,
+                &mut a,
+                m,
+                n,
+                k
+            ));
+            assert!(matmul(None, &x, Operand::Panels(&p), None, &mut b, m, n, k));
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "{m}x{n}x{k}");
+            // Fused SwiGLU alike.
+            let (mut c, mut d) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            let (rows, panels) = (Operand::Rows(&w), Operand::Panels(&p));
+            assert!(matmul(Some(&team), &x, rows, Some(rows), &mut c, m, n, k));
+            assert!(matmul(
+                Some(&team),
+                &x,
+                panels,
+                Some(panels),
+                &mut d,
+                m,
+                n,
+                k
+            ));
+            assert_eq!(bits(&c), bits(&d), "swiglu {m}x{n}x{k}");
+        }
+    }
+
+    #[test]
+    fn a_rows_sums_do_not_depend_on_the_rows_beside_it() {
+        if !available() {
+            return;
+        }
+        let team = Team::new(2);
+        let (n, k) = (96, 200);
+        let (x, w) = operands(70, n, k);
+        let p = packed(&w, n, k);
+        let mut all = vec![0f32; 70 * n];
+        assert!(matmul(
+            Some(&team),
+            &x,
+            Operand::Panels(&p),
+            None,
+            &mut all,
+            70,
+            n,
+            k
+        ));
+        for m in [1, 2, 7, 8, 9, 33, 64] {
+            let start = 70 - m;
+            let mut part = vec![0f32; m * n];
+            let xs = &x[start * k..];
+            assert!(matmul(
+                Some(&team),
+                xs,
+                Operand::Panels(&p),
+                None,
+                &mut part,
+                m,
+                n,
+                k
+            ));
+            for (i, row) in part.chunks(n).enumerate() {
+                let want = &all[(start + i) * n..(start + i + 1) * n];
+                assert!(
+                    row.iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "row {} among {m}",
+                    start + i
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn panel_rows_read_back_the_matrix() {
+        let (n, k) = (70, 6);
+        let (_, w) = operands(1, n, k);
+        let p = packed(&w, n, k);
+        let mut row = vec![0f32; k];
+        for j in 0..n {
+            panel_row(&p, n, k, j, &mut row);
+            let want: Vec<f32> = w[j * k..(j + 1) * k].iter().map(|v| v.to_f32()).collect();
+            assert_eq!(row, want, "row {j}");
         }
     }
 }

@@ -171,7 +171,7 @@ impl TransformerModel {
         self.adopt_weight_store(store);
         let store = self
             .weight_store
-            .as_ref()
+            .as_mut()
             .ok_or_else(|| EngineError::Internal("no weight store".into()))?;
         let weights = resolve(&self.config, store, &mut self.derived, self.gpu.as_ref())?;
         self.weights = Some(weights);
