@@ -49,11 +49,12 @@ const SHAPES: [(&str, usize, usize); 6] = [
     ("granite_lm_head", 100352, 768),
 ];
 
-/// GEMV and GEMM at the model shapes; with bf16 weights also through
-/// `dot` (a backend with bf16 dot products: `_bf16dot`).
+/// GEMV (1 row), a batch-16 decode step and GEMM (512 rows) at the model
+/// shapes; with bf16 weights also through `dot` (bf16 dot products, the
+/// weights packed in panels as a model's are at load: `_bf16panels`).
 fn matmuls(c: &mut Criterion, cpu: &CpuBackend, dot: &CpuBackend) {
     let gpu: &dyn GpuBackend = cpu;
-    for (m, label) in [(1usize, "gemv"), (512, "gemm512")] {
+    for (m, label) in [(1usize, "gemv"), (16, "batch16"), (512, "gemm512")] {
         let mut g = c.benchmark_group(label);
         g.sample_size(10);
         for &(name, n, k) in &SHAPES {
@@ -65,7 +66,7 @@ fn matmuls(c: &mut Criterion, cpu: &CpuBackend, dot: &CpuBackend) {
             for dtype in [DType::BF16, DType::F32] {
                 let w = upload(gpu, &values(n * k, 2), dtype);
                 // Decode streams the weights; prefill is compute.
-                g.throughput(if m == 1 {
+                g.throughput(if m < 512 {
                     Throughput::Bytes((n * k * dtype.size_of()) as u64)
                 } else {
                     Throughput::Elements((2 * m * n * k) as u64)
@@ -77,14 +78,18 @@ fn matmuls(c: &mut Criterion, cpu: &CpuBackend, dot: &CpuBackend) {
                     })
                 });
                 gpu.free(w.ptr()).expect("free");
-                if m > 1 && dtype == DType::BF16 && dot.bf16_dot_products() {
+                if dtype == DType::BF16 && dot.bf16_dot_products() {
                     let dg: &dyn GpuBackend = dot;
                     let (x, w, out) = (
                         upload(dg, &values(m * k, 1), DType::F32),
                         upload(dg, &values(n * k, 2), dtype),
                         upload(dg, &vec![0.0; m * n], DType::F32),
                     );
-                    g.bench_function(format!("{name}_{n}x{k}_bf16dot"), |b| {
+                    let w = dg
+                        .pack_matmul_weight(w, n, k)
+                        .expect("pack")
+                        .expect("packed");
+                    g.bench_function(format!("{name}_{n}x{k}_bf16panels"), |b| {
                         b.iter(|| {
                             dg.matmul(x, w, None, out, MatmulDims { m, n, k })
                                 .expect("matmul")
@@ -104,28 +109,27 @@ fn matmuls(c: &mut Criterion, cpu: &CpuBackend, dot: &CpuBackend) {
 
 /// Decode through many matrices that do not stay in cache, as in a real
 /// decode step (every weight comes from memory): `count` copies of `shapes`
-/// (`(n, k)`, bf16) per iteration.
+/// (`(n, k)`, bf16, packed where `cpu` packs them) per iteration, `m` rows.
 fn streamed_gemvs(
     c: &mut Criterion,
     cpu: &CpuBackend,
     name: &str,
     shapes: &[(usize, usize)],
     count: usize,
+    m: usize,
 ) {
     let gpu: &dyn GpuBackend = cpu;
     let mats: Vec<(DeviceSlice, usize, usize)> = (0..count)
         .flat_map(|e| shapes.iter().map(move |&(n, k)| (n, k, e)))
         .map(|(n, k, e)| {
-            (
-                upload(gpu, &values(n * k, 10 + e as u64), DType::BF16),
-                n,
-                k,
-            )
+            let w = upload(gpu, &values(n * k, 10 + e as u64), DType::BF16);
+            let w = gpu.pack_matmul_weight(w, n, k).expect("pack").unwrap_or(w);
+            (w, n, k)
         })
         .collect();
     let widest = shapes.iter().map(|&(n, k)| n.max(k)).max().unwrap_or(1);
-    let x = upload(gpu, &values(widest, 1), DType::F32);
-    let out = upload(gpu, &vec![0.0; widest], DType::F32);
+    let x = upload(gpu, &values(m * widest, 1), DType::F32);
+    let out = upload(gpu, &vec![0.0; m * widest], DType::F32);
     let bytes: usize = mats.iter().map(|&(_, n, k)| n * k * 2).sum();
     let mut g = c.benchmark_group("gemv");
     g.sample_size(10);
@@ -133,7 +137,7 @@ fn streamed_gemvs(
     g.bench_function(name, |b| {
         b.iter(|| {
             for &(w, n, k) in &mats {
-                gpu.matmul(x, w, None, out, MatmulDims { m: 1, n, k })
+                gpu.matmul(x, w, None, out, MatmulDims { m, n, k })
                     .expect("matmul");
             }
         })
@@ -238,9 +242,15 @@ fn dense(c: &mut Criterion) {
     // Qwen3-Next-style routed experts (64 of them, 75 MB) and Granite-350M
     // layers (16 of them, 280 MB).
     let experts = [(512, 768), (768, 256)];
-    streamed_gemvs(c, &cpu, "stream_moe_experts_64_bf16", &experts, 64);
+    streamed_gemvs(c, &cpu, "stream_moe_experts_64_bf16", &experts, 64, 1);
     let layers = [(3376, 768), (768, 1536), (4096, 768), (768, 2048)];
-    streamed_gemvs(c, &cpu, "stream_granite_layers_16_bf16", &layers, 16);
+    streamed_gemvs(c, &cpu, "stream_granite_layers_16_bf16", &layers, 16, 1);
+    if dot.bf16_dot_products() {
+        for m in [1, 16, 64] {
+            let name = format!("stream_granite_layers_16_bf16panels_{m}rows");
+            streamed_gemvs(c, &dot, &name, &layers, 16, m);
+        }
+    }
     attention(c, &cpu);
     conv1d(c, &cpu);
 }

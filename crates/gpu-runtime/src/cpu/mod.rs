@@ -58,6 +58,9 @@ pub struct CpuBackend {
     /// Prefill matmuls with bf16 weights round the activations to bf16 and
     /// use bf16 dot products (see `gemm_bf16.rs`); off by default.
     bf16_dot: bool,
+    /// Round every recurrent state to bf16 after each update
+    /// ([`CpuBackend::with_bf16_state_rounding`]); off by default.
+    bf16_states: bool,
     /// Wall time per op, when asked for ([`CpuBackend::with_op_profile`]).
     profile: profile::OpProfile,
     /// Ops this backend pretends not to have ([`CpuBackend::lacking`]).
@@ -112,6 +115,7 @@ impl CpuBackend {
             pool,
             team,
             bf16_dot: false,
+            bf16_states: false,
             profile: profile::OpProfile::default(),
             lacking: Vec::new(),
             quant_scratch: parking_lot::Mutex::new(quant::QuantScratch::new()),
@@ -133,6 +137,18 @@ impl CpuBackend {
     /// Each row's result is independent of the others (`gemm_bf16`).
     pub fn with_bf16_dot_products(mut self, on: bool) -> Self {
         self.bf16_dot = on;
+        self
+    }
+
+    /// Rounds every recurrent state (Mamba-2's SSD state, the gated delta
+    /// rule's) to bf16 after each update, held in f32 memory: the values a
+    /// bf16 state would hold (what vLLM keeps with
+    /// `mamba_ssm_cache_dtype="bfloat16"`), so that its accuracy can be
+    /// measured against the f32 state before one is offered
+    /// (`tests/examples/bf16_state.rs`). It saves no memory or traffic and
+    /// costs a pass over the states; off by default.
+    pub fn with_bf16_state_rounding(mut self, on: bool) -> Self {
+        self.bf16_states = on;
         self
     }
 

@@ -332,7 +332,7 @@ impl CpuBackend {
         longer
             .into_iter()
             .for_each(|io| ssd::scan_seq(&ctx, io, mode, self.team()));
-        Ok(())
+        self.round_states(OP, seqs, y, width, n_heads * head_dim * d_state)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -414,11 +414,35 @@ impl CpuBackend {
         longer
             .into_iter()
             .for_each(|io| delta::delta_seq(&ctx, io, mode, self.team()));
-        Ok(())
+        self.round_states(OP, seqs, out, vw, n_v_heads * k_head_dim * v_head_dim)
     }
 }
 
 impl CpuBackend {
+    /// With [`CpuBackend::with_bf16_state_rounding`], the updated states of
+    /// `seqs` (their first `state_len` elements) rounded to bf16 (nearest
+    /// even), in place; nothing otherwise.
+    fn round_states(
+        &self,
+        op: &'static str,
+        seqs: &[RecurrentSeq],
+        out: DeviceSlice,
+        width: usize,
+        state_len: usize,
+    ) -> Result<()> {
+        if !self.bf16_states {
+            return Ok(());
+        }
+        for io in self.seq_ios(op, seqs, out, width, state_len, &[])? {
+            if io.len > 0 {
+                io.state
+                    .iter_mut()
+                    .for_each(|v| *v = half::bf16::from_f32(*v).to_f32());
+            }
+        }
+        Ok(())
+    }
+
     /// The sequences of `batch` with their states in `states`.
     fn decode_recurrent(
         &self,
