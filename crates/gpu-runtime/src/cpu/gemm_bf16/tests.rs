@@ -1,0 +1,170 @@
+//! The bf16 GEMM against a reference and against itself: packed at load
+//! or per call, alone or among other rows, the same bits.
+
+use super::*;
+
+#[test]
+fn matches_bf16_rounded_reference_on_odd_shapes() {
+    if !available() {
+        return;
+    }
+    let team = Team::new(2);
+    for &(m, n, k) in &[
+        (1, 1, 1),
+        (9, 33, 7),
+        (17, 70, 130),
+        (9, 64, 100),
+        (40, 64, 768),
+    ] {
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 37.0)
+            .collect();
+        let w: Vec<bf16> = (0..n * k)
+            .map(|i| bf16::from_f32(((i * 53 % 97) as f32 - 48.0) / 48.0))
+            .collect();
+        let mut out = vec![f32::NAN; m * n];
+        assert!(gemm(&team, &x, &w, &mut out, m, n, k));
+        for i in 0..m {
+            for j in 0..n {
+                let want: f64 = (0..k)
+                    .map(|c| {
+                        bf16::from_f32(x[i * k + c]).to_f32() as f64
+                            * w[j * k + c].to_f32() as f64
+                    })
+                    .sum();
+                let got = out[i * n + j] as f64;
+                assert!(
+                    (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                    "{m}x{n}x{k} [{i},{j}]: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+fn operands(m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<bf16>) {
+    let x = (0..m * k)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 37.0)
+        .collect();
+    let w = (0..n * k)
+        .map(|i| bf16::from_f32(((i * 53 % 97) as f32 - 48.0) / 48.0))
+        .collect();
+    (x, w)
+}
+
+fn packed(w: &[bf16], n: usize, k: usize) -> Vec<u32> {
+    let mut p: Vec<u32> = w
+        .chunks(2)
+        .map(|c| c[0].to_bits() as u32 | (c[1].to_bits() as u32) << 16)
+        .collect();
+    pack_in_place(&mut p, n, k);
+    p
+}
+
+#[test]
+fn panels_packed_at_load_give_the_bits_of_packing_per_call() {
+    if !available() {
+        return;
+    }
+    let team = Team::new(2);
+    // Full panels, a partial last panel (16 and 48 rows), one row.
+    for &(m, n, k) in &[
+        (3, 64, 96),
+        (9, 48, 64),
+        (1, 80, 768),
+        (17, 1, 34),
+        (40, 96, 130),
+    ] {
+        let (x, w) = operands(m, n, k);
+        let p = packed(&w, n, k);
+        let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+        assert!(matmul(
+            Some(&team),
+            &x,
+            Operand::Rows(&w),
+            None,
+            &mut a,
+            m,
+            n,
+            k
+        ));
+        assert!(matmul(None, &x, Operand::Panels(&p), None, &mut b, m, n, k));
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&b), "{m}x{n}x{k}");
+        // Fused SwiGLU alike.
+        let (mut c, mut d) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+        let (rows, panels) = (Operand::Rows(&w), Operand::Panels(&p));
+        assert!(matmul(Some(&team), &x, rows, Some(rows), &mut c, m, n, k));
+        assert!(matmul(
+            Some(&team),
+            &x,
+            panels,
+            Some(panels),
+            &mut d,
+            m,
+            n,
+            k
+        ));
+        assert_eq!(bits(&c), bits(&d), "swiglu {m}x{n}x{k}");
+    }
+}
+
+#[test]
+fn a_rows_sums_do_not_depend_on_the_rows_beside_it() {
+    if !available() {
+        return;
+    }
+    let team = Team::new(2);
+    let (n, k) = (96, 200);
+    let (x, w) = operands(70, n, k);
+    let p = packed(&w, n, k);
+    let mut all = vec![0f32; 70 * n];
+    assert!(matmul(
+        Some(&team),
+        &x,
+        Operand::Panels(&p),
+        None,
+        &mut all,
+        70,
+        n,
+        k
+    ));
+    for m in [1, 2, 7, 8, 9, 33, 64] {
+        let start = 70 - m;
+        let mut part = vec![0f32; m * n];
+        let xs = &x[start * k..];
+        assert!(matmul(
+            Some(&team),
+            xs,
+            Operand::Panels(&p),
+            None,
+            &mut part,
+            m,
+            n,
+            k
+        ));
+        for (i, row) in part.chunks(n).enumerate() {
+            let want = &all[(start + i) * n..(start + i + 1) * n];
+            assert!(
+                row.iter()
+                    .zip(want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "row {} among {m}",
+                start + i
+            );
+        }
+    }
+}
+
+#[test]
+fn panel_rows_read_back_the_matrix() {
+    let (n, k) = (70, 6);
+    let (_, w) = operands(1, n, k);
+    let p = packed(&w, n, k);
+    let mut row = vec![0f32; k];
+    for j in 0..n {
+        panel_row(&p, n, k, j, &mut row);
+        let want: Vec<f32> = w[j * k..(j + 1) * k].iter().map(|v| v.to_f32()).collect();
+        assert_eq!(row, want, "row {j}");
+    }
+}
