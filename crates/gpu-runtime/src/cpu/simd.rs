@@ -66,8 +66,11 @@ pub(crate) fn exp_fast(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
-    let ni = t.to_bits() as i32 - MAGIC.to_bits() as i32;
-    let scale = f32::from_bits(((ni + 127) << 23) as u32);
+    // Wrapping integer ops: the clamp keeps them far from overflow, and the
+    // overflow checks of the dev profile (the default build) would put a
+    // panicking branch in every element and keep the loops scalar.
+    let ni = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    let scale = f32::from_bits((ni.wrapping_add(127) << 23) as u32);
     if x < -87.0 { 0.0 } else { e * scale }
 }
 
@@ -77,7 +80,9 @@ pub(crate) fn exp_fast(x: f32) -> f32 {
 #[inline(always)]
 pub(crate) fn to_bf16(x: f32) -> half::bf16 {
     let b = x.to_bits();
-    let rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    // Wrapping: a negative NaN's bits overflow (its result is not used),
+    // and a checked add would keep the loops scalar (see `exp_fast`).
+    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
     let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
     half::bf16::from_bits(if nan {
         ((b >> 16) as u16) | 0x0040
