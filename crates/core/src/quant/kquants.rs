@@ -29,7 +29,9 @@ pub(super) const QK_K: usize = 256;
 #[inline]
 pub(super) fn nearest_int(f: f32) -> i32 {
     let v = f + 12_582_912.0;
-    (v.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
+    // Wrapping (the difference lies in ±2^22): a checked subtraction would
+    // keep the quantizers' loops scalar under overflow checks.
+    (v.to_bits() as i32 & 0x007f_ffff).wrapping_sub(0x0040_0000)
 }
 
 /// Scale and min `j` (< 8) of a Q4_K/Q5_K block's 12 scale bytes: 6 bits
@@ -416,22 +418,24 @@ impl Q8KBlock {
             qs: [0; QK_K],
             bsums: [0; 16],
         };
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in &x[..QK_K] {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax == 0.0 {
+        // The first element of the largest magnitude (as the reference's
+        // strict `>` scan finds it), in two passes that vectorise.
+        let amax = x[..QK_K].iter().fold(0f32, |a, v| a.max(v.abs()));
+        if amax == 0.0 || amax.is_nan() {
             return b;
         }
+        let max = x[..QK_K]
+            .iter()
+            .copied()
+            .find(|v| v.abs() == amax)
+            .unwrap_or(0.0);
         let iscale = -127.0 / max;
         for (q, &v) in b.qs.iter_mut().zip(x) {
             *q = nearest_int(iscale * v).min(127) as i8;
         }
         for (s, c) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
-            *s = c.iter().map(|&q| q as i16).sum();
+            // 16 quants fit an i16: wrapping adds, which vectorise.
+            *s = c.iter().fold(0i16, |s, &q| s.wrapping_add(q as i16));
         }
         b.d = 1.0 / iscale;
         b

@@ -28,8 +28,7 @@ fn matches_bf16_rounded_reference_on_odd_shapes() {
             for j in 0..n {
                 let want: f64 = (0..k)
                     .map(|c| {
-                        bf16::from_f32(x[i * k + c]).to_f32() as f64
-                            * w[j * k + c].to_f32() as f64
+                        bf16::from_f32(x[i * k + c]).to_f32() as f64 * w[j * k + c].to_f32() as f64
                     })
                     .sum();
                 let got = out[i * n + j] as f64;

@@ -124,11 +124,12 @@ impl QuantScratch {
                 let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
                 let d = amax / 127.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-                let mut sum = 0i32;
                 for (q, &v) in qb.iter_mut().zip(xb) {
                     *q = (v * id).round() as i8;
-                    sum += *q as i32;
                 }
+                // Wrapping (32 quants cannot overflow an i32): a checked
+                // add would keep the loop scalar in the dev profile.
+                let sum = qb.iter().fold(0i32, |s, &q| s.wrapping_add(q as i32));
                 q8_d[b] = f16::from_f32(d).to_f32();
                 q8_sum[b] = sum;
                 q8_s[b] = f16::from_f32(sum as f32 * d).to_f32();
