@@ -7,6 +7,7 @@ pub mod forward;
 mod load;
 pub mod memory;
 pub mod prefix;
+mod resolve;
 pub mod rope;
 pub mod types;
 pub(crate) mod weights;

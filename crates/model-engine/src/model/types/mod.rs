@@ -22,7 +22,8 @@ use crate::model::derived::DerivedWeights;
 use crate::model::forward::{DecodeGraphs, step_meta_words};
 use crate::model::memory::snapshot_budget;
 use crate::model::prefix::PrefixCacheOptions;
-use crate::model::weights::{ModelWeights, resolve};
+use crate::model::resolve::resolve;
+use crate::model::weights::ModelWeights;
 
 /// How much per-sequence memory to set aside.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
