@@ -24,8 +24,9 @@ pub(crate) enum Weights<'a> {
 
 impl<'a> Weights<'a> {
     pub(crate) fn from_bytes(op: &'static str, dtype: DType, bytes: &'a [u8]) -> Result<Self> {
-        if dtype == DType::BF16Panels && (bytes.as_ptr() as usize % 4 != 0 || bytes.len() % 4 != 0)
-        {
+        let whole_pairs =
+            (bytes.as_ptr() as usize).is_multiple_of(4) && bytes.len().is_multiple_of(4);
+        if dtype == DType::BF16Panels && !whole_pairs {
             return Err(GpuError::Shape {
                 op,
                 detail: "bf16 panels must start and end on whole pairs".into(),

@@ -24,7 +24,8 @@ impl Linear {
     /// of split out of the whole with a copy per part.
     pub fn rows(&self, start: usize, n: usize) -> Result<Linear> {
         const PART: &str = "part of a fused projection";
-        let on_panels = start % PANEL_ROWS == 0 && (n % PANEL_ROWS == 0 || start + n == self.n);
+        let on_panels = start.is_multiple_of(PANEL_ROWS)
+            && (n.is_multiple_of(PANEL_ROWS) || start + n == self.n);
         if self.w.dtype() == metrale_core::DType::BF16Panels && !on_panels {
             return Err(EngineError::Internal(format!(
                 "rows {start}..{} of a {}-row matrix in panels do not start and end on panels",

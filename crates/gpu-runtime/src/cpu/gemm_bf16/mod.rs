@@ -86,22 +86,14 @@ impl<'a> Operand<'a> {
         }
     }
 
-    /// The bytes panel `t` is made from: what to prefetch before it.
-    fn bytes_of_panel(&self, t: usize, n: usize, k: usize) -> &'a [u8] {
+    /// The rows panel `t` is packed from, for a row-major operand: what to
+    /// prefetch before packing it. None for panels packed at load.
+    fn rows_of_panel(&self, t: usize, n: usize, k: usize) -> Option<&'a [bf16]> {
         let (a, rows) = (t * NR, NR.min(n - t * NR));
-        let (ptr, len) = match *self {
-            Operand::Rows(w) => {
-                let part = &w[a * k..(a + rows) * k];
-                (part.as_ptr().cast::<u8>(), std::mem::size_of_val(part))
-            }
-            Operand::Panels(p) => {
-                let part = &p[a * k / 2..(a + rows) * k / 2];
-                (part.as_ptr().cast::<u8>(), std::mem::size_of_val(part))
-            }
-        };
-        // SAFETY: the bytes of a live `&'a` slice of plain data (bf16 or
-        // u32), borrowed for as long as it.
-        unsafe { std::slice::from_raw_parts(ptr, len) }
+        match *self {
+            Operand::Rows(w) => Some(&w[a * k..(a + rows) * k]),
+            Operand::Panels(_) => None,
+        }
     }
 }
 
@@ -305,12 +297,9 @@ fn run(
                 let mut current = claim();
                 while let Some(t) = current {
                     let ahead = claim();
-                    let rows = matches!(w, Operand::Rows(_));
-                    let upcoming = ahead.filter(|_| rows).map(|ahead| {
-                        (
-                            w.bytes_of_panel(ahead, n, k),
-                            up.map(|u| u.bytes_of_panel(ahead, n, k)),
-                        )
+                    let upcoming = ahead.and_then(|ahead| {
+                        let w_rows = w.rows_of_panel(ahead, n, k)?;
+                        Some((w_rows, up.and_then(|u| u.rows_of_panel(ahead, n, k))))
                     });
                     let tiles = m.div_ceil(MR);
                     let from = tiles - tiles.div_ceil(4);
@@ -362,8 +351,8 @@ fn run(
 }
 
 /// Prefetches part `i` of `parts` of `data` (whole cache lines) into L1.
-fn prefetch_part(data: &[u8], i: usize, parts: usize) {
-    const LINE: usize = 64;
+fn prefetch_part(data: &[bf16], i: usize, parts: usize) {
+    const LINE: usize = 32; // bf16s per 64-byte line
     let lines = data.len().div_ceil(LINE);
     let per = lines.div_ceil(parts);
     for l in (i * per..((i + 1) * per).min(lines)).map(|l| l * LINE) {

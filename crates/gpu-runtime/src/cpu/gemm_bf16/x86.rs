@@ -143,13 +143,19 @@ pub(super) unsafe fn tile<const R: usize, const FULL: bool>(
             let at = panel.as_ptr().add(p * stride);
             let (b0, b1): (__m512bh, __m512bh) = if FULL {
                 (
-                    std::mem::transmute(_mm512_loadu_si512(at.cast())),
-                    std::mem::transmute(_mm512_loadu_si512(at.add(16).cast())),
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at.cast())),
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(at.add(16).cast())),
                 )
             } else {
                 (
-                    std::mem::transmute(_mm512_maskz_loadu_epi32(m0, at.cast())),
-                    std::mem::transmute(_mm512_maskz_loadu_epi32(m1, at.add(16).cast())),
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_maskz_loadu_epi32(
+                        m0,
+                        at.cast(),
+                    )),
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_maskz_loadu_epi32(
+                        m1,
+                        at.add(16).cast(),
+                    )),
                 )
             };
             for (r, acc) in acc.iter_mut().enumerate() {
