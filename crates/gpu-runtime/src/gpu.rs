@@ -239,6 +239,15 @@ pub trait GpuBackend: DenseOps + RecurrentOps + MoeOps + Send + Sync {
     /// How this backend stores a recurrent state of `elements` values.
     fn state_layout(&self, elements: usize) -> StateLayout;
 
+    /// How this backend stores an SSM or delta-rule state (the running sum
+    /// of a Mamba-2 or gated-delta layer) of `elements` values: as
+    /// [`Self::state_layout`] unless the backend was asked for a narrower
+    /// one (the CPU's `with_bf16_ssm_state`). Conv windows keep
+    /// `state_layout`.
+    fn ssm_state_layout(&self, elements: usize) -> StateLayout {
+        self.state_layout(elements)
+    }
+
     /// The type `matmul`, `matmul_swiglu` and the grouped matmuls round the
     /// f32 activations to before multiplying them by weights of type
     /// `weights` (None: they multiply the f32 values). A GPU's tensor cores

@@ -162,6 +162,11 @@ pub struct BackendOptions {
     /// AVX512-BF16); the logits then move off the f32 reference by more
     /// than 1e-4. Off: f32 arithmetic throughout.
     pub bf16_dot_products: bool,
+    /// Hold the SSM and delta-rule states in bf16 (the CPU's
+    /// `with_bf16_ssm_state`): half their memory and decode traffic, the
+    /// logits off the f32 state's by up to a few 1e-3. The CUDA backend
+    /// keeps f32 states and says so in the log.
+    pub bf16_ssm_state: bool,
     /// Record the wall time of every op call, read with
     /// [`Backend::take_op_times`].
     pub op_profile: bool,
@@ -327,6 +332,7 @@ pub fn open_backend(device: Device, options: &BackendOptions) -> Result<Backend>
 fn open_cpu(options: &BackendOptions) -> Result<Backend> {
     let mut cpu = CpuBackend::try_with_threads(options.threads)?
         .with_bf16_dot_products(options.bf16_dot_products)
+        .with_bf16_ssm_state(options.bf16_ssm_state)
         .with_op_profile(options.op_profile);
     if let Some(limit) = options.memory_limit {
         cpu = cpu.with_memory_limit(limit);
@@ -345,6 +351,9 @@ fn open_cpu(options: &BackendOptions) -> Result<Backend> {
 /// library, driver too old, no such device, the kernels do not load).
 #[cfg(feature = "cuda")]
 fn open_cuda(ordinal: usize, options: &BackendOptions) -> Result<Backend> {
+    if options.bf16_ssm_state {
+        tracing::warn!("the CUDA backend keeps SSM states in f32: bf16 states are the CPU's");
+    }
     let cuda = CudaBackend::try_new(ordinal)
         .map_err(|e| anyhow::anyhow!("cannot open CUDA device {ordinal}: {e}"))?
         .with_memory_limit(options.memory_limit);

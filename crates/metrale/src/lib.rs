@@ -123,6 +123,9 @@ pub struct LoadOptions {
     /// ([`BackendOptions::bf16_dot_products`]; the CLI's `--dtype bf16`).
     /// Off (the default): f32 arithmetic throughout.
     pub bf16_dot_products: bool,
+    /// Hold the SSM and delta-rule states in bf16
+    /// ([`BackendOptions::bf16_ssm_state`]; the CLI's `--ssm-state-dtype bf16`).
+    pub bf16_ssm_state: bool,
 }
 
 impl Default for LoadOptions {
@@ -135,6 +138,7 @@ impl Default for LoadOptions {
             model: ModelOptions::default(),
             memory_limit: None,
             bf16_dot_products: false,
+            bf16_ssm_state: false,
         }
     }
 }
@@ -161,6 +165,7 @@ impl Model {
                 threads: options.threads,
                 memory_limit: options.memory_limit,
                 bf16_dot_products: options.bf16_dot_products,
+                bf16_ssm_state: options.bf16_ssm_state,
                 ..BackendOptions::default()
             },
         )?;

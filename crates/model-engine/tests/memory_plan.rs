@@ -30,8 +30,14 @@ fn options() -> ModelOptions {
 #[test]
 fn the_plan_is_what_a_model_allocates() {
     for name in FIXTURES {
-        for policy in [WeightDType::AsStored, WeightDType::F32] {
-            let cpu = Arc::new(CpuBackend::with_threads(1));
+        // The third: SSM states held in bf16 (a narrower pool).
+        let cases = [
+            (WeightDType::AsStored, false),
+            (WeightDType::F32, false),
+            (WeightDType::AsStored, true),
+        ];
+        for (policy, bf16_states) in cases {
+            let cpu = Arc::new(CpuBackend::with_threads(1).with_bf16_ssm_state(bf16_states));
             let gpu: Arc<dyn GpuBackend> = cpu.clone();
             let model = TransformerModel::load(&fixture(name), gpu, options(), policy, &mut |_| {})
                 .expect("fixture loads");
@@ -49,7 +55,7 @@ fn the_plan_is_what_a_model_allocates() {
             assert_eq!(
                 plan.at_load(),
                 cpu.live_bytes(),
-                "{name} {policy:?}: planned {}, allocated {}",
+                "{name} {policy:?} (bf16 states: {bf16_states}): planned {}, allocated {}",
                 plan.breakdown(),
                 cpu.live_bytes()
             );

@@ -37,6 +37,17 @@ impl PrefixCacheArgs {
     }
 }
 
+/// `--ssm-state-dtype`: how Mamba-2 and gated-delta states are held.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StateDType {
+    /// Exact.
+    #[default]
+    F32,
+    /// Half the state's memory and decode traffic; logits move by up to a
+    /// few 1e-3 (the CPU backend only).
+    Bf16,
+}
+
 /// `--kv-dtype`: the KV cache's element type.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum KvDType {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Parser;
 use metrale::{Device, EngineConfig, Generator, LoadOptions, default_model_dir};
-use metrale_server::cli::{KvDType, PrefixCacheArgs, parse_memory};
+use metrale_server::cli::{KvDType, PrefixCacheArgs, StateDType, parse_memory};
 use metrale_server::{AppState, ServerConfig};
 
 #[derive(Parser, Debug)]
@@ -73,6 +73,11 @@ struct Args {
     /// CPU), f32, or bf16 (half the memory per cached token).
     #[arg(long, value_enum, default_value_t = KvDType::Auto)]
     kv_dtype: KvDType,
+    /// How the Mamba-2 and gated-delta layers' running states are held: f32
+    /// (exact) or bf16 (half their memory and decode traffic, as vLLM's
+    /// `mamba_ssm_cache_dtype`; the CPU backend only).
+    #[arg(long, value_enum, default_value_t = StateDType::F32)]
+    ssm_state_dtype: StateDType,
     #[command(flatten)]
     prefix: PrefixCacheArgs,
     /// Most requests the engine runs at once (sequences in the batch).
@@ -154,6 +159,7 @@ fn run(args: Args) -> Result<()> {
         threads: args.threads,
         memory_limit: args.memory_limit,
         bf16_dot_products: args.dtype != ArithDType::F32,
+        bf16_ssm_state: args.ssm_state_dtype == StateDType::Bf16,
         quant: args.quant,
         ..LoadOptions::default()
     };

@@ -61,6 +61,8 @@ pub struct CpuBackend {
     /// Round every recurrent state to bf16 after each update
     /// ([`CpuBackend::with_bf16_state_rounding`]); off by default.
     bf16_states: bool,
+    /// Hold SSM / delta-rule states in bf16 ([`CpuBackend::with_bf16_ssm_state`]).
+    bf16_ssm_state: bool,
     /// Wall time per op, when asked for ([`CpuBackend::with_op_profile`]).
     profile: profile::OpProfile,
     /// Ops this backend pretends not to have ([`CpuBackend::lacking`]).
@@ -116,6 +118,7 @@ impl CpuBackend {
             team,
             bf16_dot: false,
             bf16_states: false,
+            bf16_ssm_state: false,
             profile: profile::OpProfile::default(),
             lacking: Vec::new(),
             quant_scratch: parking_lot::Mutex::new(quant::QuantScratch::new()),
@@ -149,6 +152,18 @@ impl CpuBackend {
     /// costs a pass over the states; off by default.
     pub fn with_bf16_state_rounding(mut self, on: bool) -> Self {
         self.bf16_states = on;
+        self
+    }
+
+    /// Holds the SSM and delta-rule states (not the conv windows) in bf16,
+    /// as vLLM's `mamba_ssm_cache_dtype="bfloat16"`: half the state's
+    /// memory and half its traffic per decode step. Each update computes in
+    /// f32 from the stored values and rounds the new state to bf16 (nearest
+    /// even): the same values as [`Self::with_bf16_state_rounding`] on an
+    /// f32 state, whose accuracy `tests/examples/bf16_state.rs` measures.
+    /// Off by default.
+    pub fn with_bf16_ssm_state(mut self, on: bool) -> Self {
+        self.bf16_ssm_state = on;
         self
     }
 
@@ -518,6 +533,17 @@ impl GpuBackend for CpuBackend {
     fn state_layout(&self, elements: usize) -> StateLayout {
         StateLayout {
             dtype: DType::F32,
+            elements,
+        }
+    }
+
+    fn ssm_state_layout(&self, elements: usize) -> StateLayout {
+        StateLayout {
+            dtype: if self.bf16_ssm_state {
+                DType::BF16
+            } else {
+                DType::F32
+            },
             elements,
         }
     }

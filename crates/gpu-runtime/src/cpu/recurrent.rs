@@ -7,6 +7,7 @@
 //! [`CpuBackend::ssd_scan_recurrent`] and [`CpuBackend::gated_delta_rule_recurrent`]
 //! force the recurrence for every length (for tests and benchmarks).
 
+mod bf16_state;
 mod delta;
 pub(super) mod math;
 mod ssd;
@@ -17,6 +18,8 @@ mod tests_scan;
 
 use super::CpuBackend;
 use super::dense::{need, shape_err};
+use metrale_core::DType;
+
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
 use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
@@ -59,6 +62,12 @@ fn conv_decode(
     }
 }
 
+/// Whether the states of `seqs` are held in bf16 (an SSM pool laid out by
+/// `ssm_state_layout` under `with_bf16_ssm_state`).
+fn narrow_states(seqs: &[RecurrentSeq]) -> bool {
+    seqs.iter().any(|s| s.state.dtype() == DType::BF16)
+}
+
 /// Every sequence advances by at most one token: a decode step (the conv1d
 /// then takes its one-pass path).
 fn decode_only(seqs: &[RecurrentSeq]) -> bool {
@@ -74,13 +83,14 @@ fn rows_of(seqs: &[RecurrentSeq]) -> usize {
         .unwrap_or(0)
 }
 
-/// One sequence's share of a call: its output rows and its state.
-pub(super) struct SeqIo<'a> {
+/// One sequence's share of a call: its output rows and its state (f32, or
+/// bf16 for an SSM state held narrow).
+pub(super) struct SeqIo<'a, S = f32> {
     pub row_start: usize,
     pub len: usize,
     /// `len` rows of the op's output.
     pub out: &'a mut [f32],
-    pub state: &'a mut [f32],
+    pub state: &'a mut [S],
 }
 
 /// Whether the scans take their chunked form for multi-token sequences.
@@ -95,7 +105,7 @@ impl CpuBackend {
     /// f32 each) into disjoint mutable pieces, one per sequence, after checking
     /// that sequences share no rows and states do not overlap each other, the
     /// inputs or the output.
-    fn seq_ios<'a>(
+    fn seq_ios<'a, S: super::Element>(
         &'a self,
         op: &'static str,
         seqs: &[RecurrentSeq],
@@ -103,7 +113,7 @@ impl CpuBackend {
         width: usize,
         state_len: usize,
         inputs: &[DeviceSlice],
-    ) -> Result<Vec<SeqIo<'a>>> {
+    ) -> Result<Vec<SeqIo<'a, S>>> {
         let rows = rows_of(seqs);
         need(op, out, rows * width, "output")?;
         let mut order: Vec<usize> = (0..seqs.len()).collect();
@@ -162,7 +172,7 @@ impl CpuBackend {
             if s.len > 0 {
                 at = s.row_start + s.len;
             }
-            let state = self.write_f32(op, states[i], &guard)?;
+            let state = self.write_as::<S>(op, states[i], &guard)?;
             ios.push(SeqIo {
                 row_start: s.row_start,
                 len: s.len,
@@ -313,14 +323,19 @@ impl CpuBackend {
             p: *p,
             bf16_dot: self.bf16_dot_products(),
         };
-        let ios = self.seq_ios(
-            OP,
-            seqs,
-            y,
-            width,
-            n_heads * head_dim * d_state,
-            &[x, dt_raw, b, c, a_log, d, dt_bias],
-        )?;
+        let state_len = n_heads * head_dim * d_state;
+        let inputs = [x, dt_raw, b, c, a_log, d, dt_bias];
+        if narrow_states(seqs) {
+            let ios = self.seq_ios::<half::bf16>(OP, seqs, y, width, state_len, &inputs)?;
+            let (single, longer): (Vec<_>, Vec<_>) = ios.into_iter().partition(|io| io.len == 1);
+            ssd::step_seqs_bf16(&ctx, single, self.team());
+            bf16_state::with_f32_states(longer, |ios| {
+                ios.into_iter()
+                    .for_each(|io| ssd::scan_seq(&ctx, io, mode, self.team()))
+            });
+            return Ok(());
+        }
+        let ios = self.seq_ios(OP, seqs, y, width, state_len, &inputs)?;
         // On the team, prefill too: a chunk's heads are a short parallel
         // region each (hundreds per prompt), and rayon's sleeping workers
         // woke too late to take their share of most of them.
@@ -332,7 +347,7 @@ impl CpuBackend {
         longer
             .into_iter()
             .for_each(|io| ssd::scan_seq(&ctx, io, mode, self.team()));
-        self.round_states(OP, seqs, y, width, n_heads * head_dim * d_state)
+        self.round_states(OP, seqs, y, width, state_len)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -399,22 +414,26 @@ impl CpuBackend {
             dt_bias: bias,
             p: *p,
         };
-        let ios = self.seq_ios(
-            OP,
-            seqs,
-            out,
-            vw,
-            n_v_heads * k_head_dim * v_head_dim,
-            &[q, k, v, a, b, a_log, dt_bias],
-        )?;
+        let state_len = n_v_heads * k_head_dim * v_head_dim;
+        let inputs = [q, k, v, a, b, a_log, dt_bias];
         // On the team, prefill too (see `ssd_impl`); single-token sequences
         // (decode) together, as there.
-        let (single, longer): (Vec<_>, Vec<_>) = ios.into_iter().partition(|io| io.len == 1);
-        delta::step_seqs(&ctx, single, self.team());
-        longer
-            .into_iter()
-            .for_each(|io| delta::delta_seq(&ctx, io, mode, self.team()));
-        self.round_states(OP, seqs, out, vw, n_v_heads * k_head_dim * v_head_dim)
+        let run = |ios: Vec<SeqIo<'_>>| {
+            let (single, longer): (Vec<_>, Vec<_>) = ios.into_iter().partition(|io| io.len == 1);
+            delta::step_seqs(&ctx, single, self.team());
+            longer
+                .into_iter()
+                .for_each(|io| delta::delta_seq(&ctx, io, mode, self.team()));
+        };
+        if narrow_states(seqs) {
+            // Whole states widened per call (the delta rule's decode kernel
+            // takes whole states): half the memory, not yet half the traffic.
+            let ios = self.seq_ios::<half::bf16>(OP, seqs, out, vw, state_len, &inputs)?;
+            bf16_state::with_f32_states(ios, run);
+            return Ok(());
+        }
+        run(self.seq_ios(OP, seqs, out, vw, state_len, &inputs)?);
+        self.round_states(OP, seqs, out, vw, state_len)
     }
 }
 
@@ -437,7 +456,7 @@ impl CpuBackend {
             if io.len > 0 {
                 io.state
                     .iter_mut()
-                    .for_each(|v| *v = half::bf16::from_f32(*v).to_f32());
+                    .for_each(|v| *v = super::simd::to_bf16(*v).to_f32());
             }
         }
         Ok(())

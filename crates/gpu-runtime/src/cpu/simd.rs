@@ -82,7 +82,7 @@ pub(crate) fn to_bf16(x: f32) -> half::bf16 {
     let b = x.to_bits();
     // Wrapping: a negative NaN's bits overflow (its result is not used),
     // and a checked add would keep the loops scalar (see `exp_fast`).
-    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    let rounded = (b.wrapping_add(0x7FFF).wrapping_add((b >> 16) & 1) >> 16) as u16;
     let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
     half::bf16::from_bits(if nan {
         ((b >> 16) as u16) | 0x0040

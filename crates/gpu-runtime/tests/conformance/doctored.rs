@@ -118,6 +118,10 @@ impl GpuBackend for Doctored {
     fn state_layout(&self, elements: usize) -> StateLayout {
         self.inner.state_layout(elements)
     }
+
+    fn ssm_state_layout(&self, elements: usize) -> StateLayout {
+        self.inner.ssm_state_layout(elements)
+    }
 }
 
 impl DenseOps for Doctored {

@@ -71,6 +71,7 @@ impl ModelArgs {
             threads: self.threads,
             memory_limit: self.memory_limit,
             bf16_dot_products: self.dtype.bf16_dot_products(),
+            bf16_ssm_state: self.dtype.bf16_ssm_state(),
             quant: self.dtype.quant,
             ..LoadOptions::default()
         };

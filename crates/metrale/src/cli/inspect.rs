@@ -72,7 +72,7 @@ fn cache_sizes(args: &Args, config: &ModelConfig) -> Result<CacheSizes> {
     let shapes = recurrent_state_shapes(config);
     let rec_per_seq = shapes
         .iter()
-        .map(|s| gpu.state_layout(s.conv).slot_bytes() + gpu.state_layout(s.ssm).slot_bytes())
+        .map(|s| gpu.state_layout(s.conv).slot_bytes() + gpu.ssm_state_layout(s.ssm).slot_bytes())
         .sum();
     Ok(CacheSizes {
         kv_per_token,

@@ -74,6 +74,7 @@ pub fn run(mut args: Args) -> Result<()> {
         threads: args.threads,
         memory_limit: args.memory_limit,
         bf16_dot_products: args.dtype.bf16_dot_products(),
+        bf16_ssm_state: args.dtype.bf16_ssm_state(),
         quant: args.dtype.quant,
         ..LoadOptions::default()
     };

@@ -137,12 +137,30 @@ pub struct DTypeArgs {
     /// q4_k_s, q5_k_s. Quantized weights run on the CPU.
     #[arg(long, value_parser = metrale::FileType::parse_quantized, value_name = "TYPE")]
     pub quant: Option<metrale::FileType>,
+    /// How the Mamba-2 and gated-delta layers' running states are held: f32
+    /// (the default, exact) or bf16 (half their memory and decode traffic,
+    /// as vLLM's `mamba_ssm_cache_dtype`; the logits move by up to a few
+    /// 1e-3, docs/PERFORMANCE.md). The CPU backend only.
+    #[arg(long, value_enum, default_value_t = StateDType::F32)]
+    pub ssm_state_dtype: StateDType,
+}
+
+/// `--ssm-state-dtype`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateDType {
+    F32,
+    Bf16,
 }
 
 impl DTypeArgs {
     /// Whether bf16 dot products are asked for.
     pub fn bf16_dot_products(&self) -> bool {
         self.bf16_dot || self.dtype != ArithDType::F32
+    }
+
+    /// Whether SSM states are to be held in bf16.
+    pub fn bf16_ssm_state(&self) -> bool {
+        self.ssm_state_dtype == StateDType::Bf16
     }
 }
 

@@ -63,7 +63,7 @@ impl SsmStatePool {
             // The backend's layout of each state (f32 on the CPU).
             let (conv_dtype, ssm_dtype) = (
                 gpu.state_layout(shape.conv).dtype,
-                gpu.state_layout(shape.ssm).dtype,
+                gpu.ssm_state_layout(shape.ssm).dtype,
             );
             let pair = gpu
                 .alloc_slice(conv_dtype, shape.conv.max(1) * n_slots, "ssm state pool")

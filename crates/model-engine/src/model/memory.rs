@@ -6,6 +6,7 @@
 
 use metrale_core::DType;
 use metrale_gpu_runtime::gpu::GpuBackend;
+use metrale_gpu_runtime::ops::StateLayout;
 
 use super::types::{ModelOptions, arena_plan, kv_spec, recurrent_state_shapes};
 use crate::config::{FfnNames, MixerKind, MixerNames, ModelConfig, TensorSpec};
@@ -64,14 +65,13 @@ impl MemoryPlan {
             .block_bytes()
             .saturating_mul(options.kv_blocks)
             .saturating_mul(config.attention_layers().count());
-        let slots = |elements: usize| {
-            gpu.state_layout(elements.max(1))
-                .slot_bytes()
-                .saturating_mul(options.max_seqs)
-        };
+        let slots = |layout: StateLayout| layout.slot_bytes().saturating_mul(options.max_seqs);
         let ssm_state = recurrent_state_shapes(config)
             .iter()
-            .map(|s| slots(s.conv).saturating_add(slots(s.ssm)))
+            .map(|s| {
+                slots(gpu.state_layout(s.conv.max(1)))
+                    .saturating_add(slots(gpu.ssm_state_layout(s.ssm.max(1))))
+            })
             .fold(0usize, usize::saturating_add);
         Ok(Self {
             weights,
@@ -216,8 +216,8 @@ pub fn snapshot_budget(
         let slot: usize = shapes
             .iter()
             .map(|s| {
-                let bytes = |n: usize| gpu.state_layout(n.max(1)).slot_bytes();
-                bytes(s.conv).saturating_add(bytes(s.ssm))
+                let conv = gpu.state_layout(s.conv.max(1)).slot_bytes();
+                conv.saturating_add(gpu.ssm_state_layout(s.ssm.max(1)).slot_bytes())
             })
             .fold(0, usize::saturating_add);
         slot.saturating_mul(options.max_seqs).saturating_mul(2)

@@ -147,6 +147,62 @@ simd_fn! {
     }
 }
 
+simd_fn! {
+    /// [`recurrent_head`] for one token on a state held in bf16: each value
+    /// widened, updated in f32 as there, rounded back (nearest even) in the
+    /// same pass; the output sums the unrounded values, as the f32 kernel
+    /// followed by a rounding of the state does.
+    fn recurrent_head_bf16(ctx: &Ctx<'_>, row: usize, h: usize, s: &mut [bf16], y: &mut [f32]) {
+        let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
+        let (width, bc, g) = (ctx.x_stride, ctx.bc_stride, ctx.group(h));
+        let dt = ctx.dt(row, h);
+        let da = (dt * ctx.neg_a[h]).exp();
+        let x = &ctx.x[row * width + h * hp..][..hp];
+        let b = &ctx.b[row * bc + g * n..][..n];
+        let c = &ctx.c[row * bc + g * n..][..n];
+        for ((sp, &xp), y) in s.chunks_mut(n).zip(x).zip(&mut y[..hp]) {
+            let xdt = xp * dt;
+            let mut acc = [0f32; 16];
+            let (sc, st) = sp.as_chunks_mut::<16>();
+            let ((bc, bt), (cc, ct)) = (b.as_chunks::<16>(), c.as_chunks::<16>());
+            for ((sv, bv), cv) in sc.iter_mut().zip(bc).zip(cc) {
+                for l in 0..16 {
+                    let old = f32::from_bits((sv[l].to_bits() as u32) << 16);
+                    let v = old * da + xdt * bv[l];
+                    sv[l] = to_bf16(v);
+                    acc[l] += v * cv[l];
+                }
+            }
+            let mut tail = 0f32;
+            for ((sv, bv), cv) in st.iter_mut().zip(bt).zip(ct) {
+                let old = f32::from_bits((sv.to_bits() as u32) << 16);
+                let v = old * da + xdt * bv;
+                *sv = to_bf16(v);
+                tail += v * cv;
+            }
+            *y = acc.iter().sum::<f32>() + tail + ctx.d[h] * xp;
+        }
+    }
+}
+
+/// [`step_seqs`] on states held in bf16: every (sequence, head) state read,
+/// updated and rounded back in one pass ([`recurrent_head_bf16`]), so the
+/// state crosses memory at half the f32 traffic.
+pub(super) fn step_seqs_bf16(ctx: &Ctx<'_>, seqs: Vec<SeqIo<'_, bf16>>, team: &Team) {
+    let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
+    let mut heads: Vec<(usize, usize, &mut [bf16], &mut [f32])> = Vec::new();
+    for io in seqs {
+        let row = io.row_start;
+        let pairs = io.state.chunks_mut(hp * n).zip(io.out.chunks_mut(hp));
+        heads.extend(pairs.enumerate().map(|(h, (s, y))| (row, h, s, y)));
+    }
+    team.chunks(&mut heads, heads_per_task(&ctx.p), |_, group| {
+        for (row, h, s, y) in group {
+            recurrent_head_bf16(ctx, *row, *h, s, y);
+        }
+    });
+}
+
 /// Runs `f` with this thread's scratch for chunks of `cap` tokens.
 fn with_scratch(cap: usize, hp: usize, n: usize, f: impl FnOnce(&mut Scratch)) {
     thread_local! {

@@ -144,6 +144,10 @@ impl GpuBackend for Recorder {
     fn state_layout(&self, elements: usize) -> StateLayout {
         self.inner.state_layout(elements)
     }
+
+    fn ssm_state_layout(&self, elements: usize) -> StateLayout {
+        self.inner.ssm_state_layout(elements)
+    }
     fn available_memory(&self) -> Option<usize> {
         self.inner.available_memory()
     }
