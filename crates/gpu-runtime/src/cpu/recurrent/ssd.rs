@@ -97,100 +97,28 @@ pub(super) fn scan_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, team: &Team) {
 /// [`scan_seq`] on one token, so a sequence's bits do not depend on the
 /// others in its step.
 pub(super) fn step_seqs(ctx: &Ctx<'_>, seqs: Vec<SeqIo<'_>>, team: &Team) {
-    let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
-    let mut heads: Vec<(usize, usize, &mut [f32], &mut [f32])> = Vec::new();
-    for io in seqs {
-        let row = io.row_start;
-        let pairs = io.state.chunks_mut(hp * n).zip(io.out.chunks_mut(hp));
-        heads.extend(pairs.enumerate().map(|(h, (s, y))| (row, h, s, y)));
-    }
-    team.chunks(&mut heads, heads_per_task(&ctx.p), |_, group| {
-        for (row, h, s, y) in group {
-            recurrent_head(ctx, *row, 1, *h, s, y);
-        }
+    step_heads(ctx, seqs, team, |ctx, row, h, s, y| {
+        recurrent_head(ctx, row, 1, h, s, y)
     });
-}
-
-simd_fn! {
-    /// The per-token recurrence of head `h` over rows `row0..row0 + len`.
-    fn recurrent_head(ctx: &Ctx<'_>, row0: usize, len: usize, h: usize, s: &mut [f32], yh: &mut [f32]) {
-        let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
-        let (width, bc, g) = (ctx.x_stride, ctx.bc_stride, ctx.group(h));
-        for t in 0..len {
-            let row = row0 + t;
-            let dt = ctx.dt(row, h);
-            let da = (dt * ctx.neg_a[h]).exp();
-            let x = &ctx.x[row * width + h * hp..][..hp];
-            let b = &ctx.b[row * bc + g * n..][..n];
-            let c = &ctx.c[row * bc + g * n..][..n];
-            for ((sp, &xp), y) in s.chunks_mut(n).zip(x).zip(&mut yh[t * hp..(t + 1) * hp]) {
-                // s = s·exp(dt·A) + dt·x·B and y = s·C in one pass, 16 lanes wide.
-                let xdt = xp * dt;
-                let mut acc = [0f32; 16];
-                let (sc, st) = sp.as_chunks_mut::<16>();
-                let ((bc, bt), (cc, ct)) = (b.as_chunks::<16>(), c.as_chunks::<16>());
-                for ((sv, bv), cv) in sc.iter_mut().zip(bc).zip(cc) {
-                    for l in 0..16 {
-                        let v = sv[l] * da + xdt * bv[l];
-                        sv[l] = v;
-                        acc[l] += v * cv[l];
-                    }
-                }
-                let mut tail = 0f32;
-                for ((sv, bv), cv) in st.iter_mut().zip(bt).zip(ct) {
-                    *sv = *sv * da + xdt * bv;
-                    tail += *sv * cv;
-                }
-                *y = acc.iter().sum::<f32>() + tail + ctx.d[h] * xp;
-            }
-        }
-    }
-}
-
-simd_fn! {
-    /// [`recurrent_head`] for one token on a state held in bf16: each value
-    /// widened, updated in f32 as there, rounded back (nearest even) in the
-    /// same pass; the output sums the unrounded values, as the f32 kernel
-    /// followed by a rounding of the state does.
-    fn recurrent_head_bf16(ctx: &Ctx<'_>, row: usize, h: usize, s: &mut [bf16], y: &mut [f32]) {
-        let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
-        let (width, bc, g) = (ctx.x_stride, ctx.bc_stride, ctx.group(h));
-        let dt = ctx.dt(row, h);
-        let da = (dt * ctx.neg_a[h]).exp();
-        let x = &ctx.x[row * width + h * hp..][..hp];
-        let b = &ctx.b[row * bc + g * n..][..n];
-        let c = &ctx.c[row * bc + g * n..][..n];
-        for ((sp, &xp), y) in s.chunks_mut(n).zip(x).zip(&mut y[..hp]) {
-            let xdt = xp * dt;
-            let mut acc = [0f32; 16];
-            let (sc, st) = sp.as_chunks_mut::<16>();
-            let ((bc, bt), (cc, ct)) = (b.as_chunks::<16>(), c.as_chunks::<16>());
-            for ((sv, bv), cv) in sc.iter_mut().zip(bc).zip(cc) {
-                for l in 0..16 {
-                    let old = f32::from_bits((sv[l].to_bits() as u32) << 16);
-                    let v = old * da + xdt * bv[l];
-                    sv[l] = to_bf16(v);
-                    acc[l] += v * cv[l];
-                }
-            }
-            let mut tail = 0f32;
-            for ((sv, bv), cv) in st.iter_mut().zip(bt).zip(ct) {
-                let old = f32::from_bits((sv.to_bits() as u32) << 16);
-                let v = old * da + xdt * bv;
-                *sv = to_bf16(v);
-                tail += v * cv;
-            }
-            *y = acc.iter().sum::<f32>() + tail + ctx.d[h] * xp;
-        }
-    }
 }
 
 /// [`step_seqs`] on states held in bf16: every (sequence, head) state read,
 /// updated and rounded back in one pass ([`recurrent_head_bf16`]), so the
 /// state crosses memory at half the f32 traffic.
 pub(super) fn step_seqs_bf16(ctx: &Ctx<'_>, seqs: Vec<SeqIo<'_, bf16>>, team: &Team) {
+    step_heads(ctx, seqs, team, recurrent_head_bf16);
+}
+
+/// `update(ctx, row, head, state, y)` for every (sequence, head) of `seqs`,
+/// shared out over the team.
+fn step_heads<S: Send>(
+    ctx: &Ctx<'_>,
+    seqs: Vec<SeqIo<'_, S>>,
+    team: &Team,
+    update: impl Fn(&Ctx<'_>, usize, usize, &mut [S], &mut [f32]) + Sync,
+) {
     let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
-    let mut heads: Vec<(usize, usize, &mut [bf16], &mut [f32])> = Vec::new();
+    let mut heads: Vec<(usize, usize, &mut [S], &mut [f32])> = Vec::new();
     for io in seqs {
         let row = io.row_start;
         let pairs = io.state.chunks_mut(hp * n).zip(io.out.chunks_mut(hp));
@@ -198,9 +126,90 @@ pub(super) fn step_seqs_bf16(ctx: &Ctx<'_>, seqs: Vec<SeqIo<'_, bf16>>, team: &T
     }
     team.chunks(&mut heads, heads_per_task(&ctx.p), |_, group| {
         for (row, h, s, y) in group {
-            recurrent_head_bf16(ctx, *row, *h, s, y);
+            update(ctx, *row, *h, s, y);
         }
     });
+}
+
+/// A state value as stored: f32, or bf16 widened on load and rounded
+/// (nearest even) on store.
+trait StateValue: Copy {
+    fn load(self) -> f32;
+    fn store(v: f32) -> Self;
+}
+
+impl StateValue for f32 {
+    #[inline(always)]
+    fn load(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn store(v: f32) -> f32 {
+        v
+    }
+}
+
+impl StateValue for bf16 {
+    #[inline(always)]
+    fn load(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+    #[inline(always)]
+    fn store(v: f32) -> bf16 {
+        to_bf16(v)
+    }
+}
+
+/// One token of head `h` at `row`: `s = s·exp(dt·A) + dt·x·B` and `y =
+/// s·C + D·x` in one pass, 16 lanes wide; `y` sums the new values before
+/// they are stored (for bf16, before rounding: as an f32 state rounded
+/// after the update). Inlined into the `simd_fn` kernels below.
+#[inline(always)]
+fn head_token<S: StateValue>(ctx: &Ctx<'_>, row: usize, h: usize, s: &mut [S], y: &mut [f32]) {
+    let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
+    let (width, bc, g) = (ctx.x_stride, ctx.bc_stride, ctx.group(h));
+    let dt = ctx.dt(row, h);
+    let da = (dt * ctx.neg_a[h]).exp();
+    let x = &ctx.x[row * width + h * hp..][..hp];
+    let b = &ctx.b[row * bc + g * n..][..n];
+    let c = &ctx.c[row * bc + g * n..][..n];
+    for ((sp, &xp), y) in s.chunks_mut(n).zip(x).zip(&mut y[..hp]) {
+        let xdt = xp * dt;
+        let mut acc = [0f32; 16];
+        let (sc, st) = sp.as_chunks_mut::<16>();
+        let ((bc, bt), (cc, ct)) = (b.as_chunks::<16>(), c.as_chunks::<16>());
+        for ((sv, bv), cv) in sc.iter_mut().zip(bc).zip(cc) {
+            for l in 0..16 {
+                let v = sv[l].load() * da + xdt * bv[l];
+                sv[l] = S::store(v);
+                acc[l] += v * cv[l];
+            }
+        }
+        let mut tail = 0f32;
+        for ((sv, bv), cv) in st.iter_mut().zip(bt).zip(ct) {
+            let v = sv.load() * da + xdt * bv;
+            *sv = S::store(v);
+            tail += v * cv;
+        }
+        *y = acc.iter().sum::<f32>() + tail + ctx.d[h] * xp;
+    }
+}
+
+simd_fn! {
+    /// The per-token recurrence of head `h` over rows `row0..row0 + len`.
+    fn recurrent_head(ctx: &Ctx<'_>, row0: usize, len: usize, h: usize, s: &mut [f32], yh: &mut [f32]) {
+        let hp = ctx.p.head_dim;
+        for t in 0..len {
+            head_token(ctx, row0 + t, h, s, &mut yh[t * hp..(t + 1) * hp]);
+        }
+    }
+}
+
+simd_fn! {
+    /// [`recurrent_head`] for one token on a state held in bf16.
+    fn recurrent_head_bf16(ctx: &Ctx<'_>, row: usize, h: usize, s: &mut [bf16], y: &mut [f32]) {
+        head_token(ctx, row, h, s, y)
+    }
 }
 
 /// Runs `f` with this thread's scratch for chunks of `cap` tokens.
