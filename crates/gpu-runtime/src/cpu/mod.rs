@@ -55,8 +55,9 @@ pub struct CpuBackend {
     /// Persistent workers that spin between ops (see `team.rs`): every other
     /// parallel loop of every op runs on them.
     team: team::Team,
-    /// Prefill matmuls with bf16 weights round the activations to bf16 and
-    /// use bf16 dot products (see `gemm_bf16.rs`); off by default.
+    /// Matmuls with bf16 weights round the activations to bf16 and use bf16
+    /// dot products, the weights packed in panels at load (see
+    /// `gemm_bf16/`); off by default.
     bf16_dot: bool,
     /// Round every recurrent state to bf16 after each update
     /// ([`CpuBackend::with_bf16_state_rounding`]); off by default.

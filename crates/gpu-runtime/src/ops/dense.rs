@@ -57,7 +57,8 @@ pub struct AttnParams {
 /// Dense-transformer operations.
 pub trait DenseOps {
     /// `out[i, :] = table[ids[i], :]`; `table` is `[vocab, hidden]` in
-    /// f32/bf16/f16, `ids` u32 (one row per id).
+    /// f32/bf16/f16 (or a head's table packed by `pack_matmul_weight`),
+    /// `ids` u32 (one row per id).
     fn embedding(
         &self,
         table: DeviceSlice,
@@ -66,7 +67,8 @@ pub trait DenseOps {
         out: DeviceSlice,
     ) -> Result<()>;
 
-    /// `out = x · wᵀ (+ bias)`; `w` is `[n, k]` in f32/bf16/f16, `bias` `[n]`.
+    /// `out = x · wᵀ (+ bias)`; `w` is `[n, k]` in f32/bf16/f16 (or as
+    /// `pack_matmul_weight` left it), `bias` `[n]`.
     fn matmul(
         &self,
         x: DeviceSlice,
@@ -96,7 +98,7 @@ pub trait DenseOps {
     }
 
     /// SwiGLU's first half in one op: `out = silu(x · gateᵀ) * (x · upᵀ)`,
-    /// `gate` and `up` `[n, k]` in f32/bf16/f16 (no bias), `out` `[m, n]`.
+    /// `gate` and `up` `[n, k]` in f32/bf16/f16 or packed (no bias), `out` `[m, n]`.
     /// The same values, to the bit, as two `matmul`s and `silu_mul`; a
     /// backend fuses them to skip writing and reading back both products.
     /// `scratch` (`m · n` f32, not aliasing the others) is where a backend
