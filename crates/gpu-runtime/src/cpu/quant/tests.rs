@@ -162,6 +162,35 @@ fn every_isa_gives_the_portable_bits() {
     }
 }
 
+/// Decode's GEMV (one activation row) gives every row the portable bits,
+/// on every ISA, with and without a team (whose shares split the rows).
+#[test]
+fn decode_rows_give_the_portable_bits() {
+    let team = Team::new(2);
+    for ty in SUPPORTED {
+        for &k in sizes(ty) {
+            let n = 11;
+            let w = weights(ty, n, k, 7 + k as u64);
+            let wm = QuantMatrix::new(ty, &w, n, k).unwrap();
+            let x = values(k, 31 + k as u64);
+            let mut s = QuantScratch::new();
+            act(&mut s, ty, &x, k);
+            let want: Vec<u32> = w
+                .chunks_exact(ty.row_bytes(k).unwrap())
+                .map(|wr| scalar::vec_dot(ty, wr, row(&s, ty, 0, k)).to_bits())
+                .collect();
+            for isa in QuantIsa::available() {
+                for team in [None, Some(&team)] {
+                    let mut out = vec![0f32; n];
+                    quant_matmul_with(isa, team, &x, wm, &mut out, 1, &mut s).unwrap();
+                    let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{ty} k={k} {isa:?} team {}", team.is_some());
+                }
+            }
+        }
+    }
+}
+
 /// The integer dot product equals the f32 dot product of the dequantized
 /// weights and dequantized activations, up to f32 rounding.
 #[test]
