@@ -241,6 +241,8 @@ struct Scratch {
     xw: Vec<f32>,
     /// `[HEADS_PER_TASK · hp, n]`: the update, with bf16 dot products.
     upd: Vec<f32>,
+    /// Per head of a task: its state's decay over the chunk.
+    decay: [f32; HEADS_PER_TASK],
 }
 
 impl Scratch {
@@ -250,6 +252,7 @@ impl Scratch {
             col: vec![0.0; cap],
             xw: vec![0.0; HEADS_PER_TASK * hp * cap],
             upd: vec![0.0; HEADS_PER_TASK * hp * n],
+            decay: [0.0; HEADS_PER_TASK],
         }
     }
 }
@@ -357,7 +360,7 @@ fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [
             let g = ctx.group(task * hpt);
             let bt16 = cb.get((2 * g + 1) * cap * n..(2 * g + 1) * cap * n + n * q);
             with_scratch(cap, hp, n, |scr| {
-                advance_state(ctx, scr, task * hpt, hpt, r0, q, cums, cap, dts, len, c0, s);
+                advance_state(ctx, scr, task * hpt, hpt, r0, q, cums, cap, dts, len, c0);
                 update_state(ctx, scr, task * hpt, hpt, r0, q, bt16, team, s);
             })
         });
@@ -403,7 +406,14 @@ simd_fn! {
             low.iter_mut().zip(&io.gm[t * ld..]).zip(io.dt).for_each(|((v, gv), d)| *v *= gv * d);
             high.fill(0.0);
         }
-        matmul(q, hp, q, yh, hp, Some(1.0), View::rows(m, ld), View::rows(xv, ctx.x_stride), 1.0, 1);
+        // M is lower triangular: the first half of the rows needs only the
+        // first half of x (a quarter of the products skipped).
+        let half = if q >= 16 { q / 2 } else { 0 };
+        let xs = View::rows(xv, ctx.x_stride);
+        if half > 0 {
+            matmul(half, hp, half, &mut yh[..half * hp], hp, Some(1.0), View::rows(m, ld), xs, 1.0, 1);
+        }
+        matmul(q - half, hp, q, &mut yh[half * hp..], hp, Some(1.0), View::rows(&m[half * ld..], ld), xs, 1.0, 1);
         // Skip connection.
         let dh = ctx.d[io.h];
         for (t, yr) in yh.chunks_mut(hp).enumerate() {
@@ -413,18 +423,18 @@ simd_fn! {
 }
 
 simd_fn! {
-    /// Decays the state of heads `h0..h0 + hpt` (`s`, `[hpt, hp, n]`) by
-    /// `exp(cum_last)` and fills `scr.xw` (`[hpt·hp, q]`) with their
-    /// `x_s·exp(cum_last − cum_s)·dt_s`, transposed, for [`update_state`].
+    /// For heads `h0..h0 + hpt`: their state's decay over the chunk,
+    /// `exp(cum_last)`, into `scr.decay`, and their `x_s·exp(cum_last −
+    /// cum_s)·dt_s`, transposed, into `scr.xw` (`[hpt·hp, q]`), for
+    /// [`update_state`].
     #[allow(clippy::too_many_arguments)]
-    fn advance_state(ctx: &Ctx<'_>, scr: &mut Scratch, h0: usize, hpt: usize, r0: usize, q: usize, cums: &[f64], cap: usize, dts: &[f32], len: usize, c0: usize, s: &mut [f32]) {
-        let (hp, n, width) = (ctx.p.head_dim, ctx.p.d_state, ctx.x_stride);
-        for (i, sh) in s.chunks_mut(hp * n).take(hpt).enumerate() {
+    fn advance_state(ctx: &Ctx<'_>, scr: &mut Scratch, h0: usize, hpt: usize, r0: usize, q: usize, cums: &[f64], cap: usize, dts: &[f32], len: usize, c0: usize) {
+        let (hp, width) = (ctx.p.head_dim, ctx.x_stride);
+        for i in 0..hpt {
             let h = h0 + i;
             let (cum, dt) = (&cums[h * cap..h * cap + q], &dts[h * len + c0..h * len + c0 + q]);
             let last = cum[q - 1];
-            let decay = last.exp() as f32;
-            sh.iter_mut().for_each(|v| *v *= decay);
+            scr.decay[i] = last.exp() as f32;
             // The weights in one vectorised pass (last − cum_s ≤ 0 is small
             // enough for f32: a difference within one chunk).
             let w = &mut scr.col[..q];
@@ -442,9 +452,10 @@ simd_fn! {
     }
 }
 
-/// `S += xw · B` for heads `h0..h0 + hpt` (`s`, decayed by [`advance_state`]):
-/// with bf16 dot products when `bt16` (the group's Bᵀ as bf16) is given and
-/// the CPU has them, in f32 otherwise.
+/// `S = S·decay + xw · B` for heads `h0..h0 + hpt` (`s`; `scr` as
+/// [`advance_state`] left it): with bf16 dot products when `bt16` (the
+/// group's Bᵀ as bf16) is given and the CPU has them, the decay and the
+/// update in one pass over the state; in f32 otherwise.
 #[allow(clippy::too_many_arguments)]
 fn update_state(
     ctx: &Ctx<'_>,
@@ -457,17 +468,37 @@ fn update_state(
     team: &Team,
     s: &mut [f32],
 ) {
-    let (m, n) = (hpt * ctx.p.head_dim, ctx.p.d_state);
+    let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
+    let m = hpt * hp;
     let xw = &scr.xw[..m * q];
     if let Some(bt16) = bt16
         && gemm_bf16::gemm(team, xw, bt16, &mut scr.upd[..m * n], m, n, q)
     {
-        s.iter_mut()
-            .zip(&scr.upd[..m * n])
-            .for_each(|(s, u)| *s += u);
+        for ((sh, uh), &d) in s
+            .chunks_mut(hp * n)
+            .zip(scr.upd[..m * n].chunks(hp * n))
+            .zip(&scr.decay)
+        {
+            decay_add(sh, uh, d);
+        }
         return;
+    }
+    for (sh, &d) in s.chunks_mut(hp * n).take(hpt).zip(&scr.decay) {
+        decay_add(sh, &[], d);
     }
     let g = ctx.group(h0);
     let b = View::rows(&ctx.b[r0 * ctx.bc_stride + g * n..], ctx.bc_stride);
     matmul(m, n, q, s, n, Some(1.0), View::rows(xw, q), b, 1.0, 1);
+}
+
+simd_fn! {
+    /// `s = s·d + u` (or `s = s·d` where `u` is empty): the two roundings of
+    /// a decay followed by an addition, in one pass.
+    fn decay_add(s: &mut [f32], u: &[f32], d: f32) {
+        if u.is_empty() {
+            s.iter_mut().for_each(|v| *v *= d);
+        } else {
+            s.iter_mut().zip(u).for_each(|(v, u)| *v = *v * d + u);
+        }
+    }
 }
