@@ -439,8 +439,9 @@ impl CpuBackend {
 
 impl CpuBackend {
     /// With [`CpuBackend::with_bf16_state_rounding`], the updated states of
-    /// `seqs` (their first `state_len` elements) rounded to bf16 (nearest
-    /// even), in place; nothing otherwise.
+    /// `seqs` (their first `state_len` elements) rounded to bf16 as bf16
+    /// states are (`to_bf16_state`: nearest even, subnormals to zero), in
+    /// place; nothing otherwise.
     fn round_states(
         &self,
         op: &'static str,
@@ -456,7 +457,7 @@ impl CpuBackend {
             if io.len > 0 {
                 io.state
                     .iter_mut()
-                    .for_each(|v| *v = super::simd::to_bf16(*v).to_f32());
+                    .for_each(|v| *v = super::simd::to_bf16_state(*v).to_f32());
             }
         }
         Ok(())

@@ -91,6 +91,20 @@ pub(crate) fn to_bf16(x: f32) -> half::bf16 {
     })
 }
 
+/// A recurrent state's rounding to bf16: [`to_bf16`], but f32 subnormals
+/// (|x| < 2^-126, where a decaying state ends) become zero of their sign,
+/// as AVX512-BF16's `vcvtneps2bf16` rounds them; so the state kernels may
+/// use that instruction and still give the bits of this function.
+#[inline(always)]
+pub(crate) fn to_bf16_state(x: f32) -> half::bf16 {
+    let b = x.to_bits();
+    if b & 0x7F80_0000 == 0 {
+        half::bf16::from_bits((b >> 16) as u16 & 0x8000)
+    } else {
+        to_bf16(x)
+    }
+}
+
 /// `y += a * x`.
 #[inline(always)]
 pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
@@ -120,6 +134,68 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `to_bf16_state` is what `vcvtneps2bf16` gives, on the values where
+    /// roundings differ: subnormals, ties, NaNs, infinities, the extremes.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn to_bf16_state_is_the_instructions_rounding() {
+        use std::arch::x86_64::*;
+        if !(std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bf16"))
+        {
+            eprintln!("no AVX512-BF16 here: nothing to compare");
+            return;
+        }
+        let mut bits: Vec<u32> = vec![
+            0x0000_0001,
+            0x8000_0001,
+            0x007F_FFFF,
+            0x807F_FFFF,
+            0x0040_0000,
+            0x0000_8000,
+            0x0080_0000,
+            0x8080_0000,
+            0x0080_8000,
+            0x0081_8000,
+            0x0080_7FFF,
+            0x3F80_8000,
+            0x3F81_8000,
+            0x3F80_7FFF,
+            0x7F7F_FFFF,
+            0xFF7F_FFFF,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x7FC0_0000,
+            0xFFC0_0001,
+            0x7F80_0001,
+            0xFF81_2345,
+            0,
+            0x8000_0000,
+        ];
+        let mut s = 0x9E37_79B9u32;
+        bits.extend((0..4096).map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s
+        }));
+        for chunk in bits.chunks(16) {
+            let mut v = [0f32; 16];
+            for (d, &b) in v.iter_mut().zip(chunk) {
+                *d = f32::from_bits(b);
+            }
+            // SAFETY: the CPU has AVX-512F and AVX512-BF16 (checked above).
+            let got: [u16; 16] = unsafe {
+                let x = _mm512_loadu_ps(v.as_ptr());
+                std::mem::transmute(_mm512_cvtneps_pbh(x))
+            };
+            for (i, &b) in chunk.iter().enumerate() {
+                let want = to_bf16_state(f32::from_bits(b)).to_bits();
+                assert_eq!(got[i], want, "{b:#010x}: {:#06x} vs {want:#06x}", got[i]);
+            }
+        }
+    }
 
     #[test]
     fn exp_fast_matches_std() {

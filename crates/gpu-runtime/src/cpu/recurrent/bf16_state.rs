@@ -1,6 +1,7 @@
 //! SSM and delta-rule states held in bf16 (`CpuBackend::with_bf16_ssm_state`):
 //! every update widens the stored state to f32, runs the f32 kernels on it
-//! and rounds the new state back (nearest even), so the values are those of
+//! and rounds the new state back (nearest even, subnormals to zero, as
+//! AVX512-BF16's conversion does: `to_bf16_state`), so the values are those of
 //! an f32 state rounded after every update
 //! (`CpuBackend::with_bf16_state_rounding`), bit for bit. The SSD decode
 //! step does so in one pass per head (`ssd::step_seqs_bf16`); the rest
@@ -9,7 +10,7 @@
 use half::bf16;
 
 use super::SeqIo;
-use crate::cpu::simd::{simd_fn, to_bf16};
+use crate::cpu::simd::{simd_fn, to_bf16_state};
 
 simd_fn! {
     /// `dst = src` widened (exact).
@@ -21,10 +22,11 @@ simd_fn! {
 }
 
 simd_fn! {
-    /// `dst = src` rounded to bf16, nearest even (branch-free: vectorises).
+    /// `dst = src` rounded as states are (`to_bf16_state`: nearest even,
+    /// subnormals to zero).
     pub(super) fn round_into(src: &[f32], dst: &mut [bf16]) {
         for (d, s) in dst.iter_mut().zip(src) {
-            *d = to_bf16(*s);
+            *d = to_bf16_state(*s);
         }
     }
 }
