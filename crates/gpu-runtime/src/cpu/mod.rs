@@ -160,7 +160,9 @@ impl CpuBackend {
     /// as vLLM's `mamba_ssm_cache_dtype="bfloat16"`: half the state's
     /// memory and half its traffic per decode step. Each update computes in
     /// f32 from the stored values and rounds the new state to bf16 (nearest
-    /// even): the same values as [`Self::with_bf16_state_rounding`] on an
+    /// even, subnormals to zero, as AVX512-BF16's conversion, which the
+    /// decode step uses where the CPU has it): the same values as
+    /// [`Self::with_bf16_state_rounding`] on an
     /// f32 state, whose accuracy `tests/examples/bf16_state.rs` measures.
     /// Off by default.
     pub fn with_bf16_ssm_state(mut self, on: bool) -> Self {
