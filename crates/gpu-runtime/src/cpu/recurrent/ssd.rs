@@ -160,6 +160,32 @@ impl StateValue for bf16 {
     }
 }
 
+/// What one token of head `h` at `row` reads: its `dt`, the state's decay
+/// `exp(dt·A)`, its `x` (`hp` values) and its group's `B` and `C` (`n`).
+struct TokenInputs<'a> {
+    dt: f32,
+    da: f32,
+    x: &'a [f32],
+    b: &'a [f32],
+    c: &'a [f32],
+}
+
+impl<'a> TokenInputs<'a> {
+    #[inline(always)]
+    fn new(ctx: &'a Ctx<'_>, row: usize, h: usize) -> Self {
+        let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
+        let (width, bc, g) = (ctx.x_stride, ctx.bc_stride, ctx.group(h));
+        let dt = ctx.dt(row, h);
+        Self {
+            dt,
+            da: (dt * ctx.neg_a[h]).exp(),
+            x: &ctx.x[row * width + h * hp..][..hp],
+            b: &ctx.b[row * bc + g * n..][..n],
+            c: &ctx.c[row * bc + g * n..][..n],
+        }
+    }
+}
+
 /// One token of head `h` at `row`: `s = s·exp(dt·A) + dt·x·B` and `y =
 /// s·C + D·x` in one pass, 16 lanes wide; `y` sums the new values before
 /// they are stored (for bf16, before rounding: as an f32 state rounded
@@ -167,12 +193,7 @@ impl StateValue for bf16 {
 #[inline(always)]
 fn head_token<S: StateValue>(ctx: &Ctx<'_>, row: usize, h: usize, s: &mut [S], y: &mut [f32]) {
     let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
-    let (width, bc, g) = (ctx.x_stride, ctx.bc_stride, ctx.group(h));
-    let dt = ctx.dt(row, h);
-    let da = (dt * ctx.neg_a[h]).exp();
-    let x = &ctx.x[row * width + h * hp..][..hp];
-    let b = &ctx.b[row * bc + g * n..][..n];
-    let c = &ctx.c[row * bc + g * n..][..n];
+    let TokenInputs { dt, da, x, b, c } = TokenInputs::new(ctx, row, h);
     for ((sp, &xp), y) in s.chunks_mut(n).zip(x).zip(&mut y[..hp]) {
         let xdt = xp * dt;
         let mut acc = [0f32; 16];
@@ -244,12 +265,7 @@ unsafe fn head_token_bf16_avx512(
 ) {
     use std::arch::x86_64::*;
     let (hp, n) = (ctx.p.head_dim, ctx.p.d_state);
-    let (width, bc, g) = (ctx.x_stride, ctx.bc_stride, ctx.group(h));
-    let dt = ctx.dt(row, h);
-    let da = (dt * ctx.neg_a[h]).exp();
-    let x = &ctx.x[row * width + h * hp..][..hp];
-    let b = &ctx.b[row * bc + g * n..][..n];
-    let c = &ctx.c[row * bc + g * n..][..n];
+    let TokenInputs { dt, da, x, b, c } = TokenInputs::new(ctx, row, h);
     let full = n / 16 * 16;
     for ((sp, &xp), y) in s.chunks_mut(n).zip(x).zip(&mut y[..hp]) {
         let xdt = xp * dt;
