@@ -91,6 +91,13 @@ pub(crate) fn to_bf16(x: f32) -> half::bf16 {
     })
 }
 
+/// `x` widened to f32 (exact): its bits above sixteen zeros, a shift that
+/// vectorises.
+#[inline(always)]
+pub(crate) fn from_bf16(x: half::bf16) -> f32 {
+    f32::from_bits((x.to_bits() as u32) << 16)
+}
+
 /// A recurrent state's rounding to bf16: [`to_bf16`], but f32 subnormals
 /// (|x| < 2^-126, where a decaying state ends) become zero of their sign,
 /// as AVX512-BF16's `vcvtneps2bf16` rounds them; so the state kernels may

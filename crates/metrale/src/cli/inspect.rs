@@ -70,10 +70,7 @@ fn cache_sizes(args: &Args, config: &ModelConfig) -> Result<CacheSizes> {
     let kv_per_token =
         layout.block_bytes() / options.kv_block_size.max(1) * config.attention_layers().count();
     let shapes = recurrent_state_shapes(config);
-    let rec_per_seq = shapes
-        .iter()
-        .map(|s| gpu.state_layout(s.conv).slot_bytes() + gpu.ssm_state_layout(s.ssm).slot_bytes())
-        .sum();
+    let rec_per_seq = shapes.iter().map(|s| s.slot_bytes(&*gpu)).sum();
     Ok(CacheSizes {
         kv_per_token,
         kv_dtype: layout.dtype,

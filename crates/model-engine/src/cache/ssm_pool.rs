@@ -22,6 +22,15 @@ pub struct StateShape {
     pub ssm: usize,
 }
 
+impl StateShape {
+    /// Bytes of one sequence's slot of this layer, conv window and SSM
+    /// state, in `gpu`'s layouts (as the pool allocates them: never empty).
+    pub fn slot_bytes(&self, gpu: &dyn GpuBackend) -> usize {
+        let conv = gpu.state_layout(self.conv.max(1)).slot_bytes();
+        conv.saturating_add(gpu.ssm_state_layout(self.ssm.max(1)).slot_bytes())
+    }
+}
+
 struct LayerState {
     shape: StateShape,
     conv: DeviceSlice,

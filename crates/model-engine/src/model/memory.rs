@@ -6,7 +6,6 @@
 
 use metrale_core::DType;
 use metrale_gpu_runtime::gpu::GpuBackend;
-use metrale_gpu_runtime::ops::StateLayout;
 
 use super::types::{ModelOptions, arena_plan, kv_spec, recurrent_state_shapes};
 use crate::config::{FfnNames, MixerKind, MixerNames, ModelConfig, TensorSpec};
@@ -65,13 +64,9 @@ impl MemoryPlan {
             .block_bytes()
             .saturating_mul(options.kv_blocks)
             .saturating_mul(config.attention_layers().count());
-        let slots = |layout: StateLayout| layout.slot_bytes().saturating_mul(options.max_seqs);
         let ssm_state = recurrent_state_shapes(config)
             .iter()
-            .map(|s| {
-                slots(gpu.state_layout(s.conv.max(1)))
-                    .saturating_add(slots(gpu.ssm_state_layout(s.ssm.max(1))))
-            })
+            .map(|s| s.slot_bytes(gpu).saturating_mul(options.max_seqs))
             .fold(0usize, usize::saturating_add);
         Ok(Self {
             weights,
@@ -215,10 +210,7 @@ pub fn snapshot_budget(
     p.snapshot_budget.unwrap_or_else(|| {
         let slot: usize = shapes
             .iter()
-            .map(|s| {
-                let conv = gpu.state_layout(s.conv.max(1)).slot_bytes();
-                conv.saturating_add(gpu.ssm_state_layout(s.ssm.max(1)).slot_bytes())
-            })
+            .map(|s| s.slot_bytes(gpu))
             .fold(0, usize::saturating_add);
         slot.saturating_mul(options.max_seqs).saturating_mul(2)
     })

@@ -10,13 +10,13 @@
 use half::bf16;
 
 use super::SeqIo;
-use crate::cpu::simd::{simd_fn, to_bf16_state};
+use crate::cpu::simd::{from_bf16, simd_fn, to_bf16_state};
 
 simd_fn! {
     /// `dst = src` widened (exact).
     pub(super) fn widen(src: &[bf16], dst: &mut [f32]) {
         for (d, s) in dst.iter_mut().zip(src) {
-            *d = f32::from_bits((s.to_bits() as u32) << 16);
+            *d = from_bf16(*s);
         }
     }
 }

@@ -12,7 +12,7 @@
 
 use super::math::{Buf, SPAN, View, decay_lower, matmul, softplus};
 use super::{Mode, SeqIo};
-use crate::cpu::simd::{exp_fast, simd_fn, to_bf16, to_bf16_state};
+use crate::cpu::simd::{exp_fast, from_bf16, simd_fn, to_bf16, to_bf16_state};
 use half::bf16;
 
 use crate::cpu::gemm_bf16;
@@ -103,10 +103,19 @@ pub(super) fn step_seqs(ctx: &Ctx<'_>, seqs: Vec<SeqIo<'_>>, team: &Team) {
 }
 
 /// [`step_seqs`] on states held in bf16: every (sequence, head) state read,
-/// updated and rounded back in one pass ([`recurrent_head_bf16`]), so the
-/// state crosses memory at half the f32 traffic.
+/// updated and rounded back in one pass (with AVX512-BF16's conversion
+/// where the CPU has it), so the state crosses memory at half the f32
+/// traffic.
 pub(super) fn step_seqs_bf16(ctx: &Ctx<'_>, seqs: Vec<SeqIo<'_, bf16>>, team: &Team) {
-    step_heads(ctx, seqs, team, recurrent_head_bf16);
+    #[cfg(target_arch = "x86_64")]
+    if gemm_bf16::available() {
+        step_heads(ctx, seqs, team, |ctx, row, h, s, y| {
+            // SAFETY: the CPU has AVX-512F and AVX512-BF16 (`available`).
+            unsafe { head_token_bf16_avx512(ctx, row, h, s, y) }
+        });
+        return;
+    }
+    step_heads(ctx, seqs, team, head_token_bf16);
 }
 
 /// `update(ctx, row, head, state, y)` for every (sequence, head) of `seqs`,
@@ -152,7 +161,7 @@ impl StateValue for f32 {
 impl StateValue for bf16 {
     #[inline(always)]
     fn load(self) -> f32 {
-        f32::from_bits((self.to_bits() as u32) << 16)
+        from_bf16(self)
     }
     #[inline(always)]
     fn store(v: f32) -> bf16 {
@@ -226,20 +235,9 @@ simd_fn! {
     }
 }
 
-/// [`recurrent_head`] for one token on a state held in bf16: with
-/// AVX512-BF16's conversion where the CPU has it (the same bits).
-fn recurrent_head_bf16(ctx: &Ctx<'_>, row: usize, h: usize, s: &mut [bf16], y: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bf16") {
-        // SAFETY: the CPU has the kernel's features (checked just above).
-        unsafe { head_token_bf16_avx512(ctx, row, h, s, y) };
-        return;
-    }
-    head_token_bf16(ctx, row, h, s, y)
-}
-
 simd_fn! {
-    /// [`head_token`] on a bf16 state, portable.
+    /// [`head_token`] on a bf16 state, portable (where the CPU lacks
+    /// AVX512-BF16 for [`head_token_bf16_avx512`]; the same bits).
     fn head_token_bf16(ctx: &Ctx<'_>, row: usize, h: usize, s: &mut [bf16], y: &mut [f32]) {
         head_token(ctx, row, h, s, y)
     }
@@ -567,12 +565,12 @@ fn update_state(
             .zip(scr.upd[..m * n].chunks(hp * n))
             .zip(&scr.decay)
         {
-            decay_add(sh, uh, d);
+            decay_add(sh, Some(uh), d);
         }
         return;
     }
     for (sh, &d) in s.chunks_mut(hp * n).take(hpt).zip(&scr.decay) {
-        decay_add(sh, &[], d);
+        decay_add(sh, None, d);
     }
     let g = ctx.group(h0);
     let b = View::rows(&ctx.b[r0 * ctx.bc_stride + g * n..], ctx.bc_stride);
@@ -580,13 +578,12 @@ fn update_state(
 }
 
 simd_fn! {
-    /// `s = s·d + u` (or `s = s·d` where `u` is empty): the two roundings of
-    /// a decay followed by an addition, in one pass.
-    fn decay_add(s: &mut [f32], u: &[f32], d: f32) {
-        if u.is_empty() {
-            s.iter_mut().for_each(|v| *v *= d);
-        } else {
-            s.iter_mut().zip(u).for_each(|(v, u)| *v = *v * d + u);
+    /// `s = s·d + u` (or `s = s·d` without `u`): the two roundings of a
+    /// decay followed by an addition, in one pass.
+    fn decay_add(s: &mut [f32], u: Option<&[f32]>, d: f32) {
+        match u {
+            Some(u) => s.iter_mut().zip(u).for_each(|(v, u)| *v = *v * d + u),
+            None => s.iter_mut().for_each(|v| *v *= d),
         }
     }
 }
