@@ -28,6 +28,8 @@ mod packed;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod zmm;
 
 #[cfg(test)]
 mod tests;
@@ -130,7 +132,8 @@ impl<'a> QuantMatrix<'a> {
 /// Which dot-product code runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QuantIsa {
-    /// AVX2 with AVX-512 VNNI's `vpdpbusd` on 256-bit registers.
+    /// AVX2 with AVX-512 VNNI's `vpdpbusd` on 256-bit registers, and
+    /// AVX-512 BW for the K-quants' 512-bit kernels (`zmm.rs`).
     Vnni,
     Avx2,
     Portable,
@@ -143,7 +146,7 @@ impl QuantIsa {
         {
             use std::arch::is_x86_feature_detected as has;
             if has!("avx2") && has!("f16c") {
-                if has!("avx512f") && has!("avx512vl") && has!("avx512vnni") {
+                if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
                     return QuantIsa::Vnni;
                 }
                 return QuantIsa::Avx2;
@@ -236,7 +239,16 @@ fn dot_rows<const R: usize>(
         // (Lengths: checked once per call by `quant_matmul_with`; a debug
         // assertion here, per weight row, cost decode a few percent.)
         match isa {
-            QuantIsa::Vnni => return go!(vnni),
+            // The K-quants on 512-bit registers (`zmm.rs`).
+            QuantIsa::Vnni => {
+                // SAFETY: as in `go!`; `Vnni` includes AVX-512 BW.
+                return match ty {
+                    GgmlType::Q4K => unsafe { zmm::dot_q45_k::<false, R>(w, a) },
+                    GgmlType::Q5K => unsafe { zmm::dot_q45_k::<true, R>(w, a) },
+                    GgmlType::Q6K => unsafe { zmm::dot_q6_k::<R>(w, a) },
+                    _ => go!(vnni),
+                };
+            }
             QuantIsa::Avx2 => return go!(avx2),
             QuantIsa::Portable => {}
         }

@@ -1,9 +1,9 @@
 //! AVX2 and AVX-512 VNNI dot products. Both are the same code (a macro
 //! instantiates it twice) and differ only in the u8×i8 multiply: AVX2's
 //! `maddubs` + `madd` pair, or VNNI's one `vpdpbusd` (on 256-bit
-//! registers, AVX512VL: the blocks are 32 bytes, and 512-bit registers
-//! would need a cross-lane shuffle per block for nothing: decode is bound
-//! by memory, not by multiplies). Both give the same exact i32 sums:
+//! registers, AVX512VL: the 32-element blocks are 32 bytes; the K-quants'
+//! 512-bit kernels for AVX-512 BW CPUs are in `zmm.rs`). Both give the
+//! same exact i32 sums:
 //! `maddubs` saturates only past 32767, and a pair of products here is at
 //! most 2·128·127 (activations are within ±127 by construction).
 //!
@@ -134,7 +134,7 @@ unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
 /// `p` must be valid for reading 4 bytes.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn f16x2(p: *const u8) -> (f32, f32) {
+pub(super) unsafe fn f16x2(p: *const u8) -> (f32, f32) {
     // SAFETY: the caller's contract.
     let v = unsafe { ld_u32(p) };
     let f = _mm_cvtph_ps(_mm_cvtsi32_si128(v as i32));
@@ -148,7 +148,7 @@ unsafe fn f16x2(p: *const u8) -> (f32, f32) {
 /// # Safety
 /// `p` must point at a whole block.
 #[inline(always)]
-unsafe fn scales_mins_k4(p: *const u8) -> ([u8; 8], [u8; 8]) {
+pub(super) unsafe fn scales_mins_k4(p: *const u8) -> ([u8; 8], [u8; 8]) {
     const K1: u32 = 0x3f3f_3f3f;
     const K2: u32 = 0x0f0f_0f0f;
     const K3: u32 = 0x0303_0303;
@@ -175,7 +175,7 @@ unsafe fn scales_mins_k4(p: *const u8) -> ([u8; 8], [u8; 8]) {
 /// for every activation row).
 #[target_feature(enable = "avx2")]
 #[inline]
-fn min_pairs(mins: &[u8; 8]) -> __m256i {
+pub(super) fn min_pairs(mins: &[u8; 8]) -> __m256i {
     let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(*mins)));
     _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m))
 }
