@@ -29,37 +29,55 @@ use crate::ops::step::{RECURRENT_SEQ_WORDS, RecurrentBatch, RecurrentSeqDesc, St
 /// on the calling thread alone.
 const PARALLEL_CONV: usize = 1 << 15;
 
-/// One decode step of the causal conv for one sequence: `wt` transposed
-/// (`[kernel, channels]`), the state `[kernel - 1, channels]`, oldest first.
-/// The additions in the prefill path's order (bias, the taps on the state
-/// oldest first, then the new input), with its row kernels: the same bits.
+/// One decode step of the causal conv for one sequence: `w` as stored
+/// (`[channels, kernel]`), the state `[kernel - 1, channels]`, oldest
+/// first. Each channel's sum in the prefill path's order (bias, the taps
+/// on the state oldest first, then the new input; no fused multiply-add):
+/// the same bits, without transposing the weights on every step.
 fn conv_decode(
     out: &mut [f32],
     state: &mut [f32],
     x: &[f32],
-    wt: &[f32],
-    bias: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
     silu_out: bool,
 ) {
     let channels = x.len();
-    let km1 = wt.len() / channels.max(1) - 1;
+    let kernel = w.len() / channels.max(1);
+    let km1 = kernel - 1;
     let o = &mut out[..channels];
-    let row = |j: usize| &state[j * channels..(j + 1) * channels];
-    if km1 == 3 {
-        super::elementwise::conv_row4(o, bias, wt, [row(0), row(1), row(2), x], silu_out);
-    } else {
-        o.copy_from_slice(&bias[..channels]);
-        for (j, wj) in wt.chunks(channels).enumerate() {
-            super::elementwise::mul_add(o, wj, if j < km1 { row(j) } else { x });
+    for (c, (o, taps)) in o.iter_mut().zip(w.chunks_exact(kernel)).enumerate() {
+        let mut a = bias.map_or(0.0, |b| b[c]);
+        for (j, &t) in taps[..km1].iter().enumerate() {
+            a += t * state[j * channels + c];
         }
-        if silu_out {
-            super::elementwise::silu_in_place(o);
-        }
+        *o = a + taps[km1] * x[c];
+    }
+    if silu_out {
+        super::elementwise::silu_in_place(o);
     }
     if km1 > 0 {
         state.copy_within(channels..km1 * channels, 0);
         state[(km1 - 1) * channels..km1 * channels].copy_from_slice(x);
     }
+}
+
+/// `s`'s first `n` elements as f32: borrowed where `s` holds f32 (a
+/// decode step's conv weights, read every step), else widened into `owned`.
+fn f32_param<'a>(
+    cpu: &'a CpuBackend,
+    op: &'static str,
+    s: DeviceSlice,
+    n: usize,
+    what: &str,
+    owned: &'a mut Vec<f32>,
+) -> Result<&'a [f32]> {
+    need(op, s, n, what)?;
+    if s.dtype() == DType::F32 {
+        return Ok(&cpu.read_f32(op, s)?[..n]);
+    }
+    *owned = cpu.param_vec(op, s, n, what)?;
+    Ok(owned)
 }
 
 /// Whether the states of `seqs` are held in bf16 (an SSM pool laid out by
@@ -511,33 +529,24 @@ impl CpuBackend {
         }
         let rows = rows_of(seqs);
         need(OP, x, rows * channels, "x")?;
-        let w = self.param_vec(OP, weight, channels * kernel, "weight")?;
         let mut inputs = vec![x, weight];
-        let bias = match bias {
-            Some(bs) => {
-                inputs.push(bs);
-                self.param_vec(OP, bs, channels, "bias")?
-            }
-            None => vec![0f32; channels],
-        };
+        inputs.extend(bias);
         let xs = &self.read_f32(OP, x)?[..rows * channels];
         let km1 = kernel - 1;
         let ios = self.seq_ios(OP, seqs, out, channels, channels * km1, &inputs)?;
-        // Transposed to [kernel, channels] so each tap is a contiguous row.
-        let mut wt = vec![0f32; kernel * channels];
-        for (ch, taps) in w.chunks(kernel).enumerate() {
-            for (j, &t) in taps.iter().enumerate() {
-                wt[j * channels + ch] = t;
-            }
-        }
+        let (mut w_owned, mut b_owned) = (Vec::new(), Vec::new());
+        let w = f32_param(self, OP, weight, channels * kernel, "weight", &mut w_owned)?;
+        let bias = match bias {
+            Some(bs) => Some(f32_param(self, OP, bs, channels, "bias", &mut b_owned)?),
+            None => None,
+        };
         if decode_only(seqs) {
             // One token per sequence: every sequence's update in one pass
             // over the team (a few thousand multiply-adds each).
-            let (wt, bias) = (&wt, &bias);
             let step = |io: &mut SeqIo<'_>| {
                 if io.len == 1 {
                     let x = &xs[io.row_start * channels..(io.row_start + 1) * channels];
-                    conv_decode(io.out, io.state, x, wt, bias, silu_out);
+                    conv_decode(io.out, io.state, x, w, bias, silu_out);
                 }
             };
             let mut ios = ios;
@@ -549,7 +558,23 @@ impl CpuBackend {
             }
             return Ok(());
         }
-        let (wt, bias) = (&wt, &bias);
+        // Prefill: transposed to [kernel, channels] so each tap is a
+        // contiguous row.
+        let mut wt = vec![0f32; kernel * channels];
+        for (ch, taps) in w.chunks(kernel).enumerate() {
+            for (j, &t) in taps.iter().enumerate() {
+                wt[j * channels + ch] = t;
+            }
+        }
+        let zeros;
+        let bias = match bias {
+            Some(b) => b,
+            None => {
+                zeros = vec![0f32; channels];
+                &zeros
+            }
+        };
+        let wt = &wt;
         let conv_seq = |io: SeqIo<'_>| {
             let xseq = &xs[io.row_start * channels..(io.row_start + io.len) * channels];
             let state = &*io.state;

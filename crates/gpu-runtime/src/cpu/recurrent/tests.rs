@@ -155,38 +155,41 @@ pub(in crate::cpu) fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &s
 
 /// One call against the same tokens in pieces (two tokens, one, the
 /// rest): the same bits, state included (the decode path sums in the
-/// prefill path's order).
+/// prefill path's order), with and without a bias, for Mamba's four taps
+/// and for another kernel size.
 #[test]
 fn causal_conv1d_continues_through_the_state() {
-    let (ch, k, n) = (7, 4, 11);
-    let mut rng = Rng::new(5);
-    let mut env = Env::new();
-    let x = rng.vec(n * ch, -2.0, 2.0);
-    let (w, b) = (
-        env.up(&rng.vec(ch * k, -1.0, 1.0)),
-        env.up(&rng.vec(ch, -1.0, 1.0)),
-    );
-    let s0 = rng.vec(ch * (k - 1), -1.0, 1.0);
-    let (st_a, st_b) = (env.pool(std::slice::from_ref(&s0)), env.pool(&[s0]));
-    let (xs, out_a, out_b) = (
-        env.up(&x),
-        env.up(&vec![0.0; n * ch]),
-        env.up(&vec![0.0; n * ch]),
-    );
-    let whole = env.batch_of(&[(0, n)]);
-    env.cpu
-        .causal_conv1d(xs, w, Some(b), out_a, st_a, &whole, ch, k, true)
-        .expect("one call");
-    // Two tokens, then one, then the rest: rows stay where they are.
-    for (r0, len) in [(0, 2), (2, 1), (3, n - 3)] {
-        let piece = env.batch_of(&[(r0, len)]);
+    for (k, with_bias) in [(4, true), (4, false), (3, true)] {
+        let (ch, n) = (7, 11);
+        let mut rng = Rng::new(5);
+        let mut env = Env::new();
+        let x = rng.vec(n * ch, -2.0, 2.0);
+        let w = env.up(&rng.vec(ch * k, -1.0, 1.0));
+        let bv = rng.vec(ch, -1.0, 1.0);
+        let b = with_bias.then(|| env.up(&bv));
+        let s0 = rng.vec(ch * (k - 1), -1.0, 1.0);
+        let (st_a, st_b) = (env.pool(std::slice::from_ref(&s0)), env.pool(&[s0]));
+        let (xs, out_a, out_b) = (
+            env.up(&x),
+            env.up(&vec![0.0; n * ch]),
+            env.up(&vec![0.0; n * ch]),
+        );
+        let whole = env.batch_of(&[(0, n)]);
         env.cpu
-            .causal_conv1d(xs, w, Some(b), out_b, st_b, &piece, ch, k, true)
-            .expect("piece");
+            .causal_conv1d(xs, w, b, out_a, st_a, &whole, ch, k, true)
+            .expect("one call");
+        // Two tokens, then one, then the rest: rows stay where they are.
+        for (r0, len) in [(0, 2), (2, 1), (3, n - 3)] {
+            let piece = env.batch_of(&[(r0, len)]);
+            env.cpu
+                .causal_conv1d(xs, w, b, out_b, st_b, &piece, ch, k, true)
+                .expect("piece");
+        }
+        let what = format!("kernel {k}, bias {with_bias}");
+        assert_eq!(env.down(out_a), env.down(out_b), "{what}");
+        assert_eq!(env.down(st_a.states), env.down(st_b.states), "{what}");
+        env.finish();
     }
-    assert_eq!(env.down(out_a), env.down(out_b));
-    assert_eq!(env.down(st_a.states), env.down(st_b.states));
-    env.finish();
 }
 
 /// Every op runs as before with a fault plan installed in the hooks (one
