@@ -41,6 +41,11 @@ def summarise(shape, runs):
     roof = [a["roofline_decode_tok_s"] for a in m if a.get("roofline_decode_tok_s")]
     frac = [a["decode_tok_s"] / a["roofline_decode_tok_s"] for a in m if a.get("roofline_decode_tok_s")]
     lfrac = [b["decode_tok_s"] / a["roofline_decode_tok_s"] for a, b in zip(m, l) if a.get("roofline_decode_tok_s")]
+    # The memory floor (weights + recurrent state + KV cache; metrale's
+    # bench since session 31), for both engines against the same bytes.
+    floor = [(a, b) for a, b in zip(m, l) if a.get("floor_decode_tok_s")]
+    ffrac = [a["decode_tok_s"] / a["floor_decode_tok_s"] for a, _ in floor]
+    lffrac = [b["decode_tok_s"] / a["floor_decode_tok_s"] for a, b in floor]
     return (
         shape,
         str(len(runs)),
@@ -50,6 +55,7 @@ def summarise(shape, runs):
         f"{med(roof):.2f}" if roof else "-",
         f"{100 * med(frac):.0f}%" if frac else "-",
         f"{100 * med(lfrac):.0f}%" if lfrac else "-",
+        f"{100 * med(ffrac):.0f}% / {100 * med(lffrac):.0f}%" if ffrac else "-",
     )
 
 
@@ -72,7 +78,8 @@ def main() -> None:
         key = f'{r["shape"]} {r["format"]}' if r.get("format") else r["shape"]
         by_shape.setdefault(key, []).append(r)
     head = ("shape", "rounds", "metrale prefill", "llama.cpp prefill", "ratio", "metrale prefill bf16-dot", "ratio",
-            "metrale decode", "llama.cpp decode", "ratio", "roofline", "metrale/roofline", "llama.cpp/roofline")
+            "metrale decode", "llama.cpp decode", "ratio", "roofline", "metrale/roofline", "llama.cpp/roofline",
+            "memory floor (metrale's bytes): metrale / llama.cpp")
     table = [summarise(shape, runs) for shape, runs in by_shape.items()]
     print_table(head, table)
     if rows:

@@ -368,6 +368,9 @@ pub fn run(mut args: Args) -> Result<()> {
         },
         fallback_size,
     );
+    // The caches a decode step also moves (the memory floor; a backend
+    // that cannot lay them out gets no floor).
+    let cache = super::bench_probe::cache_traffic(&config, &*gpu, model.options()).ok();
     // Decode graphs: whether they were on, and what they did (warm-up included).
     let graphs = gpu
         .graphs_supported()
@@ -396,6 +399,7 @@ pub fn run(mut args: Args) -> Result<()> {
             );
             report.peak_rss = peak_rss;
             report.decode_bytes = decode_bytes;
+            report.cache = cache;
             report.bf16_dot = bf16_dot;
             report.compute = compute;
             report.device = backend.device();

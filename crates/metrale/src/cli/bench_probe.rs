@@ -1,11 +1,17 @@
 //! Measurements `metrale bench` reports beside its own timings: the memory
 //! bandwidth the machine sustains, its arithmetic peaks (f32 FMA and, where
 //! the CPU has AVX512-BF16, bf16 dot products), the process's peak memory,
-//! and the bytes of weights a decode step reads.
+//! the bytes of weights a decode step reads, and what one sequence's KV
+//! cache and recurrent state take.
 
 use std::time::Instant;
 
 use metrale::engine::config::{ExpertNames, FfnNames, MlpNames, ModelConfig};
+use metrale::engine::model::ModelOptions;
+use metrale::engine::model::types::{kv_spec, recurrent_state_shapes};
+use metrale::gpu_runtime::gpu::GpuBackend;
+
+use super::bench_report::CacheTraffic;
 
 /// Bytes the bandwidth probe streams through per pass (far beyond any L3).
 const PROBE_BYTES: usize = 512 << 20;
@@ -332,4 +338,25 @@ mod tests {
         assert!(p.f32_fma.is_finite() && p.f32_fma > 0.0, "{p:?}");
         assert!(p.bf16_dot.is_none_or(|f| f.is_finite() && f > 0.0), "{p:?}");
     }
+}
+
+/// One sequence's KV bytes per token and recurrent state bytes, in the
+/// layouts `gpu` gives them under `options` (the KV dtype, a bf16 SSM
+/// state), as `metrale inspect` reports them.
+pub fn cache_traffic(
+    c: &ModelConfig,
+    gpu: &dyn GpuBackend,
+    options: &ModelOptions,
+) -> anyhow::Result<CacheTraffic> {
+    let layout = gpu.kv_layout(kv_spec(c, options))?;
+    let kv_per_token =
+        layout.block_bytes() / options.kv_block_size.max(1) * c.attention_layers().count();
+    let state_per_seq = recurrent_state_shapes(c)
+        .iter()
+        .map(|s| s.slot_bytes(gpu))
+        .sum();
+    Ok(CacheTraffic {
+        kv_per_token,
+        state_per_seq,
+    })
 }

@@ -2,6 +2,14 @@
 //! batch size (an array of them for a list of batch sizes), with the
 //! decode roofline and, per batch size, the FLOP/s and weight bytes/s a
 //! decode step achieved against the machine's peaks.
+//!
+//! Two memory bounds on decode: the roofline counts the weights alone (what
+//! engines usually quote); the memory floor adds what a step must also move
+//! for its sequences, each one's recurrent state read and written and its
+//! KV cache read over the run's mean context. A Granite-4.0-H-350M step
+//! with a 512-token prompt moves 44 MB of f32 SSM state beside 219 MB of
+//! Q4_K_M weights, so its roofline overstates what any engine can reach by
+//! a sixth.
 
 use metrale::core::DType;
 use metrale::engine::config::ModelConfig;
@@ -32,6 +40,17 @@ pub(super) fn render(reports: &[Report], json: bool) -> anyhow::Result<String> {
     }
 }
 
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// What one sequence's caches hold, as the backend lays them out.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct CacheTraffic {
+    /// KV cache bytes per token (every attention layer's K and V).
+    pub(super) kv_per_token: usize,
+    /// Recurrent state bytes per sequence (conv windows and SSM states).
+    pub(super) state_per_seq: usize,
+}
+
 pub(super) struct Report {
     pub(super) model: String,
     pub(super) model_type: &'static str,
@@ -57,6 +76,8 @@ pub(super) struct Report {
     pub(super) decode_params: f64,
     pub(super) bandwidth: Option<f64>,
     pub(super) decode_bytes: f64,
+    /// The KV cache's and the recurrent state's sizes (None: unknown).
+    pub(super) cache: Option<CacheTraffic>,
     pub(super) bf16_dot: bool,
     /// On a backend with graphs: whether decode graphs were on, and their counters.
     pub(super) graphs: Option<(bool, GraphStats)>,
@@ -99,6 +120,7 @@ impl Report {
             decode_params: decode_params_per_token(c),
             bandwidth,
             decode_bytes: decode_params_per_token(c) * dtype.size_of() as f64,
+            cache: None,
             bf16_dot: false,
             graphs: None,
             ops: [
@@ -116,6 +138,28 @@ impl Report {
     fn roofline(&self) -> Option<f64> {
         self.bandwidth
             .map(|bw| self.batch as f64 * bw / self.decode_bytes.max(1.0))
+    }
+
+    /// The tokens each decode step attends over, on average: the prompt and
+    /// half the generated ones (step j attends over prompt + j + 1).
+    fn mean_context(&self) -> f64 {
+        self.prompt_len as f64 + (self.gen_len as f64 + 1.0) / 2.0
+    }
+
+    /// Bytes a decode step must move: the weights once, and per sequence
+    /// its recurrent state read and written, its KV cache read over the
+    /// mean context and one token's KV written.
+    fn floor_bytes(&self) -> Option<f64> {
+        let c = self.cache?;
+        let per_seq =
+            2.0 * c.state_per_seq as f64 + (self.mean_context() + 1.0) * c.kv_per_token as f64;
+        Some(self.decode_bytes + self.batch as f64 * per_seq)
+    }
+
+    /// Decode tokens/s if every step moved [`Self::floor_bytes`] at full bandwidth.
+    fn floor(&self) -> Option<f64> {
+        let (bw, bytes) = (self.bandwidth?, self.floor_bytes()?);
+        Some(self.batch as f64 * bw / bytes.max(1.0))
     }
 
     /// Decode FLOP/s of all sequences together (see [`FLOPS_COUNTED`]).
@@ -189,6 +233,11 @@ impl Report {
             "decode_bytes_per_step": self.decode_bytes,
             "roofline_decode_tok_s": roofline,
             "roofline_fraction": roofline.map(|r| self.decode_tok_s / r),
+            "kv_bytes_per_token": self.cache.map(|c| c.kv_per_token),
+            "state_bytes_per_seq": self.cache.map(|c| c.state_per_seq),
+            "floor_bytes_per_step": self.floor_bytes(),
+            "floor_decode_tok_s": self.floor(),
+            "floor_fraction": self.floor().map(|f| self.decode_tok_s / f),
             "decode_tok_s_per_seq": self.decode_tok_s / self.batch.max(1) as f64,
             "decode_flop_s": self.decode_flop_s(),
             "decode_flops_per_token": 2.0 * self.decode_params,
@@ -326,6 +375,19 @@ impl Report {
             )),
             _ => line(format!("decode       {:>10.2} tok/s", self.decode_tok_s)),
         }
+        if let (Some(f), Some(bytes), Some(c)) = (self.floor(), self.floor_bytes(), self.cache) {
+            let state = match c.state_per_seq {
+                0 => String::new(),
+                b => format!(", {:.1} MiB of state read and written", b as f64 / MIB),
+            };
+            line(format!(
+                "memory floor {f:>10.2} tok/s ({:.2} GiB/step: the weights{state}, {:.0} tokens of KV at {} B, per sequence): {:.0}%",
+                gib(bytes),
+                self.mean_context(),
+                c.kv_per_token,
+                100.0 * self.decode_tok_s / f
+            ));
+        }
         line(self.batch_line());
         match self.peak_rss {
             Some(p) => line(format!(
@@ -460,6 +522,35 @@ mod tests {
         assert!((v["decode_weight_bytes_s"].as_f64().unwrap() - bytes).abs() < 1e-3);
         r.bf16_dot = false;
         assert!(r.batch_line().contains("100 GFLOP/s f32 FMA peak"));
+    }
+
+    #[test]
+    fn the_memory_floor_adds_the_state_and_the_kv_cache() {
+        let bw = 40e9;
+        let mut r = report(Some(bw), None);
+        assert!(
+            !r.text().contains("memory floor"),
+            "no cache sizes, no floor"
+        );
+        assert!(r.json()["floor_decode_tok_s"].is_null());
+        r.cache = Some(CacheTraffic {
+            kv_per_token: 1000,
+            state_per_seq: 1 << 20,
+        });
+        // Per sequence: the state twice, and KV over the mean context
+        // (prompt + (gen + 1) / 2) plus the new token's.
+        let ctx = r.prompt_len as f64 + (r.gen_len as f64 + 1.0) / 2.0;
+        let bytes = r.decode_bytes + 2.0 * (2.0 * (1 << 20) as f64 + (ctx + 1.0) * 1000.0);
+        let floor = 2.0 * bw / bytes;
+        let text = r.text();
+        assert!(
+            text.contains(&format!("memory floor {floor:>10.2} tok/s")),
+            "{text}"
+        );
+        assert!(text.contains("1.0 MiB of state"), "{text}");
+        let v = r.json();
+        assert!((v["floor_decode_tok_s"].as_f64().unwrap() - floor).abs() < 1e-9);
+        assert!(floor < v["roofline_decode_tok_s"].as_f64().unwrap());
     }
 
     #[test]
