@@ -17,17 +17,9 @@ use metrale_gpu_runtime::cpu::quant::{QuantIsa, QuantMatrix, QuantScratch};
 use metrale_gpu_runtime::gpu::GpuBackend;
 use metrale_gpu_runtime::ops::MatmulDims;
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
-        })
-        .collect()
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::values;
 
 const N: usize = 1024;
 const K: usize = 4096;

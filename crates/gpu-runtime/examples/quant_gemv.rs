@@ -15,17 +15,9 @@ use metrale_core::{GgmlType, quant::quantize_row};
 use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_gpu_runtime::cpu::quant::{QuantMatrix, QuantScratch};
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
-        })
-        .collect()
-}
+#[path = "../benches/support/mod.rs"]
+mod support;
+use support::values;
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
