@@ -256,6 +256,35 @@ fn dot_rows<const R: usize>(
     std::array::from_fn(|r| scalar::vec_dot(ty, w, a[r]))
 }
 
+/// One weight row's dot product with one activation row.
+type DecodeKernel = fn(&[u8], &[ActRow<'_>; 1]) -> [f32; 1];
+
+/// Decode's kernel for `ty` on `isa`, resolved once per call, where one is
+/// worth it (the formats of Q4_K_M, Q5_K_M, Q6_K and Q8_0 files on AVX-512;
+/// else `None`, and [`vec_dot_rows`] dispatches per row).
+///
+/// `isa` must be one of [`QuantIsa::available`] (the pointers returned call
+/// its kernels).
+fn decode_kernel(isa: QuantIsa, ty: GgmlType) -> Option<DecodeKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if isa == QuantIsa::Vnni {
+        // SAFETY (each): `Vnni` was detected on this CPU (the caller's
+        // contract), and `quant_matmul_with` checked that every row holds
+        // as many whole blocks as the activation row.
+        return match ty {
+            GgmlType::Q4K => Some(|w, a| unsafe { zmm::dot_q45_k::<false, 1>(w, a) }),
+            GgmlType::Q5K => Some(|w, a| unsafe { zmm::dot_q45_k::<true, 1>(w, a) }),
+            GgmlType::Q6K => Some(|w, a| unsafe { zmm::dot_q6_k::<1>(w, a) }),
+            GgmlType::Q8_0 => {
+                Some(|w, a| unsafe { x86::vnni::dot32::<{ x86::Q8_0 }, 1>(GgmlType::Q8_0, w, a) })
+            }
+            _ => None,
+        };
+    }
+    let _ = (isa, ty);
+    None
+}
+
 /// `out[r] = dot(w, a[r])` for up to [`MAX_ROWS`] activation rows.
 pub(crate) fn vec_dot_rows(
     isa: QuantIsa,
@@ -466,8 +495,20 @@ pub(crate) fn quant_matmul_with(
     // of quants, which stay in L2 while the task's weight rows stream past
     // them (each weight row is then read once per tile rather than once,
     // but a few hundred bytes of it against a tile's tens of KiB).
+    let decode_row = if m == 1 { decode_kernel(isa, ty) } else { None };
     let run = |t: usize| {
         let (j0, j1) = (n_packed + t * share, (n_packed + (t + 1) * share).min(n));
+        if let (Some(dot), [a]) = (decode_row, acts) {
+            // Decode: the kernel chosen once per call, not per row (a
+            // Granite row of k = 768 is three super-blocks).
+            let a = std::slice::from_ref(a).try_into().expect("one row");
+            for j in j0..j1 {
+                // SAFETY: `j < n` (m = 1, so `out` holds n floats); task
+                // `t` alone writes `j0..j1`.
+                unsafe { ptr.write(j, dot(w.row(j), a)[0]) };
+            }
+            return;
+        }
         let mut vals = [0f32; MAX_ROWS];
         for t0 in (0..m).step_by(tile) {
             let t1 = (t0 + tile).min(m);
