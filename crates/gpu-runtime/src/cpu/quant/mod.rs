@@ -260,29 +260,40 @@ fn dot_rows<const R: usize>(
 type DecodeKernel = fn(&[u8], &[ActRow<'_>; 1]) -> [f32; 1];
 
 /// Decode's kernel for `ty` on `isa`, resolved once per call, where one is
-/// worth it (the formats of Q4_K_M, Q5_K_M, Q6_K and Q8_0 files on AVX-512;
-/// else `None`, and [`vec_dot_rows`] dispatches per row).
+/// worth it (the formats of Q4_K_M, Q5_K_M, Q6_K and Q8_0 files on AVX-512
+/// and AVX2; else `None`, and [`vec_dot_rows`] dispatches per row).
 ///
 /// `isa` must be one of [`QuantIsa::available`] (the pointers returned call
 /// its kernels).
 fn decode_kernel(isa: QuantIsa, ty: GgmlType) -> Option<DecodeKernel> {
+    // SAFETY (each kernel below): `isa` was detected on this CPU (the
+    // caller's contract), and `quant_matmul_with` checked that every row
+    // holds as many whole blocks as the activation row.
     #[cfg(target_arch = "x86_64")]
-    if isa == QuantIsa::Vnni {
-        // SAFETY (each): `Vnni` was detected on this CPU (the caller's
-        // contract), and `quant_matmul_with` checked that every row holds
-        // as many whole blocks as the activation row.
-        return match ty {
-            GgmlType::Q4K => Some(|w, a| unsafe { zmm::dot_q45_k::<false, 1>(w, a) }),
-            GgmlType::Q5K => Some(|w, a| unsafe { zmm::dot_q45_k::<true, 1>(w, a) }),
-            GgmlType::Q6K => Some(|w, a| unsafe { zmm::dot_q6_k::<1>(w, a) }),
-            GgmlType::Q8_0 => {
-                Some(|w, a| unsafe { x86::vnni::dot32::<{ x86::Q8_0 }, 1>(GgmlType::Q8_0, w, a) })
+    {
+        use x86::{Q8_0, avx2, vnni};
+        let kernel: DecodeKernel = match (isa, ty) {
+            (QuantIsa::Vnni, GgmlType::Q4K) => |w, a| unsafe { zmm::dot_q45_k::<false, 1>(w, a) },
+            (QuantIsa::Vnni, GgmlType::Q5K) => |w, a| unsafe { zmm::dot_q45_k::<true, 1>(w, a) },
+            (QuantIsa::Vnni, GgmlType::Q6K) => |w, a| unsafe { zmm::dot_q6_k::<1>(w, a) },
+            (QuantIsa::Vnni, GgmlType::Q8_0) => {
+                |w, a| unsafe { vnni::dot32::<Q8_0, 1>(GgmlType::Q8_0, w, a) }
             }
-            _ => None,
+            (QuantIsa::Avx2, GgmlType::Q4K) => |w, a| unsafe { avx2::dot_q45_k::<false, 1>(w, a) },
+            (QuantIsa::Avx2, GgmlType::Q5K) => |w, a| unsafe { avx2::dot_q45_k::<true, 1>(w, a) },
+            (QuantIsa::Avx2, GgmlType::Q6K) => |w, a| unsafe { avx2::dot_q6_k::<1>(w, a) },
+            (QuantIsa::Avx2, GgmlType::Q8_0) => {
+                |w, a| unsafe { avx2::dot32::<Q8_0, 1>(GgmlType::Q8_0, w, a) }
+            }
+            _ => return None,
         };
+        Some(kernel)
     }
-    let _ = (isa, ty);
-    None
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, ty);
+        None
+    }
 }
 
 /// `out[r] = dot(w, a[r])` for up to [`MAX_ROWS`] activation rows.

@@ -18,11 +18,14 @@
 //!
 //! Measured (one thread, `examples/quant_gemv.rs`, five interleaved
 //! rounds, medians): Q4_K 1.11x the 256-bit kernel at k = 4096 and 1.23x at
-//! k = 768 (Granite's rows); Q6_K 1.08x and 1.05-1.15x. What still bounds a
-//! super-block (about 29 cycles) is its tail, the fold and the f32 term:
-//! skipping three in four of them made the kernel 1.35x faster, but doing
-//! them four blocks at a time (one `hadd` tree and one vector of terms) was
-//! slower at k = 768 and only 1.05x at k = 4096, so it is not done.
+//! k = 768 (Granite's rows); Q6_K 1.08x and 1.05-1.15x. A super-block then
+//! took about 29 cycles, much of it the tail (the fold and the f32 term:
+//! skipping three in four made the kernel 1.35x faster). Folding two or
+//! four blocks' sums in one tree, with the same bits, was 1.04-1.09x at
+//! k = 4096 but 0.88-0.99x at k = 768, so it is not done; at short rows
+//! the per-row dispatch around the kernel cost more, and `quant_matmul`
+//! now resolves the kernel once per call (`decode_kernel`: 1.13-1.33x at
+//! k = 768).
 //!
 //! The results are bit for bit those of `scalar.rs`: the integer sums are
 //! exact whatever their order (no 16-bit pair can saturate: at most
