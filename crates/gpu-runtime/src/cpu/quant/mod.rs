@@ -512,7 +512,7 @@ pub(crate) fn quant_matmul_with(
         if let (Some(dot), [a]) = (decode_row, acts) {
             // Decode: the kernel chosen once per call, not per row (a
             // Granite row of k = 768 is three super-blocks).
-            let a = std::slice::from_ref(a).try_into().expect("one row");
+            let a = std::array::from_ref(a);
             for j in j0..j1 {
                 // SAFETY: `j < n` (m = 1, so `out` holds n floats); task
                 // `t` alone writes `j0..j1`.
