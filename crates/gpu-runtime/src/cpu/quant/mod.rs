@@ -214,8 +214,9 @@ fn dot_rows<const R: usize>(
     #[cfg(target_arch = "x86_64")]
     {
         use x86::*;
+        // `$m`'s kernels, the K-quants' from `$k`.
         macro_rules! go {
-            ($m:ident) => {
+            ($m:ident, $k:ident) => {
                 // SAFETY: `isa` was detected on this CPU (the caller's
                 // contract), and `w` and every `a[r]` hold the same number
                 // of whole blocks (checked by `quant_matmul`, asserted in
@@ -228,9 +229,9 @@ fn dot_rows<const R: usize>(
                         GgmlType::Q5_0 => $m::dot32::<Q5_0, R>(ty, w, a),
                         GgmlType::Q5_1 => $m::dot32::<Q5_1, R>(ty, w, a),
                         GgmlType::Iq4Nl => $m::dot32::<IQ4_NL, R>(ty, w, a),
-                        GgmlType::Q4K => $m::dot_q45_k::<false, R>(w, a),
-                        GgmlType::Q5K => $m::dot_q45_k::<true, R>(w, a),
-                        GgmlType::Q6K => $m::dot_q6_k::<R>(w, a),
+                        GgmlType::Q4K => $k::dot_q45_k::<false, R>(w, a),
+                        GgmlType::Q5K => $k::dot_q45_k::<true, R>(w, a),
+                        GgmlType::Q6K => $k::dot_q6_k::<R>(w, a),
                         _ => unreachable!("{ty} is not supported"),
                     }
                 }
@@ -239,17 +240,9 @@ fn dot_rows<const R: usize>(
         // (Lengths: checked once per call by `quant_matmul_with`; a debug
         // assertion here, per weight row, cost decode a few percent.)
         match isa {
-            // The K-quants on 512-bit registers (`zmm.rs`).
-            QuantIsa::Vnni => {
-                // SAFETY: as in `go!`; `Vnni` includes AVX-512 BW.
-                return match ty {
-                    GgmlType::Q4K => unsafe { zmm::dot_q45_k::<false, R>(w, a) },
-                    GgmlType::Q5K => unsafe { zmm::dot_q45_k::<true, R>(w, a) },
-                    GgmlType::Q6K => unsafe { zmm::dot_q6_k::<R>(w, a) },
-                    _ => go!(vnni),
-                };
-            }
-            QuantIsa::Avx2 => return go!(avx2),
+            // The K-quants on 512-bit registers (`Vnni` includes AVX-512 BW).
+            QuantIsa::Vnni => return go!(vnni, zmm),
+            QuantIsa::Avx2 => return go!(avx2, avx2),
             QuantIsa::Portable => {}
         }
     }

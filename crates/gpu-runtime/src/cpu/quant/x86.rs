@@ -1,9 +1,9 @@
 //! AVX2 and AVX-512 VNNI dot products. Both are the same code (a macro
 //! instantiates it twice) and differ only in the u8×i8 multiply: AVX2's
 //! `maddubs` + `madd` pair, or VNNI's one `vpdpbusd` (on 256-bit
-//! registers, AVX512VL: the 32-element blocks are 32 bytes; the K-quants'
-//! 512-bit kernels for AVX-512 BW CPUs are in `zmm.rs`). Both give the
-//! same exact i32 sums:
+//! registers, AVX512VL: the 32-element blocks are 32 bytes). The K-quants'
+//! row kernels here are AVX2's only (`k_quant_kernels!`); on AVX-512 they
+//! are `zmm.rs`'s, on 512-bit registers. Both give the same exact i32 sums:
 //! `maddubs` saturates only past 32767, and a pair of products here is at
 //! most 2·128·127 (activations are within ±127 by construction).
 //!
@@ -202,8 +202,151 @@ fn q6_high(qh: __m256i, s: i32) -> __m256i {
     _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi8(0x03)), 4)
 }
 
+/// The K-quants' row kernels (AVX2 only: on AVX-512 they are `zmm.rs`'s).
+macro_rules! k_quant_kernels {
+    (k_quants, $features:literal, $dot:ident) => {
+        /// Q4_K (`Q5 == false`) or Q5_K: one weight row with `R`
+        /// activation rows, each super-block unpacked once.
+        ///
+        /// # Safety
+        /// `w` must hold whole super-blocks, every `a[r]` a Q8_K row
+        /// with as many; the CPU must have `$features`.
+        #[target_feature(enable = $features)]
+        pub(in crate::cpu::quant) unsafe fn dot_q45_k<const Q5: bool, const R: usize>(
+            w: &[u8],
+            a: &[ActRow<'_>; R],
+        ) -> [f32; R] {
+            let bb = if Q5 { 176 } else { 144 };
+            let qs_off = if Q5 { 48 } else { 16 };
+            let m4 = _mm256_set1_epi8(0x0F);
+            let nb = w.len() / bb;
+            // Each row's arrays, hoisted out of the block loop.
+            let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
+            let bsums: [*const i16; R] = std::array::from_fn(|r| a[r].bsums.as_ptr());
+            let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
+            let mut total = [0f32; R];
+            for b in 0..nb {
+                let mut acc = [_mm256_setzero_si256(); R];
+                // SAFETY: block b < nb is inside `w`, and every row has
+                // nb blocks of 256 quants, 16 sums and one scale (the
+                // caller's contract).
+                unsafe {
+                    let p = w.as_ptr().wrapping_add(b * bb);
+                    let (scales, mins) = scales_mins_k4(p);
+                    let qh = if Q5 {
+                        ld32(p.wrapping_add(16) as *const __m256i)
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    for c in 0..4 {
+                        let x = ld32(p.wrapping_add(qs_off + 32 * c) as *const __m256i);
+                        let mut lo = _mm256_and_si256(x, m4);
+                        let mut hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+                        if Q5 {
+                            let sixteen = _mm256_set1_epi8(0x10);
+                            let b1 = _mm256_set1_epi8((1u8 << (2 * c)) as i8);
+                            let b2 = _mm256_set1_epi8((2u8 << (2 * c)) as i8);
+                            let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1);
+                            let h2 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b2), b2);
+                            lo = _mm256_or_si256(lo, _mm256_and_si256(h1, sixteen));
+                            hi = _mm256_or_si256(hi, _mm256_and_si256(h2, sixteen));
+                        }
+                        let s1 = _mm256_set1_epi32(scales[2 * c] as i32);
+                        let s2 = _mm256_set1_epi32(scales[2 * c + 1] as i32);
+                        for r in 0..R {
+                            let q = qa[r].wrapping_add(256 * b + 64 * c);
+                            let a_lo = ld32(q as *const __m256i);
+                            let a_hi = ld32(q.wrapping_add(32) as *const __m256i);
+                            let d1 = _mm256_mullo_epi32($dot(lo, a_lo), s1);
+                            let d2 = _mm256_mullo_epi32($dot(hi, a_hi), s2);
+                            acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(d1, d2));
+                        }
+                    }
+                    let (dw, dmin) = f16x2(p);
+                    let pairs = min_pairs(&mins);
+                    for r in 0..R {
+                        let imin = imin_k(pairs, bsums[r].wrapping_add(16 * b));
+                        let isum = hsum_i32(acc[r]);
+                        total[r] += scalar::term_k(*da[r].wrapping_add(b), dw, dmin, isum, imin);
+                    }
+                }
+            }
+            total
+        }
+
+        /// Q6_K: one weight row with `R` activation rows.
+        ///
+        /// # Safety
+        /// As [`dot_q45_k`].
+        #[target_feature(enable = $features)]
+        pub(in crate::cpu::quant) unsafe fn dot_q6_k<const R: usize>(
+            w: &[u8],
+            a: &[ActRow<'_>; R],
+        ) -> [f32; R] {
+            let m4 = _mm256_set1_epi8(0x0F);
+            let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
+            let bsums: [*const i16; R] = std::array::from_fn(|r| a[r].bsums.as_ptr());
+            let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
+            let mut total = [0f32; R];
+            for (b, wb) in w.chunks_exact(210).enumerate() {
+                let mut acc = [_mm256_setzero_si256(); R];
+                // SAFETY: as in `dot_q45_k`; the 16 scales are at 192 and
+                // `d` at 208 in the block.
+                unsafe {
+                    let p = wb.as_ptr();
+                    for h in 0..2 {
+                        // Scales 8h..8h+8 as i32; pair (2k, 2k + 1) goes to
+                        // the low and high four lanes with one permute.
+                        let sc8 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                            p.wrapping_add(192 + 8 * h) as *const __m128i,
+                        ));
+                        let ql0 = ld32(p.wrapping_add(64 * h) as *const __m256i);
+                        let ql1 = ld32(p.wrapping_add(64 * h + 32) as *const __m256i);
+                        let qh = ld32(p.wrapping_add(128 + 32 * h) as *const __m256i);
+                        let q = [
+                            _mm256_or_si256(_mm256_and_si256(ql0, m4), q6_high(qh, 0)),
+                            _mm256_or_si256(_mm256_and_si256(ql1, m4), q6_high(qh, 2)),
+                            _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                q6_high(qh, 4),
+                            ),
+                            _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                q6_high(qh, 6),
+                            ),
+                        ];
+                        for (k, qk) in q.into_iter().enumerate() {
+                            let (lo, hi) = (2 * k as i32, 2 * k as i32 + 1);
+                            let s = _mm256_permutevar8x32_epi32(
+                                sc8,
+                                _mm256_set_epi32(hi, hi, hi, hi, lo, lo, lo, lo),
+                            );
+                            for r in 0..R {
+                                let q = qa[r].wrapping_add(256 * b + 128 * h + 32 * k);
+                                let av = ld32(q as *const __m256i);
+                                acc[r] =
+                                    _mm256_add_epi32(acc[r], _mm256_mullo_epi32($dot(qk, av), s));
+                            }
+                        }
+                    }
+                    // Σ sc·(q − 32)·a = Σ sc·q·a − 32 Σ_j sc_j · bsum_j.
+                    let scv = _mm256_cvtepi8_epi16(ld16(p.wrapping_add(192) as *const __m128i));
+                    let dw = f16x2(p.wrapping_add(208)).0;
+                    for r in 0..R {
+                        let bs = ld32(bsums[r].wrapping_add(16 * b) as *const __m256i);
+                        let off = hsum_i32(_mm256_madd_epi16(scv, bs));
+                        let isum = hsum_i32(acc[r]).wrapping_sub(off.wrapping_mul(32));
+                        total[r] += scalar::term_q6_k(*da[r].wrapping_add(b), dw, isum);
+                    }
+                }
+            }
+            total
+        }
+    };
+}
+
 macro_rules! kernels {
-    ($name:ident, $features:literal, $dot:ident) => {
+    ($name:ident, $features:literal, $dot:ident $(, $k_quants:ident)?) => {
         pub(super) mod $name {
             use std::arch::x86_64::*;
 
@@ -345,149 +488,10 @@ macro_rules! kernels {
                 out
             }
 
-            /// Q4_K (`Q5 == false`) or Q5_K: one weight row with `R`
-            /// activation rows, each super-block unpacked once.
-            ///
-            /// # Safety
-            /// `w` must hold whole super-blocks, every `a[r]` a Q8_K row
-            /// with as many; the CPU must have `$features`.
-            #[target_feature(enable = $features)]
-            pub(in crate::cpu::quant) unsafe fn dot_q45_k<const Q5: bool, const R: usize>(
-                w: &[u8],
-                a: &[ActRow<'_>; R],
-            ) -> [f32; R] {
-                let bb = if Q5 { 176 } else { 144 };
-                let qs_off = if Q5 { 48 } else { 16 };
-                let m4 = _mm256_set1_epi8(0x0F);
-                let nb = w.len() / bb;
-                // Each row's arrays, hoisted out of the block loop.
-                let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
-                let bsums: [*const i16; R] = std::array::from_fn(|r| a[r].bsums.as_ptr());
-                let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
-                let mut total = [0f32; R];
-                for b in 0..nb {
-                    let mut acc = [_mm256_setzero_si256(); R];
-                    // SAFETY: block b < nb is inside `w`, and every row has
-                    // nb blocks of 256 quants, 16 sums and one scale (the
-                    // caller's contract).
-                    unsafe {
-                        let p = w.as_ptr().wrapping_add(b * bb);
-                        let (scales, mins) = scales_mins_k4(p);
-                        let qh = if Q5 {
-                            ld32(p.wrapping_add(16) as *const __m256i)
-                        } else {
-                            _mm256_setzero_si256()
-                        };
-                        for c in 0..4 {
-                            let x = ld32(p.wrapping_add(qs_off + 32 * c) as *const __m256i);
-                            let mut lo = _mm256_and_si256(x, m4);
-                            let mut hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
-                            if Q5 {
-                                let sixteen = _mm256_set1_epi8(0x10);
-                                let b1 = _mm256_set1_epi8((1u8 << (2 * c)) as i8);
-                                let b2 = _mm256_set1_epi8((2u8 << (2 * c)) as i8);
-                                let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1);
-                                let h2 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b2), b2);
-                                lo = _mm256_or_si256(lo, _mm256_and_si256(h1, sixteen));
-                                hi = _mm256_or_si256(hi, _mm256_and_si256(h2, sixteen));
-                            }
-                            let s1 = _mm256_set1_epi32(scales[2 * c] as i32);
-                            let s2 = _mm256_set1_epi32(scales[2 * c + 1] as i32);
-                            for r in 0..R {
-                                let q = qa[r].wrapping_add(256 * b + 64 * c);
-                                let a_lo = ld32(q as *const __m256i);
-                                let a_hi = ld32(q.wrapping_add(32) as *const __m256i);
-                                let d1 = _mm256_mullo_epi32($dot(lo, a_lo), s1);
-                                let d2 = _mm256_mullo_epi32($dot(hi, a_hi), s2);
-                                acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(d1, d2));
-                            }
-                        }
-                        let (dw, dmin) = f16x2(p);
-                        let pairs = min_pairs(&mins);
-                        for r in 0..R {
-                            let imin = imin_k(pairs, bsums[r].wrapping_add(16 * b));
-                            let isum = hsum_i32(acc[r]);
-                            total[r] +=
-                                scalar::term_k(*da[r].wrapping_add(b), dw, dmin, isum, imin);
-                        }
-                    }
-                }
-                total
-            }
-
-            /// Q6_K: one weight row with `R` activation rows.
-            ///
-            /// # Safety
-            /// As [`dot_q45_k`].
-            #[target_feature(enable = $features)]
-            pub(in crate::cpu::quant) unsafe fn dot_q6_k<const R: usize>(
-                w: &[u8],
-                a: &[ActRow<'_>; R],
-            ) -> [f32; R] {
-                let m4 = _mm256_set1_epi8(0x0F);
-                let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
-                let bsums: [*const i16; R] = std::array::from_fn(|r| a[r].bsums.as_ptr());
-                let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
-                let mut total = [0f32; R];
-                for (b, wb) in w.chunks_exact(210).enumerate() {
-                    let mut acc = [_mm256_setzero_si256(); R];
-                    // SAFETY: as in `dot_q45_k`; the 16 scales are at 192 and
-                    // `d` at 208 in the block.
-                    unsafe {
-                        let p = wb.as_ptr();
-                        for h in 0..2 {
-                            // Scales 8h..8h+8 as i32; pair (2k, 2k + 1) goes to
-                            // the low and high four lanes with one permute.
-                            let sc8 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                                p.wrapping_add(192 + 8 * h) as *const __m128i,
-                            ));
-                            let ql0 = ld32(p.wrapping_add(64 * h) as *const __m256i);
-                            let ql1 = ld32(p.wrapping_add(64 * h + 32) as *const __m256i);
-                            let qh = ld32(p.wrapping_add(128 + 32 * h) as *const __m256i);
-                            let q = [
-                                _mm256_or_si256(_mm256_and_si256(ql0, m4), q6_high(qh, 0)),
-                                _mm256_or_si256(_mm256_and_si256(ql1, m4), q6_high(qh, 2)),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                    q6_high(qh, 4),
-                                ),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                    q6_high(qh, 6),
-                                ),
-                            ];
-                            for (k, qk) in q.into_iter().enumerate() {
-                                let (lo, hi) = (2 * k as i32, 2 * k as i32 + 1);
-                                let s = _mm256_permutevar8x32_epi32(
-                                    sc8,
-                                    _mm256_set_epi32(hi, hi, hi, hi, lo, lo, lo, lo),
-                                );
-                                for r in 0..R {
-                                    let q = qa[r].wrapping_add(256 * b + 128 * h + 32 * k);
-                                    let av = ld32(q as *const __m256i);
-                                    acc[r] = _mm256_add_epi32(
-                                        acc[r],
-                                        _mm256_mullo_epi32($dot(qk, av), s),
-                                    );
-                                }
-                            }
-                        }
-                        // Σ sc·(q − 32)·a = Σ sc·q·a − 32 Σ_j sc_j · bsum_j.
-                        let scv = _mm256_cvtepi8_epi16(ld16(p.wrapping_add(192) as *const __m128i));
-                        let dw = f16x2(p.wrapping_add(208)).0;
-                        for r in 0..R {
-                            let bs = ld32(bsums[r].wrapping_add(16 * b) as *const __m256i);
-                            let off = hsum_i32(_mm256_madd_epi16(scv, bs));
-                            let isum = hsum_i32(acc[r]).wrapping_sub(off.wrapping_mul(32));
-                            total[r] += scalar::term_q6_k(*da[r].wrapping_add(b), dw, isum);
-                        }
-                    }
-                }
-                total
-            }
+            $(k_quant_kernels!($k_quants, $features, $dot);)?
         }
     };
 }
 
-kernels!(avx2, "avx2,f16c", dot_avx2);
+kernels!(avx2, "avx2,f16c", dot_avx2, k_quants);
 kernels!(vnni, "avx2,f16c,avx512f,avx512vl,avx512vnni", dot_vnni);
