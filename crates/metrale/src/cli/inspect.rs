@@ -10,7 +10,7 @@ use metrale_model_engine::config::{MixerKind, ModelConfig, RopeScaling};
 use metrale_model_engine::gguf::{GgufModel, ModelSource};
 use metrale_model_engine::loader::load_weights;
 use metrale_model_engine::model::ModelOptions;
-use metrale_model_engine::model::types::{kv_spec, recurrent_state_shapes};
+use metrale_model_engine::model::types::kv_spec;
 use metrale_model_weights::loader::{WeightDType, load_gguf, scan_safetensors};
 
 #[derive(clap::Args)]
@@ -67,14 +67,11 @@ fn cache_sizes(args: &Args, config: &ModelConfig) -> Result<CacheSizes> {
         ..ModelOptions::default()
     };
     let layout = gpu.kv_layout(kv_spec(config, &options))?;
-    let kv_per_token =
-        layout.block_bytes() / options.kv_block_size.max(1) * config.attention_layers().count();
-    let shapes = recurrent_state_shapes(config);
-    let rec_per_seq = shapes.iter().map(|s| s.slot_bytes(&*gpu)).sum();
+    let traffic = super::bench_probe::cache_traffic(config, gpu, &options)?;
     Ok(CacheSizes {
-        kv_per_token,
+        kv_per_token: traffic.kv_per_token,
         kv_dtype: layout.dtype,
-        rec_per_seq,
+        rec_per_seq: traffic.state_per_seq,
         state_dtype: gpu.state_layout(1).dtype,
         device: backend.device(),
         available: gpu.available_memory(),
