@@ -122,10 +122,22 @@ fn hsum_i32(v: __m256i) -> i32 {
 /// The four 2-byte reads must be in bounds.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
+pub(super) unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
     // SAFETY: the caller's contract.
     let r = |i: usize| unsafe { ld_u16(p.wrapping_add(i * stride)) } as i16;
     _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, r(3), r(2), r(1), r(0)))
+}
+
+/// The f16 at `p` as f32.
+///
+/// # Safety
+/// `p` must be valid for reading 2 bytes.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(super) unsafe fn f16x1(p: *const u8) -> f32 {
+    // SAFETY: the caller's contract.
+    let v = unsafe { ld_u16(p) };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v as i32)))
 }
 
 /// The f16 at `p` and `p + 2` as f32.
@@ -331,7 +343,7 @@ macro_rules! k_quant_kernels {
                     }
                     // Σ sc·(q − 32)·a = Σ sc·q·a − 32 Σ_j sc_j · bsum_j.
                     let scv = _mm256_cvtepi8_epi16(ld16(p.wrapping_add(192) as *const __m128i));
-                    let dw = f16x2(p.wrapping_add(208)).0;
+                    let dw = f16x1(p.wrapping_add(208));
                     for r in 0..R {
                         let bs = ld32(bsums[r].wrapping_add(16 * b) as *const __m256i);
                         let off = hsum_i32(_mm256_madd_epi16(scv, bs));

@@ -222,7 +222,7 @@ pub(super) unsafe fn dot_q6_k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> 
             }
             // Σ sc·(q − 32)·a = Σ sc·q·a − 32 Σ_j sc_j · bsum_j.
             let scv = _mm512_castsi512_si256(sc16);
-            let dw = super::x86::f16x2(p.wrapping_add(208)).0;
+            let dw = super::x86::f16x1(p.wrapping_add(208));
             for r in 0..R {
                 let bs = ld32(a[r].bsums.as_ptr().wrapping_add(16 * b) as *const __m256i);
                 let (sum, off) = sums2(acc[r], _mm256_madd_epi16(scv, bs));
