@@ -31,7 +31,20 @@ pub enum DType {
     /// Blocks of a GGML quantized format (weights only): a slice's length
     /// still counts elements, which come in whole blocks.
     Quant(QuantFormat),
+    /// Quantized matrix weights in the CPU's decode layout, made at load by
+    /// `DenseOps::pack_matmul_weight` (never read from a file): a `[n, k]`
+    /// matrix's rows in groups of [`QUANT_GROUP_ROWS`], the blocks of a
+    /// group interleaved. Group `i` holds rows `4i..4i + w` (`w = min(4, n -
+    /// 4i)`) from byte `4i·r` on (`r` a row's bytes), block `b` of row `4i
+    /// + j` at `4i·r + (b·w + j)·block_bytes`, so that a decode kernel
+    /// reads the group's rows as one stream. The same size as
+    /// [`DType::Quant`]; rows `a..b` with `a` a multiple of 4 and `b` one
+    /// too (or `n`) are themselves such a matrix.
+    QuantGroups(QuantFormat),
 }
+
+/// Rows per group of [`DType::QuantGroups`].
+pub const QUANT_GROUP_ROWS: usize = 4;
 
 /// Rows per panel of [`DType::BF16Panels`] (two 16-lane vectors).
 pub const PANEL_ROWS: usize = 32;
@@ -70,7 +83,7 @@ impl DType {
             DType::BF16 | DType::BF16Panels | DType::F16 => 2,
             DType::I64 | DType::U64 => 8,
             DType::U8 => 1,
-            DType::Quant(q) => q.block_bytes(),
+            DType::Quant(q) | DType::QuantGroups(q) => q.block_bytes(),
         }
     }
 
@@ -78,7 +91,7 @@ impl DType {
     /// quantized type when they are not a whole number of blocks.
     pub fn bytes_for(self, elems: usize) -> Option<usize> {
         match self {
-            DType::Quant(q) => {
+            DType::Quant(q) | DType::QuantGroups(q) => {
                 if elems % q.block_elems() != 0 {
                     return None;
                 }
@@ -91,15 +104,24 @@ impl DType {
     /// Elements per block: 1 but for the quantized types.
     pub fn block_elems(self) -> usize {
         match self {
-            DType::Quant(q) => q.block_elems(),
+            DType::Quant(q) | DType::QuantGroups(q) => q.block_elems(),
             _ => 1,
         }
     }
 
-    /// The quantized format, if this is one.
+    /// The quantized format, if this is one in GGML's row-major layout
+    /// ([`DType::QuantGroups`] is not: see [`quant_groups`](Self::quant_groups)).
     pub fn quant(self) -> Option<QuantFormat> {
         match self {
             DType::Quant(q) => Some(q),
+            _ => None,
+        }
+    }
+
+    /// The quantized format of [`DType::QuantGroups`].
+    pub fn quant_groups(self) -> Option<QuantFormat> {
+        match self {
+            DType::QuantGroups(q) => Some(q),
             _ => None,
         }
     }
@@ -121,6 +143,7 @@ impl DType {
             DType::U32 => "u32",
             DType::U8 => "u8",
             DType::Quant(q) => q.ggml().name(),
+            DType::QuantGroups(_) => "quant-groups",
         }
     }
 }
@@ -179,5 +202,12 @@ mod tests {
         assert_eq!(DType::F32.bytes_for(usize::MAX), None);
         assert!(QuantFormat::new(GgmlType::BF16).is_none());
         assert_eq!(q8.name(), "q8_0");
+        let g = DType::QuantGroups(QuantFormat::new(GgmlType::Q4K).unwrap());
+        assert_eq!(g.bytes_for(512), Some(288), "the same size as row-major");
+        assert_eq!(g.quant(), None, "not GGML's layout");
+        assert!(
+            "quant-groups".parse::<DType>().is_err(),
+            "never read from a file"
+        );
     }
 }

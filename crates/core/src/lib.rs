@@ -14,7 +14,7 @@ pub mod json;
 pub mod quant;
 pub mod scope;
 
-pub use dtype::{DType, PANEL_ROWS, QuantFormat};
+pub use dtype::{DType, PANEL_ROWS, QUANT_GROUP_ROWS, QuantFormat};
 pub use error::CoreError;
 pub use ids::{BlockId, LayerIdx, SeqId, SlotId};
 pub use quant::{GgmlType, QuantError};

@@ -82,8 +82,16 @@ impl CpuBackend {
         d: MatmulDims,
     ) -> Result<()> {
         let MatmulDims { m, n, k } = d;
-        if let Weights::Quant(q, bytes) = ws {
-            let w = super::quant::QuantMatrix::new(q.ggml(), bytes, n, k)?;
+        let quant = match ws {
+            Weights::Quant(q, bytes) => {
+                Some(super::quant::QuantMatrix::new(q.ggml(), bytes, n, k)?)
+            }
+            Weights::QuantGroups(q, bytes) => {
+                Some(super::quant::QuantMatrix::grouped(q.ggml(), bytes, n, k)?)
+            }
+            _ => None,
+        };
+        if let Some(w) = quant {
             let team = (m > 1 || w.bytes() >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
             let mut scratch = self.quant_scratch.lock();
             return super::quant::quant_matmul(team, xs, w, o, m, &mut scratch);
@@ -246,6 +254,9 @@ impl DenseOps for CpuBackend {
     ) -> Result<Option<DeviceSlice>> {
         const OP: &str = "pack_matmul_weight";
         let _timer = self.begin_op(OP)?;
+        if let Some(q) = w.dtype().quant() {
+            return self.group_quant_weight(w, q, n, k);
+        }
         if w.dtype() != DType::BF16
             || !self.bf16_dot_products()
             || !k.is_multiple_of(2)

@@ -139,7 +139,7 @@ fn dot_rows(
                 }
             }
         }
-        Weights::F16(_) | Weights::Quant(..) | Weights::Panels(_) => {
+        Weights::F16(_) | Weights::Quant(..) | Weights::QuantGroups(..) | Weights::Panels(_) => {
             for (r, a) in acc[..rows].iter_mut().enumerate() {
                 *a = w.dot((j + r) * k, x);
             }

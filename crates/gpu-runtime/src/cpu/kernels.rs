@@ -20,6 +20,9 @@ pub(crate) enum Weights<'a> {
     /// GGML blocks (a format `cpu::quant` multiplies); element offsets into
     /// it are whole blocks (the ops check their row lengths).
     Quant(QuantFormat, &'a [u8]),
+    /// GGML blocks in groups of rows ([`DType::QuantGroups`]): read by the
+    /// matmuls and by whole rows.
+    QuantGroups(QuantFormat, &'a [u8]),
 }
 
 impl<'a> Weights<'a> {
@@ -55,6 +58,9 @@ impl<'a> Weights<'a> {
                     bytes.len() / 4,
                 )),
                 DType::Quant(q) if super::quant::supports(q.ggml()) => Weights::Quant(q, bytes),
+                DType::QuantGroups(q) if super::quant::supports(q.ggml()) => {
+                    Weights::QuantGroups(q, bytes)
+                }
                 other => return Err(GpuError::UnsupportedDType { op, dtype: other }),
             })
         }
@@ -63,12 +69,14 @@ impl<'a> Weights<'a> {
     /// The block length rows must be a whole number of (1 for floats).
     pub(crate) fn block_elems(&self) -> usize {
         match self {
-            Weights::Quant(q, _) => q.block_elems(),
+            Weights::Quant(q, _) | Weights::QuantGroups(q, _) => q.block_elems(),
             _ => 1,
         }
     }
 
-    /// Widens elements `start..start + out.len()` into `out`.
+    /// Widens elements `start..start + out.len()` into `out` (grouped
+    /// quantized weights: a whole row, `start` a multiple of `out.len()`;
+    /// NaN otherwise).
     pub(crate) fn widen_into(&self, start: usize, out: &mut [f32]) {
         let n = out.len();
         match self {
@@ -84,6 +92,12 @@ impl<'a> Weights<'a> {
                 }
             }
             Weights::Quant(q, bytes) => dequantize(*q, bytes, start, out),
+            Weights::QuantGroups(q, bytes) => match start.checked_div(n) {
+                Some(j) if j * n == start => {
+                    super::quant::dequantize_grouped_row(q.ggml(), bytes, j, out)
+                }
+                _ => out.fill(f32::NAN),
+            },
             // Reached by no op (the matmuls route panels to `gemm_bf16`,
             // `embedding` reads rows with `panel_row`); NaN, not a panic.
             Weights::Panels(_) => out.fill(f32::NAN),
@@ -108,6 +122,12 @@ impl<'a> Weights<'a> {
                 acc
             }
             Weights::Panels(_) => f32::NAN,
+            Weights::QuantGroups(..) => {
+                // Whole rows only (the matmuls take `cpu::quant`).
+                let mut row = vec![0f32; x.len()];
+                self.widen_into(start, &mut row);
+                dot_f32(x, &row)
+            }
             Weights::Quant(q, _) => {
                 // Block by block through f32 (the matmuls take the integer
                 // path, `cpu::quant`; this serves odd callers).

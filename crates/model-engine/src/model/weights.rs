@@ -2,7 +2,7 @@
 //! store or derived weights), resolved once from the plan's tensor names by
 //! [`super::resolve`].
 
-use metrale_core::PANEL_ROWS;
+use metrale_core::{PANEL_ROWS, QUANT_GROUP_ROWS};
 use metrale_gpu_runtime::gpu::DeviceSlice;
 
 use super::experts::ExpertTables;
@@ -24,13 +24,20 @@ impl Linear {
     /// of split out of the whole with a copy per part.
     pub fn rows(&self, start: usize, n: usize) -> Result<Linear> {
         const PART: &str = "part of a fused projection";
-        let on_panels = start.is_multiple_of(PANEL_ROWS)
-            && (n.is_multiple_of(PANEL_ROWS) || start + n == self.n);
-        if self.w.dtype() == metrale_core::DType::BF16Panels && !on_panels {
+        // Packed layouts split only on their row groups.
+        let group = match self.w.dtype() {
+            metrale_core::DType::BF16Panels => PANEL_ROWS,
+            metrale_core::DType::QuantGroups(_) => QUANT_GROUP_ROWS,
+            _ => 1,
+        };
+        let on_groups =
+            start.is_multiple_of(group) && (n.is_multiple_of(group) || start + n == self.n);
+        if !on_groups {
             return Err(EngineError::Internal(format!(
-                "rows {start}..{} of a {}-row matrix in panels do not start and end on panels",
+                "rows {start}..{} of a {}-row matrix in groups of {group} rows ({}) do not start and end on groups",
                 start + n,
-                self.n
+                self.n,
+                self.w.dtype()
             )));
         }
         Ok(Linear {

@@ -19,10 +19,16 @@
 //! four rows. A row's result does not depend on `m`, the tiling or the
 //! thread count.
 //!
-//! Not wired into the backend's ops yet: the integration step adds a
-//! quantized dtype and calls [`quant_matmul`].
+//! The backend's matmuls call [`quant_matmul`] for `DType::Quant` weights,
+//! and for `DType::QuantGroups`: matrices of the K-quants that
+//! `pack_matmul_weight` regrouped at load ([`group_rows`]) where this CPU
+//! has decode kernels for a whole group (`zmm.rs`), four rows read as one
+//! stream with one fold and one f32 term for the four. Every other path
+//! gathers a grouped matrix's rows back (a row's bytes per weight row and
+//! activation tile), so the products are the same bits either way.
 
 mod act;
+mod matrix;
 #[cfg(target_arch = "x86_64")]
 mod packed;
 mod scalar;
@@ -36,9 +42,10 @@ mod tests;
 
 pub(crate) use act::ActRow;
 pub use act::QuantScratch;
+pub(crate) use matrix::dequantize_grouped_row;
+pub use matrix::{QuantMatrix, group_rows};
 
 use metrale_core::GgmlType;
-use metrale_core::quant::QuantError;
 
 use super::team::{OutPtr, Team};
 use crate::error::{GpuError, Result};
@@ -59,74 +66,6 @@ pub const SUPPORTED: [GgmlType; 9] = [
 /// Whether [`quant_matmul`] handles weights of type `ty`.
 pub fn supports(ty: GgmlType) -> bool {
     SUPPORTED.contains(&ty)
-}
-
-/// A `[n, k]` matrix of GGML blocks, rows `row_bytes` apart; checked once
-/// on construction so that the kernels index without checks.
-#[derive(Clone, Copy, Debug)]
-pub struct QuantMatrix<'a> {
-    ty: GgmlType,
-    data: &'a [u8],
-    n: usize,
-    k: usize,
-    row_bytes: usize,
-}
-
-impl<'a> QuantMatrix<'a> {
-    /// `data` must be exactly `n` rows of `k` elements of a supported type.
-    pub fn new(ty: GgmlType, data: &'a [u8], n: usize, k: usize) -> Result<Self> {
-        let shape = |detail: String| GpuError::Shape {
-            op: "quant_matmul",
-            detail,
-        };
-        if !supports(ty) {
-            return Err(shape(format!("no quantized matmul for {ty} weights")));
-        }
-        let row_bytes = ty.row_bytes(k).ok_or_else(|| {
-            shape(
-                QuantError::NotWholeBlocks {
-                    ty,
-                    elems: k,
-                    block: ty.block_elems(),
-                }
-                .to_string(),
-            )
-        })?;
-        if Some(data.len()) != row_bytes.checked_mul(n) {
-            return Err(shape(format!(
-                "{n} rows of {k} {ty} elements take {n}x{row_bytes} bytes, got {}",
-                data.len()
-            )));
-        }
-        Ok(Self {
-            ty,
-            data,
-            n,
-            k,
-            row_bytes,
-        })
-    }
-
-    pub fn ty(&self) -> GgmlType {
-        self.ty
-    }
-
-    pub fn rows(&self) -> usize {
-        self.n
-    }
-
-    pub fn cols(&self) -> usize {
-        self.k
-    }
-
-    /// Bytes of weights (what decode streams).
-    pub fn bytes(&self) -> usize {
-        self.data.len()
-    }
-
-    fn row(&self, j: usize) -> &'a [u8] {
-        &self.data[j * self.row_bytes..(j + 1) * self.row_bytes]
-    }
 }
 
 /// Which dot-product code runs.
@@ -289,6 +228,46 @@ fn decode_kernel(isa: QuantIsa, ty: GgmlType) -> Option<DecodeKernel> {
     }
 }
 
+/// Rows per group of the grouped layout ([`QuantMatrix::grouped`]).
+const GROUP: usize = metrale_core::QUANT_GROUP_ROWS;
+
+/// A grouped matrix's group of [`GROUP`] rows dotted with one activation row.
+type GroupKernel = fn(&[u8], &ActRow<'_>) -> [f32; GROUP];
+
+/// Decode's kernel for a whole group of a grouped matrix of `ty` on `isa`
+/// (the K-quants on AVX-512); `None` where there is none, and the rows are
+/// gathered one by one.
+///
+/// `isa` must be one of [`QuantIsa::available`].
+fn group_kernel(isa: QuantIsa, ty: GgmlType) -> Option<GroupKernel> {
+    // SAFETY (each kernel below): `isa` was detected on this CPU (the
+    // caller's contract), and `quant_matmul_with` checked that every group
+    // holds GROUP rows of as many whole blocks as the activation row.
+    #[cfg(target_arch = "x86_64")]
+    {
+        let kernel: GroupKernel = match (isa, ty) {
+            (QuantIsa::Vnni, GgmlType::Q4K) => {
+                |w, a| unsafe { zmm::dot_q45_k_group::<false>(w, a) }
+            }
+            (QuantIsa::Vnni, GgmlType::Q5K) => |w, a| unsafe { zmm::dot_q45_k_group::<true>(w, a) },
+            (QuantIsa::Vnni, GgmlType::Q6K) => |w, a| unsafe { zmm::dot_q6_k_group(w, a) },
+            _ => return None,
+        };
+        Some(kernel)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, ty);
+        None
+    }
+}
+
+/// Whether decode has a group kernel for `ty` on this CPU: what makes
+/// grouping `ty`'s weights at load worth it.
+pub fn groups_pay(ty: GgmlType) -> bool {
+    group_kernel(QuantIsa::detect(), ty).is_some()
+}
+
 /// `out[r] = dot(w, a[r])` for up to [`MAX_ROWS`] activation rows.
 pub(crate) fn vec_dot_rows(
     isa: QuantIsa,
@@ -350,7 +329,7 @@ pub(crate) fn quant_matmul_with(
     m: usize,
     scratch: &mut QuantScratch,
 ) -> Result<()> {
-    let (n, k, ty) = (w.n, w.k, w.ty);
+    let (n, k, ty) = (w.rows(), w.cols(), w.ty());
     if x.len() < m * k || out.len() < m * n {
         return Err(GpuError::Shape {
             op: "quant_matmul",
@@ -420,12 +399,13 @@ pub(crate) fn quant_matmul_with(
             let (g0, g1) = (t * share, ((t + 1) * share).min(groups));
             // The task's weight rows packed once (they are read once per
             // tile of activation rows), in this thread's reused buffer.
+            let mut rows_buf = Vec::new();
             PACKED.with_borrow_mut(|buf| {
                 let size = nb * packed::block_bytes(ty);
                 buf.resize((g1 - g0) * size, 0);
                 for (g, out) in (g0..g1).zip(buf.chunks_exact_mut(size)) {
                     let j0 = g * packed::NR;
-                    let rows: [&[u8]; packed::NR] = std::array::from_fn(|w_| w.row(j0 + w_));
+                    let rows: [&[u8]; packed::NR] = w.rows_in(j0, &mut rows_buf);
                     match ty {
                         GgmlType::Q4K => packed::pack_q4_k(&rows, nb, out),
                         GgmlType::Q6K => packed::pack_q6_k(&rows, nb, out),
@@ -491,25 +471,54 @@ pub(crate) fn quant_matmul_with(
     }
     // A few shares per thread (the first to finish waits for at most a
     // small one), but about 1 MiB of weights or more each, as `gemv.rs`
-    // found short streams cost bandwidth.
+    // found short streams cost bandwidth; whole groups when grouped.
     let per_thread = (w.bytes() >> 20).clamp(1, 8);
     let share = (n - n_packed).div_ceil(threads * per_thread).max(1);
+    let share = if w.is_grouped() {
+        share.next_multiple_of(GROUP)
+    } else {
+        share
+    };
     let ptr = OutPtr::new(out);
     // Prefill: the activation rows go in tiles of about `ACT_TILE_BYTES`
     // of quants, which stay in L2 while the task's weight rows stream past
     // them (each weight row is then read once per tile rather than once,
     // but a few hundred bytes of it against a tile's tens of KiB).
+    // Decode: the kernels chosen once per call, not per row (a Granite row
+    // of k = 768 is three super-blocks).
     let decode_row = if m == 1 { decode_kernel(isa, ty) } else { None };
+    let decode_group = if m == 1 && w.is_grouped() {
+        group_kernel(isa, ty)
+    } else {
+        None
+    };
     let run = |t: usize| {
         let (j0, j1) = (n_packed + t * share, (n_packed + (t + 1) * share).min(n));
-        if let (Some(dot), [a]) = (decode_row, acts) {
-            // Decode: the kernel chosen once per call, not per row (a
-            // Granite row of k = 768 is three super-blocks).
+        // Rows gathered from the grouped layout (else unused).
+        let mut buf = Vec::new();
+        if let [a] = acts {
             let a = std::array::from_ref(a);
-            for j in j0..j1 {
-                // SAFETY: `j < n` (m = 1, so `out` holds n floats); task
-                // `t` alone writes `j0..j1`.
-                unsafe { ptr.write(j, dot(w.row(j), a)[0]) };
+            let mut j = j0;
+            if let Some(dot) = decode_group {
+                // Whole groups (`j0` is a group's first row).
+                while j + GROUP <= j1 {
+                    let v = dot(w.group(j / GROUP).0, &a[0]);
+                    for (r, val) in v.into_iter().enumerate() {
+                        // SAFETY: `j + r < j1 <= n` (m = 1, so `out` holds
+                        // n floats); task `t` alone writes `j0..j1`.
+                        unsafe { ptr.write(j + r, val) };
+                    }
+                    j += GROUP;
+                }
+            }
+            for j in j..j1 {
+                let row = w.row_in(j, &mut buf);
+                let v = match decode_row {
+                    Some(dot) => dot(row, a)[0],
+                    None => dot_rows::<1>(isa, ty, row, a)[0],
+                };
+                // SAFETY: as above.
+                unsafe { ptr.write(j, v) };
             }
             return;
         }
@@ -517,7 +526,7 @@ pub(crate) fn quant_matmul_with(
         for t0 in (0..m).step_by(tile) {
             let t1 = (t0 + tile).min(m);
             for j in j0..j1 {
-                let row = w.row(j);
+                let row = w.row_in(j, &mut buf);
                 for i0 in (t0..t1).step_by(MAX_ROWS) {
                     let r = MAX_ROWS.min(t1 - i0);
                     vec_dot_rows(isa, ty, row, &acts[i0..i0 + r], &mut vals[..r]);
@@ -552,5 +561,33 @@ impl super::CpuBackend {
         scratch: &mut QuantScratch,
     ) -> Result<()> {
         quant_matmul(Some(self.team()), x, w, out, m, scratch)
+    }
+}
+
+impl super::CpuBackend {
+    /// `pack_matmul_weight` for quantized weights: the matrix rewritten in
+    /// place into the grouped layout and relabelled
+    /// [`DType::QuantGroups`](metrale_core::DType::QuantGroups), where this
+    /// CPU has a group kernel for its format; `None` (untouched) elsewhere.
+    /// The products are the same bits either way.
+    pub(super) fn group_quant_weight(
+        &self,
+        w: crate::gpu::DeviceSlice,
+        q: metrale_core::QuantFormat,
+        n: usize,
+        k: usize,
+    ) -> Result<Option<crate::gpu::DeviceSlice>> {
+        const OP: &str = "pack_matmul_weight";
+        if !groups_pay(q.ggml()) || n < GROUP || Some(w.len()) != n.checked_mul(k) {
+            return Ok(None);
+        }
+        let bytes = self.write(OP, w, &[])?;
+        group_rows(q.ggml(), bytes, n, k)?;
+        let grouped = metrale_core::DType::QuantGroups(q);
+        Ok(Some(crate::gpu::DeviceSlice::new(
+            w.ptr(),
+            grouped,
+            w.len(),
+        )))
     }
 }

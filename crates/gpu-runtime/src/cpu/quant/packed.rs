@@ -14,8 +14,9 @@
 //! and summed in `scalar.rs`'s order, one weight row per vector lane (no
 //! fused multiply-add).
 //!
-//! Decode (one activation row) keeps the row-at-a-time kernels: packing
-//! would touch the weights twice.
+//! Decode (one activation row) reads the weights as they are held, row by
+//! row or, grouped at load (`matrix.rs`), four rows as one stream
+//! (`zmm.rs`): packing per call would touch the weights twice.
 
 use std::arch::x86_64::*;
 

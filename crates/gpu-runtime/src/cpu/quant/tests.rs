@@ -337,3 +337,58 @@ proptest::proptest! {
         }
     }
 }
+
+/// Grouped matrices (`group_rows`, what `pack_matmul_weight` makes at load)
+/// give the row-major matrix's bits: decode through the group kernels and
+/// the gathered rows of a ragged last group, prefill through the tiles and
+/// (m ≥ 8 on VNNI) the packed panels, every ISA, with and without a team;
+/// and every row dequantizes to the same values.
+#[test]
+fn grouped_matrices_give_the_row_major_bits() {
+    let team = Team::new(2);
+    for ty in SUPPORTED {
+        let k = if uses_q8_k(ty) { 768 } else { 96 };
+        for n in [1, 3, 4, 6, 9, 19] {
+            let w = weights(ty, n, k, 23 + n as u64);
+            let mut g = w.clone();
+            group_rows(ty, &mut g, n, k).unwrap();
+            assert_eq!(g == w, n == 1, "{ty} n={n}: one row is its own group");
+            let (rm, gm) = (
+                QuantMatrix::new(ty, &w, n, k).unwrap(),
+                QuantMatrix::grouped(ty, &g, n, k).unwrap(),
+            );
+            let rb = ty.row_bytes(k).unwrap();
+            for j in 0..n {
+                let (mut want, mut got) = (vec![0f32; k], vec![0f32; k]);
+                dequantize_row(ty, &w[j * rb..(j + 1) * rb], &mut want).unwrap();
+                dequantize_grouped_row(ty, &g, j, &mut got);
+                assert!(
+                    want.iter()
+                        .zip(&got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits())
+                );
+            }
+            for m in [1, 2, 9] {
+                let x = values(m * k, 41 + m as u64);
+                let mut s = QuantScratch::new();
+                for isa in QuantIsa::available() {
+                    for team in [None, Some(&team)] {
+                        let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
+                        quant_matmul_with(isa, team, &x, rm, &mut want, m, &mut s).unwrap();
+                        quant_matmul_with(isa, team, &x, gm, &mut got, m, &mut s).unwrap();
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&got), bits(&want), "{ty} n={n} m={m} {isa:?}");
+                    }
+                }
+            }
+        }
+    }
+    let mut short = vec![0u8; 100];
+    assert!(group_rows(GgmlType::Q8_0, &mut short, 3, 32).is_err());
+    let mut out = [0f32; 32];
+    dequantize_grouped_row(GgmlType::Q8_0, &short, 99, &mut out);
+    assert!(
+        out.iter().all(|v| v.is_nan()),
+        "a row outside the matrix is NaN"
+    );
+}
