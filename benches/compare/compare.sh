@@ -38,9 +38,12 @@ PY="$VENV/bin/python"
 # 1. Python side: llama-cpp-python (CPU build with this machine's vector
 #    instructions) and what llama.cpp's converter needs.
 if [ ! -x "$PY" ]; then python3 -m venv "$VENV"; fi
+# AMX off: virtual machines can advertise AMX in cpuid without granting
+# the tile state, and ggml's AMX matmuls then die on SIGILL (`tilezero`).
 if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
-  CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
-    "$VENV/bin/pip" install llama-cpp-python
+  NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'" \
+    "$VENV/bin/pip" install --no-cache-dir --no-binary llama-cpp-python llama-cpp-python
 fi
 "$PY" -c "import gguf, torch, numpy, safetensors, sentencepiece" 2>/dev/null ||
   "$VENV/bin/pip" install gguf torch numpy safetensors sentencepiece transformers

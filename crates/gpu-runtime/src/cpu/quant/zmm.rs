@@ -34,9 +34,9 @@
 //! in one `hadd` tree, their f32 terms four lanes of one instruction. Two
 //! rows read in turn from row-major storage had been 1.12-1.31x faster
 //! from cache but 0.36-0.56x from memory (two streams); grouped at load,
-//! the four rows are one stream. Measured (2 threads, Q4_K, k = 768, 85
-//! MB from memory, prototype): 1.25x the one-row kernel; Granite and Llama
-//! Q4_K_M decode 1.16-1.18x (paired medians).
+//! the four rows are one stream. Measured on an Intel Xeon (2 threads,
+//! Q4_K, k = 768, an 85 MB matrix, prototype): 1.25x the one-row kernel;
+//! Granite and Llama Q4_K_M decode 1.16-1.18x (paired medians).
 //!
 //! The results are bit for bit those of `scalar.rs`: the integer sums are
 //! exact whatever their order (no 16-bit pair can saturate: at most
