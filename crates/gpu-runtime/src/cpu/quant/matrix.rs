@@ -173,6 +173,9 @@ pub fn group_rows(ty: GgmlType, data: &mut [u8], n: usize, k: usize) -> Result<(
             data.len()
         )));
     }
+    if rb == 0 {
+        return Ok(()); // No columns: nothing to move.
+    }
     let bb = ty.block_bytes();
     let mut rows = vec![0u8; G * rb];
     for group in data.chunks_mut(G * rb) {
@@ -193,7 +196,7 @@ pub(crate) fn dequantize_grouped_row(ty: GgmlType, data: &[u8], j: usize, out: &
     let k = out.len();
     let bb = ty.block_bytes();
     let (be, rb) = (ty.block_elems(), ty.row_bytes(k));
-    let done = rb.is_some_and(|rb| {
+    let done = rb.filter(|&rb| rb > 0).is_some_and(|rb| {
         let n = data.len() / rb;
         let g0 = j / G * G;
         j < n && {

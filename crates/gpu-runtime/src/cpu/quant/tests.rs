@@ -383,6 +383,11 @@ fn grouped_matrices_give_the_row_major_bits() {
             }
         }
     }
+    let mut none: [u8; 0] = [];
+    assert!(
+        group_rows(GgmlType::Q4K, &mut none, 4, 0).is_ok(),
+        "no columns"
+    );
     let mut short = vec![0u8; 100];
     assert!(group_rows(GgmlType::Q8_0, &mut short, 3, 32).is_err());
     let mut out = [0f32; 32];

@@ -272,6 +272,35 @@ fn halve(a: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1))
 }
 
+/// Super-block `b` of a Q8_K activation row: its 256 quants in four
+/// registers, its 16 sums, and its scale in every lane.
+///
+/// # Safety
+/// `a` must hold block `b`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn act_block(a: &ActRow<'_>, b: usize) -> ([__m512i; 4], __m256i, __m128) {
+    let q = a.qs.as_ptr().wrapping_add(256 * b) as *const u8;
+    // SAFETY: the caller's contract (256 quants, 16 sums and a scale).
+    unsafe {
+        (
+            std::array::from_fn(|c| ld64(q.wrapping_add(64 * c))),
+            ld32(a.bsums.as_ptr().wrapping_add(16 * b) as *const __m256i),
+            _mm_set1_ps(*a.d.as_ptr().wrapping_add(b)),
+        )
+    }
+}
+
+/// The four lanes of `v`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn lanes(v: __m128) -> [f32; G] {
+    let mut out = [0f32; G];
+    // SAFETY: `out` holds four floats.
+    unsafe { _mm_storeu_ps(out.as_mut_ptr(), v) };
+    out
+}
+
 /// Q4_K (`Q5 == false`) or Q5_K: the [`G`] weight rows of a group in the
 /// grouped layout (block `b` of row `r` at `(b·G + r)·block_bytes`) with
 /// one activation row. The same bits as [`dot_q45_k`] row by row: the
@@ -300,9 +329,7 @@ pub(super) unsafe fn dot_q45_k_group<const Q5: bool>(w: &[u8], a: &ActRow<'_>) -
         // and one scale (the caller's contract).
         unsafe {
             let base = w.as_ptr().wrapping_add(G * bb * b);
-            let aq = a.qs.as_ptr().wrapping_add(256 * b) as *const u8;
-            let av: [__m512i; 4] = std::array::from_fn(|c| ld64(aq.wrapping_add(64 * c)));
-            let bs = ld32(a.bsums.as_ptr().wrapping_add(16 * b) as *const __m256i);
+            let (av, bs, da) = act_block(a, b);
             let mut v = [_mm256_setzero_si256(); 8];
             for r in 0..G {
                 let p = base.wrapping_add(bb * r);
@@ -341,7 +368,6 @@ pub(super) unsafe fn dot_q45_k_group<const Q5: bool>(w: &[u8], a: &ActRow<'_>) -
             let imin = _mm_cvtepi32_ps(_mm256_extracti128_si256::<1>(s));
             let dw = super::x86::f16x4(base, bb);
             let dmin = super::x86::f16x4(base.wrapping_add(2), bb);
-            let da = _mm_set1_ps(*a.d.as_ptr().wrapping_add(b));
             // scalar::term_k, four rows at once (no fused multiply-add).
             let t = _mm_sub_ps(
                 _mm_mul_ps(_mm_mul_ps(da, dw), isum),
@@ -350,10 +376,7 @@ pub(super) unsafe fn dot_q45_k_group<const Q5: bool>(w: &[u8], a: &ActRow<'_>) -
             total = _mm_add_ps(total, t);
         }
     }
-    let mut out = [0f32; G];
-    // SAFETY: `out` holds four floats.
-    unsafe { _mm_storeu_ps(out.as_mut_ptr(), total) };
-    out
+    lanes(total)
 }
 
 /// Q6_K: the [`G`] weight rows of a group in the grouped layout with one
@@ -375,9 +398,7 @@ pub(super) unsafe fn dot_q6_k_group(w: &[u8], a: &ActRow<'_>) -> [f32; G] {
         // `qh` at 128, the 16 scales at 192 and `d` at 208.
         unsafe {
             let base = w.as_ptr().wrapping_add(G * BB * b);
-            let aq = a.qs.as_ptr().wrapping_add(256 * b) as *const u8;
-            let av: [__m512i; 4] = std::array::from_fn(|c| ld64(aq.wrapping_add(64 * c)));
-            let bs = ld32(a.bsums.as_ptr().wrapping_add(16 * b) as *const __m256i);
+            let (av, bs, da) = act_block(a, b);
             let mut v = [_mm256_setzero_si256(); 8];
             for r in 0..G {
                 let p = base.wrapping_add(BB * r);
@@ -413,13 +434,9 @@ pub(super) unsafe fn dot_q6_k_group(w: &[u8], a: &ActRow<'_>) -> [f32; G] {
                 _mm_mullo_epi32(_mm256_extracti128_si256::<1>(s), thirty_two),
             );
             let dw = super::x86::f16x4(base.wrapping_add(208), BB);
-            let da = _mm_set1_ps(*a.d.as_ptr().wrapping_add(b));
             // scalar::term_q6_k, four rows at once.
             total = _mm_add_ps(total, _mm_mul_ps(_mm_mul_ps(da, dw), _mm_cvtepi32_ps(isum)));
         }
     }
-    let mut out = [0f32; G];
-    // SAFETY: `out` holds four floats.
-    unsafe { _mm_storeu_ps(out.as_mut_ptr(), total) };
-    out
+    lanes(total)
 }
