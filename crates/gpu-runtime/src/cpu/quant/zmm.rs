@@ -108,6 +108,63 @@ fn pick(table: &'static [[i16; 32]; 4], v: usize) -> __m512i {
     unsafe { std::mem::transmute::<[i16; 32], __m512i>(table[v]) }
 }
 
+/// Q4_K/Q5_K: quarter `c` of a block's quants (`qs` at the nibbles, Q5_K's
+/// fifth bits `qh` in both halves of a register), 64 quants as bytes lined
+/// up with activation quants `64c..64c + 64`: a 32-byte group of nibbles
+/// in both halves, shifted by 4 in the high half's 16 words only.
+///
+/// # Safety
+/// `qs` must be valid for reading `32c + 32` bytes.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q45_quarter<const Q5: bool>(qs: *const u8, qh: __m512i, c: usize) -> __m512i {
+    // SAFETY: the caller's contract.
+    let x = unsafe { both_halves(qs.wrapping_add(32 * c)) };
+    let x = _mm512_mask_srli_epi16::<4>(x, 0xFFFF_0000, x);
+    let q = _mm512_and_si512(x, _mm512_set1_epi8(0x0F));
+    if !Q5 {
+        return q;
+    }
+    // Fifth bits: bit 2c for the low half's quants, bit 2c + 1 for the
+    // high half's.
+    let bits = _mm512_inserti64x4(
+        _mm512_set1_epi8((1u8 << (2 * c)) as i8),
+        _mm256_set1_epi8((2u8 << (2 * c)) as i8),
+        1,
+    );
+    let high = _mm512_test_epi8_mask(qh, bits);
+    _mm512_mask_add_epi8(q, high, q, _mm512_set1_epi8(0x10))
+}
+
+/// Q6_K: half `h` of the block at `p` (`ql` at 0, `qh` at 128), its quants
+/// `0..64` and `64..128` as bytes. The two high bits of quants 0..32 and
+/// 32..64 of a half (bits 0-1 and 2-3 of `qh`) go to bits 4-5; of quants
+/// 64..96 and 96..128 (bits 4-5 and 6-7) likewise.
+///
+/// # Safety
+/// `p` must point at a whole block.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q6_half(p: *const u8, h: usize) -> (__m512i, __m512i) {
+    let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+    // SAFETY: the caller's contract.
+    let (ql, qh) = unsafe {
+        (
+            ld64(p.wrapping_add(64 * h)),
+            both_halves(p.wrapping_add(128 + 32 * h)),
+        )
+    };
+    let q01 = _mm512_or_si512(
+        _mm512_and_si512(ql, m4),
+        _mm512_and_si512(_mm512_sllv_epi16(qh, halves16(4, 2)), m30),
+    );
+    let q23 = _mm512_or_si512(
+        _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+        _mm512_and_si512(_mm512_srlv_epi16(qh, halves16(0, 2)), m30),
+    );
+    (q01, q23)
+}
+
 /// `(Σ a, Σ b)` over the 16 and 8 i32 lanes of `a` and `b`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
@@ -134,8 +191,6 @@ pub(super) unsafe fn dot_q45_k<const Q5: bool, const R: usize>(
     let bb = if Q5 { 176 } else { 144 };
     let qs_off = if Q5 { 48 } else { 16 };
     let nb = w.len() / bb;
-    let m4 = _mm512_set1_epi8(0x0F);
-    let sixteen = _mm512_set1_epi8(0x10);
     let mut total = [0f32; R];
     for b in 0..nb {
         // SAFETY: block b < nb is inside `w`, and every row has nb blocks
@@ -154,22 +209,7 @@ pub(super) unsafe fn dot_q45_k<const Q5: bool, const R: usize>(
             };
             let mut acc = [_mm512_setzero_si512(); R];
             for c in 0..4 {
-                let x = both_halves(p.wrapping_add(qs_off + 32 * c));
-                // Low nibbles in the low half, high ones (shifted by 4 in
-                // the high half's 16 words) in the high half.
-                let x = _mm512_mask_srli_epi16::<4>(x, 0xFFFF_0000, x);
-                let mut q = _mm512_and_si512(x, m4);
-                if Q5 {
-                    // Fifth bits: bit 2c for the low half's quants, bit
-                    // 2c + 1 for the high half's.
-                    let bits = _mm512_inserti64x4(
-                        _mm512_set1_epi8((1u8 << (2 * c)) as i8),
-                        _mm256_set1_epi8((2u8 << (2 * c)) as i8),
-                        1,
-                    );
-                    let high = _mm512_test_epi8_mask(qh, bits);
-                    q = _mm512_mask_add_epi8(q, high, q, sixteen);
-                }
+                let q = q45_quarter::<Q5>(p.wrapping_add(qs_off), qh, c);
                 let s = _mm512_permutexvar_epi16(pick(&PICK_Q45, c), sc16);
                 for r in 0..R {
                     let av = ld64(a[r].qs.as_ptr().wrapping_add(256 * b + 64 * c) as *const u8);
@@ -194,13 +234,6 @@ pub(super) unsafe fn dot_q45_k<const Q5: bool, const R: usize>(
 /// As [`dot_q45_k`].
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn dot_q6_k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> [f32; R] {
-    let m4 = _mm512_set1_epi8(0x0F);
-    let m30 = _mm512_set1_epi8(0x30);
-    // The two high bits of quants 0..32 and 32..64 of a half (bits 0-1
-    // and 2-3 of `qh`) to bits 4-5; of quants 64..96 and 96..128 (bits 4-5
-    // and 6-7) likewise.
-    let up = halves16(4, 2);
-    let down = halves16(0, 2);
     let mut total = [0f32; R];
     for (b, wb) in w.chunks_exact(210).enumerate() {
         // SAFETY: as in `dot_q45_k`; `ql` is at 0, `qh` at 128, the 16
@@ -212,16 +245,7 @@ pub(super) unsafe fn dot_q6_k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> 
             )));
             let mut acc = [_mm512_setzero_si512(); R];
             for h in 0..2 {
-                let ql = ld64(p.wrapping_add(64 * h));
-                let qh = both_halves(p.wrapping_add(128 + 32 * h));
-                let q01 = _mm512_or_si512(
-                    _mm512_and_si512(ql, m4),
-                    _mm512_and_si512(_mm512_sllv_epi16(qh, up), m30),
-                );
-                let q23 = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                    _mm512_and_si512(_mm512_srlv_epi16(qh, down), m30),
-                );
+                let (q01, q23) = q6_half(p, h);
                 let s01 = _mm512_permutexvar_epi16(pick(&PICK_Q6, 2 * h), sc16);
                 let s23 = _mm512_permutexvar_epi16(pick(&PICK_Q6, 2 * h + 1), sc16);
                 for r in 0..R {
@@ -320,8 +344,6 @@ pub(super) unsafe fn dot_q45_k_group<const Q5: bool>(w: &[u8], a: &ActRow<'_>) -
     let bb = if Q5 { 176 } else { 144 };
     let qs_off = if Q5 { 48 } else { 16 };
     let nb = w.len() / (G * bb);
-    let m4 = _mm512_set1_epi8(0x0F);
-    let sixteen = _mm512_set1_epi8(0x10);
     let mut total = _mm_setzero_ps();
     for b in 0..nb {
         // SAFETY: the group's block b < nb is inside `w` (G blocks of bb
@@ -344,19 +366,7 @@ pub(super) unsafe fn dot_q45_k_group<const Q5: bool>(w: &[u8], a: &ActRow<'_>) -
                 };
                 let mut acc = _mm512_setzero_si512();
                 for (c, &av) in av.iter().enumerate() {
-                    // As in `dot_q45_k`.
-                    let x = both_halves(p.wrapping_add(qs_off + 32 * c));
-                    let x = _mm512_mask_srli_epi16::<4>(x, 0xFFFF_0000, x);
-                    let mut q = _mm512_and_si512(x, m4);
-                    if Q5 {
-                        let bits = _mm512_inserti64x4(
-                            _mm512_set1_epi8((1u8 << (2 * c)) as i8),
-                            _mm256_set1_epi8((2u8 << (2 * c)) as i8),
-                            1,
-                        );
-                        let high = _mm512_test_epi8_mask(qh, bits);
-                        q = _mm512_mask_add_epi8(q, high, q, sixteen);
-                    }
+                    let q = q45_quarter::<Q5>(p.wrapping_add(qs_off), qh, c);
                     let s = _mm512_permutexvar_epi16(pick(&PICK_Q45, c), sc16);
                     acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q, av), s);
                 }
@@ -388,9 +398,6 @@ pub(super) unsafe fn dot_q45_k_group<const Q5: bool>(w: &[u8], a: &ActRow<'_>) -
 pub(super) unsafe fn dot_q6_k_group(w: &[u8], a: &ActRow<'_>) -> [f32; G] {
     const BB: usize = 210;
     let nb = w.len() / (G * BB);
-    let m4 = _mm512_set1_epi8(0x0F);
-    let m30 = _mm512_set1_epi8(0x30);
-    let (up, down) = (halves16(4, 2), halves16(0, 2));
     let thirty_two = _mm_set1_epi32(32);
     let mut total = _mm_setzero_ps();
     for b in 0..nb {
@@ -407,17 +414,7 @@ pub(super) unsafe fn dot_q6_k_group(w: &[u8], a: &ActRow<'_>) -> [f32; G] {
                 )));
                 let mut acc = _mm512_setzero_si512();
                 for h in 0..2 {
-                    // As in `dot_q6_k`.
-                    let ql = ld64(p.wrapping_add(64 * h));
-                    let qh = both_halves(p.wrapping_add(128 + 32 * h));
-                    let q01 = _mm512_or_si512(
-                        _mm512_and_si512(ql, m4),
-                        _mm512_and_si512(_mm512_sllv_epi16(qh, up), m30),
-                    );
-                    let q23 = _mm512_or_si512(
-                        _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                        _mm512_and_si512(_mm512_srlv_epi16(qh, down), m30),
-                    );
+                    let (q01, q23) = q6_half(p, h);
                     let s01 = _mm512_permutexvar_epi16(pick(&PICK_Q6, 2 * h), sc16);
                     let s23 = _mm512_permutexvar_epi16(pick(&PICK_Q6, 2 * h + 1), sc16);
                     let (a01, a23) = (av[2 * h], av[2 * h + 1]);
