@@ -110,18 +110,10 @@ impl DType {
     }
 
     /// The quantized format, if this is one in GGML's row-major layout
-    /// ([`DType::QuantGroups`] is not: see [`quant_groups`](Self::quant_groups)).
+    /// ([`DType::QuantGroups`] is not).
     pub fn quant(self) -> Option<QuantFormat> {
         match self {
             DType::Quant(q) => Some(q),
-            _ => None,
-        }
-    }
-
-    /// The quantized format of [`DType::QuantGroups`].
-    pub fn quant_groups(self) -> Option<QuantFormat> {
-        match self {
-            DType::QuantGroups(q) => Some(q),
             _ => None,
         }
     }

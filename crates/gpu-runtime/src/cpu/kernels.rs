@@ -121,13 +121,9 @@ impl<'a> Weights<'a> {
                 }
                 acc
             }
-            Weights::Panels(_) => f32::NAN,
-            Weights::QuantGroups(..) => {
-                // Whole rows only (the matmuls take `cpu::quant`).
-                let mut row = vec![0f32; x.len()];
-                self.widen_into(start, &mut row);
-                dot_f32(x, &row)
-            }
+            // Reached by no op (the matmuls route both to their kernels);
+            // NaN, not a panic.
+            Weights::Panels(_) | Weights::QuantGroups(..) => f32::NAN,
             Weights::Quant(q, _) => {
                 // Block by block through f32 (the matmuls take the integer
                 // path, `cpu::quant`; this serves odd callers).
