@@ -315,6 +315,36 @@ impl GgufFile {
             })
     }
 
+    /// Lets the OS take back this process's pages of `t`'s data where the
+    /// file is mapped; the loader calls it once `t` is on the device. A
+    /// mapped file's pages count toward the process's resident memory, so
+    /// without it a load held the whole file beside its copies (a peak RSS
+    /// of twice the weights). Reading `t` again maps them back in. Best
+    /// effort: the OS's refusal changes nothing but the memory.
+    pub fn release(&self, t: &GgufTensor<'_>) {
+        #[cfg(unix)]
+        if let Bytes::Mapped(m) = &self.bytes {
+            let Some(offset) = (t.data.as_ptr() as usize).checked_sub(m.as_ptr() as usize) else {
+                return;
+            };
+            if offset
+                .checked_add(t.data.len())
+                .is_none_or(|end| end > m.len())
+            {
+                return;
+            }
+            // SAFETY: the map is shared and read-only, so MADV_DONTNEED
+            // drops only this process's view of the file's pages, and the
+            // next read maps the same (unchanged) bytes back: every live
+            // borrow of the map keeps reading what it read before.
+            let _ = unsafe {
+                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, t.data.len())
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = t;
+    }
+
     fn view<'a>(&'a self, info: &'a GgufTensorInfo) -> GgufTensor<'a> {
         let start = self.data_start + info.offset;
         // Parsing checked the range against the file; `get` keeps even a

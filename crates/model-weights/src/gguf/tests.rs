@@ -473,6 +473,12 @@ fn open_reads_small_files_and_maps_large_ones() {
         let file = GgufFile::open(&path).unwrap();
         assert_eq!(file.tensor("w").unwrap().data, &bytes(4 * n, 9)[..]);
         assert_eq!(file.path(), path);
+        // Released pages (what the loader does after each upload) read
+        // back the same bytes, through a view taken before and one after.
+        let before = file.tensor("w").unwrap();
+        file.release(&before);
+        assert_eq!(before.data, &bytes(4 * n, 9)[..]);
+        assert_eq!(file.tensor("w").unwrap().data, &bytes(4 * n, 9)[..]);
     }
     let e = GgufFile::open(&dir.join("absent.gguf"))
         .unwrap_err()

@@ -353,6 +353,8 @@ pub fn load_gguf(
         match upload(gpu, p) {
             Ok(tensor) => {
                 store.insert(p.expected.name.clone(), tensor);
+                // The file's pages of it are no longer needed resident.
+                p.sources.iter().for_each(|s| file.release(s));
             }
             Err(e) => {
                 discard(store, gpu);
