@@ -128,9 +128,7 @@ impl<'a> QuantMatrix<'a> {
         gather(group, w, j % G, self.ty.block_bytes(), buf);
         buf
     }
-}
 
-impl<'a> QuantMatrix<'a> {
     /// Rows `j0..j0 + R` as GGML blocks: borrowed when row-major, gathered
     /// into `buf` when grouped.
     pub(super) fn rows_in<'s, const R: usize>(
@@ -152,11 +150,17 @@ impl<'a> QuantMatrix<'a> {
     }
 }
 
+/// Where block `b` of row `r` starts in a group of `w` rows (blocks of
+/// `bb` bytes): the grouped layout's one formula.
+fn block_at(w: usize, r: usize, b: usize, bb: usize) -> usize {
+    (b * w + r) * bb
+}
+
 /// Row `r` of a group of `w` rows (grouped layout, blocks of `bb` bytes)
 /// into `out` (one row's bytes).
 fn gather(group: &[u8], w: usize, r: usize, bb: usize, out: &mut [u8]) {
     for (b, blk) in out.chunks_exact_mut(bb).enumerate() {
-        blk.copy_from_slice(&group[(b * w + r) * bb..][..bb]);
+        blk.copy_from_slice(&group[block_at(w, r, b, bb)..][..bb]);
     }
 }
 
@@ -183,7 +187,7 @@ pub fn group_rows(ty: GgmlType, data: &mut [u8], n: usize, k: usize) -> Result<(
         rows[..group.len()].copy_from_slice(group);
         for (r, row) in rows[..group.len()].chunks_exact(rb).enumerate() {
             for (b, blk) in row.chunks_exact(bb).enumerate() {
-                group[(b * w + r) * bb..][..bb].copy_from_slice(blk);
+                group[block_at(w, r, b, bb)..][..bb].copy_from_slice(blk);
             }
         }
     }
@@ -203,7 +207,7 @@ pub(crate) fn dequantize_grouped_row(ty: GgmlType, data: &[u8], j: usize, out: &
             let w = G.min(n - g0);
             let group = &data[g0 * rb..(g0 + w) * rb];
             out.chunks_exact_mut(be).enumerate().all(|(b, o)| {
-                let src = &group[(b * w + j % G) * bb..][..bb];
+                let src = &group[block_at(w, j % G, b, bb)..][..bb];
                 metrale_core::quant::dequantize_row(ty, src, o).is_ok()
             })
         }
