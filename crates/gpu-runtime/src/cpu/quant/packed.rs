@@ -1,13 +1,20 @@
 //! Prefill's Q4_K, Q6_K and Q8_0 products on AVX-512 VNNI: weight rows
-//! packed eight at a time (llama.cpp's "repack" idea, done per call and
-//! per tile of activation rows), so that one `vpdpbusd` multiplies four
-//! quants of eight weight rows by the same four activation quants
-//! (broadcast), and one `vpmulld` applies eight rows' sub-block scales at
-//! once. Per 32 elements of 8 weight rows and 4 activation rows that is 8
-//! weight loads, 32 broadcasts and 32 `vpdpbusd` for 1024 products, where
+//! packed sixteen at a time (llama.cpp's "repack" idea, done per call and
+//! per tile of activation rows), so that one 512-bit `vpdpbusd` multiplies
+//! four quants of sixteen weight rows by the same four activation quants
+//! (broadcast), and one `vpmulld` applies sixteen rows' sub-block scales at
+//! once. Per 32 elements of 16 weight rows and 4 activation rows that is 8
+//! weight loads, 32 broadcasts and 32 `vpdpbusd` for 2048 products, where
 //! the row-at-a-time kernels (`x86.rs`) spend an unpack, a `vpmulld` and an
 //! add per 256. Q8_0's signed quants are stored plus 128 (`vpdpbusd` wants
 //! an unsigned operand), 128 times the activation block's sum taken off.
+//!
+//! Why sixteen rows on 512-bit registers: Intel's server cores (this
+//! project's Emerald Rapids host) run two 512-bit `vpdpbusd` a cycle, twice
+//! the work of two 256-bit ones; Zen 4 splits a 512-bit one in two, the
+//! same work a cycle, with half the broadcasts and scale products per
+//! product. (Eight rows on 256-bit registers, tuned on the Zen 4, left half
+//! of the Intel core idle.)
 //!
 //! The results are bit for bit those of `scalar.rs`: the integer sums are
 //! exact whatever their order, and each weight row's f32 terms are made
@@ -41,6 +48,17 @@ pub(super) unsafe fn ld32(p: *const __m256i) -> __m256i {
     unsafe { std::mem::transmute::<[u8; 32], __m256i>(*(p as *const [u8; 32])) }
 }
 
+/// 64 bytes at `p` as a vector.
+///
+/// # Safety
+/// `p` must be valid for reading 64 bytes.
+#[inline(always)]
+pub(super) unsafe fn ld64(p: *const u8) -> __m512i {
+    // SAFETY: the caller's contract; `[u8; 64]` has no alignment, and every
+    // bit pattern is a valid `__m512i`.
+    unsafe { std::mem::transmute::<[u8; 64], __m512i>(*(p as *const [u8; 64])) }
+}
+
 /// The 4 bytes at `p` as an i32 (little-endian, as x86 loads them).
 ///
 /// # Safety
@@ -51,8 +69,21 @@ unsafe fn ld4(p: *const i32) -> i32 {
     i32::from_le_bytes(unsafe { *(p as *const [u8; 4]) })
 }
 
-/// Weight rows per panel: the eight i32 lanes of a 256-bit vector.
-pub(super) const NR: usize = 8;
+/// The little-endian u32 at `s[o..o + 4]` (packing's four quants at once).
+fn u32_at(s: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([s[o], s[o + 1], s[o + 2], s[o + 3]])
+}
+
+/// Stores `v` little-endian at `out[o..o + 4]`.
+fn put4(out: &mut [u8], o: usize, v: [u8; 4]) {
+    out[o..o + 4].copy_from_slice(&v);
+}
+
+/// Weight rows per panel: the sixteen i32 lanes of a 512-bit vector.
+pub(super) const NR: usize = 16;
+
+/// Bytes of one group of four quants of the panel's `NR` rows: one vector.
+const VEC: usize = 4 * NR;
 
 /// Bytes of one packed block of `NR` rows of `ty` (a packed format).
 pub(super) fn block_bytes(ty: metrale_core::GgmlType) -> usize {
@@ -63,15 +94,15 @@ pub(super) fn block_bytes(ty: metrale_core::GgmlType) -> usize {
     }
 }
 
-/// Bytes of one packed super-block of `NR` rows: the quants as
-/// `[sub-block j][group g of 4][row w][4]` (2048), the scales as
-/// `[j][w]` i32 (256), the mins as `[pair p][w]` i16 pairs `(min_2p,
-/// min_2p+1)` (128), then `d` and `dmin` per row as f32 (64).
-pub(super) const PACKED_BLOCK: usize = 2048 + 256 + 128 + 64;
-const SCALES: usize = 2048;
-const MINS: usize = SCALES + 256;
-const DW: usize = MINS + 128;
-const DMIN: usize = DW + 32;
+/// Bytes of one packed Q4_K super-block of `NR` rows: the quants as
+/// `[sub-block j][group g of 4][row w][4]` (`256·NR`), the scales as
+/// `[j][w]` i32, the mins as `[pair p][w]` i16 pairs `(min_2p, min_2p+1)`,
+/// then `d` and `dmin` per row as f32.
+pub(super) const PACKED_BLOCK: usize = DMIN + 4 * NR;
+const SCALES: usize = 256 * NR;
+const MINS: usize = SCALES + 8 * 4 * NR;
+const DW: usize = MINS + 4 * 4 * NR;
+const DMIN: usize = DW + 4 * NR;
 
 /// Packs `NR` Q4_K rows of `nb` super-blocks each into `out` (`nb *
 /// PACKED_BLOCK` bytes).
@@ -82,27 +113,25 @@ pub(super) fn pack_q4_k(rows: &[&[u8]; NR], nb: usize, out: &mut [u8]) {
             let blk = &row[144 * b..144 * (b + 1)];
             let qs = &blk[16..144];
             for j in 0..8 {
+                // Sub-block j: the low (even j) or high nibbles of 32 bytes.
                 let (c, shift) = (j / 2, 4 * (j % 2));
                 for g in 0..8 {
-                    for t in 0..4 {
-                        pb[((j * 8 + g) * NR + w) * 4 + t] =
-                            (qs[32 * c + 4 * g + t] >> shift) & 0xF;
-                    }
+                    let q = (u32_at(qs, 32 * c + 4 * g) >> shift) & 0x0F0F_0F0F;
+                    put4(pb, ((j * 8 + g) * NR + w) * 4, q.to_le_bytes());
                 }
             }
             let (sc, mn) = scalar::scales_mins_k4(blk);
             for (j, &scale) in sc.iter().enumerate() {
-                let o = SCALES + (j * NR + w) * 4;
-                pb[o..o + 4].copy_from_slice(&(scale as i32).to_le_bytes());
+                put4(pb, SCALES + (j * NR + w) * 4, (scale as i32).to_le_bytes());
             }
             for p in 0..4 {
-                let o = MINS + (p * NR + w) * 4;
-                pb[o..o + 2].copy_from_slice(&(mn[2 * p] as i16).to_le_bytes());
-                pb[o + 2..o + 4].copy_from_slice(&(mn[2 * p + 1] as i16).to_le_bytes());
+                let [a0, a1] = (mn[2 * p] as i16).to_le_bytes();
+                let [b0, b1] = (mn[2 * p + 1] as i16).to_le_bytes();
+                put4(pb, MINS + (p * NR + w) * 4, [a0, a1, b0, b1]);
             }
             let f = |o: usize| f16::from_bits(u16::from_le_bytes([blk[o], blk[o + 1]])).to_f32();
-            pb[DW + 4 * w..DW + 4 * w + 4].copy_from_slice(&f(0).to_le_bytes());
-            pb[DMIN + 4 * w..DMIN + 4 * w + 4].copy_from_slice(&f(2).to_le_bytes());
+            put4(pb, DW + 4 * w, f(0).to_le_bytes());
+            put4(pb, DMIN + 4 * w, f(2).to_le_bytes());
         }
     }
 }
@@ -116,46 +145,60 @@ pub(super) fn pack_q4_k(rows: &[&[u8]; NR], nb: usize, out: &mut [u8]) {
 ///
 /// # Safety
 /// As the panel kernels: the block and every row's quants are in bounds,
-/// and the CPU has AVX2 and AVX-512 VNNI/VL.
+/// and the CPU has AVX-512 F/BW/VNNI.
 #[inline(always)]
 unsafe fn scaled_sums<const R: usize, const J: usize, const G: usize>(
     p: *const u8,
     scales: usize,
     qa: &[*const i8; R],
     at: usize,
-) -> [__m256i; R] {
+) -> [__m512i; R] {
     // SAFETY: inlined into the panel kernels, which enable the features
     // these intrinsics need; every load is in bounds by the caller's
     // contract.
     unsafe {
-        let mut isum = [_mm256_setzero_si256(); R];
+        let mut isum = [_mm512_setzero_si512(); R];
         for j in 0..J {
             // Two accumulators per row (even and odd groups): twice the
             // independent `vpdpbusd` chains. (Arrays indexed by `r` alone,
             // in loops the compiler unrolls: they stay in registers at
             // opt-level 2 too.)
-            let (mut acc0, mut acc1) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
-            let wj = p.wrapping_add(j * G * 32);
+            let (mut acc0, mut acc1) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+            let wj = p.wrapping_add(j * G * VEC);
             let aj: [*const i32; R] =
                 std::array::from_fn(|r| qa[r].wrapping_add(at + 4 * G * j) as *const i32);
             for g in (0..G).step_by(2) {
-                let w0 = ld32(wj.wrapping_add(g * 32) as *const __m256i);
-                let w1 = ld32(wj.wrapping_add(g * 32 + 32) as *const __m256i);
+                let w0 = ld64(wj.wrapping_add(g * VEC));
+                let w1 = ld64(wj.wrapping_add((g + 1) * VEC));
                 for r in 0..R {
                     let q0 = ld4(aj[r].wrapping_add(g));
                     let q1 = ld4(aj[r].wrapping_add(g + 1));
-                    acc0[r] = _mm256_dpbusd_epi32(acc0[r], w0, _mm256_set1_epi32(q0));
-                    acc1[r] = _mm256_dpbusd_epi32(acc1[r], w1, _mm256_set1_epi32(q1));
+                    acc0[r] = _mm512_dpbusd_epi32(acc0[r], w0, _mm512_set1_epi32(q0));
+                    acc1[r] = _mm512_dpbusd_epi32(acc1[r], w1, _mm512_set1_epi32(q1));
                 }
             }
-            let sc = ld32(p.wrapping_add(scales + 32 * j) as *const __m256i);
+            let sc = ld64(p.wrapping_add(scales + VEC * j));
             for r in 0..R {
-                let sum = _mm256_add_epi32(acc0[r], acc1[r]);
-                isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(sum, sc));
+                let sum = _mm512_add_epi32(acc0[r], acc1[r]);
+                isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(sum, sc));
             }
         }
         isum
     }
+}
+
+/// The panel's `R` rows of results, one vector of `NR` lanes each, stored.
+///
+/// # Safety
+/// The CPU must have AVX-512 F (the callers' features).
+#[inline(always)]
+unsafe fn store<const R: usize>(v: [__m512; R]) -> [[f32; NR]; R] {
+    let mut out = [[0f32; NR]; R];
+    for r in 0..R {
+        // SAFETY: `out[r]` holds NR = 16 f32.
+        unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), v[r]) };
+    }
+    out
 }
 
 /// `out[r][w] = dot(weight row w, a[r])` for a panel packed by
@@ -163,9 +206,8 @@ unsafe fn scaled_sums<const R: usize, const J: usize, const G: usize>(
 ///
 /// # Safety
 /// `panel` must hold `nb * PACKED_BLOCK` bytes, every `a[r]` must be a Q8_K
-/// row of `nb` blocks, and the CPU must have AVX2, AVX-512F/VL and
-/// AVX-512 VNNI.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
+/// row of `nb` blocks, and the CPU must have AVX-512 F/BW/VNNI.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn dot_q4_k_panel<const R: usize>(
     panel: &[u8],
     nb: usize,
@@ -174,7 +216,7 @@ pub(super) unsafe fn dot_q4_k_panel<const R: usize>(
     let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
     let bsums: [*const i16; R] = std::array::from_fn(|r| a[r].bsums.as_ptr());
     let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
-    let mut total = [_mm256_setzero_ps(); R];
+    let mut total = [_mm512_setzero_ps(); R];
     for b in 0..nb {
         // SAFETY: block b < nb is inside `panel`, and every row's quants,
         // sums and scales for block b are in bounds (the caller's
@@ -182,10 +224,9 @@ pub(super) unsafe fn dot_q4_k_panel<const R: usize>(
         unsafe {
             let p = panel.as_ptr().wrapping_add(b * PACKED_BLOCK);
             let isum = scaled_sums::<R, 8, 8>(p, SCALES, &qa, 256 * b);
-            let mins: [__m256i; 4] =
-                std::array::from_fn(|q| ld32(p.wrapping_add(MINS + 32 * q) as *const __m256i));
-            let dw = _mm256_castsi256_ps(ld32(p.wrapping_add(DW) as *const __m256i));
-            let dmin = _mm256_castsi256_ps(ld32(p.wrapping_add(DMIN) as *const __m256i));
+            let mins: [__m512i; 4] = std::array::from_fn(|q| ld64(p.wrapping_add(MINS + VEC * q)));
+            let dw = _mm512_castsi512_ps(ld64(p.wrapping_add(DW)));
+            let dmin = _mm512_castsi512_ps(ld64(p.wrapping_add(DMIN)));
             for r in 0..R {
                 // The activation's 8 sub-block sums as i16, (j, j + 1) pairs
                 // in 4 i32 lanes.
@@ -194,41 +235,38 @@ pub(super) unsafe fn dot_q4_k_panel<const R: usize>(
                     super::x86::ld16(bs as *const __m128i),
                     super::x86::ld16(bs.wrapping_add(8) as *const __m128i),
                 );
-                let mut imin = _mm256_madd_epi16(mins[0], _mm256_broadcastd_epi32(s));
-                imin = _mm256_add_epi32(
-                    imin,
-                    _mm256_madd_epi16(mins[1], _mm256_broadcastd_epi32(_mm_shuffle_epi32(s, 0x55))),
-                );
-                imin = _mm256_add_epi32(
-                    imin,
-                    _mm256_madd_epi16(mins[2], _mm256_broadcastd_epi32(_mm_shuffle_epi32(s, 0xAA))),
-                );
-                imin = _mm256_add_epi32(
-                    imin,
-                    _mm256_madd_epi16(mins[3], _mm256_broadcastd_epi32(_mm_shuffle_epi32(s, 0xFF))),
+                let pair = |q: usize| {
+                    let lane = match q {
+                        0 => s,
+                        1 => _mm_shuffle_epi32(s, 0x55),
+                        2 => _mm_shuffle_epi32(s, 0xAA),
+                        _ => _mm_shuffle_epi32(s, 0xFF),
+                    };
+                    _mm512_madd_epi16(mins[q], _mm512_broadcastd_epi32(lane))
+                };
+                let imin = _mm512_add_epi32(
+                    _mm512_add_epi32(pair(0), pair(1)),
+                    _mm512_add_epi32(pair(2), pair(3)),
                 );
                 // scalar::term_k lane by lane: (da·dw)·isum − (da·dmin)·imin.
-                let d = _mm256_set1_ps(*da[r].wrapping_add(b));
-                let t = _mm256_sub_ps(
-                    _mm256_mul_ps(_mm256_mul_ps(d, dw), _mm256_cvtepi32_ps(isum[r])),
-                    _mm256_mul_ps(_mm256_mul_ps(d, dmin), _mm256_cvtepi32_ps(imin)),
+                let d = _mm512_set1_ps(*da[r].wrapping_add(b));
+                let t = _mm512_sub_ps(
+                    _mm512_mul_ps(_mm512_mul_ps(d, dw), _mm512_cvtepi32_ps(isum[r])),
+                    _mm512_mul_ps(_mm512_mul_ps(d, dmin), _mm512_cvtepi32_ps(imin)),
                 );
-                total[r] = _mm256_add_ps(total[r], t);
+                total[r] = _mm512_add_ps(total[r], t);
             }
         }
     }
-    let mut out = [[0f32; NR]; R];
-    for r in 0..R {
-        // SAFETY: `out[r]` holds NR = 8 f32.
-        unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), total[r]) };
-    }
-    out
+    // SAFETY: this function's features.
+    unsafe { store(total) }
 }
 
 /// Bytes of one packed Q8_0 block of `NR` rows: the quants plus 128 (as
 /// u8, for `vpdpbusd`'s unsigned operand) as `[group g of 4][row w][4]`
-/// (256), then `d` per row as f32 (32).
-pub(super) const PACKED_Q8_0: usize = 256 + 32;
+/// (`32·NR`), then `d` per row as f32.
+pub(super) const PACKED_Q8_0: usize = Q8_D + 4 * NR;
+const Q8_D: usize = 32 * NR;
 
 /// Packs `NR` Q8_0 rows of `nb` blocks each into `out` (`nb *
 /// PACKED_Q8_0` bytes).
@@ -238,12 +276,11 @@ pub(super) fn pack_q8_0(rows: &[&[u8]; NR], nb: usize, out: &mut [u8]) {
         for (w, row) in rows.iter().enumerate() {
             let blk = &row[34 * b..34 * (b + 1)];
             for g in 0..8 {
-                for t in 0..4 {
-                    pb[(g * NR + w) * 4 + t] = blk[2 + 4 * g + t] ^ 0x80;
-                }
+                let q = u32_at(blk, 2 + 4 * g) ^ 0x8080_8080;
+                put4(pb, (g * NR + w) * 4, q.to_le_bytes());
             }
             let d = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
-            pb[256 + 4 * w..256 + 4 * w + 4].copy_from_slice(&d.to_le_bytes());
+            put4(pb, Q8_D + 4 * w, d.to_le_bytes());
         }
     }
 }
@@ -256,8 +293,8 @@ pub(super) fn pack_q8_0(rows: &[&[u8]; NR], nb: usize, out: &mut [u8]) {
 /// # Safety
 /// `panel` must hold `nb * PACKED_Q8_0` bytes, every `a[r]` must be a Q8_0
 /// row of `nb` blocks (quants, scales and sums), and the CPU must have
-/// AVX2, AVX-512F/VL and AVX-512 VNNI.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
+/// AVX-512 F/BW/VNNI.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn dot_q8_0_panel<const R: usize>(
     panel: &[u8],
     nb: usize,
@@ -266,56 +303,61 @@ pub(super) unsafe fn dot_q8_0_panel<const R: usize>(
     let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
     let sums: [*const i32; R] = std::array::from_fn(|r| a[r].sum.as_ptr());
     let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
-    let mut acc4 = [[_mm256_setzero_ps(); 4]; R];
-    for b in 0..nb {
-        // SAFETY: block b < nb is inside `panel`, and every row's quants,
-        // scale and sum for block b are in bounds (the caller's contract).
-        unsafe {
-            let p = panel.as_ptr().wrapping_add(b * PACKED_Q8_0);
-            // Two accumulators per row (even and odd groups): twice the
-            // independent `vpdpbusd` chains.
-            let (mut acc0, mut acc1) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
-            let ab: [*const i32; R] =
-                std::array::from_fn(|r| qa[r].wrapping_add(32 * b) as *const i32);
-            for g in (0..8).step_by(2) {
-                let w0 = ld32(p.wrapping_add(g * 32) as *const __m256i);
-                let w1 = ld32(p.wrapping_add(g * 32 + 32) as *const __m256i);
-                for r in 0..R {
-                    let q0 = ld4(ab[r].wrapping_add(g));
-                    let q1 = ld4(ab[r].wrapping_add(g + 1));
-                    acc0[r] = _mm256_dpbusd_epi32(acc0[r], w0, _mm256_set1_epi32(q0));
-                    acc1[r] = _mm256_dpbusd_epi32(acc1[r], w1, _mm256_set1_epi32(q1));
+    let mut acc4 = [[_mm512_setzero_ps(); 4]; R];
+    for b4 in (0..nb).step_by(4) {
+        // Block b4 + u into accumulator u: a constant index, so the four
+        // accumulators stay in registers.
+        for u in 0..4.min(nb - b4) {
+            let b = b4 + u;
+            // SAFETY: block b < nb is inside `panel`, and every row's
+            // quants, scale and sum for block b are in bounds (the caller's
+            // contract).
+            unsafe {
+                let p = panel.as_ptr().wrapping_add(b * PACKED_Q8_0);
+                // Two accumulators per row (even and odd groups): twice the
+                // independent `vpdpbusd` chains.
+                let (mut acc0, mut acc1) =
+                    ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+                let ab: [*const i32; R] =
+                    std::array::from_fn(|r| qa[r].wrapping_add(32 * b) as *const i32);
+                for g in (0..8).step_by(2) {
+                    let w0 = ld64(p.wrapping_add(g * VEC));
+                    let w1 = ld64(p.wrapping_add((g + 1) * VEC));
+                    for r in 0..R {
+                        let q0 = ld4(ab[r].wrapping_add(g));
+                        let q1 = ld4(ab[r].wrapping_add(g + 1));
+                        acc0[r] = _mm512_dpbusd_epi32(acc0[r], w0, _mm512_set1_epi32(q0));
+                        acc1[r] = _mm512_dpbusd_epi32(acc1[r], w1, _mm512_set1_epi32(q1));
+                    }
                 }
-            }
-            let dw = _mm256_castsi256_ps(ld32(p.wrapping_add(256) as *const __m256i));
-            for r in 0..R {
-                // Σ (q + 128)·a − 128 Σ a = Σ q·a, exactly.
-                let off = _mm256_set1_epi32(128 * *sums[r].wrapping_add(b));
-                let sumi = _mm256_sub_epi32(_mm256_add_epi32(acc0[r], acc1[r]), off);
-                let dd = _mm256_mul_ps(dw, _mm256_set1_ps(*da[r].wrapping_add(b)));
-                let t = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), dd);
-                acc4[r][b % 4] = _mm256_add_ps(acc4[r][b % 4], t);
+                let dw = _mm512_castsi512_ps(ld64(p.wrapping_add(Q8_D)));
+                for r in 0..R {
+                    // Σ (q + 128)·a − 128 Σ a = Σ q·a, exactly.
+                    let off = _mm512_set1_epi32(128 * *sums[r].wrapping_add(b));
+                    let sumi = _mm512_sub_epi32(_mm512_add_epi32(acc0[r], acc1[r]), off);
+                    let dd = _mm512_mul_ps(dw, _mm512_set1_ps(*da[r].wrapping_add(b)));
+                    let t = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), dd);
+                    acc4[r][u] = _mm512_add_ps(acc4[r][u], t);
+                }
             }
         }
     }
-    let mut out = [[0f32; NR]; R];
-    for r in 0..R {
+    let total: [__m512; R] = std::array::from_fn(|r| {
         let [a0, a1, a2, a3] = acc4[r];
-        let v = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-        // SAFETY: `out[r]` holds NR = 8 f32.
-        unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), v) };
-    }
-    out
+        _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))
+    });
+    // SAFETY: this function's features.
+    unsafe { store(total) }
 }
 
 /// Bytes of one packed Q6_K super-block of `NR` rows: the 6-bit quants
 /// (0..64, unsigned) as `[sub-block j of 16][group g of 4][row w][4]`
-/// (2048), the 16 signed scales as `[j][w]` i32 (512), the same as i16
-/// pairs `(sc_2p, sc_2p+1)` `[p][w]` (256), then `d` per row as f32 (32).
-pub(super) const PACKED_Q6_K: usize = 2048 + 512 + 256 + 32;
-const Q6_SCALES: usize = 2048;
-const Q6_PAIRS: usize = Q6_SCALES + 512;
-const Q6_D: usize = Q6_PAIRS + 256;
+/// (`256·NR`), the 16 signed scales as `[j][w]` i32, the same as i16 pairs
+/// `(sc_2p, sc_2p+1)` `[p][w]`, then `d` per row as f32.
+pub(super) const PACKED_Q6_K: usize = Q6_D + 4 * NR;
+const Q6_SCALES: usize = 256 * NR;
+const Q6_PAIRS: usize = Q6_SCALES + 16 * 4 * NR;
+const Q6_D: usize = Q6_PAIRS + 8 * 4 * NR;
 
 /// Packs `NR` Q6_K rows of `nb` super-blocks each into `out` (`nb *
 /// PACKED_Q6_K` bytes).
@@ -324,23 +366,25 @@ pub(super) fn pack_q6_k(rows: &[&[u8]; NR], nb: usize, out: &mut [u8]) {
     for (b, pb) in out.chunks_exact_mut(PACKED_Q6_K).enumerate() {
         for (w, row) in rows.iter().enumerate() {
             let blk = &row[210 * b..210 * (b + 1)];
-            for e in 0..256 {
+            // Elements e..e + 4 (one group) at a time: element e is the low
+            // (k < 2) or high nibble of `ql[64h + 32(k % 2) + l]` and bits
+            // 2k, 2k + 1 of `qh[32h + l]`, for e = 128h + 32k + l.
+            for e in (0..256).step_by(4) {
                 let (h, k, l) = (e / 128, (e % 128) / 32, e % 32);
-                let ql = blk[64 * h + l + 32 * (k % 2)];
-                let lo = if k < 2 { ql & 0xF } else { ql >> 4 };
-                let q = lo | (((blk[128 + 32 * h + l] >> (2 * k)) & 3) << 4);
-                let (j, g, t) = (e / 16, (e % 16) / 4, e % 4);
-                pb[((j * 4 + g) * NR + w) * 4 + t] = q;
+                let ql = u32_at(blk, 64 * h + l + 32 * (k % 2));
+                let lo = if k < 2 { ql } else { ql >> 4 } & 0x0F0F_0F0F;
+                let hi = ((u32_at(blk, 128 + 32 * h + l) >> (2 * k)) & 0x0303_0303) << 4;
+                let (j, g) = (e / 16, (e % 16) / 4);
+                put4(pb, ((j * 4 + g) * NR + w) * 4, (lo | hi).to_le_bytes());
             }
             for j in 0..16 {
                 let sc = blk[192 + j] as i8;
-                let o = Q6_SCALES + (j * NR + w) * 4;
-                pb[o..o + 4].copy_from_slice(&(sc as i32).to_le_bytes());
+                put4(pb, Q6_SCALES + (j * NR + w) * 4, (sc as i32).to_le_bytes());
                 let o = Q6_PAIRS + ((j / 2) * NR + w) * 4 + 2 * (j % 2);
                 pb[o..o + 2].copy_from_slice(&(sc as i16).to_le_bytes());
             }
             let d = f16::from_bits(u16::from_le_bytes([blk[208], blk[209]])).to_f32();
-            pb[Q6_D + 4 * w..Q6_D + 4 * w + 4].copy_from_slice(&d.to_le_bytes());
+            put4(pb, Q6_D + 4 * w, d.to_le_bytes());
         }
     }
 }
@@ -352,7 +396,7 @@ pub(super) fn pack_q6_k(rows: &[&[u8]; NR], nb: usize, out: &mut [u8]) {
 ///
 /// # Safety
 /// As [`dot_q4_k_panel`], with `nb * PACKED_Q6_K` bytes in `panel`.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn dot_q6_k_panel<const R: usize>(
     panel: &[u8],
     nb: usize,
@@ -361,36 +405,33 @@ pub(super) unsafe fn dot_q6_k_panel<const R: usize>(
     let qa: [*const i8; R] = std::array::from_fn(|r| a[r].qs.as_ptr());
     let bsums: [*const i16; R] = std::array::from_fn(|r| a[r].bsums.as_ptr());
     let da: [*const f32; R] = std::array::from_fn(|r| a[r].d.as_ptr());
-    let mut total = [_mm256_setzero_ps(); R];
+    let mut total = [_mm512_setzero_ps(); R];
     for b in 0..nb {
         // SAFETY: block b < nb is inside `panel`, and every row's quants,
         // sums and scale for block b are in bounds (the caller's contract).
         unsafe {
             let p = panel.as_ptr().wrapping_add(b * PACKED_Q6_K);
             let isum = scaled_sums::<R, 16, 4>(p, Q6_SCALES, &qa, 256 * b);
-            let pairs: [__m256i; 8] =
-                std::array::from_fn(|q| ld32(p.wrapping_add(Q6_PAIRS + 32 * q) as *const __m256i));
-            let dw = _mm256_castsi256_ps(ld32(p.wrapping_add(Q6_D) as *const __m256i));
+            let pairs: [__m512i; 8] =
+                std::array::from_fn(|q| ld64(p.wrapping_add(Q6_PAIRS + VEC * q)));
+            let dw = _mm512_castsi512_ps(ld64(p.wrapping_add(Q6_D)));
             for r in 0..R {
-                // The activation's 16 sums as 8 (j, j + 1) pairs of i16.
-                let bs = ld32(bsums[r].wrapping_add(16 * b) as *const __m256i);
-                let mut off = _mm256_setzero_si256();
+                // The activation's 16 sums as 8 (j, j + 1) pairs of i16,
+                // each pair broadcast from memory.
+                let bs = bsums[r].wrapping_add(16 * b) as *const i32;
+                let mut off = _mm512_setzero_si512();
                 for (q, &pq) in pairs.iter().enumerate() {
-                    let bq = _mm256_permutevar8x32_epi32(bs, _mm256_set1_epi32(q as i32));
-                    off = _mm256_add_epi32(off, _mm256_madd_epi16(pq, bq));
+                    let bq = _mm512_set1_epi32(ld4(bs.wrapping_add(q)));
+                    off = _mm512_add_epi32(off, _mm512_madd_epi16(pq, bq));
                 }
-                let isum = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(off, 5));
+                let isum = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(off, 5));
                 // scalar::term_q6_k lane by lane: (da·dw)·isum.
-                let d = _mm256_set1_ps(*da[r].wrapping_add(b));
-                let t = _mm256_mul_ps(_mm256_mul_ps(d, dw), _mm256_cvtepi32_ps(isum));
-                total[r] = _mm256_add_ps(total[r], t);
+                let d = _mm512_set1_ps(*da[r].wrapping_add(b));
+                let t = _mm512_mul_ps(_mm512_mul_ps(d, dw), _mm512_cvtepi32_ps(isum));
+                total[r] = _mm512_add_ps(total[r], t);
             }
         }
     }
-    let mut out = [[0f32; NR]; R];
-    for r in 0..R {
-        // SAFETY: `out[r]` holds NR = 8 f32.
-        unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), total[r]) };
-    }
-    out
+    // SAFETY: this function's features.
+    unsafe { store(total) }
 }

@@ -46,19 +46,8 @@
 use std::arch::x86_64::*;
 
 use super::act::ActRow;
-use super::packed::ld32;
+use super::packed::{ld32, ld64};
 use super::scalar;
-
-/// 64 bytes at `p` as a vector.
-///
-/// # Safety
-/// `p` must be valid for reading 64 bytes.
-#[inline(always)]
-unsafe fn ld64(p: *const u8) -> __m512i {
-    // SAFETY: the caller's contract; `[u8; 64]` has no alignment, and every
-    // bit pattern is a valid `__m512i`.
-    unsafe { std::mem::transmute::<[u8; 64], __m512i>(*(p as *const [u8; 64])) }
-}
 
 /// The 32 bytes at `p` in both halves of a register.
 ///
