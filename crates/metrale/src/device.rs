@@ -8,7 +8,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::Result;
-use metrale_gpu_runtime::cpu::{CpuBackend, OpTime};
+use metrale_gpu_runtime::cpu::{Bf16Kernel, CpuBackend, OpTime};
 #[cfg(feature = "cuda")]
 use metrale_gpu_runtime::cuda::CudaBackend;
 use metrale_gpu_runtime::gpu::GpuBackend;
@@ -157,10 +157,12 @@ pub struct BackendOptions {
     pub threads: usize,
     /// The most bytes the backend may hold (None: what the host has).
     pub memory_limit: Option<usize>,
-    /// Let prefill matmuls with bf16 weights round the activations to bf16
-    /// and use bf16 dot products where the hardware has them (the CPU:
-    /// AVX512-BF16); the logits then move off the f32 reference by more
-    /// than 1e-4. Off: f32 arithmetic throughout.
+    /// Let matmuls with bf16 weights take the CPU's bf16 kernel where the
+    /// hardware has one (AVX512-BF16): bf16 dot products on activations
+    /// rounded to bf16, or f32 FMAs on the widened weights where those are
+    /// the faster (Intel's cores; `Backend::bf16_kernel` says which); the
+    /// logits then move off the f32 reference by more than 1e-4. Off: f32
+    /// arithmetic throughout.
     pub bf16_dot_products: bool,
     /// Hold the SSM and delta-rule states in bf16 (the CPU's
     /// `with_bf16_ssm_state`): half their memory and decode traffic, the
@@ -223,6 +225,12 @@ impl Backend {
     /// [`BackendOptions::bf16_dot_products`] and the hardware has them.
     pub fn bf16_dot_products(&self) -> bool {
         self.cpu.as_ref().is_some_and(|cpu| cpu.bf16_dot_products())
+    }
+
+    /// Which bf16 kernel the CPU's matmuls with bf16 weights take (None
+    /// where bf16 arithmetic is off or the backend is not the CPU).
+    pub fn bf16_kernel(&self) -> Option<Bf16Kernel> {
+        self.cpu.as_ref().and_then(|cpu| cpu.bf16_kernel())
     }
 
     /// Per-op call counts and wall times since the last call, largest first

@@ -35,6 +35,7 @@ use crate::gpu::{DevicePtr, DeviceSlice, Fence, GpuBackend};
 use crate::hooks::Hooks;
 use crate::ledger::Ledger;
 use crate::ops::{KvLayout, KvSpec, StateLayout};
+pub use gemm_bf16::Kernel as Bf16Kernel;
 pub use profile::OpTime;
 
 const ALIGN: usize = 64;
@@ -133,12 +134,14 @@ impl CpuBackend {
         self
     }
 
-    /// Lets matmuls with bf16 weights round the activations to bf16 and
-    /// multiply with AVX512-BF16 dot products (up to twice the f32 rate, as
-    /// llama.cpp computes with bf16 weights), where the CPU has them; model
-    /// weights are then packed at load (`pack_matmul_weight`). The logits
-    /// differ from the f32 reference by more than 1e-4: off by default.
-    /// Each row's result is independent of the others (`gemm_bf16`).
+    /// Lets matmuls with bf16 weights take the bf16 kernel of a CPU with
+    /// AVX512-BF16 ([`Self::bf16_kernel`]): AVX512-BF16 dot products on
+    /// activations rounded to bf16 (up to twice the f32 rate, as llama.cpp
+    /// computes with bf16 weights), or f32 FMAs on the widened weights
+    /// where those are the faster (Intel's cores); model weights are then
+    /// packed at load (`pack_matmul_weight`). The logits differ from the
+    /// f32 reference by more than 1e-4: off by default. Each row's result
+    /// is independent of the others (`gemm_bf16`).
     pub fn with_bf16_dot_products(mut self, on: bool) -> Self {
         self.bf16_dot = on;
         self
@@ -173,6 +176,13 @@ impl CpuBackend {
     /// Whether prefill may use bf16 dot products (asked for, and the CPU has them).
     pub fn bf16_dot_products(&self) -> bool {
         self.bf16_dot && gemm_bf16::available()
+    }
+
+    /// How bf16 weights multiply under bf16 arithmetic on this CPU (None
+    /// where it is off or the CPU lacks it): the faster of `vdpbf16ps` and
+    /// f32 FMAs on the widened weights ([`Bf16Kernel`]).
+    pub fn bf16_kernel(&self) -> Option<Bf16Kernel> {
+        self.bf16_dot_products().then(Bf16Kernel::detect).flatten()
     }
 
     /// A backend that says it lacks `ops` and fails them when called, as a

@@ -263,6 +263,7 @@ pub fn run(mut args: Args) -> Result<()> {
     // The accelerator, before the model takes its memory.
     let device_info = backend.device_info();
     let bf16_dot = backend.bf16_dot_products();
+    let bf16_kernel = backend.bf16_kernel();
     let gpu = backend.gpu().clone();
     let prompt_tokens = args
         .shared_prefix
@@ -401,6 +402,7 @@ pub fn run(mut args: Args) -> Result<()> {
             report.decode_bytes = decode_bytes;
             report.cache = cache;
             report.bf16_dot = bf16_dot;
+            report.bf16_kernel = bf16_kernel;
             report.compute = compute;
             report.device = backend.device();
             report.device_info = device_info.clone();

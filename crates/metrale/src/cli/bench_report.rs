@@ -79,6 +79,8 @@ pub(super) struct Report {
     /// The KV cache's and the recurrent state's sizes (None: unknown).
     pub(super) cache: Option<CacheTraffic>,
     pub(super) bf16_dot: bool,
+    /// The CPU's bf16 kernel where bf16 arithmetic is on.
+    pub(super) bf16_kernel: Option<metrale::Bf16Kernel>,
     /// On a backend with graphs: whether decode graphs were on, and their counters.
     pub(super) graphs: Option<(bool, GraphStats)>,
     /// (phase, its seconds, its ops) for --profile.
@@ -122,6 +124,7 @@ impl Report {
             decode_bytes: decode_params_per_token(c) * dtype.size_of() as f64,
             cache: None,
             bf16_dot: false,
+            bf16_kernel: None,
             graphs: None,
             ops: [
                 ("prefill", m.prefill_s, &m.prefill_ops),
@@ -174,11 +177,13 @@ impl Report {
     }
 
     /// The compute peak to hold the decode FLOP/s against: the bf16 dot
-    /// products' when the run used them (and the CPU has them), else f32 FMA.
+    /// products' when the run used them (and the CPU has them), else f32
+    /// FMA (as the bf16 kernel that widens the weights).
     fn compute_peak(&self) -> Option<(f64, &'static str)> {
         let c = self.compute?;
+        let fma = self.bf16_kernel == Some(metrale::Bf16Kernel::Fma);
         match c.bf16_dot {
-            Some(dot) if self.bf16_dot => Some((dot, "bf16 dot")),
+            Some(dot) if self.bf16_dot && !fma => Some((dot, "bf16 dot")),
             _ => Some((c.f32_fma, "f32 FMA")),
         }
     }
@@ -220,6 +225,7 @@ impl Report {
             "weight_bytes": self.weight_bytes,
             "weight_dtype": self.dtype.name(),
             "bf16_dot_products": self.bf16_dot,
+            "bf16_kernel": self.bf16_kernel.map(|k| k.describe()),
             "threads": self.threads,
             "batch": self.batch,
             "prompt_len": self.prompt_len,
@@ -352,7 +358,9 @@ impl Report {
             "run          {}, {threads}batch {}, prompt {} tokens, {} generated; load {:.2} s",
             self.device, self.batch, self.prompt_len, self.gen_len, self.load_s
         ));
-        let math = if self.bf16_dot {
+        let math = if let Some(kernel) = self.bf16_kernel {
+            kernel.describe()
+        } else if self.bf16_dot {
             "bf16 dot products"
         } else if self.device_info.is_some() && self.dtype != DType::F32 {
             "f32 accumulation"
@@ -520,7 +528,14 @@ mod tests {
         // Each step reads the weights once for both sequences.
         let bytes = r.decode_bytes * 50.0;
         assert!((v["decode_weight_bytes_s"].as_f64().unwrap() - bytes).abs() < 1e-3);
+        // The kernel that widens the weights is held against the FMA peak.
+        r.bf16_kernel = Some(metrale::Bf16Kernel::Fma);
+        assert!(r.batch_line().contains("100 GFLOP/s f32 FMA peak"));
+        assert_eq!(r.json()["bf16_kernel"], "f32 FMA on bf16 weights");
+        r.bf16_kernel = Some(metrale::Bf16Kernel::Dot);
+        assert!(r.batch_line().contains("200 GFLOP/s bf16 dot peak"));
         r.bf16_dot = false;
+        r.bf16_kernel = None;
         assert!(r.batch_line().contains("100 GFLOP/s f32 FMA peak"));
     }
 

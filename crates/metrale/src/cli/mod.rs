@@ -106,18 +106,21 @@ impl PrefixCacheArgs {
 #[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ArithDType {
     /// As the weights suggest, as other engines do: bf16 weights multiply
-    /// with bf16 dot products, f32 weights in f32, quantized (GGUF) weights
-    /// with integer dot products on activations quantized per block.
+    /// in the CPU's faster bf16 kernel (bf16 dot products, or f32 FMAs on
+    /// the widened weights where those are faster, as on Intel's cores),
+    /// f32 weights in f32, quantized (GGUF) weights with integer dot
+    /// products on activations quantized per block.
     #[default]
     Auto,
     /// f32 arithmetic wherever the weights allow (exact against the f32
     /// reference; quantized weights still take integer dot products).
     F32,
-    /// Matmuls with bf16 weights round their activations to bf16 and use
-    /// bf16 dot products where the hardware has them (the CPU:
-    /// AVX512-BF16), as llama.cpp does; the logits move off the f32
-    /// reference by more than 1e-4. Weights stored in f32 still multiply in
-    /// f32. Today the same as `auto`.
+    /// Matmuls with bf16 weights take the CPU's bf16 kernel where it has
+    /// one (AVX512-BF16): bf16 dot products on activations rounded to bf16,
+    /// as llama.cpp does, or, on CPUs where they are the slower (Intel's
+    /// cores), f32 FMAs on the widened weights; the logits move off the
+    /// f32 reference by more than 1e-4. Weights stored in f32 still
+    /// multiply in f32. Today the same as `auto`.
     Bf16,
 }
 
@@ -125,7 +128,7 @@ pub enum ArithDType {
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct DTypeArgs {
     /// The arithmetic: auto (the default: as the weights suggest; bf16
-    /// weights use bf16 dot products), f32 (exact), or bf16.
+    /// weights take the CPU's bf16 kernel), f32 (exact), or bf16.
     #[arg(long, value_enum, default_value_t = ArithDType::Auto)]
     pub dtype: ArithDType,
     /// The old spelling of `--dtype bf16`.

@@ -69,6 +69,89 @@ pub(crate) fn available() -> bool {
     }
 }
 
+/// The micro-kernel of the products: the faster of two on this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// AVX512-BF16's `vdpbf16ps`: the activations rounded to bf16, 32
+    /// multiply-adds an instruction (what llama.cpp does with bf16
+    /// weights). Zen 4 runs one 512-bit `vdpbf16ps` a cycle, as many as
+    /// FMAs: twice their multiply-adds.
+    Dot,
+    /// AVX-512F FMAs on the weights widened to f32 (exactly: a bf16 is an
+    /// f32's top half) and the activations as they are: 16 multiply-adds an
+    /// instruction and no rounding of the activations. Intel's cores run
+    /// two 512-bit FMAs a cycle but one `vdpbf16ps` every two (measured on
+    /// Emerald Rapids: 5.0 against 1.25 billion a second per core), so
+    /// there the FMAs do twice the multiply-adds, widening included.
+    Fma,
+}
+
+impl Kernel {
+    /// The faster kernel on this CPU, where it runs them ([`available`]):
+    /// by vendor, so that a model's numbers do not depend on a timing.
+    pub fn detect() -> Option<Kernel> {
+        available().then(|| if intel() { Kernel::Fma } else { Kernel::Dot })
+    }
+
+    /// Every kernel this CPU runs (for tests and benches).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn all() -> Vec<Kernel> {
+        if available() {
+            vec![Kernel::Dot, Kernel::Fma]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// What the kernel computes, for reports ("bf16 dot products").
+    pub fn describe(self) -> &'static str {
+        match self {
+            Kernel::Dot => "bf16 dot products",
+            Kernel::Fma => "f32 FMA on bf16 weights",
+        }
+    }
+}
+
+/// Whether this is an Intel CPU (CPUID's vendor string), asked once.
+fn intel() -> bool {
+    static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *INTEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let r = std::arch::x86_64::__cpuid(0);
+            let vendor: Vec<u8> = [r.ebx, r.edx, r.ecx]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            vendor == b"GenuineIntel"
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
+/// A tile's activations as its kernel reads them.
+#[derive(Clone, Copy)]
+enum Acts<'a> {
+    /// Rounded to bf16 pairs, `k.div_ceil(2)` a row ([`Kernel::Dot`]).
+    Pairs(&'a [u32]),
+    /// As they are, `k` a row ([`Kernel::Fma`]).
+    F32(&'a [f32]),
+}
+
+impl<'a> Acts<'a> {
+    /// Rows `i0..i0 + rows` of `k` elements.
+    fn rows(self, i0: usize, rows: usize, k: usize) -> Acts<'a> {
+        match self {
+            Acts::Pairs(a) => {
+                let kp = k.div_ceil(2);
+                Acts::Pairs(&a[i0 * kp..(i0 + rows) * kp])
+            }
+            Acts::F32(x) => Acts::F32(&x[i0 * k..(i0 + rows) * k]),
+        }
+    }
+}
+
 /// A matmul's weight operand `[n, k]`.
 #[derive(Clone, Copy)]
 pub(crate) enum Operand<'a> {
@@ -121,8 +204,13 @@ impl OutPtr {
     }
 }
 
-/// `out[i * n + j] = Σ_c bf16(x[i * k + c]) · w[j * k + c]` (f32 sums).
-/// Returns false, doing nothing, when the CPU lacks AVX512-BF16.
+/// `out[i * n + j] = Σ_c bf16(x[i * k + c]) · w[j * k + c]` (f32 sums),
+/// with [`Kernel::Dot`] on every CPU: the SSD scan's products, whose f32
+/// operands (states, inputs weighted by decays) hold subnormals where the
+/// decays underflow. FMAs on those take microcode assists on Intel's cores
+/// (the scan ran 25% slower with [`Kernel::Fma`] on Emerald Rapids);
+/// `vdpbf16ps` flushes them. Returns false, doing nothing, when the CPU
+/// lacks AVX512-BF16.
 pub(crate) fn gemm(
     team: &Team,
     x: &[f32],
@@ -132,7 +220,17 @@ pub(crate) fn gemm(
     n: usize,
     k: usize,
 ) -> bool {
-    matmul(Some(team), x, Operand::Rows(w), None, out, m, n, k)
+    matmul_with(
+        Kernel::Dot,
+        Some(team),
+        x,
+        Operand::Rows(w),
+        None,
+        out,
+        m,
+        n,
+        k,
+    )
 }
 
 /// `out = x · wᵀ`, or with `up` `silu(x · wᵀ) * (x · upᵀ)`, each product
@@ -140,9 +238,25 @@ pub(crate) fn gemm(
 /// tile before it is stored (the same bits as two products and `silu_mul`).
 /// `team`: None runs on the calling thread alone (small matrices). False,
 /// doing nothing, where the CPU lacks AVX512-BF16 or `w` and `up` are not
-/// both of one kind.
+/// both of one kind. With this CPU's [`Kernel`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul(
+    team: Option<&Team>,
+    x: &[f32],
+    w: Operand<'_>,
+    up: Option<Operand<'_>>,
+    out: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> bool {
+    Kernel::detect().is_some_and(|kern| matmul_with(kern, team, x, w, up, out, m, n, k))
+}
+
+/// [`matmul`] with a chosen kernel (one of [`Kernel::all`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_with(
+    kernel: Kernel,
     team: Option<&Team>,
     x: &[f32],
     w: Operand<'_>,
@@ -164,6 +278,10 @@ pub(crate) fn matmul(
     if m == 0 || n == 0 {
         return true;
     }
+    if kernel == Kernel::Fma {
+        run(team, Acts::F32(x), w, up, out, m, n, k);
+        return true;
+    }
     let kp = k.div_ceil(2);
     ACTS.with_borrow_mut(|xb| {
         // Every row is overwritten: only growth is zeroed.
@@ -179,7 +297,7 @@ pub(crate) fn matmul(
                 .enumerate()
                 .for_each(|(i, d)| convert(i, d)),
         }
-        run(team, xb, w, up, out, m, n, k);
+        run(team, Acts::Pairs(xb), w, up, out, m, n, k);
     });
     true
 }
@@ -237,15 +355,23 @@ fn panel<'p>(w: Operand<'p>, buf: &'p mut Vec<u32>, t: usize, n: usize, k: usize
     }
 }
 
-/// `tile = a[..rows] · panel` for `rows <= MR` activation rows.
-fn tile(a: &[u32], rows: usize, p: &Panel<'_>, kp: usize, out: &mut [[f32; NR]; MR]) {
+/// `tile = a[..rows] · panel` for `rows <= MR` activation rows of `k`.
+fn tile(a: Acts<'_>, rows: usize, p: &Panel<'_>, k: usize, out: &mut [[f32; NR]; MR]) {
+    let kp = k.div_ceil(2);
     macro_rules! dispatch {
         ($($r:literal)*) => {
-            match (rows, p.stride == NR) {
-                // SAFETY: `available()` was checked by `matmul`; `a` holds
-                // `rows` rows of `kp` pairs and the panel `kp * stride`.
-                $(($r, true) => unsafe { x86::tile::<$r, true>(a, p.pairs, kp, p.stride, out) },
-                  ($r, false) => unsafe { x86::tile::<$r, false>(a, p.pairs, kp, p.stride, out) },)*
+            // SAFETY: `available()` was checked by `matmul_with`; `a` holds
+            // `rows` rows (of `kp` pairs or `k` floats) and the panel
+            // `kp * stride`.
+            match (a, rows, p.stride == NR) {
+                $((Acts::Pairs(a), $r, true) =>
+                    unsafe { x86::tile::<$r, true>(a, p.pairs, kp, p.stride, out) },
+                  (Acts::Pairs(a), $r, false) =>
+                    unsafe { x86::tile::<$r, false>(a, p.pairs, kp, p.stride, out) },
+                  (Acts::F32(x), $r, true) =>
+                    unsafe { x86::tile_fma::<$r, true>(x, k, p.pairs, p.stride, out) },
+                  (Acts::F32(x), $r, false) =>
+                    unsafe { x86::tile_fma::<$r, false>(x, k, p.pairs, p.stride, out) },)*
                 _ => unreachable!("at most MR rows per tile"),
             }
         };
@@ -259,7 +385,7 @@ fn tile(a: &[u32], rows: usize, p: &Panel<'_>, kp: usize, out: &mut [[f32; NR]; 
 #[allow(clippy::too_many_arguments)]
 fn run(
     team: Option<&Team>,
-    xb: &[u32],
+    acts: Acts<'_>,
     w: Operand<'_>,
     up: Option<Operand<'_>>,
     out: &mut [f32],
@@ -267,7 +393,6 @@ fn run(
     n: usize,
     k: usize,
 ) {
-    let kp = k.div_ceil(2);
     let panels = n.div_ceil(NR);
     let next = AtomicUsize::new(0);
     let ptr = OutPtr(out.as_mut_ptr());
@@ -317,10 +442,10 @@ fn run(
                             }
                         }
                         let rows = MR.min(m - i0);
-                        let a = &xb[i0 * kp..(i0 + rows) * kp];
-                        tile(a, rows, &pw, kp, &mut g);
+                        let a = acts.rows(i0, rows, k);
+                        tile(a, rows, &pw, k, &mut g);
                         if let Some(pu) = &pu {
-                            tile(a, rows, pu, kp, &mut u);
+                            tile(a, rows, pu, k, &mut u);
                         }
                         for (r, g) in g.iter().enumerate().take(rows) {
                             let v = if pu.is_some() {

@@ -3,42 +3,123 @@
 
 use super::*;
 
+/// Each kernel against its reference in f64: the activations rounded to
+/// bf16 ([`Kernel::Dot`]) or as they are ([`Kernel::Fma`]), on shapes with
+/// odd `k`, partial panels and tiles of one, four, five and eight rows.
 #[test]
-fn matches_bf16_rounded_reference_on_odd_shapes() {
-    if !available() {
-        return;
-    }
+fn matches_the_reference_on_odd_shapes() {
     let team = Team::new(2);
-    for &(m, n, k) in &[
-        (1, 1, 1),
-        (9, 33, 7),
-        (17, 70, 130),
-        (9, 64, 100),
-        (40, 64, 768),
-    ] {
-        let x: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 37.0)
-            .collect();
-        let w: Vec<bf16> = (0..n * k)
-            .map(|i| bf16::from_f32(((i * 53 % 97) as f32 - 48.0) / 48.0))
-            .collect();
-        let mut out = vec![f32::NAN; m * n];
-        assert!(gemm(&team, &x, &w, &mut out, m, n, k));
-        for i in 0..m {
-            for j in 0..n {
-                let want: f64 = (0..k)
-                    .map(|c| {
-                        bf16::from_f32(x[i * k + c]).to_f32() as f64 * w[j * k + c].to_f32() as f64
-                    })
-                    .sum();
-                let got = out[i * n + j] as f64;
-                assert!(
-                    (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                    "{m}x{n}x{k} [{i},{j}]: {got} vs {want}"
-                );
+    for kernel in Kernel::all() {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (9, 33, 7),
+            (17, 70, 130),
+            (9, 64, 100),
+            (4, 48, 9),
+            (5, 40, 66),
+            (40, 64, 768),
+        ] {
+            let (x, w) = operands(m, n, k);
+            let mut out = vec![f32::NAN; m * n];
+            let rows = Operand::Rows(&w);
+            assert!(matmul_with(
+                kernel,
+                Some(&team),
+                &x,
+                rows,
+                None,
+                &mut out,
+                m,
+                n,
+                k
+            ));
+            let act = |v: f32| match kernel {
+                Kernel::Dot => bf16::from_f32(v).to_f32() as f64,
+                Kernel::Fma => v as f64,
+            };
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = (0..k)
+                        .map(|c| act(x[i * k + c]) * w[j * k + c].to_f32() as f64)
+                        .sum();
+                    let got = out[i * n + j] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "{kernel:?} {m}x{n}x{k} [{i},{j}]: {got} vs {want}"
+                    );
+                }
             }
         }
     }
+}
+
+/// The two kernels differ exactly where Dot rounds the activations: with
+/// activations that bf16 holds exactly, the same sums up to their order.
+#[test]
+fn the_kernels_differ_only_by_the_rounding_of_the_activations() {
+    let team = Team::new(2);
+    if Kernel::all().len() < 2 {
+        return;
+    }
+    let (m, n, k) = (9, 64, 96);
+    let (x, w) = operands(m, n, k);
+    let x: Vec<f32> = x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+    let (mut dot, mut fma) = (vec![0f32; m * n], vec![0f32; m * n]);
+    let rows = Operand::Rows(&w);
+    assert!(matmul_with(
+        Kernel::Dot,
+        Some(&team),
+        &x,
+        rows,
+        None,
+        &mut dot,
+        m,
+        n,
+        k
+    ));
+    assert!(matmul_with(
+        Kernel::Fma,
+        Some(&team),
+        &x,
+        rows,
+        None,
+        &mut fma,
+        m,
+        n,
+        k
+    ));
+    for (a, b) in dot.iter().zip(&fma) {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
+    }
+    // And with the activations off the bf16 grid they do differ.
+    let (x, _) = operands(m, n, k);
+    assert!(matmul_with(
+        Kernel::Fma,
+        Some(&team),
+        &x,
+        rows,
+        None,
+        &mut fma,
+        m,
+        n,
+        k
+    ));
+    assert!(matmul_with(
+        Kernel::Dot,
+        Some(&team),
+        &x,
+        rows,
+        None,
+        &mut dot,
+        m,
+        n,
+        k
+    ));
+    assert!(
+        dot.iter()
+            .zip(&fma)
+            .any(|(a, b)| (a - b).abs() > 1e-4 * (1.0 + a.abs()))
+    );
 }
 
 fn operands(m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<bf16>) {
@@ -62,9 +143,12 @@ fn packed(w: &[bf16], n: usize, k: usize) -> Vec<u32> {
 
 #[test]
 fn panels_packed_at_load_give_the_bits_of_packing_per_call() {
-    if !available() {
-        return;
+    for kernel in Kernel::all() {
+        panels_packed_at_load_give_the_bits_of_packing_per_call_with(kernel);
     }
+}
+
+fn panels_packed_at_load_give_the_bits_of_packing_per_call_with(kernel: Kernel) {
     let team = Team::new(2);
     // Full panels, a partial last panel (16 and 48 rows), one row.
     for &(m, n, k) in &[
@@ -77,7 +161,8 @@ fn panels_packed_at_load_give_the_bits_of_packing_per_call() {
         let (x, w) = operands(m, n, k);
         let p = packed(&w, n, k);
         let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
-        assert!(matmul(
+        assert!(matmul_with(
+            kernel,
             Some(&team),
             &x,
             Operand::Rows(&w),
@@ -87,14 +172,35 @@ fn panels_packed_at_load_give_the_bits_of_packing_per_call() {
             n,
             k
         ));
-        assert!(matmul(None, &x, Operand::Panels(&p), None, &mut b, m, n, k));
+        assert!(matmul_with(
+            kernel,
+            None,
+            &x,
+            Operand::Panels(&p),
+            None,
+            &mut b,
+            m,
+            n,
+            k
+        ));
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&a), bits(&b), "{m}x{n}x{k}");
         // Fused SwiGLU alike.
         let (mut c, mut d) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
         let (rows, panels) = (Operand::Rows(&w), Operand::Panels(&p));
-        assert!(matmul(Some(&team), &x, rows, Some(rows), &mut c, m, n, k));
-        assert!(matmul(
+        assert!(matmul_with(
+            kernel,
+            Some(&team),
+            &x,
+            rows,
+            Some(rows),
+            &mut c,
+            m,
+            n,
+            k
+        ));
+        assert!(matmul_with(
+            kernel,
             Some(&team),
             &x,
             panels,
@@ -110,15 +216,19 @@ fn panels_packed_at_load_give_the_bits_of_packing_per_call() {
 
 #[test]
 fn a_rows_sums_do_not_depend_on_the_rows_beside_it() {
-    if !available() {
-        return;
+    for kernel in Kernel::all() {
+        a_rows_sums_do_not_depend_on_the_rows_beside_it_with(kernel);
     }
+}
+
+fn a_rows_sums_do_not_depend_on_the_rows_beside_it_with(kernel: Kernel) {
     let team = Team::new(2);
     let (n, k) = (96, 200);
     let (x, w) = operands(70, n, k);
     let p = packed(&w, n, k);
     let mut all = vec![0f32; 70 * n];
-    assert!(matmul(
+    assert!(matmul_with(
+        kernel,
         Some(&team),
         &x,
         Operand::Panels(&p),
@@ -132,7 +242,8 @@ fn a_rows_sums_do_not_depend_on_the_rows_beside_it() {
         let start = 70 - m;
         let mut part = vec![0f32; m * n];
         let xs = &x[start * k..];
-        assert!(matmul(
+        assert!(matmul_with(
+            kernel,
             Some(&team),
             xs,
             Operand::Panels(&p),

@@ -174,3 +174,202 @@ pub(super) unsafe fn tile<const R: usize, const FULL: bool>(
         }
     }
 }
+
+/// Activation rows up to which [`tile_fma`] takes the even and odd
+/// elements in one pass: four accumulators a row fill 16 of the 32 vector
+/// registers.
+pub(super) const ONE_PASS_ROWS: usize = 4;
+
+/// [`tile`] with f32 FMAs: `tile[r][c] = Σ_e x[r * k + e] · w_c[e]` for
+/// `r < R`, `c < NR`, each bf16 weight widened exactly to f32 (a bf16 is
+/// an f32's top half: the pair's low element shifted up, its high element
+/// masked) and each activation as it is.
+///
+/// Each output is the sum of two accumulator lanes, one fed the even
+/// elements 0, 2, ... in order, one the odd ones, one FMA each: the same
+/// operations whatever `R` is, so a row's sums do not depend on the rows
+/// beside it. Two chains, not one, so that a lone row (decode) does not
+/// wait on the FMA's latency. Up to [`ONE_PASS_ROWS`] rows both chains run
+/// in one pass over the panel; more rows take the even elements in one
+/// pass and the odd ones in a second (the registers hold two accumulators
+/// a row, not four). `FULL` and `stride` as for [`tile`]; an odd `k`'s
+/// last pair has no high element to read.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `x` holds `R * k` floats, `panel`
+/// `k.div_ceil(2) * stride` with `stride <= NR`, and `tile` `R` rows.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn tile_fma<const R: usize, const FULL: bool>(
+    x: &[f32],
+    k: usize,
+    panel: &[u32],
+    stride: usize,
+    tile: &mut [[f32; NR]; MR],
+) {
+    let kp = k.div_ceil(2);
+    assert!(R <= MR && x.len() >= R * k);
+    assert!(panel.len() >= kp * stride && stride <= NR && (!FULL || stride == NR));
+    let w = Pairs { panel, stride };
+    let x = Rows { x, k };
+    let (even, odd) = if R <= ONE_PASS_ROWS {
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        let mut odd = [[_mm512_setzero_ps(); 2]; R];
+        // SAFETY (both calls): pairs `p < kp` of the panel, elements `2p`
+        // (and `2p + 1` for whole pairs, `< k`) of every row, inside the
+        // operands (asserted above).
+        for p in 0..k / 2 {
+            unsafe { fma_step::<R, FULL, true>(x, w, p, &mut acc, &mut odd) };
+        }
+        if k % 2 == 1 {
+            unsafe { fma_step::<R, FULL, false>(x, w, k / 2, &mut acc, &mut odd) };
+        }
+        (acc, odd)
+    } else {
+        // SAFETY: as above.
+        unsafe {
+            (
+                fma_pass::<R, FULL, false>(x, w, kp),
+                fma_pass::<R, FULL, true>(x, w, k / 2),
+            )
+        }
+    };
+    for (r, ([e0, e1], [o0, o1])) in even.into_iter().zip(odd).enumerate() {
+        // SAFETY: each row of `tile` holds NR = 32 f32.
+        unsafe {
+            _mm512_storeu_ps(tile[r].as_mut_ptr(), _mm512_add_ps(e0, o0));
+            _mm512_storeu_ps(tile[r].as_mut_ptr().add(16), _mm512_add_ps(e1, o1));
+        }
+    }
+}
+
+/// A panel of bf16 pairs, `stride` columns wide.
+#[derive(Clone, Copy)]
+struct Pairs<'a> {
+    panel: &'a [u32],
+    stride: usize,
+}
+
+/// Activation rows of `k` floats.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    x: &'a [f32],
+    k: usize,
+}
+
+/// Pair `p`'s two vectors of columns 0..16 and 16..32 (zeros past
+/// `stride`), as loaded.
+///
+/// # Safety
+/// AVX-512F; `p < k.div_ceil(2)`, the panel holding `kp * stride` pairs.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load_pair<const FULL: bool>(w: Pairs<'_>, p: usize) -> [__m512i; 2] {
+    let lanes = |from: usize| -> __mmask16 {
+        match w.stride.saturating_sub(from) {
+            0 => 0,
+            s if s >= 16 => 0xffff,
+            s => (1u16 << s) - 1,
+        }
+    };
+    // SAFETY: the caller's contract; the masked loads read only the lanes
+    // below `stride`, the plain ones `NR == stride`.
+    unsafe {
+        let at = w.panel.as_ptr().add(p * w.stride);
+        if FULL {
+            [
+                _mm512_loadu_si512(at.cast()),
+                _mm512_loadu_si512(at.add(16).cast()),
+            ]
+        } else {
+            [
+                _mm512_maskz_loadu_epi32(lanes(0), at.cast()),
+                _mm512_maskz_loadu_epi32(lanes(16), at.add(16).cast()),
+            ]
+        }
+    }
+}
+
+/// The pair's even (low) elements widened.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn low(b: __m512i) -> __m512 {
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(b))
+}
+
+/// The pair's odd (high) elements widened.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn high(b: __m512i) -> __m512 {
+    _mm512_castsi512_ps(_mm512_and_si512(
+        b,
+        _mm512_set1_epi32(0xffff_0000_u32 as i32),
+    ))
+}
+
+/// `acc[r] += x[r][2p] · even(p)` and (`WHOLE`) `odd[r] += x[r][2p + 1] ·
+/// odd(p)` for every row: one step of [`tile_fma`]'s single pass.
+///
+/// # Safety
+/// As [`tile_fma`], with `p < k.div_ceil(2)`, and `2p + 1 < k` if `WHOLE`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn fma_step<const R: usize, const FULL: bool, const WHOLE: bool>(
+    x: Rows<'_>,
+    w: Pairs<'_>,
+    p: usize,
+    acc: &mut [[__m512; 2]; R],
+    odd: &mut [[__m512; 2]; R],
+) {
+    // SAFETY: the caller's contract: pair `p` is inside the panel, and
+    // elements `2p` (and `2p + 1`) of the `R` rows inside `x`.
+    unsafe {
+        let [b0, b1] = load_pair::<FULL>(w, p);
+        let (e0, e1, o0, o1) = (low(b0), low(b1), high(b0), high(b1));
+        for r in 0..R {
+            let xr = x.x.as_ptr().add(r * x.k + 2 * p);
+            let xe = _mm512_set1_ps(*xr);
+            acc[r][0] = _mm512_fmadd_ps(xe, e0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(xe, e1, acc[r][1]);
+            if WHOLE {
+                let xo = _mm512_set1_ps(*xr.add(1));
+                odd[r][0] = _mm512_fmadd_ps(xo, o0, odd[r][0]);
+                odd[r][1] = _mm512_fmadd_ps(xo, o1, odd[r][1]);
+            }
+        }
+    }
+}
+
+/// `Σ_{p < pairs} x[r][2p + ODD] · w(p)` for every row: the even elements'
+/// chain (`pairs` = all of them) or the odd ones' (the whole pairs) of
+/// [`tile_fma`]'s two passes.
+///
+/// # Safety
+/// As [`tile_fma`], with `pairs <= k.div_ceil(2)`, and `2·pairs <= k` if
+/// `ODD`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn fma_pass<const R: usize, const FULL: bool, const ODD: bool>(
+    x: Rows<'_>,
+    w: Pairs<'_>,
+    pairs: usize,
+) -> [[__m512; 2]; R] {
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    for p in 0..pairs {
+        // SAFETY: the caller's contract: pair `p` is inside the panel and
+        // element `2p + ODD` of each of the `R` rows inside `x`.
+        unsafe {
+            let [b0, b1] = load_pair::<FULL>(w, p);
+            let (v0, v1) = if ODD {
+                (high(b0), high(b1))
+            } else {
+                (low(b0), low(b1))
+            };
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let xv = _mm512_set1_ps(*x.x.as_ptr().add(r * x.k + 2 * p + ODD as usize));
+                acc[0] = _mm512_fmadd_ps(xv, v0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(xv, v1, acc[1]);
+            }
+        }
+    }
+    acc
+}
