@@ -130,8 +130,9 @@ thread_local! {
 /// recent Intel core's L2, leaving room for the weights streaming past).
 const ACT_TILE_BYTES: usize = 256 << 10;
 
-/// Activation rows from which Q4_K, Q6_K and Q8_0 weights are packed eight rows at a time
-/// (`packed.rs`; VNNI only): below it the packing costs more than it saves.
+/// Activation rows from which Q4_K, Q6_K and Q8_0 weights are packed
+/// sixteen rows at a time (`packed.rs`; VNNI only): below it the packing
+/// costs more than it saves.
 const PACKED_MIN_ROWS: usize = 8;
 
 /// Activation rows one kernel call takes (each weight block is unpacked

@@ -126,6 +126,43 @@ fn activations_match_the_reference_quantizers() {
     }
 }
 
+/// The Q8_K quantizer (AVX-512 where the CPU has it) on blocks the random
+/// rows never hold: all zeros, a NaN, an infinity, the largest magnitude
+/// twice with both signs (the first one sets the scale), subnormals, and
+/// values a hair off the rounding ties; the reference's bits every time.
+#[test]
+fn q8_k_activations_keep_the_reference_bits_on_odd_blocks() {
+    let base = values(256, 3);
+    let mut blocks: Vec<Vec<f32>> = vec![vec![0.0; 256], vec![-0.0; 256]];
+    for (at, v) in [(5, f32::NAN), (200, f32::INFINITY), (17, f32::NEG_INFINITY)] {
+        let mut b = base.clone();
+        b[at] = v;
+        blocks.push(b);
+    }
+    let mut b = base.clone();
+    // In one 16-lane vector and across two.
+    (b[36], b[40], b[90]) = (-1e4, 1e4, -1e4);
+    blocks.push(b);
+    blocks.push((0..256).map(|i| f32::from_bits(1 + i as u32)).collect());
+    // Halves of the quant step: 127 · v / max lands on x.5.
+    blocks.push(
+        (0..256)
+            .map(|i| (i as f32 - 128.0) * 0.5 / 127.0 * 2.0)
+            .collect(),
+    );
+    let x: Vec<f32> = blocks.concat();
+    let m = blocks.len();
+    let mut s = QuantScratch::new();
+    s.quantize_q8_k(None, &x, m, 256);
+    for (i, blk) in blocks.iter().enumerate() {
+        let want = metrale_core::quant::Q8KBlock::quantize(blk);
+        let a = s.q8_k_row(i, 256);
+        assert_eq!(a.d[0].to_bits(), want.d.to_bits(), "block {i}: d");
+        assert_eq!(a.qs, &want.qs[..], "block {i}: quants");
+        assert_eq!(a.bsums, &want.bsums[..], "block {i}: sums");
+    }
+}
+
 fn sizes(ty: GgmlType) -> &'static [usize] {
     if uses_q8_k(ty) {
         &[256, 768, 1280]
@@ -268,9 +305,9 @@ fn rows_do_not_depend_on_m_or_threads() {
 
 /// Prefill's path: activations quantized on the team and the rows taken in
 /// several L2 tiles (`ACT_TILE_BYTES / k` rows each, the last one ragged),
-/// Q4_K's weight rows packed eight at a time on VNNI (19 rows: two panels
-/// and three rows left over); every row must still equal the one-row
-/// product bit for bit.
+/// Q4_K's, Q6_K's and Q8_0's weight rows packed sixteen at a time on VNNI
+/// (19 rows: one panel and three rows left over); every row must still
+/// equal the one-row product bit for bit.
 #[test]
 fn tiled_prefill_rows_match_single_rows() {
     let team = Team::new(3);
