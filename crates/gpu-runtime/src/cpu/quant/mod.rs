@@ -392,7 +392,10 @@ pub(crate) fn quant_matmul_with(
     #[cfg(target_arch = "x86_64")]
     if n_packed > 0 {
         let groups = n_packed / packed::NR;
-        let per_thread = (w.bytes() >> 20).clamp(1, 8);
+        // Compute-bound: eight shares a thread whatever the matrix's size,
+        // so that a thread held up (the host's other work, a slower core)
+        // leaves the others at most an eighth of its part to wait for.
+        let per_thread = 8;
         let share = groups.div_ceil(threads * per_thread).max(1);
         let nb = k / ty.block_elems();
         let ptr = OutPtr::new(out);
