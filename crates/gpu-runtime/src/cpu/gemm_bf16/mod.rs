@@ -169,6 +169,16 @@ impl<'a> Operand<'a> {
         }
     }
 
+    /// Panel `t`'s pairs where the operand was packed at load (None for a
+    /// row-major one).
+    fn panel_at_load(&self, t: usize, n: usize, k: usize) -> Option<&'a [u32]> {
+        let (j0, cols, kp) = (t * NR, NR.min(n - t * NR), k.div_ceil(2));
+        match *self {
+            Operand::Panels(p) => Some(&p[j0 * kp..(j0 + cols) * kp]),
+            Operand::Rows(_) => None,
+        }
+    }
+
     /// The rows panel `t` is packed from, for a row-major operand: what to
     /// prefetch before packing it. None for panels packed at load.
     fn rows_of_panel(&self, t: usize, n: usize, k: usize) -> Option<&'a [bf16]> {
@@ -355,8 +365,16 @@ fn panel<'p>(w: Operand<'p>, buf: &'p mut Vec<u32>, t: usize, n: usize, k: usize
     }
 }
 
-/// `tile = a[..rows] · panel` for `rows <= MR` activation rows of `k`.
-fn tile(a: Acts<'_>, rows: usize, p: &Panel<'_>, k: usize, out: &mut [[f32; NR]; MR]) {
+/// `tile = a[..rows] · panel` for `rows <= MR` activation rows of `k`;
+/// `ahead`: the next panel, to prefetch ([`Kernel::Fma`] only).
+fn tile(
+    a: Acts<'_>,
+    rows: usize,
+    p: &Panel<'_>,
+    ahead: Option<&[u32]>,
+    k: usize,
+    out: &mut [[f32; NR]; MR],
+) {
     let kp = k.div_ceil(2);
     macro_rules! dispatch {
         ($($r:literal)*) => {
@@ -369,9 +387,9 @@ fn tile(a: Acts<'_>, rows: usize, p: &Panel<'_>, k: usize, out: &mut [[f32; NR];
                   (Acts::Pairs(a), $r, false) =>
                     unsafe { x86::tile::<$r, false>(a, p.pairs, kp, p.stride, out) },
                   (Acts::F32(x), $r, true) =>
-                    unsafe { x86::tile_fma::<$r, true>(x, k, p.pairs, p.stride, out) },
+                    unsafe { x86::tile_fma::<$r, true>(x, k, p.pairs, p.stride, ahead, out) },
                   (Acts::F32(x), $r, false) =>
-                    unsafe { x86::tile_fma::<$r, false>(x, k, p.pairs, p.stride, out) },)*
+                    unsafe { x86::tile_fma::<$r, false>(x, k, p.pairs, p.stride, ahead, out) },)*
                 _ => unreachable!("at most MR rows per tile"),
             }
         };
@@ -379,7 +397,7 @@ fn tile(a: Acts<'_>, rows: usize, p: &Panel<'_>, k: usize, out: &mut [[f32; NR];
     #[cfg(target_arch = "x86_64")]
     dispatch!(1 2 3 4 5 6 7 8);
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (a, rows, p, kp, out);
+    let _ = (a, rows, p, ahead, kp, out);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -443,9 +461,14 @@ fn run(
                         }
                         let rows = MR.min(m - i0);
                         let a = acts.rows(i0, rows, k);
-                        tile(a, rows, &pw, k, &mut g);
-                        if let Some(pu) = &pu {
-                            tile(a, rows, pu, k, &mut u);
+                        // A decode step's panels stream from memory: the
+                        // first tile prefetches the next one's.
+                        let next = ahead.filter(|_| streaming && ti == 0);
+                        let nw = next.and_then(|t| w.panel_at_load(t, n, k));
+                        tile(a, rows, &pw, nw, k, &mut g);
+                        if let (Some(pu), Some(up)) = (&pu, up) {
+                            let nu = next.and_then(|t| up.panel_at_load(t, n, k));
+                            tile(a, rows, pu, nu, k, &mut u);
                         }
                         for (r, g) in g.iter().enumerate().take(rows) {
                             let v = if pu.is_some() {

@@ -195,6 +195,11 @@ pub(super) const ONE_PASS_ROWS: usize = 4;
 /// a row, not four). `FULL` and `stride` as for [`tile`]; an odd `k`'s
 /// last pair has no high element to read.
 ///
+/// `ahead`, where given, is the next panel a decode step will multiply:
+/// its lines are prefetched into L2 as the first pass walks this one, so
+/// that memory streams it while the FMAs run (a decode step's few rows
+/// leave the hardware prefetcher behind the reads).
+///
 /// # Safety
 /// The CPU must support AVX-512F; `x` holds `R * k` floats, `panel`
 /// `k.div_ceil(2) * stride` with `stride <= NR`, and `tile` `R` rows.
@@ -204,12 +209,17 @@ pub(super) unsafe fn tile_fma<const R: usize, const FULL: bool>(
     k: usize,
     panel: &[u32],
     stride: usize,
+    ahead: Option<&[u32]>,
     tile: &mut [[f32; NR]; MR],
 ) {
     let kp = k.div_ceil(2);
     assert!(R <= MR && x.len() >= R * k);
     assert!(panel.len() >= kp * stride && stride <= NR && (!FULL || stride == NR));
-    let w = Pairs { panel, stride };
+    let w = Pairs {
+        panel,
+        stride,
+        ahead: ahead.map_or(&[][..], |a| a),
+    };
     let x = Rows { x, k };
     let (even, odd) = if R <= ONE_PASS_ROWS {
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
@@ -225,11 +235,12 @@ pub(super) unsafe fn tile_fma<const R: usize, const FULL: bool>(
         }
         (acc, odd)
     } else {
+        let no_ahead = Pairs { ahead: &[], ..w };
         // SAFETY: as above.
         unsafe {
             (
                 fma_pass::<R, FULL, false>(x, w, kp),
-                fma_pass::<R, FULL, true>(x, w, k / 2),
+                fma_pass::<R, FULL, true>(x, no_ahead, k / 2),
             )
         }
     };
@@ -242,11 +253,13 @@ pub(super) unsafe fn tile_fma<const R: usize, const FULL: bool>(
     }
 }
 
-/// A panel of bf16 pairs, `stride` columns wide.
+/// A panel of bf16 pairs, `stride` columns wide, and the next one's pairs
+/// to prefetch (empty: none).
 #[derive(Clone, Copy)]
 struct Pairs<'a> {
     panel: &'a [u32],
     stride: usize,
+    ahead: &'a [u32],
 }
 
 /// Activation rows of `k` floats.
@@ -271,6 +284,13 @@ unsafe fn load_pair<const FULL: bool>(w: Pairs<'_>, p: usize) -> [__m512i; 2] {
             s => (1u16 << s) - 1,
         }
     };
+    // The next panel's bytes at this pair's place (two lines of a full
+    // one), into L2. Prefetches never fault; the offsets stay inside it.
+    if let Some(next) = w.ahead.get(p * NR..) {
+        for line in [0, 16].into_iter().filter(|&o| o < next.len()) {
+            _mm_prefetch::<_MM_HINT_T1>(next[line..].as_ptr().cast());
+        }
+    }
     // SAFETY: the caller's contract; the masked loads read only the lanes
     // below `stride`, the plain ones `NR == stride`.
     unsafe {
