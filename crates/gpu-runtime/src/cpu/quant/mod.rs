@@ -503,9 +503,17 @@ pub(crate) fn quant_matmul_with(
         if let [a] = acts {
             let a = std::array::from_ref(a);
             let mut j = j0;
+            // The task's bytes, read in order: each row's (or group's)
+            // bytes `DECODE_AHEAD` further on are prefetched as it is read.
+            let span = w.span(j0, j1);
+            let ahead = |j: usize, rows: usize| {
+                let at = (j - j0) * w.row_bytes() + DECODE_AHEAD;
+                prefetch(span, at, rows * w.row_bytes());
+            };
             if let Some(dot) = decode_group {
                 // Whole groups (`j0` is a group's first row).
                 while j + GROUP <= j1 {
+                    ahead(j, GROUP);
                     let v = dot(w.group(j / GROUP).0, &a[0]);
                     for (r, val) in v.into_iter().enumerate() {
                         // SAFETY: `j + r < j1 <= n` (m = 1, so `out` holds
@@ -516,6 +524,7 @@ pub(crate) fn quant_matmul_with(
                 }
             }
             for j in j..j1 {
+                ahead(j, 1);
                 let row = w.row_in(j, &mut buf);
                 let v = match decode_row {
                     Some(dot) => dot(row, a)[0],
@@ -550,6 +559,26 @@ pub(crate) fn quant_matmul_with(
         None => (0..count).for_each(run),
     }
     Ok(())
+}
+
+/// How far ahead of its reads a decode task prefetches its weights: the
+/// hardware prefetcher alone left this Intel host's decode at about half
+/// the bandwidth.
+const DECODE_AHEAD: usize = 4096;
+
+/// Prefetches `data[at..at + len]` (clipped to `data`) into L1, a line at
+/// a time.
+fn prefetch(data: &[u8], at: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (at..(at + len).min(data.len())).step_by(64) {
+        // SAFETY: a prefetch never faults, and `line < data.len()` besides.
+        unsafe {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().add(line).cast());
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, at, len);
 }
 
 impl super::CpuBackend {
