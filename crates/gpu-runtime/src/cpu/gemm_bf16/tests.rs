@@ -1,7 +1,30 @@
 //! The bf16 GEMM against a reference and against itself: packed at load
-//! or per call, alone or among other rows, the same bits.
+//! or per call, alone or among other rows, the same bits; with each kernel
+//! this CPU runs.
 
 use super::*;
+
+/// `matmul_with` into a fresh output (NaN-filled: every element must be
+/// written).
+#[allow(clippy::too_many_arguments)]
+fn product(
+    kernel: Kernel,
+    team: Option<&Team>,
+    x: &[f32],
+    w: Operand<'_>,
+    up: Option<Operand<'_>>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Vec<f32> {
+    let mut out = vec![f32::NAN; m * n];
+    assert!(matmul_with(kernel, team, x, w, up, &mut out, m, n, k));
+    out
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
 
 /// Each kernel against its reference in f64: the activations rounded to
 /// bf16 ([`Kernel::Dot`]) or as they are ([`Kernel::Fma`]), on shapes with
@@ -20,19 +43,7 @@ fn matches_the_reference_on_odd_shapes() {
             (40, 64, 768),
         ] {
             let (x, w) = operands(m, n, k);
-            let mut out = vec![f32::NAN; m * n];
-            let rows = Operand::Rows(&w);
-            assert!(matmul_with(
-                kernel,
-                Some(&team),
-                &x,
-                rows,
-                None,
-                &mut out,
-                m,
-                n,
-                k
-            ));
+            let out = product(kernel, Some(&team), &x, Operand::Rows(&w), None, m, n, k);
             let act = |v: f32| match kernel {
                 Kernel::Dot => bf16::from_f32(v).to_f32() as f64,
                 Kernel::Fma => v as f64,
@@ -63,58 +74,18 @@ fn the_kernels_differ_only_by_the_rounding_of_the_activations() {
     }
     let (m, n, k) = (9, 64, 96);
     let (x, w) = operands(m, n, k);
-    let x: Vec<f32> = x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
-    let (mut dot, mut fma) = (vec![0f32; m * n], vec![0f32; m * n]);
     let rows = Operand::Rows(&w);
-    assert!(matmul_with(
-        Kernel::Dot,
-        Some(&team),
-        &x,
-        rows,
-        None,
-        &mut dot,
-        m,
-        n,
-        k
-    ));
-    assert!(matmul_with(
-        Kernel::Fma,
-        Some(&team),
-        &x,
-        rows,
-        None,
-        &mut fma,
-        m,
-        n,
-        k
-    ));
+    let both = |x: &[f32]| {
+        let run = |kernel| product(kernel, Some(&team), x, rows, None, m, n, k);
+        (run(Kernel::Dot), run(Kernel::Fma))
+    };
+    let on_grid: Vec<f32> = x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+    let (dot, fma) = both(&on_grid);
     for (a, b) in dot.iter().zip(&fma) {
         assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
     }
     // And with the activations off the bf16 grid they do differ.
-    let (x, _) = operands(m, n, k);
-    assert!(matmul_with(
-        Kernel::Fma,
-        Some(&team),
-        &x,
-        rows,
-        None,
-        &mut fma,
-        m,
-        n,
-        k
-    ));
-    assert!(matmul_with(
-        Kernel::Dot,
-        Some(&team),
-        &x,
-        rows,
-        None,
-        &mut dot,
-        m,
-        n,
-        k
-    ));
+    let (dot, fma) = both(&x);
     assert!(
         dot.iter()
             .zip(&fma)
@@ -143,125 +114,51 @@ fn packed(w: &[bf16], n: usize, k: usize) -> Vec<u32> {
 
 #[test]
 fn panels_packed_at_load_give_the_bits_of_packing_per_call() {
-    for kernel in Kernel::all() {
-        panels_packed_at_load_give_the_bits_of_packing_per_call_with(kernel);
-    }
-}
-
-fn panels_packed_at_load_give_the_bits_of_packing_per_call_with(kernel: Kernel) {
     let team = Team::new(2);
-    // Full panels, a partial last panel (16 and 48 rows), one row.
-    for &(m, n, k) in &[
-        (3, 64, 96),
-        (9, 48, 64),
-        (1, 80, 768),
-        (17, 1, 34),
-        (40, 96, 130),
-    ] {
-        let (x, w) = operands(m, n, k);
-        let p = packed(&w, n, k);
-        let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
-        assert!(matmul_with(
-            kernel,
-            Some(&team),
-            &x,
-            Operand::Rows(&w),
-            None,
-            &mut a,
-            m,
-            n,
-            k
-        ));
-        assert!(matmul_with(
-            kernel,
-            None,
-            &x,
-            Operand::Panels(&p),
-            None,
-            &mut b,
-            m,
-            n,
-            k
-        ));
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&a), bits(&b), "{m}x{n}x{k}");
-        // Fused SwiGLU alike.
-        let (mut c, mut d) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
-        let (rows, panels) = (Operand::Rows(&w), Operand::Panels(&p));
-        assert!(matmul_with(
-            kernel,
-            Some(&team),
-            &x,
-            rows,
-            Some(rows),
-            &mut c,
-            m,
-            n,
-            k
-        ));
-        assert!(matmul_with(
-            kernel,
-            Some(&team),
-            &x,
-            panels,
-            Some(panels),
-            &mut d,
-            m,
-            n,
-            k
-        ));
-        assert_eq!(bits(&c), bits(&d), "swiglu {m}x{n}x{k}");
+    for kernel in Kernel::all() {
+        // Full panels, a partial last panel (16 and 48 rows), one row.
+        for &(m, n, k) in &[
+            (3, 64, 96),
+            (9, 48, 64),
+            (1, 80, 768),
+            (17, 1, 34),
+            (40, 96, 130),
+        ] {
+            let (x, w) = operands(m, n, k);
+            let p = packed(&w, n, k);
+            let (rows, panels) = (Operand::Rows(&w), Operand::Panels(&p));
+            let a = product(kernel, Some(&team), &x, rows, None, m, n, k);
+            let b = product(kernel, None, &x, panels, None, m, n, k);
+            assert_eq!(bits(&a), bits(&b), "{kernel:?} {m}x{n}x{k}");
+            // Fused SwiGLU alike.
+            let c = product(kernel, Some(&team), &x, rows, Some(rows), m, n, k);
+            let d = product(kernel, Some(&team), &x, panels, Some(panels), m, n, k);
+            assert_eq!(bits(&c), bits(&d), "{kernel:?} swiglu {m}x{n}x{k}");
+        }
     }
 }
 
 #[test]
 fn a_rows_sums_do_not_depend_on_the_rows_beside_it() {
-    for kernel in Kernel::all() {
-        a_rows_sums_do_not_depend_on_the_rows_beside_it_with(kernel);
-    }
-}
-
-fn a_rows_sums_do_not_depend_on_the_rows_beside_it_with(kernel: Kernel) {
     let team = Team::new(2);
     let (n, k) = (96, 200);
     let (x, w) = operands(70, n, k);
     let p = packed(&w, n, k);
-    let mut all = vec![0f32; 70 * n];
-    assert!(matmul_with(
-        kernel,
-        Some(&team),
-        &x,
-        Operand::Panels(&p),
-        None,
-        &mut all,
-        70,
-        n,
-        k
-    ));
-    for m in [1, 2, 7, 8, 9, 33, 64] {
-        let start = 70 - m;
-        let mut part = vec![0f32; m * n];
-        let xs = &x[start * k..];
-        assert!(matmul_with(
-            kernel,
-            Some(&team),
-            xs,
-            Operand::Panels(&p),
-            None,
-            &mut part,
-            m,
-            n,
-            k
-        ));
-        for (i, row) in part.chunks(n).enumerate() {
-            let want = &all[(start + i) * n..(start + i + 1) * n];
-            assert!(
-                row.iter()
-                    .zip(want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "row {} among {m}",
-                start + i
-            );
+    let panels = Operand::Panels(&p);
+    for kernel in Kernel::all() {
+        let all = product(kernel, Some(&team), &x, panels, None, 70, n, k);
+        for m in [1, 2, 7, 8, 9, 33, 64] {
+            let start = 70 - m;
+            let part = product(kernel, Some(&team), &x[start * k..], panels, None, m, n, k);
+            for (i, row) in part.chunks(n).enumerate() {
+                let want = &all[(start + i) * n..(start + i + 1) * n];
+                assert_eq!(
+                    bits(row),
+                    bits(want),
+                    "{kernel:?} row {} among {m}",
+                    start + i
+                );
+            }
         }
     }
 }
