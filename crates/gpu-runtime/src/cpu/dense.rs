@@ -99,7 +99,10 @@ impl CpuBackend {
         // Small ones run on the calling thread alone, without the team.
         if let Some(w) = self.bf16_operand(ws, n, k)? {
             let team = (m * n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
-            if !super::gemm_bf16::matmul(team, xs, w, None, o, m, n, k) {
+            let kernel = self.bf16_kernel();
+            if !kernel
+                .is_some_and(|kern| super::gemm_bf16::matmul(kern, team, xs, w, None, o, m, n, k))
+            {
                 return Err(GpuError::Unavailable(
                     "bf16 panels need AVX512-BF16, which this CPU lacks".into(),
                 ));
@@ -151,7 +154,8 @@ impl CpuBackend {
         let MatmulDims { m, n, k } = d;
         let team = (m * n * k >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
         if let (Some(g), Some(up)) = (self.bf16_operand(wg, n, k)?, self.bf16_operand(wu, n, k)?)
-            && super::gemm_bf16::matmul(team, xs, g, Some(up), o, m, n, k)
+            && let Some(kernel) = self.bf16_kernel()
+            && super::gemm_bf16::matmul(kernel, team, xs, g, Some(up), o, m, n, k)
         {
             return Ok(());
         }

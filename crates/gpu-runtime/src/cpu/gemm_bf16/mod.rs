@@ -230,7 +230,7 @@ pub(crate) fn gemm(
     n: usize,
     k: usize,
 ) -> bool {
-    matmul_with(
+    matmul(
         Kernel::Dot,
         Some(team),
         x,
@@ -244,28 +244,14 @@ pub(crate) fn gemm(
 }
 
 /// `out = x · wᵀ`, or with `up` `silu(x · wᵀ) * (x · upᵀ)`, each product
-/// as [`gemm`] computes it and the SiLU as `silu_mul` does, applied to each
+/// by `kernel` (one of [`Kernel::all`]; the backend's is
+/// [`Kernel::detect`]'s) and the SiLU as `silu_mul` does, applied to each
 /// tile before it is stored (the same bits as two products and `silu_mul`).
 /// `team`: None runs on the calling thread alone (small matrices). False,
 /// doing nothing, where the CPU lacks AVX512-BF16 or `w` and `up` are not
-/// both of one kind. With this CPU's [`Kernel`].
+/// both of one kind.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul(
-    team: Option<&Team>,
-    x: &[f32],
-    w: Operand<'_>,
-    up: Option<Operand<'_>>,
-    out: &mut [f32],
-    m: usize,
-    n: usize,
-    k: usize,
-) -> bool {
-    Kernel::detect().is_some_and(|kern| matmul_with(kern, team, x, w, up, out, m, n, k))
-}
-
-/// [`matmul`] with a chosen kernel (one of [`Kernel::all`]).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul_with(
     kernel: Kernel,
     team: Option<&Team>,
     x: &[f32],
@@ -378,7 +364,7 @@ fn tile(
     let kp = k.div_ceil(2);
     macro_rules! dispatch {
         ($($r:literal)*) => {
-            // SAFETY: `available()` was checked by `matmul_with`; `a` holds
+            // SAFETY: `available()` was checked by `matmul`; `a` holds
             // `rows` rows (of `kp` pairs or `k` floats) and the panel
             // `kp * stride`.
             match (a, rows, p.stride == NR) {

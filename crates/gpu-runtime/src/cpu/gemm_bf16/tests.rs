@@ -4,7 +4,7 @@
 
 use super::*;
 
-/// `matmul_with` into a fresh output (NaN-filled: every element must be
+/// `matmul` into a fresh output (NaN-filled: every element must be
 /// written).
 #[allow(clippy::too_many_arguments)]
 fn product(
@@ -18,7 +18,7 @@ fn product(
     k: usize,
 ) -> Vec<f32> {
     let mut out = vec![f32::NAN; m * n];
-    assert!(matmul_with(kernel, team, x, w, up, &mut out, m, n, k));
+    assert!(matmul(kernel, team, x, w, up, &mut out, m, n, k));
     out
 }
 
