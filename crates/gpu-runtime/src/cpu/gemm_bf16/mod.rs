@@ -172,9 +172,8 @@ impl<'a> Operand<'a> {
     /// Panel `t`'s pairs where the operand was packed at load (None for a
     /// row-major one).
     fn panel_at_load(&self, t: usize, n: usize, k: usize) -> Option<&'a [u32]> {
-        let (j0, cols, kp) = (t * NR, NR.min(n - t * NR), k.div_ceil(2));
         match *self {
-            Operand::Panels(p) => Some(&p[j0 * kp..(j0 + cols) * kp]),
+            Operand::Panels(p) => Some(panel_pairs(p, t, n, k)),
             Operand::Rows(_) => None,
         }
     }
@@ -188,6 +187,13 @@ impl<'a> Operand<'a> {
             Operand::Panels(_) => None,
         }
     }
+}
+
+/// Panel `t` of an `[n, k]` operand packed at load: its `NR` columns (fewer
+/// for the last) of `k.div_ceil(2)` pairs each.
+fn panel_pairs(p: &[u32], t: usize, n: usize, k: usize) -> &[u32] {
+    let (j0, kp) = (t * NR, k.div_ceil(2));
+    &p[j0 * kp..(j0 + NR.min(n - j0)) * kp]
 }
 
 /// Where `out` is written by the tasks, each its own columns.
@@ -215,12 +221,13 @@ impl OutPtr {
 }
 
 /// `out[i * n + j] = Σ_c bf16(x[i * k + c]) · w[j * k + c]` (f32 sums),
-/// with [`Kernel::Dot`] on every CPU: the SSD scan's products, whose f32
-/// operands (states, inputs weighted by decays) hold subnormals where the
-/// decays underflow. FMAs on those take microcode assists on Intel's cores
-/// (the scan ran 25% slower with [`Kernel::Fma`] on Emerald Rapids);
-/// `vdpbf16ps` flushes them. Returns false, doing nothing, when the CPU
-/// lacks AVX512-BF16.
+/// with [`Kernel::Dot`] on every CPU: the SSD scan's products. With
+/// [`Kernel::Fma`] the scan ran 25% slower on Emerald Rapids, most likely
+/// from the microcode assists FMAs take on subnormals, which its f32
+/// operands (states, inputs weighted by decays) hold where the decays
+/// underflow, and which `vdpbf16ps` flushes (that host's VM shows no
+/// performance counters to confirm it). Returns false, doing nothing, when
+/// the CPU lacks AVX512-BF16.
 pub(crate) fn gemm(
     team: &Team,
     x: &[f32],
@@ -336,7 +343,7 @@ fn panel<'p>(w: Operand<'p>, buf: &'p mut Vec<u32>, t: usize, n: usize, k: usize
     let cols = NR.min(n - j0);
     match w {
         Operand::Panels(p) => Panel {
-            pairs: &p[j0 * kp..(j0 + cols) * kp],
+            pairs: panel_pairs(p, t, n, k),
             stride: cols,
         },
         Operand::Rows(w) => {
