@@ -496,14 +496,8 @@ fn prefetch_part(data: &[bf16], i: usize, parts: usize) {
     const LINE: usize = 32; // bf16s per 64-byte line
     let lines = data.len().div_ceil(LINE);
     let per = lines.div_ceil(parts);
-    for l in (i * per..((i + 1) * per).min(lines)).map(|l| l * LINE) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a prefetch never faults, and `l < data.len()` besides.
-        unsafe {
-            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().add(l).cast());
-        }
-    }
+    let (l0, l1) = (i * per, ((i + 1) * per).min(lines));
+    super::simd::prefetch(data, l0 * LINE, l1 * LINE);
 }
 
 /// Packs rows `j0..j0 + cols` of `w` as `panel[p * NR + r] = pair p of row r`

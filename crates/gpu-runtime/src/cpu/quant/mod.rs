@@ -508,7 +508,7 @@ pub(crate) fn quant_matmul_with(
             let span = w.span(j0, j1);
             let ahead = |j: usize, rows: usize| {
                 let at = (j - j0) * w.row_bytes() + DECODE_AHEAD;
-                prefetch(span, at, rows * w.row_bytes());
+                super::simd::prefetch(span, at, at + rows * w.row_bytes());
             };
             if let Some(dot) = decode_group {
                 // Whole groups (`j0` is a group's first row).
@@ -565,21 +565,6 @@ pub(crate) fn quant_matmul_with(
 /// hardware prefetcher alone left this Intel host's decode at about half
 /// the bandwidth.
 const DECODE_AHEAD: usize = 4096;
-
-/// Prefetches `data[at..at + len]` (clipped to `data`) into L1, a line at
-/// a time.
-fn prefetch(data: &[u8], at: usize, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for line in (at..(at + len).min(data.len())).step_by(64) {
-        // SAFETY: a prefetch never faults, and `line < data.len()` besides.
-        unsafe {
-            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().add(line).cast());
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, at, len);
-}
 
 impl super::CpuBackend {
     /// `out[i * n + j] = dot(x[i * k..][..k], w[j])` on this backend's
