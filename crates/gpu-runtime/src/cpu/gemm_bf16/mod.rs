@@ -46,6 +46,10 @@ const STREAMING_ROWS: usize = 64;
 /// Below this many activation elements the pairs are made on the calling
 /// thread alone (a team dispatch costs more than the conversion).
 const SERIAL_PAIRS: usize = 1 << 14;
+/// Activation rows up to which [`Kernel::Fma`]'s tile takes the even and
+/// odd elements in one pass over its panel: four accumulators a row fill 16
+/// of the 32 vector registers. More rows take two passes.
+const ONE_PASS_ROWS: usize = 4;
 
 thread_local! {
     /// A row-major operand's panel, packed per call, per team thread.
@@ -359,12 +363,12 @@ fn panel<'p>(w: Operand<'p>, buf: &'p mut Vec<u32>, t: usize, n: usize, k: usize
 }
 
 /// `tile = a[..rows] · panel` for `rows <= MR` activation rows of `k`;
-/// `ahead`: the next panel, to prefetch ([`Kernel::Fma`] only).
+/// `ahead`: the next panel's prefetch, kept up with ([`Kernel::Fma`] only).
 fn tile(
     a: Acts<'_>,
     rows: usize,
     p: &Panel<'_>,
-    ahead: Option<&[u32]>,
+    ahead: &mut Lookahead<'_>,
     k: usize,
     out: &mut [[f32; NR]; MR],
 ) {
@@ -443,6 +447,16 @@ fn run(
                     let cols = NR.min(n - j0);
                     let pw = panel(w, buf, t, n, k);
                     let pu = up.map(|u| panel(u, buf_up, t, n, k));
+                    // A decode step's panels stream from memory: each
+                    // operand's next panel is prefetched over all the
+                    // steps of this one's.
+                    let next = ahead.filter(|_| streaming && matches!(acts, Acts::F32(_)));
+                    let steps = fma_steps(m, k);
+                    let mut ahead_w = Lookahead::new(w, next, n, k, steps);
+                    let mut ahead_u = match up {
+                        Some(u) => Lookahead::new(u, next, n, k, steps),
+                        None => Lookahead::new(w, None, n, k, 0),
+                    };
                     let (mut g, mut u) = ([[0f32; NR]; MR], [[0f32; NR]; MR]);
                     let mut row = [0f32; NR];
                     for (ti, i0) in (0..m).step_by(MR).enumerate() {
@@ -454,14 +468,9 @@ fn run(
                         }
                         let rows = MR.min(m - i0);
                         let a = acts.rows(i0, rows, k);
-                        // A decode step's panels stream from memory: the
-                        // first tile prefetches the next one's.
-                        let next = ahead.filter(|_| streaming && ti == 0);
-                        let nw = next.and_then(|t| w.panel_at_load(t, n, k));
-                        tile(a, rows, &pw, nw, k, &mut g);
-                        if let (Some(pu), Some(up)) = (&pu, up) {
-                            let nu = next.and_then(|t| up.panel_at_load(t, n, k));
-                            tile(a, rows, pu, nu, k, &mut u);
+                        tile(a, rows, &pw, &mut ahead_w, k, &mut g);
+                        if let Some(pu) = &pu {
+                            tile(a, rows, pu, &mut ahead_u, k, &mut u);
                         }
                         for (r, g) in g.iter().enumerate().take(rows) {
                             let v = if pu.is_some() {
@@ -488,6 +497,73 @@ fn run(
     match team {
         Some(team) => team.run(tasks, &work),
         None => work(0),
+    }
+}
+
+/// [`Kernel::Fma`]'s steps over a panel for `m` activation rows of `k`:
+/// one per pair in each of its tiles' passes.
+fn fma_steps(m: usize, k: usize) -> usize {
+    (0..m)
+        .step_by(MR)
+        .map(|i0| match MR.min(m - i0) {
+            rows if rows <= ONE_PASS_ROWS => k.div_ceil(2),
+            _ => k.div_ceil(2) + k / 2,
+        })
+        .sum()
+}
+
+/// The prefetch of the next panel a decode step multiplies, into L2, spread
+/// evenly over the steps of the current one (every pass of every tile), so
+/// that memory streams the weights for as long as the FMAs run on them. A
+/// decode step reads each panel from memory once and then from cache, and
+/// its few streams leave the hardware prefetcher behind: prefetching all of
+/// the next panel during the first pass left memory idle during the others
+/// (a batch-16 step's four passes).
+pub(super) struct Lookahead<'a> {
+    next: &'a [u32],
+    /// Lines of `next` prefetched so far.
+    line: usize,
+    /// `lines · steps so far - line · steps` (Bresenham's error term).
+    due: usize,
+    lines: usize,
+    steps: usize,
+}
+
+impl<'a> Lookahead<'a> {
+    /// Prefetches the 64-byte lines of `w`'s panel `next` over `steps`
+    /// calls of [`step`](Self::step); nothing for no panel, or one not
+    /// packed at load.
+    fn new(w: Operand<'a>, next: Option<usize>, n: usize, k: usize, steps: usize) -> Self {
+        let next = next.and_then(|t| w.panel_at_load(t, n, k)).unwrap_or(&[]);
+        Lookahead {
+            next,
+            line: 0,
+            due: 0,
+            lines: if steps == 0 {
+                0
+            } else {
+                next.len().div_ceil(16)
+            },
+            steps,
+        }
+    }
+
+    /// One step over the current panel: the lines now due.
+    #[inline(always)]
+    pub(super) fn step(&mut self) {
+        self.due += self.lines;
+        while self.due >= self.steps && self.lines > 0 {
+            self.due -= self.steps;
+            #[cfg(target_arch = "x86_64")]
+            if let Some(at) = self.next.get(self.line * 16) {
+                // SAFETY: a prefetch never faults; `at` is inside `next`.
+                unsafe {
+                    use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+                    _mm_prefetch::<_MM_HINT_T1>((at as *const u32).cast());
+                }
+            }
+            self.line += 1;
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{MR, NR};
+use super::{Lookahead, MR, NR, ONE_PASS_ROWS};
 
 /// Packs NR full rows of `kp` pairs each (`rows`, row-major bf16) into
 /// `panel[p * NR + r]`: 16×16 blocks of pairs transposed in registers
@@ -175,11 +175,6 @@ pub(super) unsafe fn tile<const R: usize, const FULL: bool>(
     }
 }
 
-/// Activation rows up to which [`tile_fma`] takes the even and odd
-/// elements in one pass: four accumulators a row fill 16 of the 32 vector
-/// registers.
-pub(super) const ONE_PASS_ROWS: usize = 4;
-
 /// [`tile`] with f32 FMAs: `tile[r][c] = Σ_e x[r * k + e] · w_c[e]` for
 /// `r < R`, `c < NR`, each bf16 weight widened exactly to f32 (a bf16 is
 /// an f32's top half: the pair's low element shifted up, its high element
@@ -195,10 +190,9 @@ pub(super) const ONE_PASS_ROWS: usize = 4;
 /// a row, not four). `FULL` and `stride` as for [`tile`]; an odd `k`'s
 /// last pair has no high element to read.
 ///
-/// `ahead`, where given, is the next panel a decode step will multiply:
-/// its lines are prefetched into L2 as the first pass walks this one, so
-/// that memory streams it while the FMAs run (a decode step's few rows
-/// leave the hardware prefetcher behind the reads).
+/// `ahead` is told of every step over the panel (one pair of every row),
+/// on which it prefetches its share of the next panel a decode step will
+/// multiply (see [`Lookahead`]).
 ///
 /// # Safety
 /// The CPU must support AVX-512F; `x` holds `R * k` floats, `panel`
@@ -209,17 +203,13 @@ pub(super) unsafe fn tile_fma<const R: usize, const FULL: bool>(
     k: usize,
     panel: &[u32],
     stride: usize,
-    ahead: Option<&[u32]>,
+    ahead: &mut Lookahead<'_>,
     tile: &mut [[f32; NR]; MR],
 ) {
     let kp = k.div_ceil(2);
     assert!(R <= MR && x.len() >= R * k);
     assert!(panel.len() >= kp * stride && stride <= NR && (!FULL || stride == NR));
-    let w = Pairs {
-        panel,
-        stride,
-        ahead: ahead.map_or(&[][..], |a| a),
-    };
+    let w = Pairs { panel, stride };
     let x = Rows { x, k };
     let (even, odd) = if R <= ONE_PASS_ROWS {
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
@@ -228,19 +218,20 @@ pub(super) unsafe fn tile_fma<const R: usize, const FULL: bool>(
         // (and `2p + 1` for whole pairs, `< k`) of every row, inside the
         // operands (asserted above).
         for p in 0..k / 2 {
+            ahead.step();
             unsafe { fma_step::<R, FULL, true>(x, w, p, &mut acc, &mut odd) };
         }
         if k % 2 == 1 {
+            ahead.step();
             unsafe { fma_step::<R, FULL, false>(x, w, k / 2, &mut acc, &mut odd) };
         }
         (acc, odd)
     } else {
-        let no_ahead = Pairs { ahead: &[], ..w };
         // SAFETY: as above.
         unsafe {
             (
-                fma_pass::<R, FULL, false>(x, w, kp),
-                fma_pass::<R, FULL, true>(x, no_ahead, k / 2),
+                fma_pass::<R, FULL, false>(x, w, kp, ahead),
+                fma_pass::<R, FULL, true>(x, w, k / 2, ahead),
             )
         }
     };
@@ -253,13 +244,11 @@ pub(super) unsafe fn tile_fma<const R: usize, const FULL: bool>(
     }
 }
 
-/// A panel of bf16 pairs, `stride` columns wide, and the next one's pairs
-/// to prefetch (empty: none).
+/// A panel of bf16 pairs, `stride` columns wide.
 #[derive(Clone, Copy)]
 struct Pairs<'a> {
     panel: &'a [u32],
     stride: usize,
-    ahead: &'a [u32],
 }
 
 /// Activation rows of `k` floats.
@@ -284,13 +273,6 @@ unsafe fn load_pair<const FULL: bool>(w: Pairs<'_>, p: usize) -> [__m512i; 2] {
             s => (1u16 << s) - 1,
         }
     };
-    // The next panel's bytes at this pair's place (two lines of a full
-    // one), into L2. Prefetches never fault; the offsets stay inside it.
-    if let Some(next) = w.ahead.get(p * NR..) {
-        for line in [0, 16].into_iter().filter(|&o| o < next.len()) {
-            _mm_prefetch::<_MM_HINT_T1>(next[line..].as_ptr().cast());
-        }
-    }
     // SAFETY: the caller's contract; the masked loads read only the lanes
     // below `stride`, the plain ones `NR == stride`.
     unsafe {
@@ -372,9 +354,11 @@ unsafe fn fma_pass<const R: usize, const FULL: bool, const ODD: bool>(
     x: Rows<'_>,
     w: Pairs<'_>,
     pairs: usize,
+    ahead: &mut Lookahead<'_>,
 ) -> [[__m512; 2]; R] {
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     for p in 0..pairs {
+        ahead.step();
         // SAFETY: the caller's contract: pair `p` is inside the panel and
         // element `2p + ODD` of each of the `R` rows inside `x`.
         unsafe {
