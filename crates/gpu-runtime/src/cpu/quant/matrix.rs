@@ -102,20 +102,8 @@ impl<'a> QuantMatrix<'a> {
         self.data.len()
     }
 
-    /// Bytes of one row (whole blocks).
-    pub(super) fn row_bytes(&self) -> usize {
-        self.row_bytes
-    }
-
     pub(super) fn is_grouped(&self) -> bool {
         self.grouped
-    }
-
-    /// The bytes of rows `j0..j1`, in either layout (whole groups when
-    /// grouped: `j0` a group's first row, `j1` one or `n`): what decode
-    /// streams for them, in order.
-    pub(super) fn span(&self, j0: usize, j1: usize) -> &'a [u8] {
-        &self.data[j0 * self.row_bytes..j1 * self.row_bytes]
     }
 
     /// Group `g`'s bytes (rows `G·g..`) and its row count, in the grouped

@@ -503,17 +503,11 @@ pub(crate) fn quant_matmul_with(
         if let [a] = acts {
             let a = std::array::from_ref(a);
             let mut j = j0;
-            // The task's bytes, read in order: each row's (or group's)
-            // bytes `DECODE_AHEAD` further on are prefetched as it is read.
-            let span = w.span(j0, j1);
-            let ahead = |j: usize, rows: usize| {
-                let at = (j - j0) * w.row_bytes() + DECODE_AHEAD;
-                super::simd::prefetch(span, at, at + rows * w.row_bytes());
-            };
+            // The task's bytes are read in order; the kernels prefetch
+            // them ahead of their reads (`x86::prefetch_ahead`).
             if let Some(dot) = decode_group {
                 // Whole groups (`j0` is a group's first row).
                 while j + GROUP <= j1 {
-                    ahead(j, GROUP);
                     let v = dot(w.group(j / GROUP).0, &a[0]);
                     for (r, val) in v.into_iter().enumerate() {
                         // SAFETY: `j + r < j1 <= n` (m = 1, so `out` holds
@@ -524,7 +518,6 @@ pub(crate) fn quant_matmul_with(
                 }
             }
             for j in j..j1 {
-                ahead(j, 1);
                 let row = w.row_in(j, &mut buf);
                 let v = match decode_row {
                     Some(dot) => dot(row, a)[0],
@@ -560,11 +553,6 @@ pub(crate) fn quant_matmul_with(
     }
     Ok(())
 }
-
-/// How far ahead of its reads a decode task prefetches its weights: the
-/// hardware prefetcher alone left this Intel host's decode at about half
-/// the bandwidth.
-const DECODE_AHEAD: usize = 4096;
 
 impl super::CpuBackend {
     /// `out[i * n + j] = dot(x[i * k..][..k], w[j])` on this backend's

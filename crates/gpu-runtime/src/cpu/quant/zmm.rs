@@ -186,6 +186,10 @@ pub(super) unsafe fn dot_q45_k<const Q5: bool, const R: usize>(
         // of 256 quants, 16 sums and one scale (the caller's contract).
         unsafe {
             let p = w.as_ptr().wrapping_add(b * bb);
+            if R == 1 {
+                // One row: decode, its weights streaming.
+                super::x86::prefetch_ahead(p, bb);
+            }
             let (scales, mins) = super::x86::scales_mins_k4(p);
             let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
                 i64::from_le_bytes(scales),
@@ -229,6 +233,10 @@ pub(super) unsafe fn dot_q6_k<const R: usize>(w: &[u8], a: &[ActRow<'_>; R]) -> 
         // scales at 192 and `d` at 208 in the block.
         unsafe {
             let p = wb.as_ptr();
+            if R == 1 {
+                // One row: decode, its weights streaming.
+                super::x86::prefetch_ahead(p, 210);
+            }
             let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(super::x86::ld16(
                 p.wrapping_add(192) as *const __m128i,
             )));
@@ -344,6 +352,8 @@ pub(super) unsafe fn dot_q45_k_group<const Q5: bool>(w: &[u8], a: &ActRow<'_>) -
             let mut v = [_mm256_setzero_si256(); 8];
             for r in 0..G {
                 let p = base.wrapping_add(bb * r);
+                // Decode's kernel: the group's bytes stream past.
+                super::x86::prefetch_ahead(p, bb);
                 let (scales, mins) = super::x86::scales_mins_k4(p);
                 let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
                     i64::from_le_bytes(scales),
@@ -398,6 +408,8 @@ pub(super) unsafe fn dot_q6_k_group(w: &[u8], a: &ActRow<'_>) -> [f32; G] {
             let mut v = [_mm256_setzero_si256(); 8];
             for r in 0..G {
                 let p = base.wrapping_add(BB * r);
+                // Decode's kernel: the group's bytes stream past.
+                super::x86::prefetch_ahead(p, BB);
                 let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(super::x86::ld16(
                     p.wrapping_add(192) as *const __m128i,
                 )));
