@@ -36,7 +36,8 @@ mod x86;
 
 /// Weight rows per panel (two 16-lane vectors).
 pub(crate) const NR: usize = metrale_core::PANEL_ROWS;
-/// Activation rows per micro-tile.
+/// Activation rows per micro-tile of [`Kernel::Dot`], and the rows of a
+/// tile's output buffer.
 const MR: usize = 8;
 /// Up to this many activation rows each task takes one run of panels (see
 /// `run`). Measured on 40 streamed 3072x768 matrices, 2 threads, against
@@ -46,10 +47,14 @@ const STREAMING_ROWS: usize = 64;
 /// Below this many activation elements the pairs are made on the calling
 /// thread alone (a team dispatch costs more than the conversion).
 const SERIAL_PAIRS: usize = 1 << 14;
-/// Activation rows up to which [`Kernel::Fma`]'s tile takes the even and
-/// odd elements in one pass over its panel: four accumulators a row fill 16
-/// of the 32 vector registers. More rows take two passes.
-const ONE_PASS_ROWS: usize = 4;
+/// Activation rows per micro-tile of [`Kernel::Fma`]: six rows' four
+/// accumulators (even and odd elements, two column vectors) fill 24 of the
+/// 32 vector registers, so a tile takes both chains in one pass over its
+/// panel. Eight rows in two passes (the even elements, then the odd) read
+/// each panel twice as often: 12% slower on cached 64-row products,
+/// 1.08-1.17x slower on Granite's batch-16 decode.
+const FMA_MR: usize = 6;
+const _: () = assert!(FMA_MR <= MR);
 
 thread_local! {
     /// A row-major operand's panel, packed per call, per team thread.
@@ -362,8 +367,9 @@ fn panel<'p>(w: Operand<'p>, buf: &'p mut Vec<u32>, t: usize, n: usize, k: usize
     }
 }
 
-/// `tile = a[..rows] · panel` for `rows <= MR` activation rows of `k`;
-/// `ahead`: the next panel's prefetch, kept up with ([`Kernel::Fma`] only).
+/// `tile = a[..rows] · panel` for `rows <= tile_rows(a)` activation rows
+/// of `k`; `ahead`: the next panel's prefetch, kept up with
+/// ([`Kernel::Fma`] only).
 fn tile(
     a: Acts<'_>,
     rows: usize,
@@ -373,28 +379,38 @@ fn tile(
     out: &mut [[f32; NR]; MR],
 ) {
     let kp = k.div_ceil(2);
-    macro_rules! dispatch {
+    let full = p.stride == NR;
+    // SAFETY (every arm): `available()` was checked by `matmul`; `a` holds
+    // `rows` rows (of `kp` pairs or `k` floats) and the panel `kp * stride`.
+    macro_rules! dot {
         ($($r:literal)*) => {
-            // SAFETY: `available()` was checked by `matmul`; `a` holds
-            // `rows` rows (of `kp` pairs or `k` floats) and the panel
-            // `kp * stride`.
-            match (a, rows, p.stride == NR) {
-                $((Acts::Pairs(a), $r, true) =>
+            match (rows, full, a) {
+                $(($r, true, Acts::Pairs(a)) =>
                     unsafe { x86::tile::<$r, true>(a, p.pairs, kp, p.stride, out) },
-                  (Acts::Pairs(a), $r, false) =>
-                    unsafe { x86::tile::<$r, false>(a, p.pairs, kp, p.stride, out) },
-                  (Acts::F32(x), $r, true) =>
+                  ($r, false, Acts::Pairs(a)) =>
+                    unsafe { x86::tile::<$r, false>(a, p.pairs, kp, p.stride, out) },)*
+                _ => unreachable!("at most MR rows per bf16 dot tile"),
+            }
+        };
+    }
+    macro_rules! fma {
+        ($($r:literal)*) => {
+            match (rows, full, a) {
+                $(($r, true, Acts::F32(x)) =>
                     unsafe { x86::tile_fma::<$r, true>(x, k, p.pairs, p.stride, ahead, out) },
-                  (Acts::F32(x), $r, false) =>
+                  ($r, false, Acts::F32(x)) =>
                     unsafe { x86::tile_fma::<$r, false>(x, k, p.pairs, p.stride, ahead, out) },)*
-                _ => unreachable!("at most MR rows per tile"),
+                _ => unreachable!("at most FMA_MR rows per FMA tile"),
             }
         };
     }
     #[cfg(target_arch = "x86_64")]
-    dispatch!(1 2 3 4 5 6 7 8);
+    match a {
+        Acts::Pairs(_) => dot!(1 2 3 4 5 6 7 8),
+        Acts::F32(_) => fma!(1 2 3 4 5 6),
+    }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (a, rows, p, ahead, kp, out);
+    let _ = (a, rows, p, ahead, kp, full, out);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -441,7 +457,8 @@ fn run(
                         let w_rows = w.rows_of_panel(ahead, n, k)?;
                         Some((w_rows, up.and_then(|u| u.rows_of_panel(ahead, n, k))))
                     });
-                    let tiles = m.div_ceil(MR);
+                    let mr = tile_rows(acts);
+                    let tiles = m.div_ceil(mr);
                     let from = tiles - tiles.div_ceil(4);
                     let j0 = t * NR;
                     let cols = NR.min(n - j0);
@@ -459,14 +476,14 @@ fn run(
                     };
                     let (mut g, mut u) = ([[0f32; NR]; MR], [[0f32; NR]; MR]);
                     let mut row = [0f32; NR];
-                    for (ti, i0) in (0..m).step_by(MR).enumerate() {
+                    for (ti, i0) in (0..m).step_by(mr).enumerate() {
                         if let Some((wr, ur)) = upcoming.filter(|_| ti >= from) {
                             prefetch_part(wr, ti - from, tiles - from);
                             if let Some(ur) = ur {
                                 prefetch_part(ur, ti - from, tiles - from);
                             }
                         }
-                        let rows = MR.min(m - i0);
+                        let rows = mr.min(m - i0);
                         let a = acts.rows(i0, rows, k);
                         tile(a, rows, &pw, &mut ahead_w, k, &mut g);
                         if let Some(pu) = &pu {
@@ -500,16 +517,19 @@ fn run(
     }
 }
 
+/// Activation rows per tile: [`MR`] for [`Kernel::Dot`], [`FMA_MR`] for
+/// [`Kernel::Fma`].
+fn tile_rows(acts: Acts<'_>) -> usize {
+    match acts {
+        Acts::Pairs(_) => MR,
+        Acts::F32(_) => FMA_MR,
+    }
+}
+
 /// [`Kernel::Fma`]'s steps over a panel for `m` activation rows of `k`:
-/// one per pair in each of its tiles' passes.
+/// one per pair in each of its tiles' single pass.
 fn fma_steps(m: usize, k: usize) -> usize {
-    (0..m)
-        .step_by(MR)
-        .map(|i0| match MR.min(m - i0) {
-            rows if rows <= ONE_PASS_ROWS => k.div_ceil(2),
-            _ => k.div_ceil(2) + k / 2,
-        })
-        .sum()
+    m.div_ceil(FMA_MR) * k.div_ceil(2)
 }
 
 /// The prefetch of the next panel a decode step multiplies, into L2, spread

@@ -28,7 +28,8 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 /// Each kernel against its reference in f64: the activations rounded to
 /// bf16 ([`Kernel::Dot`]) or as they are ([`Kernel::Fma`]), on shapes with
-/// odd `k`, partial panels and tiles of one, four, five and eight rows.
+/// odd `k`, partial panels, and whole and partial tiles (Dot's of eight
+/// rows, Fma's of six).
 #[test]
 fn matches_the_reference_on_odd_shapes() {
     let team = Team::new(2);

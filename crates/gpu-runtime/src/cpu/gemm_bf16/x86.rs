@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Lookahead, MR, NR, ONE_PASS_ROWS};
+use super::{FMA_MR, Lookahead, MR, NR};
 
 /// Packs NR full rows of `kp` pairs each (`rows`, row-major bf16) into
 /// `panel[p * NR + r]`: 16×16 blocks of pairs transposed in registers
@@ -184,10 +184,9 @@ pub(super) unsafe fn tile<const R: usize, const FULL: bool>(
 /// elements 0, 2, ... in order, one the odd ones, one FMA each: the same
 /// operations whatever `R` is, so a row's sums do not depend on the rows
 /// beside it. Two chains, not one, so that a lone row (decode) does not
-/// wait on the FMA's latency. Up to [`ONE_PASS_ROWS`] rows both chains run
-/// in one pass over the panel; more rows take the even elements in one
-/// pass and the odd ones in a second (the registers hold two accumulators
-/// a row, not four). `FULL` and `stride` as for [`tile`]; an odd `k`'s
+/// wait on the FMA's latency. Both chains run in one pass over the panel:
+/// up to [`FMA_MR`] rows, whose four accumulators each fill 24 of the 32
+/// vector registers. `FULL` and `stride` as for [`tile`]; an odd `k`'s
 /// last pair has no high element to read.
 ///
 /// `ahead` is told of every step over the panel (one pair of every row),
@@ -207,34 +206,23 @@ pub(super) unsafe fn tile_fma<const R: usize, const FULL: bool>(
     tile: &mut [[f32; NR]; MR],
 ) {
     let kp = k.div_ceil(2);
-    assert!(R <= MR && x.len() >= R * k);
+    assert!(R <= FMA_MR && x.len() >= R * k);
     assert!(panel.len() >= kp * stride && stride <= NR && (!FULL || stride == NR));
     let w = Pairs { panel, stride };
     let x = Rows { x, k };
-    let (even, odd) = if R <= ONE_PASS_ROWS {
-        let mut acc = [[_mm512_setzero_ps(); 2]; R];
-        let mut odd = [[_mm512_setzero_ps(); 2]; R];
-        // SAFETY (both calls): pairs `p < kp` of the panel, elements `2p`
-        // (and `2p + 1` for whole pairs, `< k`) of every row, inside the
-        // operands (asserted above).
-        for p in 0..k / 2 {
-            ahead.step();
-            unsafe { fma_step::<R, FULL, true>(x, w, p, &mut acc, &mut odd) };
-        }
-        if k % 2 == 1 {
-            ahead.step();
-            unsafe { fma_step::<R, FULL, false>(x, w, k / 2, &mut acc, &mut odd) };
-        }
-        (acc, odd)
-    } else {
-        // SAFETY: as above.
-        unsafe {
-            (
-                fma_pass::<R, FULL, false>(x, w, kp, ahead),
-                fma_pass::<R, FULL, true>(x, w, k / 2, ahead),
-            )
-        }
-    };
+    let mut even = [[_mm512_setzero_ps(); 2]; R];
+    let mut odd = [[_mm512_setzero_ps(); 2]; R];
+    // SAFETY (both calls): pairs `p < kp` of the panel, elements `2p` (and
+    // `2p + 1` for whole pairs, `< k`) of every row, inside the operands
+    // (asserted above).
+    for p in 0..k / 2 {
+        ahead.step();
+        unsafe { fma_step::<R, FULL, true>(x, w, p, &mut even, &mut odd) };
+    }
+    if k % 2 == 1 {
+        ahead.step();
+        unsafe { fma_step::<R, FULL, false>(x, w, k / 2, &mut even, &mut odd) };
+    }
     for (r, ([e0, e1], [o0, o1])) in even.into_iter().zip(odd).enumerate() {
         // SAFETY: each row of `tile` holds NR = 32 f32.
         unsafe {
@@ -309,7 +297,7 @@ fn high(b: __m512i) -> __m512 {
 }
 
 /// `acc[r] += x[r][2p] · even(p)` and (`WHOLE`) `odd[r] += x[r][2p + 1] ·
-/// odd(p)` for every row: one step of [`tile_fma`]'s single pass.
+/// odd(p)` for every row: one step of [`tile_fma`]'s pass.
 ///
 /// # Safety
 /// As [`tile_fma`], with `p < k.div_ceil(2)`, and `2p + 1 < k` if `WHOLE`.
@@ -339,41 +327,4 @@ unsafe fn fma_step<const R: usize, const FULL: bool, const WHOLE: bool>(
             }
         }
     }
-}
-
-/// `Σ_{p < pairs} x[r][2p + ODD] · w(p)` for every row: the even elements'
-/// chain (`pairs` = all of them) or the odd ones' (the whole pairs) of
-/// [`tile_fma`]'s two passes.
-///
-/// # Safety
-/// As [`tile_fma`], with `pairs <= k.div_ceil(2)`, and `2·pairs <= k` if
-/// `ODD`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn fma_pass<const R: usize, const FULL: bool, const ODD: bool>(
-    x: Rows<'_>,
-    w: Pairs<'_>,
-    pairs: usize,
-    ahead: &mut Lookahead<'_>,
-) -> [[__m512; 2]; R] {
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
-    for p in 0..pairs {
-        ahead.step();
-        // SAFETY: the caller's contract: pair `p` is inside the panel and
-        // element `2p + ODD` of each of the `R` rows inside `x`.
-        unsafe {
-            let [b0, b1] = load_pair::<FULL>(w, p);
-            let (v0, v1) = if ODD {
-                (high(b0), high(b1))
-            } else {
-                (low(b0), low(b1))
-            };
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let xv = _mm512_set1_ps(*x.x.as_ptr().add(r * x.k + 2 * p + ODD as usize));
-                acc[0] = _mm512_fmadd_ps(xv, v0, acc[0]);
-                acc[1] = _mm512_fmadd_ps(xv, v1, acc[1]);
-            }
-        }
-    }
-    acc
 }
