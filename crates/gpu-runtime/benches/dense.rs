@@ -16,18 +16,12 @@ use metrale_gpu_runtime::ops::{AttnParams, KvLayer, MatmulDims, StateSlots};
 
 #[path = "support/mod.rs"]
 mod support;
-use support::values;
+use support::{le_bytes, values};
 
 fn upload(gpu: &dyn GpuBackend, v: &[f32], dtype: DType) -> DeviceSlice {
     let s = gpu.alloc_slice(dtype, v.len(), "bench").expect("alloc");
-    let bytes: Vec<u8> = match dtype {
-        DType::BF16 => v
-            .iter()
-            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
-            .collect(),
-        _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    };
-    gpu.copy_h2d(&bytes, s.ptr(), 0).expect("upload");
+    gpu.copy_h2d(&le_bytes(v, dtype), s.ptr(), 0)
+        .expect("upload");
     s
 }
 

@@ -19,7 +19,7 @@ use metrale_gpu_runtime::ops::MatmulDims;
 
 #[path = "support/mod.rs"]
 mod support;
-use support::values;
+use support::{le_bytes, values};
 
 const N: usize = 1024;
 const K: usize = 4096;
@@ -78,14 +78,8 @@ fn gemv(c: &mut Criterion) {
         let gpu: &dyn GpuBackend = &cpu;
         let up = |v: &[f32], dtype: DType| {
             let s = gpu.alloc_slice(dtype, v.len(), "bench").expect("alloc");
-            let bytes: Vec<u8> = match dtype {
-                DType::BF16 => v
-                    .iter()
-                    .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
-                    .collect(),
-                _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            };
-            gpu.copy_h2d(&bytes, s.ptr(), 0).expect("upload");
+            gpu.copy_h2d(&le_bytes(v, dtype), s.ptr(), 0)
+                .expect("upload");
             s
         };
         let xs = up(&x, DType::F32);

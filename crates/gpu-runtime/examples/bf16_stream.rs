@@ -19,25 +19,11 @@ use metrale_gpu_runtime::ops::MatmulDims;
 
 #[path = "../benches/support/mod.rs"]
 mod support;
-use support::values;
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use support::{env_usize as env, le_bytes, values};
 
 fn upload(gpu: &dyn GpuBackend, v: &[f32], dtype: DType) -> Result<DeviceSlice> {
     let s = gpu.alloc_slice(dtype, v.len(), "bf16_stream")?;
-    let bytes: Vec<u8> = match dtype {
-        DType::BF16 => v
-            .iter()
-            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
-            .collect(),
-        _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    };
-    gpu.copy_h2d(&bytes, s.ptr(), 0)?;
+    gpu.copy_h2d(&le_bytes(v, dtype), s.ptr(), 0)?;
     Ok(s)
 }
 

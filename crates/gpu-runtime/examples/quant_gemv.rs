@@ -17,14 +17,7 @@ use metrale_gpu_runtime::cpu::quant::{QuantMatrix, QuantScratch};
 
 #[path = "../benches/support/mod.rs"]
 mod support;
-use support::values;
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use support::{env_usize as env, values};
 
 fn main() -> Result<()> {
     let (threads, k) = (env("T", 1), env("K", 4096));

@@ -14,3 +14,25 @@ pub fn values(n: usize, seed: u64) -> Vec<f32> {
         })
         .collect()
 }
+
+/// `v` as the little-endian bytes of `dtype`: bf16 (rounded to nearest
+/// even) or f32.
+#[allow(dead_code)] // each includer uses its own share of these helpers
+pub fn le_bytes(v: &[f32], dtype: metrale_core::DType) -> Vec<u8> {
+    match dtype {
+        metrale_core::DType::BF16 => v
+            .iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+            .collect(),
+        _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// The number in the environment variable `name`, else `default`.
+#[allow(dead_code)]
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
