@@ -51,8 +51,8 @@ const SERIAL_PAIRS: usize = 1 << 14;
 /// accumulators (even and odd elements, two column vectors) fill 24 of the
 /// 32 vector registers, so a tile takes both chains in one pass over its
 /// panel. Eight rows in two passes (the even elements, then the odd) read
-/// each panel twice as often: 12% slower on cached 64-row products,
-/// 1.08-1.17x slower on Granite's batch-16 decode.
+/// each panel twice as often: 12% slower on cached 64-row products (and
+/// Granite's batch-16 decode 1.04x slower, the median of 12 noisy pairs).
 const FMA_MR: usize = 6;
 const _: () = assert!(FMA_MR <= MR);
 
@@ -538,7 +538,7 @@ fn fma_steps(m: usize, k: usize) -> usize {
 /// decode step reads each panel from memory once and then from cache, and
 /// its few streams leave the hardware prefetcher behind: prefetching all of
 /// the next panel during the first pass left memory idle during the others
-/// (a batch-16 step's four passes).
+/// (a batch-16 step's three).
 #[derive(Clone, Copy)]
 pub(super) struct Lookahead<'a> {
     next: &'a [u32],
