@@ -470,10 +470,7 @@ fn run(
                     let next = ahead.filter(|_| streaming && matches!(acts, Acts::F32(_)));
                     let steps = fma_steps(m, k);
                     let mut ahead_w = Lookahead::new(w, next, n, k, steps);
-                    let mut ahead_u = match up {
-                        Some(u) => Lookahead::new(u, next, n, k, steps),
-                        None => Lookahead::new(w, None, n, k, 0),
-                    };
+                    let mut ahead_u = up.map(|u| Lookahead::new(u, next, n, k, steps));
                     let (mut g, mut u) = ([[0f32; NR]; MR], [[0f32; NR]; MR]);
                     let mut row = [0f32; NR];
                     for (ti, i0) in (0..m).step_by(mr).enumerate() {
@@ -486,8 +483,8 @@ fn run(
                         let rows = mr.min(m - i0);
                         let a = acts.rows(i0, rows, k);
                         tile(a, rows, &pw, &mut ahead_w, k, &mut g);
-                        if let Some(pu) = &pu {
-                            tile(a, rows, pu, &mut ahead_u, k, &mut u);
+                        if let (Some(pu), Some(ahead_u)) = (&pu, &mut ahead_u) {
+                            tile(a, rows, pu, ahead_u, k, &mut u);
                         }
                         for (r, g) in g.iter().enumerate().take(rows) {
                             let v = if pu.is_some() {
@@ -574,8 +571,8 @@ impl<'a> Lookahead<'a> {
     pub(super) fn step(&mut self) {
         if self.lines > 0 && self.lines == 2 * self.steps {
             // One pass over the panel (a tile of all the rows): two lines
-            // a step, without the general case's loop, whose instructions
-            // cost a lone row's decode about 6%.
+            // a step, without the general case's loop (whose instructions
+            // cost a lone row's decode a few percent).
             self.fetch(self.line);
             self.fetch(self.line + 1);
             self.line += 2;
