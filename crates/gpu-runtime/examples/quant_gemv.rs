@@ -6,21 +6,23 @@
 //! `cargo build --release -p metrale-gpu-runtime --example quant_gemv`, then
 //! `K=768 T=1 target/release/examples/quant_gemv`. To compare two kernels,
 //! copy the binary aside before the change and run both in turn, several
-//! rounds: this host's noise is larger than most kernel changes.
+//! rounds: this host's noise is larger than most kernel changes. `GROUPED=1`:
+//! the K-quants grouped as a model's are at load (`group_rows`), so the
+//! decode group kernels run.
 
 use std::time::Instant;
 
 use anyhow::Result;
 use metrale_core::{GgmlType, quant::quantize_row};
 use metrale_gpu_runtime::cpu::CpuBackend;
-use metrale_gpu_runtime::cpu::quant::{QuantMatrix, QuantScratch};
+use metrale_gpu_runtime::cpu::quant::{QuantMatrix, QuantScratch, group_rows, groups_pay};
 
 #[path = "../benches/support/mod.rs"]
 mod support;
 use support::{env_usize as env, values};
 
 fn main() -> Result<()> {
-    let (threads, k) = (env("T", 1), env("K", 4096));
+    let (threads, k, grouped) = (env("T", 1), env("K", 4096), env("GROUPED", 0) == 1);
     let cpu = CpuBackend::with_threads(threads);
     let x = values(k, 1);
     let mut scratch = QuantScratch::new();
@@ -37,9 +39,18 @@ fn main() -> Result<()> {
         }
         // L2, L3 and memory on a Zen 4 core.
         for n in [128usize, 1024, 32768] {
-            let w = rows.repeat(n.div_ceil(DISTINCT));
-            let w = &w[..n * rb];
-            let m = QuantMatrix::new(ty, w, n, k)?;
+            let mut w = rows.repeat(n.div_ceil(DISTINCT));
+            w.truncate(n * rb);
+            let group = grouped && groups_pay(ty);
+            if group {
+                group_rows(ty, &mut w, n, k)?;
+            }
+            let w = &w[..];
+            let m = if group {
+                QuantMatrix::grouped(ty, w, n, k)?
+            } else {
+                QuantMatrix::new(ty, w, n, k)?
+            };
             let mut out = vec![0f32; n];
             let reps = (2_000_000_000 / w.len()).clamp(3, 20_000);
             let mut best = f64::MAX;
@@ -51,7 +62,8 @@ fn main() -> Result<()> {
                 best = best.min(t.elapsed().as_secs_f64() / reps as f64);
             }
             println!(
-                "{ty} n={n} k={k} {:.1} MB: {:.2} GB/s, {:.2} ns/256 weights",
+                "{ty}{} n={n} k={k} {:.1} MB: {:.2} GB/s, {:.2} ns/256 weights",
+                if group { " grouped" } else { "" },
                 w.len() as f64 / 1e6,
                 w.len() as f64 / best / 1e9,
                 best / (n * k) as f64 * 256.0 * 1e9

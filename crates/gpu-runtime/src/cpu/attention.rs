@@ -29,6 +29,14 @@ use crate::gpu::DeviceSlice;
 use crate::ops::dense::{AttnParams, KvLayer};
 use crate::ops::step::{ATTN_SEQ_WORDS, AttnBatch, AttnSeqDesc};
 
+/// How many blocks ahead of its reads a query's walk over the keys
+/// prefetches them. Measured on Llama-370M Q4_K_M decode, 2048-token
+/// context, 2 threads, three rounds: attention 251-275 ms without
+/// prefetches, 177-203 ms with one block of keys and values ahead,
+/// 167-204 ms with four blocks of keys ahead (into L2); one block ahead
+/// into L1 was no better than none.
+const KEY_BLOCKS_AHEAD: usize = 4;
+
 thread_local! {
     /// One query's scores (per team thread).
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -131,6 +139,18 @@ impl<'a> KvData<'a> {
                 buf.clear();
                 buf.extend(d[at..at + len].iter().map(|x| x.to_f32()));
                 buf
+            }
+        }
+    }
+
+    /// Prefetches `rows` rows of `width` elements at `at`, `stride` apart
+    /// (one row: `width` contiguous elements).
+    fn prefetch(&self, at: usize, rows: usize, width: usize, stride: usize) {
+        for r in 0..rows {
+            let from = at + r * stride;
+            match *self {
+                KvData::F32(d) => super::simd::prefetch_l2(d, from, from + width),
+                KvData::BF16(d) => super::simd::prefetch_l2(d, from, from + width),
             }
         }
     }
@@ -329,6 +349,27 @@ struct Keys<'a> {
 }
 
 impl Keys<'_> {
+    /// Where block `b`'s key tile of this kv head starts.
+    fn key_tile(&self, b: usize) -> usize {
+        (self.seq.table[b] as usize * (self.kv_width / self.hd) + self.kvh) * self.hd * self.bs
+    }
+
+    /// Where the value of position `t` (in block `b`) of this kv head starts.
+    fn value_row(&self, b: usize, t: usize) -> usize {
+        (self.seq.table[b] as usize * self.bs + t - b * self.bs) * self.kv_width
+            + self.kvh * self.hd
+    }
+
+    /// Prefetches block `b`'s values of this kv head from position `lo`.
+    fn prefetch_values(&self, b: usize, lo: usize) {
+        let hi = ((b + 1) * self.bs).min(self.pos + 1);
+        let lo = lo.max(b * self.bs);
+        if lo < hi {
+            let at = self.value_row(b, lo);
+            self.vc.prefetch(at, hi - lo, self.hd, self.kv_width);
+        }
+    }
+
     /// Attention of the queries `qs` (at most `MAX_HEADS`) over these keys
     /// into `out` (`qs.len()` heads of `hd`).
     fn attend(&self, isa: Isa, qs: &[&[f32]], scale: f32, out: &mut [f32]) {
@@ -342,9 +383,22 @@ impl Keys<'_> {
                 // `first..=pos`; the visible ones are `first - b0 * bs..=pos - b0 * bs`.
                 scores.resize(qs.len() * span, 0.0);
                 let mut lanes = [[0f32; vec::TILE_LANES]; vec::MAX_HEADS];
+                // The key tiles lie where the block table puts them, a
+                // tile per page or more apart: the hardware prefetcher
+                // does not follow them, so the walk prefetches its own,
+                // `KEY_BLOCKS_AHEAD` ahead.
+                for b in b0 + 1..(b0 + KEY_BLOCKS_AHEAD).min(b1 + 1) {
+                    self.kc.prefetch(self.key_tile(b), 1, tile_len, 0);
+                }
                 for (j, b) in (b0..=b1).enumerate() {
-                    let at =
-                        (self.seq.table[b] as usize * (self.kv_width / hd) + self.kvh) * tile_len;
+                    if b + KEY_BLOCKS_AHEAD <= b1 {
+                        self.kc
+                            .prefetch(self.key_tile(b + KEY_BLOCKS_AHEAD), 1, tile_len, 0);
+                    } else if b == b1 {
+                        // The values come next.
+                        self.prefetch_values(b0, self.first);
+                    }
+                    let at = self.key_tile(b);
                     let tile = self.kc.run(at, tile_len, wide);
                     if bs == vec::TILE_LANES {
                         vec::tile_dot_heads(isa, qs, tile, &mut lanes);
@@ -375,8 +429,10 @@ impl Keys<'_> {
                 let mut done = visible.start;
                 for b in b0..=b1 {
                     let (lo, hi) = ((b * bs).max(self.first), ((b + 1) * bs).min(self.pos + 1));
-                    let at = (self.seq.table[b] as usize * bs + lo - b * bs) * self.kv_width
-                        + self.kvh * hd;
+                    if b < b1 {
+                        self.prefetch_values(b + 1, (b + 1) * bs);
+                    }
+                    let at = self.value_row(b, lo);
                     let mut ws: [&[f32]; vec::MAX_HEADS] = [&[]; vec::MAX_HEADS];
                     for (w, head) in ws.iter_mut().zip(scores.chunks(span)) {
                         *w = &head[done..done + hi - lo];
