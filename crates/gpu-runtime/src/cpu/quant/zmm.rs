@@ -38,6 +38,14 @@
 //! Q4_K, k = 768, an 85 MB matrix, prototype): 1.25x the one-row kernel;
 //! Granite and Llama Q4_K_M decode 1.16-1.18x (paired medians).
 //!
+//! Session 35 unpacked the Q4_K/Q5_K group's scales and mins for its four
+//! rows at once (one register of the four heads, `scales_mins_k4`'s masks
+//! as vector operations, the min terms two `vpmaddwd`, one fold for the
+//! sums and the min terms): from cache (`examples/quant_stream.rs`, `C=1`,
+//! 2 threads) 1.08-1.20x in three pairs; streamed from memory, and in
+//! Granite Q4_K_M decode, no change beyond the noise (0.99x, 8 pairs):
+//! there a decode step waits on memory, not on these instructions.
+//!
 //! The results are bit for bit those of `scalar.rs`: the integer sums are
 //! exact whatever their order (no 16-bit pair can saturate: at most
 //! 2·63·128), and the f32 term of each super-block is `scalar.rs`'s, added
@@ -322,6 +330,124 @@ fn lanes(v: __m128) -> [f32; G] {
     out
 }
 
+/// Q4_K/Q5_K in a group: `vpermw` indices picking, from the 16-bit scales
+/// and mins of two rows ([`heads_scales_mins`]: row `h` in words
+/// `16h..16h + 16`, its eight scales then its eight mins), row `h`'s
+/// sub-block pair `c` (scale `2c` in lanes 0..16, `2c + 1` in 16..32).
+static GROUP_PICK_Q45: [[[i16; 32]; 4]; 2] = {
+    let mut idx = [[[0i16; 32]; 4]; 2];
+    let mut h = 0;
+    while h < 2 {
+        let mut c = 0;
+        while c < 4 {
+            let mut i = 0;
+            while i < 32 {
+                idx[h][c][i] = (16 * h + 2 * c + i / 16) as i16;
+                i += 1;
+            }
+            c += 1;
+        }
+        h += 1;
+    }
+    idx
+};
+
+/// Two rows' mins as [`min_pairs`](super::x86::min_pairs) lays out one
+/// row's: `(m0, m0, m1, m1, ...)`, the first row in lanes 0..16.
+static GROUP_MIN_PAIRS: [i16; 32] = {
+    let mut idx = [0i16; 32];
+    let mut i = 0;
+    while i < 32 {
+        idx[i] = (16 * (i / 16) + 8 + (i % 16) / 2) as i16;
+        i += 1;
+    }
+    idx
+};
+
+/// The four rows' `d` (lanes 0..4) and `dmin` (4..8) from their heads.
+static GROUP_D_DMIN: [i16; 32] = {
+    let mut idx = [0i16; 32];
+    let mut i = 0;
+    while i < 8 {
+        idx[i] = (8 * (i % 4) + i / 4) as i16;
+        i += 1;
+    }
+    idx
+};
+
+/// The [`G`] rows' first 16 bytes of a K-quant block (`d`, `dmin`, the 12
+/// bytes of scales and mins), row `r` in 128-bit lane `r`.
+///
+/// # Safety
+/// `base + r·bb` must hold 16 bytes for every `r < G`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn group_heads(base: *const u8, bb: usize) -> __m512i {
+    // SAFETY: the caller's contract.
+    let h = |r: usize| unsafe { super::x86::ld16(base.wrapping_add(bb * r) as *const __m128i) };
+    let v = _mm512_castsi128_si512(h(0));
+    let v = _mm512_inserti32x4::<1>(v, h(1));
+    let v = _mm512_inserti32x4::<2>(v, h(2));
+    _mm512_inserti32x4::<3>(v, h(3))
+}
+
+/// The eight 6-bit scales and mins of the four rows (`scales_mins_k4`'s
+/// masks on all four heads at once) as 16-bit words: rows 0 and 1 in the
+/// first register, 2 and 3 in the second, each row's scales then mins.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn heads_scales_mins(heads: __m512i) -> (__m512i, __m512i) {
+    // Each row's dwords are [d|dmin, u0, u1, u2]; its scales are
+    // [u0 & K1, (u2 & K2) | (u0 >> 2) & 0x30.., u1 & K1, (u2 >> 4) & K2 |
+    // (u1 >> 2) & 0x30..] (see `x86::scales_mins_k4`).
+    let lane4 = |a: i32, b: i32| _mm512_set4_epi32(b, a, b, a);
+    let x = _mm512_shuffle_epi32::<0b11_10_11_01>(heads); // [u0, u2, u1, u2]
+    let y = _mm512_shuffle_epi32::<0b10_10_01_01>(heads); // [u0, u0, u1, u1]
+    let x = _mm512_srlv_epi32(x, _mm512_set4_epi32(4, 0, 0, 0));
+    let low = _mm512_and_si512(x, lane4(0x3f3f_3f3f, 0x0f0f_0f0f));
+    let top = _mm512_and_si512(_mm512_srli_epi32::<2>(y), lane4(0, 0x3030_3030));
+    let bytes = _mm512_or_si512(low, top);
+    (
+        _mm512_cvtepu8_epi16(_mm512_castsi512_si256(bytes)),
+        _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64::<1>(bytes)),
+    )
+}
+
+/// Sums the four rows' 16 product lanes (`acc`) and their min terms (two
+/// rows' eight lanes in each of `m01`, `m23`): `([Σ acc[r]], [Σ min r])`.
+/// Integer sums, exact in any order.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn fold_group(acc: [__m512i; G], m01: __m512i, m23: __m512i) -> (__m128i, __m128i) {
+    // 16 lanes to 8, two rows to a register (as `m01` and `m23` are).
+    let half = |x, y| {
+        _mm512_add_epi32(
+            _mm512_shuffle_i64x2::<0b01_00_01_00>(x, y),
+            _mm512_shuffle_i64x2::<0b11_10_11_10>(x, y),
+        )
+    };
+    // 8 lanes to 4: row r's in 128-bit lane r.
+    let quarter = |x, y| {
+        _mm512_add_epi32(
+            _mm512_shuffle_i64x2::<0b10_00_10_00>(x, y),
+            _mm512_shuffle_i64x2::<0b11_01_11_01>(x, y),
+        )
+    };
+    let sums = quarter(half(acc[0], acc[1]), half(acc[2], acc[3]));
+    let mins = quarter(m01, m23);
+    // Per 128-bit lane: [s0 + s2, s1 + s3, m0 + m2, m1 + m3], then [S, S, M, M].
+    let c = _mm512_add_epi32(
+        _mm512_unpacklo_epi64(sums, mins),
+        _mm512_unpackhi_epi64(sums, mins),
+    );
+    let d = _mm512_add_epi32(c, _mm512_shuffle_epi32::<0b10_11_00_01>(c));
+    let v = _mm512_permutexvar_epi32(
+        _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0),
+        d,
+    );
+    (_mm512_castsi512_si128(v), _mm512_extracti32x4_epi32::<1>(v))
+}
+
 /// Q4_K (`Q5 == false`) or Q5_K: the [`G`] weight rows of a group in the
 /// grouped layout (block `b` of row `r` at `(b·G + r)·block_bytes`) with
 /// one activation row. The same bits as [`dot_q45_k`] row by row: the
@@ -329,9 +455,11 @@ fn lanes(v: __m128) -> [f32; G] {
 /// `scalar::term_k`, added in block order.
 ///
 /// Why: decode's rows are short (Granite's k = 768 is three super-blocks),
-/// and per row and block the fold and the f32 term cost about a third of
-/// the kernel; here one fold and one f32 term serve four rows, and the
-/// activation's quants are loaded once for them.
+/// and per row and block the scales, the fold and the f32 term cost about
+/// a third of the kernel. Here the four rows' scales and mins are unpacked
+/// together in vector registers, their min terms are two `vpmaddwd`, one
+/// fold and one f32 term serve the four, and the activation's quants are
+/// loaded once for them.
 ///
 /// # Safety
 /// `w` must hold `G·nb` whole super-blocks, `a` a Q8_K row of `nb`; the
@@ -349,34 +477,37 @@ pub(super) unsafe fn dot_q45_k_group<const Q5: bool>(w: &[u8], a: &ActRow<'_>) -
         unsafe {
             let base = w.as_ptr().wrapping_add(G * bb * b);
             let (av, bs, da) = act_block(a, b);
-            let mut v = [_mm256_setzero_si256(); 8];
-            for r in 0..G {
+            let heads = group_heads(base, bb);
+            let (sm01, sm23) = heads_scales_mins(heads);
+            let mut acc = [_mm512_setzero_si512(); G];
+            for (r, acc) in acc.iter_mut().enumerate() {
                 let p = base.wrapping_add(bb * r);
                 // Decode's kernel: the group's bytes stream past.
                 super::x86::prefetch_ahead(p, bb);
-                let (scales, mins) = super::x86::scales_mins_k4(p);
-                let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
-                    i64::from_le_bytes(scales),
-                )));
+                let words = if r < 2 { sm01 } else { sm23 };
                 let qh = if Q5 {
                     both_halves(p.wrapping_add(16))
                 } else {
                     _mm512_setzero_si512()
                 };
-                let mut acc = _mm512_setzero_si512();
                 for (c, &av) in av.iter().enumerate() {
                     let q = q45_quarter::<Q5>(p.wrapping_add(qs_off), qh, c);
-                    let s = _mm512_permutexvar_epi16(pick(&PICK_Q45, c), sc16);
-                    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q, av), s);
+                    let pick = std::mem::transmute::<[i16; 32], __m512i>(GROUP_PICK_Q45[r % 2][c]);
+                    let s = _mm512_permutexvar_epi16(pick, words);
+                    *acc = _mm512_dpwssd_epi32(*acc, _mm512_maddubs_epi16(q, av), s);
                 }
-                v[r] = halve(acc);
-                v[G + r] = _mm256_madd_epi16(bs, super::x86::min_pairs(&mins));
             }
-            let s = sums8(&v);
-            let isum = _mm_cvtepi32_ps(_mm256_castsi256_si128(s));
-            let imin = _mm_cvtepi32_ps(_mm256_extracti128_si256::<1>(s));
-            let dw = super::x86::f16x4(base, bb);
-            let dmin = super::x86::f16x4(base.wrapping_add(2), bb);
+            let pairs = std::mem::transmute::<[i16; 32], __m512i>(GROUP_MIN_PAIRS);
+            let bs2 = _mm512_broadcast_i64x4(bs);
+            let m01 = _mm512_madd_epi16(_mm512_permutexvar_epi16(pairs, sm01), bs2);
+            let m23 = _mm512_madd_epi16(_mm512_permutexvar_epi16(pairs, sm23), bs2);
+            let (isum, imin) = fold_group(acc, m01, m23);
+            let (isum, imin) = (_mm_cvtepi32_ps(isum), _mm_cvtepi32_ps(imin));
+            let pick = std::mem::transmute::<[i16; 32], __m512i>(GROUP_D_DMIN);
+            let f = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(
+                pick, heads,
+            )));
+            let (dw, dmin) = (_mm256_castps256_ps128(f), _mm256_extractf128_ps::<1>(f));
             // scalar::term_k, four rows at once (no fused multiply-add).
             let t = _mm_sub_ps(
                 _mm_mul_ps(_mm_mul_ps(da, dw), isum),
