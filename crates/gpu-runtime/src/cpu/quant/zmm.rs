@@ -100,9 +100,16 @@ static PICK_Q6: [[i16; 32]; 4] = spread(4, 8);
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 fn pick(table: &'static [[i16; 32]; 4], v: usize) -> __m512i {
+    index(&table[v])
+}
+
+/// A table of 32 words as an index vector for `vpermw`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn index(words: &'static [i16; 32]) -> __m512i {
     // SAFETY: `[i16; 32]` and `__m512i` have the same size, and every bit
     // pattern is a valid `__m512i`.
-    unsafe { std::mem::transmute::<[i16; 32], __m512i>(table[v]) }
+    unsafe { std::mem::transmute::<[i16; 32], __m512i>(*words) }
 }
 
 /// Q4_K/Q5_K: quarter `c` of a block's quants (`qs` at the nibbles, Q5_K's
@@ -492,20 +499,19 @@ pub(super) unsafe fn dot_q45_k_group<const Q5: bool>(w: &[u8], a: &ActRow<'_>) -
                 };
                 for (c, &av) in av.iter().enumerate() {
                     let q = q45_quarter::<Q5>(p.wrapping_add(qs_off), qh, c);
-                    let pick = std::mem::transmute::<[i16; 32], __m512i>(GROUP_PICK_Q45[r % 2][c]);
-                    let s = _mm512_permutexvar_epi16(pick, words);
+                    let s = _mm512_permutexvar_epi16(pick(&GROUP_PICK_Q45[r % 2], c), words);
                     *acc = _mm512_dpwssd_epi32(*acc, _mm512_maddubs_epi16(q, av), s);
                 }
             }
-            let pairs = std::mem::transmute::<[i16; 32], __m512i>(GROUP_MIN_PAIRS);
+            let pairs = index(&GROUP_MIN_PAIRS);
             let bs2 = _mm512_broadcast_i64x4(bs);
             let m01 = _mm512_madd_epi16(_mm512_permutexvar_epi16(pairs, sm01), bs2);
             let m23 = _mm512_madd_epi16(_mm512_permutexvar_epi16(pairs, sm23), bs2);
             let (isum, imin) = fold_group(acc, m01, m23);
             let (isum, imin) = (_mm_cvtepi32_ps(isum), _mm_cvtepi32_ps(imin));
-            let pick = std::mem::transmute::<[i16; 32], __m512i>(GROUP_D_DMIN);
             let f = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(
-                pick, heads,
+                index(&GROUP_D_DMIN),
+                heads,
             )));
             let (dw, dmin) = (_mm256_castps256_ps128(f), _mm256_extractf128_ps::<1>(f));
             // scalar::term_k, four rows at once (no fused multiply-add).
