@@ -68,9 +68,11 @@ def main() -> None:
         bw = [m["bandwidth_bytes_s"] / 1e9 for m in ms if m.get("bandwidth_bytes_s")]
         fma = [m["peak_f32_fma_flop_s"] / 1e9 for m in ms if m.get("peak_f32_fma_flop_s")]
         dot = [m["peak_bf16_dot_flop_s"] / 1e9 for m in ms if m.get("peak_bf16_dot_flop_s")]
+        amx = [m["peak_amx_bf16_flop_s"] / 1e9 for m in ms if m.get("peak_amx_bf16_flop_s")]
+        amx_s = f", bf16 AMX {med(amx):.0f} GFLOP/s" if amx else ""
         kind = ms[0].get("compute_peak_kind") or "-"
         print(f"\nprobes (medians over runs, {ms[0]['threads']} threads): bandwidth {med(bw):.1f} GB/s, "
-              f"f32 FMA {med(fma):.0f} GFLOP/s, bf16 dot {med(dot):.0f} GFLOP/s; 'of peak' is against the {kind} peak; "
+              f"f32 FMA {med(fma):.0f} GFLOP/s, bf16 dot {med(dot):.0f} GFLOP/s{amx_s}; 'of peak' is against the {kind} peak; "
               f"prompt {ms[0]['prompt_len']}, generated {ms[0]['gen_len']} per sequence")
 
 

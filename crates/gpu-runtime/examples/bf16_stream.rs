@@ -5,7 +5,8 @@
 //! median and best of `R` sweeps.
 //!
 //! `cargo build --release -p metrale-gpu-runtime --example bf16_stream`, then
-//! `M=16 target/release/examples/bf16_stream` (`T` threads, default 2). To
+//! `M=16 target/release/examples/bf16_stream` (`T` threads, default 2;
+//! `K=fma|dot|amx` a kernel other than the fastest). To
 //! compare two kernels, copy the binary aside before the change and run
 //! both in turn, several rounds.
 
@@ -13,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use metrale_core::DType;
-use metrale_gpu_runtime::cpu::CpuBackend;
+use metrale_gpu_runtime::cpu::{Bf16Kernel, CpuBackend};
 use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
 use metrale_gpu_runtime::ops::MatmulDims;
 
@@ -29,7 +30,16 @@ fn upload(gpu: &dyn GpuBackend, v: &[f32], dtype: DType) -> Result<DeviceSlice> 
 
 fn main() -> Result<()> {
     let (threads, m, copies, rounds) = (env("T", 2), env("M", 16), env("C", 40), env("R", 9));
-    let cpu = CpuBackend::with_threads(threads).with_bf16_dot_products(true);
+    // `K=fma|dot|amx` picks the kernel (default: the fastest).
+    let kernel = match std::env::var("K").as_deref() {
+        Ok("fma") => Some(Bf16Kernel::Fma),
+        Ok("dot") => Some(Bf16Kernel::Dot),
+        Ok("amx") => Some(Bf16Kernel::Amx),
+        _ => None,
+    };
+    let cpu = CpuBackend::with_threads(threads)
+        .with_bf16_dot_products(true)
+        .with_bf16_kernel(kernel);
     let gpu: &dyn GpuBackend = &cpu;
     let shapes = [(3376, 768), (768, 1536), (4096, 768), (768, 2048)];
     // One distinct matrix of each shape, copied: making values is slow.

@@ -72,7 +72,7 @@ pub use device::{
     Backend, BackendOptions, Device, DeviceInfo, ParseDeviceError, announce_device_choice,
     open_backend,
 };
-pub use metrale_gpu_runtime::cpu::{Bf16Kernel, OpTime};
+pub use metrale_gpu_runtime::cpu::{Bf16Kernel, OpTime, amx_peak_block};
 mod generate;
 pub use generate::{
     Generation, GenerationStream, Generator, MODEL_ENV, StreamEvent, Timings, default_model_dir,

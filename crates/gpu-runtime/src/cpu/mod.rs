@@ -35,7 +35,7 @@ use crate::gpu::{DevicePtr, DeviceSlice, Fence, GpuBackend};
 use crate::hooks::Hooks;
 use crate::ledger::Ledger;
 use crate::ops::{KvLayout, KvSpec, StateLayout};
-pub use gemm_bf16::Kernel as Bf16Kernel;
+pub use gemm_bf16::{Kernel as Bf16Kernel, amx_peak_block};
 pub use profile::OpTime;
 
 const ALIGN: usize = 64;
@@ -60,6 +60,9 @@ pub struct CpuBackend {
     /// dot products, the weights packed in panels at load (see
     /// `gemm_bf16/`); off by default.
     bf16_dot: bool,
+    /// The bf16 kernel asked for ([`CpuBackend::with_bf16_kernel`]); None:
+    /// the fastest this CPU runs.
+    bf16_kernel: Option<Bf16Kernel>,
     /// Round every recurrent state to bf16 after each update
     /// ([`CpuBackend::with_bf16_state_rounding`]); off by default.
     bf16_states: bool,
@@ -119,6 +122,7 @@ impl CpuBackend {
             pool,
             team,
             bf16_dot: false,
+            bf16_kernel: None,
             bf16_states: false,
             bf16_ssm_state: false,
             profile: profile::OpProfile::default(),
@@ -144,6 +148,14 @@ impl CpuBackend {
     /// is independent of the others (`gemm_bf16`).
     pub fn with_bf16_dot_products(mut self, on: bool) -> Self {
         self.bf16_dot = on;
+        self
+    }
+
+    /// Takes `kernel` for bf16 weights under bf16 arithmetic instead of
+    /// the fastest ([`Bf16Kernel::detect`]), where this CPU runs it (for
+    /// benches and tests that compare the kernels; None: the fastest).
+    pub fn with_bf16_kernel(mut self, kernel: Option<Bf16Kernel>) -> Self {
+        self.bf16_kernel = kernel;
         self
     }
 
@@ -182,7 +194,10 @@ impl CpuBackend {
     /// where it is off or the CPU lacks it): the faster of `vdpbf16ps` and
     /// f32 FMAs on the widened weights ([`Bf16Kernel`]).
     pub fn bf16_kernel(&self) -> Option<Bf16Kernel> {
-        self.bf16_dot_products().then(Bf16Kernel::detect).flatten()
+        let chosen = self.bf16_kernel.filter(|k| k.runs_here());
+        self.bf16_dot_products()
+            .then(|| chosen.or_else(Bf16Kernel::detect))
+            .flatten()
     }
 
     /// A backend that says it lacks `ops` and fails them when called, as a

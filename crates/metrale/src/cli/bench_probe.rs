@@ -89,6 +89,9 @@ pub struct ComputePeaks {
     /// `vdpbf16ps` (4 FLOP per f32 lane: two products, two sums), where
     /// the CPU has AVX512-BF16.
     pub bf16_dot: Option<f64>,
+    /// AMX's `tdpbf16ps` on tiles held in the registers (4 FLOP per pair
+    /// of products, as `vdpbf16ps`), where the CPU and OS run AMX tiles.
+    pub amx_bf16: Option<f64>,
 }
 
 /// Measures [`ComputePeaks`] with `threads` threads, each running
@@ -98,6 +101,9 @@ pub fn compute_peaks(threads: usize) -> ComputePeaks {
     ComputePeaks {
         f32_fma: peak_flops(threads, fma_block),
         bf16_dot: bf16_dot_available().then(|| peak_flops(threads, bf16_block)),
+        amx_bf16: metrale::Bf16Kernel::Amx
+            .runs_here()
+            .then(|| peak_flops(threads, amx_block)),
     }
 }
 
@@ -163,6 +169,14 @@ fn fma_portable() -> f64 {
     }
     std::hint::black_box(acc);
     (2 * BLOCK_ITERS * acc.len()) as f64
+}
+
+/// Rounds of four tile products per AMX probe block (64 cycles each: about
+/// 10 µs of work).
+const AMX_ROUNDS: usize = 256;
+
+fn amx_block() -> f64 {
+    metrale::amx_peak_block(AMX_ROUNDS).unwrap_or(0.0)
 }
 
 fn bf16_dot_available() -> bool {

@@ -176,14 +176,16 @@ impl Report {
         self.decode_bytes * self.decode_tok_s / self.batch.max(1) as f64
     }
 
-    /// The compute peak to hold the decode FLOP/s against: the bf16 dot
-    /// products' when the run used them (and the CPU has them), else f32
-    /// FMA (as the bf16 kernel that widens the weights).
+    /// The compute peak to hold the decode FLOP/s against: AMX tiles' or
+    /// the bf16 dot products' when the run used them (and the CPU has
+    /// them), else f32 FMA (as the bf16 kernel that widens the weights).
     fn compute_peak(&self) -> Option<(f64, &'static str)> {
+        use metrale::Bf16Kernel;
         let c = self.compute?;
-        let fma = self.bf16_kernel == Some(metrale::Bf16Kernel::Fma);
-        match c.bf16_dot {
-            Some(dot) if self.bf16_dot && !fma => Some((dot, "bf16 dot")),
+        match (self.bf16_kernel, c.amx_bf16, c.bf16_dot) {
+            (Some(Bf16Kernel::Amx), Some(amx), _) => Some((amx, "bf16 AMX")),
+            (Some(Bf16Kernel::Fma), ..) => Some((c.f32_fma, "f32 FMA")),
+            (_, _, Some(dot)) if self.bf16_dot => Some((dot, "bf16 dot")),
             _ => Some((c.f32_fma, "f32 FMA")),
         }
     }
@@ -251,6 +253,7 @@ impl Report {
             "decode_weight_bytes_s": self.weight_bytes_s(),
             "peak_f32_fma_flop_s": self.compute.map(|c| c.f32_fma),
             "peak_bf16_dot_flop_s": self.compute.and_then(|c| c.bf16_dot),
+            "peak_amx_bf16_flop_s": self.compute.and_then(|c| c.amx_bf16),
             "compute_peak_flop_s": peak.map(|p| p.0),
             "compute_peak_kind": peak.map(|p| p.1),
             "compute_fraction": peak.map(|p| self.decode_flop_s() / p.0),
@@ -514,6 +517,7 @@ mod tests {
         r.compute = Some(ComputePeaks {
             f32_fma: 100e9,
             bf16_dot: Some(200e9),
+            amx_bf16: Some(1000e9),
         });
         let flops = 2.0 * r.decode_params * 100.0;
         let line = r.batch_line();
@@ -534,6 +538,10 @@ mod tests {
         assert_eq!(r.json()["bf16_kernel"], "f32 FMA on bf16 weights");
         r.bf16_kernel = Some(metrale::Bf16Kernel::Dot);
         assert!(r.batch_line().contains("200 GFLOP/s bf16 dot peak"));
+        // AMX tiles against their own probe's peak.
+        r.bf16_kernel = Some(metrale::Bf16Kernel::Amx);
+        assert!(r.batch_line().contains("1000 GFLOP/s bf16 AMX peak"));
+        assert_eq!(r.json()["bf16_kernel"], "bf16 AMX tiles");
         r.bf16_dot = false;
         r.bf16_kernel = None;
         assert!(r.batch_line().contains("100 GFLOP/s f32 FMA peak"));

@@ -1,5 +1,7 @@
-//! Matmuls with bf16 dot products (AVX512-BF16 `vdpbf16ps`), for bf16
-//! weights under bf16 arithmetic (`--dtype auto`, the default, or `bf16`).
+//! Matmuls with bf16 dot products (AVX512-BF16 `vdpbf16ps`, or Intel AMX
+//! tiles: `amx.rs`), for bf16 weights under bf16 arithmetic (`--dtype
+//! auto`, the default, or `bf16`). [`Kernel`] names the three kernels and
+//! picks the fastest this CPU runs.
 //!
 //! `out[m, n] = x[m, k] · w[n, k]ᵀ` with bf16 weights, the activations
 //! rounded to bf16 (round to nearest even) and each pair of products summed
@@ -32,7 +34,15 @@ use half::bf16;
 use super::team::Team;
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod x86;
+
+#[cfg(target_arch = "x86_64")]
+use amx::Tiles;
+/// No tiles off x86-64 ([`Kernel::Amx`] is never available there).
+#[cfg(not(target_arch = "x86_64"))]
+struct Tiles;
 
 /// Weight rows per panel (two 16-lane vectors).
 pub(crate) const NR: usize = metrale_core::PANEL_ROWS;
@@ -55,6 +65,16 @@ const SERIAL_PAIRS: usize = 1 << 14;
 /// Granite's batch-16 decode 1.04x slower, the median of 12 noisy pairs).
 const FMA_MR: usize = 6;
 const _: () = assert!(FMA_MR <= MR);
+/// Activation rows per micro-tile of [`Kernel::Amx`]: two 16-row tiles.
+const AMX_MR: usize = 32;
+/// Rows of a tile's output buffer: the most rows any kernel's tile takes.
+const OUT_ROWS: usize = AMX_MR;
+const _: () = assert!(MR <= OUT_ROWS);
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(AMX_MR == amx::AMX_MR);
+/// Pairs of `k` per AMX tile: [`Kernel::Amx`]'s activations and panels
+/// are padded with zeros to a multiple of it.
+const AMX_PAIRS: usize = 16;
 
 thread_local! {
     /// A row-major operand's panel, packed per call, per team thread.
@@ -78,7 +98,20 @@ pub(crate) fn available() -> bool {
     }
 }
 
-/// The micro-kernel of the products: the faster of two on this CPU.
+/// Whether this CPU and OS run [`Kernel::Amx`] (asks Linux for the tile
+/// state the first time).
+fn amx_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        available() && amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The micro-kernel of the products: the fastest this CPU runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
     /// AVX512-BF16's `vdpbf16ps`: the activations rounded to bf16, 32
@@ -93,23 +126,49 @@ pub enum Kernel {
     /// Emerald Rapids: 5.0 against 1.25 billion a second per core), so
     /// there the FMAs do twice the multiply-adds, widening included.
     Fma,
+    /// Intel AMX's `tdpbf16ps` tiles (Sapphire Rapids and later): the same
+    /// arithmetic as [`Kernel::Dot`] (activations rounded to bf16, pairs of
+    /// products summed in f32), 16 rows by 16 columns by 32 of `k` an
+    /// instruction. Where the FMAs top out at a third of a batch-16
+    /// decode step's time, the tiles leave it bound by the weights'
+    /// streaming alone.
+    Amx,
 }
 
 impl Kernel {
     /// The faster kernel on this CPU, where it runs them ([`available`]):
     /// by vendor, so that a model's numbers do not depend on a timing.
     pub fn detect() -> Option<Kernel> {
-        available().then(|| if intel() { Kernel::Fma } else { Kernel::Dot })
+        available().then(|| {
+            if amx_available() {
+                Kernel::Amx
+            } else if intel() {
+                Kernel::Fma
+            } else {
+                Kernel::Dot
+            }
+        })
+    }
+
+    /// Whether this CPU runs the kernel.
+    pub fn runs_here(self) -> bool {
+        match self {
+            Kernel::Dot | Kernel::Fma => available(),
+            Kernel::Amx => amx_available(),
+        }
     }
 
     /// Every kernel this CPU runs (for tests and benches).
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn all() -> Vec<Kernel> {
+        let mut all = Vec::new();
         if available() {
-            vec![Kernel::Dot, Kernel::Fma]
-        } else {
-            Vec::new()
+            all.extend([Kernel::Dot, Kernel::Fma]);
         }
+        if amx_available() {
+            all.push(Kernel::Amx);
+        }
+        all
     }
 
     /// What the kernel computes, for reports ("bf16 dot products").
@@ -117,6 +176,7 @@ impl Kernel {
         match self {
             Kernel::Dot => "bf16 dot products",
             Kernel::Fma => "f32 FMA on bf16 weights",
+            Kernel::Amx => "bf16 AMX tiles",
         }
     }
 }
@@ -146,6 +206,10 @@ enum Acts<'a> {
     Pairs(&'a [u32]),
     /// As they are, `k` a row ([`Kernel::Fma`]).
     F32(&'a [f32]),
+    /// Rounded to bf16 pairs, `k.div_ceil(2)` padded with zeros to a
+    /// multiple of [`AMX_PAIRS`] a row, the rows to a multiple of 16
+    /// ([`Kernel::Amx`]).
+    Tiles(&'a [u32]),
 }
 
 impl<'a> Acts<'a> {
@@ -157,6 +221,10 @@ impl<'a> Acts<'a> {
                 Acts::Pairs(&a[i0 * kp..(i0 + rows) * kp])
             }
             Acts::F32(x) => Acts::F32(&x[i0 * k..(i0 + rows) * k]),
+            Acts::Tiles(a) => {
+                let kp = amx_pairs(k);
+                Acts::Tiles(&a[i0 * kp..(i0 + rows.next_multiple_of(16)) * kp])
+            }
         }
     }
 }
@@ -282,7 +350,8 @@ pub(crate) fn matmul(
         None => true,
         Some(u) => std::mem::discriminant(&u) == std::mem::discriminant(&w),
     };
-    if !available() || !same_kind {
+    let tiles = kernel == Kernel::Amx;
+    if !available() || !same_kind || (tiles && !amx_available()) {
         return false;
     }
     assert!(x.len() >= m * k && out.len() >= m * n && w.check(n, k));
@@ -294,24 +363,61 @@ pub(crate) fn matmul(
         run(team, Acts::F32(x), w, up, out, m, n, k);
         return true;
     }
+    // AMX's activation tiles are read 16 rows by 16 pairs: rows and pairs
+    // padded with zeros to those multiples.
     let kp = k.div_ceil(2);
+    let (stride, rows) = if tiles {
+        (amx_pairs(k), m.next_multiple_of(16))
+    } else {
+        (kp, m)
+    };
     ACTS.with_borrow_mut(|xb| {
         // Every row is overwritten: only growth is zeroed.
-        if xb.len() < m * kp {
-            xb.resize(m * kp, 0);
+        if xb.len() < rows * stride {
+            xb.resize(rows * stride, 0);
         }
-        let xb = &mut xb[..m * kp];
-        let convert = |i: usize, dst: &mut [u32]| to_pairs(&x[i * k..(i + 1) * k], dst);
+        let xb = &mut xb[..rows * stride];
+        let convert = |i: usize, dst: &mut [u32]| {
+            if i < m {
+                to_pairs(&x[i * k..(i + 1) * k], &mut dst[..kp]);
+                dst[kp..].fill(0);
+            } else {
+                dst.fill(0);
+            }
+        };
         match team.filter(|_| m * k >= SERIAL_PAIRS) {
-            Some(team) => team.chunks(xb, kp, convert),
+            Some(team) => team.chunks(xb, stride, convert),
             None => xb
-                .chunks_mut(kp)
+                .chunks_mut(stride)
                 .enumerate()
                 .for_each(|(i, d)| convert(i, d)),
         }
-        run(team, Acts::Pairs(xb), w, up, out, m, n, k);
+        let acts = if tiles {
+            Acts::Tiles(xb)
+        } else {
+            Acts::Pairs(xb)
+        };
+        run(team, acts, w, up, out, m, n, k);
     });
     true
+}
+
+/// FLOPs of `iters` rounds of [`Kernel::Amx`]'s instruction on tiles
+/// held in the registers, for a compute probe; None where this CPU runs no
+/// AMX tiles.
+pub fn amx_peak_block(iters: usize) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if amx_available() {
+        // SAFETY: AMX is available (checked just above).
+        return Some(unsafe { amx::peak_block(iters) });
+    }
+    let _ = iters;
+    None
+}
+
+/// Pairs of `k` as [`Kernel::Amx`] reads them: padded to whole tiles.
+fn amx_pairs(k: usize) -> usize {
+    k.div_ceil(2).next_multiple_of(AMX_PAIRS)
 }
 
 /// `src` (f32) as bf16 pairs `(2p, 2p+1)` in `dst`, rounded to nearest even.
@@ -347,9 +453,19 @@ struct Panel<'p> {
 
 /// Panel `t` (columns `t * NR..t * NR + cols`) of `w`: in place when packed
 /// at load, else packed into `buf`.
-fn panel<'p>(w: Operand<'p>, buf: &'p mut Vec<u32>, t: usize, n: usize, k: usize) -> Panel<'p> {
+fn panel<'p>(
+    w: Operand<'p>,
+    buf: &'p mut Vec<u32>,
+    t: usize,
+    n: usize,
+    k: usize,
+    tiles: bool,
+) -> Panel<'p> {
     let (kp, j0) = (k.div_ceil(2), t * NR);
     let cols = NR.min(n - j0);
+    if tiles {
+        return tile_panel(w, buf, t, n, k);
+    }
     match w {
         Operand::Panels(p) => Panel {
             pairs: panel_pairs(p, t, n, k),
@@ -367,16 +483,57 @@ fn panel<'p>(w: Operand<'p>, buf: &'p mut Vec<u32>, t: usize, n: usize, k: usize
     }
 }
 
+/// [`panel`] for [`Kernel::Amx`]: `NR` columns and [`amx_pairs`] pairs,
+/// the missing ones zeros. A full panel packed at load whose pairs fill
+/// whole tiles (every matrix of the bench shapes) is read in place.
+fn tile_panel<'p>(
+    w: Operand<'p>,
+    buf: &'p mut Vec<u32>,
+    t: usize,
+    n: usize,
+    k: usize,
+) -> Panel<'p> {
+    let (kp, kpa, j0) = (k.div_ceil(2), amx_pairs(k), t * NR);
+    let cols = NR.min(n - j0);
+    match w {
+        Operand::Panels(p) if cols == NR && kp == kpa => {
+            return Panel {
+                pairs: panel_pairs(p, t, n, k),
+                stride: NR,
+            };
+        }
+        Operand::Panels(p) => {
+            buf.clear();
+            buf.resize(kpa * NR, 0);
+            let src = panel_pairs(p, t, n, k);
+            for (dst, src) in buf.chunks_exact_mut(NR).zip(src.chunks_exact(cols)) {
+                dst[..cols].copy_from_slice(src);
+            }
+        }
+        Operand::Rows(w) => {
+            buf.resize(kpa * NR, 0);
+            pack(w, k, kp, j0, cols, buf);
+            buf[kp * NR..].fill(0);
+        }
+    }
+    Panel {
+        pairs: buf,
+        stride: NR,
+    }
+}
+
 /// `tile = a[..rows] · panel` for `rows <= tile_rows(a)` activation rows
 /// of `k`; `ahead`: the next panel's prefetch, kept up with
 /// ([`Kernel::Fma`] only).
+#[allow(clippy::too_many_arguments)]
 fn tile(
     a: Acts<'_>,
     rows: usize,
     p: &Panel<'_>,
+    tiles: Option<&Tiles>,
     ahead: &mut Lookahead<'_>,
     k: usize,
-    out: &mut [[f32; NR]; MR],
+    out: &mut [[f32; NR]; OUT_ROWS],
 ) {
     let kp = k.div_ceil(2);
     let full = p.stride == NR;
@@ -408,9 +565,16 @@ fn tile(
     match a {
         Acts::Pairs(_) => dot!(1 2 3 4 5 6 7 8),
         Acts::F32(_) => fma!(1 2 3 4 5 6),
+        Acts::Tiles(a) => {
+            let tiles = tiles.expect("Acts::Tiles come with configured tiles");
+            // SAFETY: `tiles` is this thread's configuration; `a` holds
+            // `rows` rows padded to 16 of `amx_pairs(k)` pairs and the
+            // panel (from `tile_panel`) as many pairs of NR columns.
+            unsafe { amx::tile(tiles, a, rows, amx_pairs(k), p.pairs, ahead, out) }
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (a, rows, p, ahead, kp, full, out);
+    let _ = (a, rows, p, tiles, ahead, kp, full, out);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -443,6 +607,8 @@ fn run(
                 Some(next.fetch_add(1, Ordering::Relaxed)).filter(|&t| t < panels)
             }
         };
+        // This thread's AMX tiles, configured for the task's panels.
+        let session = tile_session(acts);
         PANEL.with_borrow_mut(|buf| {
             PANEL_UP.with_borrow_mut(|buf_up| {
                 // Each task claims its next panel one ahead and, during the
@@ -462,16 +628,17 @@ fn run(
                     let from = tiles - tiles.div_ceil(4);
                     let j0 = t * NR;
                     let cols = NR.min(n - j0);
-                    let pw = panel(w, buf, t, n, k);
-                    let pu = up.map(|u| panel(u, buf_up, t, n, k));
+                    let on_tiles = session.is_some();
+                    let pw = panel(w, buf, t, n, k, on_tiles);
+                    let pu = up.map(|u| panel(u, buf_up, t, n, k, on_tiles));
                     // A decode step's panels stream from memory: each
                     // operand's next panel is prefetched over all the
                     // steps of this one's.
-                    let next = ahead.filter(|_| streaming && matches!(acts, Acts::F32(_)));
-                    let steps = fma_steps(m, k);
+                    let next = ahead.filter(|_| streaming && !matches!(acts, Acts::Pairs(_)));
+                    let steps = lookahead_steps(acts, m, k);
                     let mut ahead_w = Lookahead::new(w, next, n, k, steps);
                     let mut ahead_u = up.map(|u| Lookahead::new(u, next, n, k, steps));
-                    let (mut g, mut u) = ([[0f32; NR]; MR], [[0f32; NR]; MR]);
+                    let (mut g, mut u) = ([[0f32; NR]; OUT_ROWS], [[0f32; NR]; OUT_ROWS]);
                     let mut row = [0f32; NR];
                     for (ti, i0) in (0..m).step_by(mr).enumerate() {
                         if let Some((wr, ur)) = upcoming.filter(|_| ti >= from) {
@@ -482,9 +649,10 @@ fn run(
                         }
                         let rows = mr.min(m - i0);
                         let a = acts.rows(i0, rows, k);
-                        tile(a, rows, &pw, &mut ahead_w, k, &mut g);
+                        let s = session.as_ref();
+                        tile(a, rows, &pw, s, &mut ahead_w, k, &mut g);
                         if let (Some(pu), Some(ahead_u)) = (&pu, &mut ahead_u) {
-                            tile(a, rows, pu, ahead_u, k, &mut u);
+                            tile(a, rows, pu, s, ahead_u, k, &mut u);
                         }
                         for (r, g) in g.iter().enumerate().take(rows) {
                             let v = if pu.is_some() {
@@ -515,11 +683,34 @@ fn run(
 }
 
 /// Activation rows per tile: [`MR`] for [`Kernel::Dot`], [`FMA_MR`] for
-/// [`Kernel::Fma`].
+/// [`Kernel::Fma`], [`AMX_MR`] for [`Kernel::Amx`].
 fn tile_rows(acts: Acts<'_>) -> usize {
     match acts {
         Acts::Pairs(_) => MR,
         Acts::F32(_) => FMA_MR,
+        Acts::Tiles(_) => AMX_MR,
+    }
+}
+
+/// The calling thread's tiles configured, for [`Kernel::Amx`]'s
+/// activations (released when dropped); None for the other kernels.
+fn tile_session(acts: Acts<'_>) -> Option<Tiles> {
+    match acts {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Acts::Tiles` are made by `matmul` only where
+        // `amx_available()`.
+        Acts::Tiles(_) => Some(unsafe { Tiles::configure() }),
+        _ => None,
+    }
+}
+
+/// Steps over a panel that [`Lookahead`] spreads the next one's prefetch
+/// over: [`Kernel::Fma`]'s (see [`fma_steps`]), or [`Kernel::Amx`]'s, one
+/// per 16-pair chunk of each 32-row tile.
+fn lookahead_steps(acts: Acts<'_>, m: usize, k: usize) -> usize {
+    match acts {
+        Acts::Tiles(_) => m.div_ceil(AMX_MR) * amx_pairs(k) / AMX_PAIRS,
+        _ => fma_steps(m, k),
     }
 }
 

@@ -29,7 +29,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// Each kernel against its reference in f64: the activations rounded to
 /// bf16 ([`Kernel::Dot`]) or as they are ([`Kernel::Fma`]), on shapes with
 /// odd `k`, partial panels, and whole and partial tiles (Dot's of eight
-/// rows, Fma's of six).
+/// rows, Fma's of six, Amx's of 16 and 32 and `k`'s pairs short of 16).
 #[test]
 fn matches_the_reference_on_odd_shapes() {
     let team = Team::new(2);
@@ -42,11 +42,13 @@ fn matches_the_reference_on_odd_shapes() {
             (4, 48, 9),
             (5, 40, 66),
             (40, 64, 768),
+            (33, 50, 34),
+            (64, 96, 1536),
         ] {
             let (x, w) = operands(m, n, k);
             let out = product(kernel, Some(&team), &x, Operand::Rows(&w), None, m, n, k);
             let act = |v: f32| match kernel {
-                Kernel::Dot => bf16::from_f32(v).to_f32() as f64,
+                Kernel::Dot | Kernel::Amx => bf16::from_f32(v).to_f32() as f64,
                 Kernel::Fma => v as f64,
             };
             for i in 0..m {
@@ -174,5 +176,30 @@ fn panel_rows_read_back_the_matrix() {
         panel_row(&p, n, k, j, &mut row);
         let want: Vec<f32> = w[j * k..(j + 1) * k].iter().map(|v| v.to_f32()).collect();
         assert_eq!(row, want, "row {j}");
+    }
+}
+
+/// AMX computes what Dot does (bf16 activations, pairs of products summed
+/// in f32), in its own order: the same sums to f32 rounding, on shapes
+/// whose tiles are whole, partial, and padded in `k`.
+#[test]
+fn amx_tiles_give_the_dot_products_sums() {
+    if !Kernel::all().contains(&Kernel::Amx) {
+        eprintln!("skipped: this CPU or OS runs no AMX tiles");
+        return;
+    }
+    let team = Team::new(2);
+    for &(m, n, k) in &[(1, 64, 768), (16, 32, 32), (17, 96, 200), (64, 70, 1536)] {
+        let (x, w) = operands(m, n, k);
+        let p = packed(&w, n, k);
+        let run = |kernel| product(kernel, Some(&team), &x, Operand::Panels(&p), None, m, n, k);
+        let (dot, amx) = (run(Kernel::Dot), run(Kernel::Amx));
+        let scale = (k as f32).sqrt();
+        for (i, (a, b)) in dot.iter().zip(&amx).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * scale * (1.0 + a.abs()),
+                "{m}x{n}x{k} [{i}]: {a} vs {b}"
+            );
+        }
     }
 }

@@ -118,9 +118,15 @@ pub(super) unsafe fn tile<const R: usize, const FULL: bool>(
     panel: &[u32],
     kp: usize,
     stride: usize,
-    tile: &mut [[f32; NR]; MR],
+    tile: &mut [[f32; NR]],
 ) {
-    assert!(R <= MR && a.len() >= R * kp && panel.len() >= kp * stride && stride <= NR);
+    assert!(
+        R <= MR
+            && tile.len() >= R
+            && a.len() >= R * kp
+            && panel.len() >= kp * stride
+            && stride <= NR
+    );
     assert!(!FULL || stride == NR);
     let m0: __mmask16 = if stride >= 16 {
         0xffff
@@ -203,10 +209,10 @@ pub(super) unsafe fn tile_fma<const R: usize, const FULL: bool>(
     panel: &[u32],
     stride: usize,
     ahead: &mut Lookahead<'_>,
-    tile: &mut [[f32; NR]; MR],
+    tile: &mut [[f32; NR]],
 ) {
     let kp = k.div_ceil(2);
-    assert!(R <= FMA_MR && x.len() >= R * k);
+    assert!(R <= FMA_MR && tile.len() >= R && x.len() >= R * k);
     assert!(panel.len() >= kp * stride && stride <= NR && (!FULL || stride == NR));
     let w = Pairs { panel, stride };
     let x = Rows { x, k };

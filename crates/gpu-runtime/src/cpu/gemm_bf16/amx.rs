@@ -1,0 +1,278 @@
+//! Intel AMX (Advanced Matrix Extensions) tiles for the bf16 GEMM
+//! ([`Kernel::Amx`](super::Kernel::Amx)): Sapphire Rapids and later.
+//!
+//! One `tdpbf16ps` multiplies a 16×32 bf16 tile of activations by a 32×16
+//! one of weights into a 16×16 f32 tile: 8192 multiply-adds, where a
+//! 512-bit FMA does 16. The weights' B tiles are read straight out of the
+//! panels packed at load: a B tile's row `p` is pair `p` of 16 weight rows,
+//! 64 bytes, which is how a panel holds them (`panel[p * NR + r]`), 128
+//! bytes (`NR` pairs) apart. So a panel of `NR` = 32 columns is two B tiles
+//! per 16 pairs of `k`, loaded with a stride of 128 bytes.
+//!
+//! Batch invariance: row `r` of an output tile is computed from row `r` of
+//! the activation tile and the weight tile alone, and every tile of a
+//! product takes its chunks of `k` in the same order with the same
+//! instruction, whatever `m`. So a row's sums are bitwise the same alone or
+//! among others (the tests check it on this hardware).
+//!
+//! The tile registers are per thread state the kernel must ask Linux for
+//! (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, once per process) and configure per
+//! thread ([`Tiles`]); the compiler never uses them, so they hold their
+//! values between `asm!` blocks.
+
+use std::arch::asm;
+use std::sync::OnceLock;
+
+use super::{Lookahead, NR};
+
+/// Rows of a tile, and pairs of `k` per tile (64 bytes a row).
+pub(super) const TILE: usize = 16;
+/// Activation rows per micro-tile: two activation tiles.
+pub(super) const AMX_MR: usize = 2 * TILE;
+/// Bytes between a panel's pairs: a B tile's row stride.
+const PANEL_STRIDE: usize = NR * 4;
+/// Bytes of one chunk of a panel: `TILE` pairs of its `NR` columns.
+const CHUNK_BYTES: usize = TILE * PANEL_STRIDE;
+
+/// Whether this CPU and OS run AMX-BF16 tiles for this process: CPUID's
+/// AMX-TILE and AMX-BF16, the OS's tile state enabled in XCR0, and Linux
+/// granting the process the tile data (asked once, here).
+pub(super) fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(detect)
+}
+
+fn detect() -> bool {
+    use std::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv};
+    // CPUID.1:ECX.OSXSAVE (bit 27): XGETBV is usable.
+    if __cpuid(1).ecx & (1 << 27) == 0 || __cpuid(0).eax < 7 {
+        return false;
+    }
+    let edx = __cpuid_count(7, 0).edx;
+    let (amx_bf16, amx_tile) = (edx & (1 << 22) != 0, edx & (1 << 24) != 0);
+    if !(amx_bf16 && amx_tile) {
+        return false;
+    }
+    // SAFETY: OSXSAVE is set (checked above), so XGETBV runs.
+    let xcr0 = unsafe { _xgetbv(0) };
+    const XTILE: u64 = (1 << 17) | (1 << 18); // XTILECFG, XTILEDATA
+    if xcr0 & XTILE != XTILE {
+        return false;
+    }
+    request_tile_data()
+}
+
+/// Asks Linux for the tile data state (`ARCH_REQ_XCOMP_PERM`), then reads
+/// the permission back (`ARCH_GET_XCOMP_PERM`).
+#[cfg(target_os = "linux")]
+fn request_tile_data() -> bool {
+    const ARCH_GET_XCOMP_PERM: libc::c_long = 0x1022;
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: `arch_prctl` with these codes takes a feature number, or a
+    // pointer to a u64 it writes; `perm` outlives the call.
+    unsafe {
+        if libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) != 0
+        {
+            return false;
+        }
+        let mut perm: u64 = 0;
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_GET_XCOMP_PERM,
+            &mut perm as *mut u64,
+        ) == 0
+            && perm & (1 << XFEATURE_XTILEDATA) != 0
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_data() -> bool {
+    false
+}
+
+/// The 64-byte tile configuration (palette 1): eight tiles of 16 rows of
+/// 64 bytes.
+#[repr(C, align(64))]
+struct Config([u8; 64]);
+
+impl Config {
+    fn sixteen_by_sixty_four() -> Config {
+        let mut c = [0u8; 64];
+        c[0] = 1; // palette
+        for t in 0..8 {
+            c[16 + 2 * t] = 64; // bytes per row (u16, little-endian)
+            c[48 + t] = TILE as u8; // rows
+        }
+        Config(c)
+    }
+}
+
+/// This thread's tile registers, configured for [`tile`] while alive and
+/// released (back to their initial state, which context switches then
+/// need not save) when dropped.
+pub(super) struct Tiles(());
+
+impl Tiles {
+    /// # Safety
+    /// [`available`] must have returned true.
+    pub(super) unsafe fn configure() -> Tiles {
+        let config = Config::sixteen_by_sixty_four();
+        // SAFETY: AMX is available and permitted (the caller's contract);
+        // `config` is a valid 64-byte palette-1 configuration.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack)) };
+        Tiles(())
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: tiles were configured by `configure`, so AMX is available.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// `out[r][c] = Σ_p dot2(a[r * kp + p], panel[p * NR + c])` for `r < rows
+/// <= AMX_MR` and `c < NR`, by 16-pair chunks of `k` in order: two B tiles
+/// (the panel's two halves) per chunk, times one activation tile (up to 16
+/// rows) or two (up to 32). Rows of the activation tiles past `rows` are
+/// read and their (ignored) output rows written: a row's result depends on
+/// its own row alone.
+///
+/// `ahead` is told of every chunk (see [`Lookahead`]).
+///
+/// # Safety
+/// `_tiles` proves this thread's tiles are configured. `a` holds
+/// `rows.next_multiple_of(16)` rows of `kp` pairs, `kp` a multiple of 16,
+/// and `panel` `kp * NR` pairs.
+pub(super) unsafe fn tile(
+    _tiles: &Tiles,
+    a: &[u32],
+    rows: usize,
+    kp: usize,
+    panel: &[u32],
+    ahead: &mut Lookahead<'_>,
+    out: &mut [[f32; NR]; AMX_MR],
+) {
+    assert!(rows > 0 && rows <= AMX_MR && kp.is_multiple_of(TILE));
+    assert!(a.len() >= rows.next_multiple_of(TILE) * kp && panel.len() >= kp * NR);
+    let a_stride = kp * 4;
+    let (a0, b) = (a.as_ptr(), panel.as_ptr().cast::<u8>());
+    let two = rows > TILE;
+    // SAFETY: the tiles are configured (16 rows of 64 bytes); tile zeroing
+    // touches no memory.
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack, nomem)
+        )
+    };
+    for c in 0..kp / TILE {
+        // SAFETY: chunk `c`'s activation tiles are 16 rows of 64 bytes at
+        // `a + (row0 * kp + 16 c) * 4`, rows `a_stride` apart, inside `a`
+        // (rows `0..16`, and `16..32` when `two`); its B tiles are 16 rows of
+        // 64 bytes at `panel + c * CHUNK_BYTES` (+ 64), 128 bytes apart,
+        // inside the panel's `kp * NR` pairs.
+        unsafe {
+            let a_c = a0.add(c * TILE).cast::<u8>();
+            let b_c = b.add(c * CHUNK_BYTES);
+            if two {
+                asm!(
+                    "tileloadd tmm4, [{a} + {sa} * 1]",
+                    "tileloadd tmm5, [{a2} + {sa} * 1]",
+                    "tileloadd tmm6, [{b} + {sb} * 1]",
+                    "tileloadd tmm7, [{b} + {sb} * 1 + 64]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    a = in(reg) a_c,
+                    a2 = in(reg) a_c.add(TILE * a_stride),
+                    sa = in(reg) a_stride,
+                    b = in(reg) b_c,
+                    sb = in(reg) PANEL_STRIDE,
+                    options(nostack, readonly)
+                );
+            } else {
+                asm!(
+                    "tileloadd tmm4, [{a} + {sa} * 1]",
+                    "tileloadd tmm6, [{b} + {sb} * 1]",
+                    "tileloadd tmm7, [{b} + {sb} * 1 + 64]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    a = in(reg) a_c,
+                    sa = in(reg) a_stride,
+                    b = in(reg) b_c,
+                    sb = in(reg) PANEL_STRIDE,
+                    options(nostack, readonly)
+                );
+            }
+        }
+        ahead.step();
+    }
+    let o = out.as_mut_ptr().cast::<u8>();
+    // SAFETY: `out` is 32 rows of NR f32 (128 bytes): tiles 0 and 1 fill
+    // rows 0..16 (bytes 0..64 and 64..128 of each), tiles 2 and 3 rows
+    // 16..32.
+    unsafe {
+        asm!(
+            "tilestored [{o} + {s} * 1], tmm0",
+            "tilestored [{o} + {s} * 1 + 64], tmm1",
+            o = in(reg) o,
+            s = in(reg) PANEL_STRIDE,
+            options(nostack)
+        );
+        if two {
+            asm!(
+                "tilestored [{o} + {s} * 1], tmm2",
+                "tilestored [{o} + {s} * 1 + 64], tmm3",
+                o = in(reg) o.add(TILE * PANEL_STRIDE),
+                s = in(reg) PANEL_STRIDE,
+                options(nostack)
+            );
+        }
+    }
+}
+
+/// `iters` rounds of four independent `tdpbf16ps` on tiles that stay in
+/// the registers (no memory traffic): the FLOPs done, for the compute
+/// probe of `metrale bench` (each is 16 × 16 × 32 multiply-adds).
+///
+/// # Safety
+/// [`available`] must have returned true.
+pub(super) unsafe fn peak_block(iters: usize) -> f64 {
+    let ones = [0x3f80_3f80u32; 256]; // 16 rows of 16 pairs of bf16 1.0
+    // SAFETY: AMX is available (the caller's contract); the loads read the
+    // 1 KiB of `ones`, 64 bytes a row.
+    unsafe {
+        let tiles = Tiles::configure();
+        asm!(
+            "tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3",
+            "tileloadd tmm4, [{p} + {s} * 1]",
+            "tileloadd tmm5, [{p} + {s} * 1]",
+            "tileloadd tmm6, [{p} + {s} * 1]",
+            "tileloadd tmm7, [{p} + {s} * 1]",
+            p = in(reg) ones.as_ptr(),
+            s = in(reg) 64usize,
+            options(nostack, readonly)
+        );
+        for _ in 0..iters {
+            asm!(
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                options(nostack, nomem)
+            );
+        }
+        drop(tiles);
+    }
+    (iters * 4 * TILE * TILE * 2 * TILE * 2) as f64
+}
