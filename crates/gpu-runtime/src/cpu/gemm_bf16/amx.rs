@@ -95,18 +95,19 @@ fn request_tile_data() -> bool {
     false
 }
 
-/// The 64-byte tile configuration (palette 1): eight tiles of 16 rows of
-/// 64 bytes.
+/// The 64-byte tile configuration (palette 1): eight tiles of 64-byte
+/// rows; the weight tiles (6, 7) of 16 rows, the activation (4, 5) and
+/// output tiles (0-3) of `rows`.
 #[repr(C, align(64))]
 struct Config([u8; 64]);
 
 impl Config {
-    fn sixteen_by_sixty_four() -> Config {
+    fn new(rows: u8) -> Config {
         let mut c = [0u8; 64];
         c[0] = 1; // palette
         for t in 0..8 {
             c[16 + 2 * t] = 64; // bytes per row (u16, little-endian)
-            c[48 + t] = TILE as u8; // rows
+            c[48 + t] = if t >= 6 { TILE as u8 } else { rows };
         }
         Config(c)
     }
@@ -115,17 +116,28 @@ impl Config {
 /// This thread's tile registers, configured for [`tile`] while alive and
 /// released (back to their initial state, which context switches then
 /// need not save) when dropped.
-pub(super) struct Tiles(());
+pub(super) struct Tiles {
+    /// Rows of the activation and output tiles (16, or fewer for a product
+    /// of fewer rows).
+    rows: usize,
+}
 
 impl Tiles {
+    /// Tiles for a product of `m` rows: activation and output tiles of
+    /// `m.min(16)` rows. A lone decode row then loads one row of
+    /// activations a chunk, not sixteen (the rows beyond a product's
+    /// last are never read back, and a row's result depends on its own
+    /// row alone).
+    ///
     /// # Safety
     /// [`available`] must have returned true.
-    pub(super) unsafe fn configure() -> Tiles {
-        let config = Config::sixteen_by_sixty_four();
+    pub(super) unsafe fn configure(m: usize) -> Tiles {
+        let rows = m.clamp(1, TILE);
+        let config = Config::new(rows as u8);
         // SAFETY: AMX is available and permitted (the caller's contract);
         // `config` is a valid 64-byte palette-1 configuration.
         unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack)) };
-        Tiles(())
+        Tiles { rows }
     }
 }
 
@@ -143,14 +155,18 @@ impl Drop for Tiles {
 /// read and their (ignored) output rows written: a row's result depends on
 /// its own row alone.
 ///
-/// `ahead` is told of every chunk (see [`Lookahead`]).
+/// `ahead` is told of every chunk twice (see [`Lookahead`]): a lone
+/// tile's chunk between its two weight tiles, so that the next panel's
+/// prefetches go out in two bursts of 16 lines, not one of 32 (measured
+/// no worse, in the noise).
 ///
 /// # Safety
-/// `_tiles` proves this thread's tiles are configured. `a` holds
+/// `tiles` proves this thread's tiles are configured, for `rows` rows or
+/// more (a product of `m` rows has tiles of `m.min(16)`). `a` holds
 /// `rows.next_multiple_of(16)` rows of `kp` pairs, `kp` a multiple of 16,
 /// and `panel` `kp * NR` pairs.
 pub(super) unsafe fn tile(
-    _tiles: &Tiles,
+    tiles: &Tiles,
     a: &[u32],
     rows: usize,
     kp: usize,
@@ -159,6 +175,7 @@ pub(super) unsafe fn tile(
     out: &mut [[f32; NR]; AMX_MR],
 ) {
     assert!(rows > 0 && rows <= AMX_MR && kp.is_multiple_of(TILE));
+    assert!(rows <= TILE && tiles.rows >= rows || tiles.rows == TILE);
     assert!(a.len() >= rows.next_multiple_of(TILE) * kp && panel.len() >= kp * NR);
     let a_stride = kp * 4;
     let (a0, b) = (a.as_ptr(), panel.as_ptr().cast::<u8>());
@@ -200,15 +217,22 @@ pub(super) unsafe fn tile(
                     sb = in(reg) PANEL_STRIDE,
                     options(nostack, readonly)
                 );
+                ahead.step();
             } else {
                 asm!(
                     "tileloadd tmm4, [{a} + {sa} * 1]",
                     "tileloadd tmm6, [{b} + {sb} * 1]",
-                    "tileloadd tmm7, [{b} + {sb} * 1 + 64]",
                     "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
                     a = in(reg) a_c,
                     sa = in(reg) a_stride,
+                    b = in(reg) b_c,
+                    sb = in(reg) PANEL_STRIDE,
+                    options(nostack, readonly)
+                );
+                ahead.step();
+                asm!(
+                    "tileloadd tmm7, [{b} + {sb} * 1 + 64]",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
                     b = in(reg) b_c,
                     sb = in(reg) PANEL_STRIDE,
                     options(nostack, readonly)
@@ -252,7 +276,7 @@ pub(super) unsafe fn peak_block(iters: usize) -> f64 {
     // SAFETY: AMX is available (the caller's contract); the loads read the
     // 1 KiB of `ones`, 64 bytes a row.
     unsafe {
-        let tiles = Tiles::configure();
+        let tiles = Tiles::configure(TILE);
         asm!(
             "tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3",
             "tileloadd tmm4, [{p} + {s} * 1]",

@@ -363,8 +363,9 @@ pub(crate) fn matmul(
         run(team, Acts::F32(x), w, up, out, m, n, k);
         return true;
     }
-    // AMX's activation tiles are read 16 rows by 16 pairs: rows and pairs
-    // padded with zeros to those multiples.
+    // AMX's activation tiles are read 16 pairs a row: pairs padded with
+    // zeros to a multiple of 16; rows (of products of 16 or more) to a
+    // multiple of 16, left unwritten.
     let kp = k.div_ceil(2);
     let (stride, rows) = if tiles {
         (amx_pairs(k), m.next_multiple_of(16))
@@ -377,12 +378,13 @@ pub(crate) fn matmul(
             xb.resize(rows * stride, 0);
         }
         let xb = &mut xb[..rows * stride];
+        // The padding rows are left as they are: their output rows are
+        // never read back, and a row's result depends on its own row alone
+        // (a product of fewer than 16 rows does not even load them).
         let convert = |i: usize, dst: &mut [u32]| {
             if i < m {
                 to_pairs(&x[i * k..(i + 1) * k], &mut dst[..kp]);
                 dst[kp..].fill(0);
-            } else {
-                dst.fill(0);
             }
         };
         match team.filter(|_| m * k >= SERIAL_PAIRS) {
@@ -608,7 +610,7 @@ fn run(
             }
         };
         // This thread's AMX tiles, configured for the task's panels.
-        let session = tile_session(acts);
+        let session = tile_session(acts, m);
         PANEL.with_borrow_mut(|buf| {
             PANEL_UP.with_borrow_mut(|buf_up| {
                 // Each task claims its next panel one ahead and, during the
@@ -693,23 +695,24 @@ fn tile_rows(acts: Acts<'_>) -> usize {
 }
 
 /// The calling thread's tiles configured, for [`Kernel::Amx`]'s
-/// activations (released when dropped); None for the other kernels.
-fn tile_session(acts: Acts<'_>) -> Option<Tiles> {
+/// activations, for a product of `m` rows (released when dropped); None
+/// for the other kernels.
+fn tile_session(acts: Acts<'_>, m: usize) -> Option<Tiles> {
     match acts {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Acts::Tiles` are made by `matmul` only where
         // `amx_available()`.
-        Acts::Tiles(_) => Some(unsafe { Tiles::configure() }),
+        Acts::Tiles(_) => Some(unsafe { Tiles::configure(m) }),
         _ => None,
     }
 }
 
 /// Steps over a panel that [`Lookahead`] spreads the next one's prefetch
-/// over: [`Kernel::Fma`]'s (see [`fma_steps`]), or [`Kernel::Amx`]'s, one
+/// over: [`Kernel::Fma`]'s (see [`fma_steps`]), or [`Kernel::Amx`]'s, two
 /// per 16-pair chunk of each 32-row tile.
 fn lookahead_steps(acts: Acts<'_>, m: usize, k: usize) -> usize {
     match acts {
-        Acts::Tiles(_) => m.div_ceil(AMX_MR) * amx_pairs(k) / AMX_PAIRS,
+        Acts::Tiles(_) => 2 * m.div_ceil(AMX_MR) * amx_pairs(k) / AMX_PAIRS,
         _ => fma_steps(m, k),
     }
 }
