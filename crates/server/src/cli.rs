@@ -40,8 +40,10 @@ impl PrefixCacheArgs {
 /// `--ssm-state-dtype`: how Mamba-2 and gated-delta states are held.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum StateDType {
-    /// Exact.
+    /// As the arithmetic (`--dtype`): bf16 unless `--dtype f32`.
     #[default]
+    Auto,
+    /// Exact.
     F32,
     /// Half the state's memory and decode traffic; logits move by up to a
     /// few 1e-3 (the CPU backend only).

@@ -73,10 +73,11 @@ struct Args {
     /// CPU), f32, or bf16 (half the memory per cached token).
     #[arg(long, value_enum, default_value_t = KvDType::Auto)]
     kv_dtype: KvDType,
-    /// How the Mamba-2 and gated-delta layers' running states are held: f32
-    /// (exact) or bf16 (half their memory and decode traffic, as vLLM's
-    /// `mamba_ssm_cache_dtype`; the CPU backend only).
-    #[arg(long, value_enum, default_value_t = StateDType::F32)]
+    /// How the Mamba-2 and gated-delta layers' running states are held:
+    /// auto (the default: bf16 unless `--dtype f32`, as vLLM's
+    /// `mamba_ssm_cache_dtype` follows the model's dtype), f32 (exact) or
+    /// bf16 (half their memory and decode traffic; the CPU backend only).
+    #[arg(long, value_enum, default_value_t = StateDType::Auto)]
     ssm_state_dtype: StateDType,
     #[command(flatten)]
     prefix: PrefixCacheArgs,
@@ -159,7 +160,11 @@ fn run(args: Args) -> Result<()> {
         threads: args.threads,
         memory_limit: args.memory_limit,
         bf16_dot_products: args.dtype != ArithDType::F32,
-        bf16_ssm_state: args.ssm_state_dtype == StateDType::Bf16,
+        bf16_ssm_state: match args.ssm_state_dtype {
+            StateDType::Auto => args.dtype != ArithDType::F32,
+            StateDType::F32 => false,
+            StateDType::Bf16 => true,
+        },
         quant: args.quant,
         ..LoadOptions::default()
     };

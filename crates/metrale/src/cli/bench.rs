@@ -403,6 +403,7 @@ pub fn run(mut args: Args) -> Result<()> {
             report.cache = cache;
             report.bf16_dot = bf16_dot;
             report.bf16_kernel = bf16_kernel;
+            report.bf16_state = args.dtype.bf16_ssm_state();
             report.compute = compute;
             report.device = backend.device();
             report.device_info = device_info.clone();

@@ -81,6 +81,8 @@ pub(super) struct Report {
     pub(super) bf16_dot: bool,
     /// The CPU's bf16 kernel where bf16 arithmetic is on.
     pub(super) bf16_kernel: Option<metrale::Bf16Kernel>,
+    /// Whether the recurrent states were held in bf16.
+    pub(super) bf16_state: bool,
     /// On a backend with graphs: whether decode graphs were on, and their counters.
     pub(super) graphs: Option<(bool, GraphStats)>,
     /// (phase, its seconds, its ops) for --profile.
@@ -125,6 +127,7 @@ impl Report {
             cache: None,
             bf16_dot: false,
             bf16_kernel: None,
+            bf16_state: false,
             graphs: None,
             ops: [
                 ("prefill", m.prefill_s, &m.prefill_ops),
@@ -190,6 +193,13 @@ impl Report {
         }
     }
 
+    /// How the recurrent states were held: None for a model without them
+    /// (or whose cache sizes are unknown).
+    fn state_dtype(&self) -> Option<&'static str> {
+        let has_state = self.cache.is_some_and(|c| c.state_per_seq > 0);
+        has_state.then_some(if self.bf16_state { "bf16" } else { "f32" })
+    }
+
     /// "decode b16: 112 tok/s aggregate, 7.0 tok/s per sequence, ..."
     fn batch_line(&self) -> String {
         let flops = self.decode_flop_s();
@@ -228,6 +238,7 @@ impl Report {
             "weight_dtype": self.dtype.name(),
             "bf16_dot_products": self.bf16_dot,
             "bf16_kernel": self.bf16_kernel.map(|k| k.describe()),
+            "ssm_state_dtype": self.state_dtype(),
             "threads": self.threads,
             "batch": self.batch,
             "prompt_len": self.prompt_len,
@@ -370,8 +381,12 @@ impl Report {
         } else {
             "f32"
         };
+        let state = match self.state_dtype() {
+            Some(dtype) => format!(", {dtype} recurrent state"),
+            None => String::new(),
+        };
         line(format!(
-            "prefill      {:>10.1} tok/s ({math} arithmetic)",
+            "prefill      {:>10.1} tok/s ({math} arithmetic{state})",
             self.prefill_tok_s
         ));
         line(format!("ttft         {:>10.1} ms", self.ttft_ms));

@@ -140,17 +140,22 @@ pub struct DTypeArgs {
     /// q4_k_s, q5_k_s. Quantized weights run on the CPU.
     #[arg(long, value_parser = metrale::FileType::parse_quantized, value_name = "TYPE")]
     pub quant: Option<metrale::FileType>,
-    /// How the Mamba-2 and gated-delta layers' running states are held: f32
-    /// (the default, exact) or bf16 (half their memory and decode traffic,
-    /// as vLLM's `mamba_ssm_cache_dtype`; the logits move by up to a few
-    /// 1e-3, docs/PERFORMANCE.md). The CPU backend only.
-    #[arg(long, value_enum, default_value_t = StateDType::F32)]
+    /// How the Mamba-2 and gated-delta layers' running states are held:
+    /// auto (the default: as the arithmetic, bf16 under `--dtype auto` or
+    /// `bf16`, f32 under `--dtype f32`, as vLLM's `mamba_ssm_cache_dtype`
+    /// follows the model's dtype), f32 (exact), or bf16 (half their memory
+    /// and decode traffic; the logits move by up to a few 1e-3, a tenth of
+    /// what bf16 dot products move them, docs/ACCURACY.md). The CPU backend
+    /// only.
+    #[arg(long, value_enum, default_value_t = StateDType::Auto)]
     pub ssm_state_dtype: StateDType,
 }
 
 /// `--ssm-state-dtype`.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StateDType {
+    /// As the arithmetic: bf16 unless `--dtype f32`.
+    Auto,
     F32,
     Bf16,
 }
@@ -161,9 +166,14 @@ impl DTypeArgs {
         self.bf16_dot || self.dtype != ArithDType::F32
     }
 
-    /// Whether SSM states are to be held in bf16.
+    /// Whether SSM states are to be held in bf16: asked for, or `auto`
+    /// under bf16 arithmetic.
     pub fn bf16_ssm_state(&self) -> bool {
-        self.ssm_state_dtype == StateDType::Bf16
+        match self.ssm_state_dtype {
+            StateDType::Auto => self.bf16_dot_products(),
+            StateDType::F32 => false,
+            StateDType::Bf16 => true,
+        }
     }
 }
 

@@ -59,7 +59,15 @@ fn detect() -> bool {
     if xcr0 & XTILE != XTILE {
         return false;
     }
-    request_tile_data()
+    let granted = request_tile_data();
+    if !granted {
+        // A thread's signal stack too small for the tile state (ENOSPC), or
+        // a kernel without AMX support: the other kernels serve.
+        tracing::info!(
+            "the CPU has AMX tiles but the OS did not grant them; bf16 matmuls use AVX-512"
+        );
+    }
+    granted
 }
 
 /// Asks Linux for the tile data state (`ARCH_REQ_XCOMP_PERM`), then reads

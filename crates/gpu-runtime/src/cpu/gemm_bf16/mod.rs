@@ -35,8 +35,14 @@ use super::team::Team;
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
+mod lookahead;
+mod panels;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+use lookahead::{Lookahead, prefetch_part};
+use panels::{Panel, panel, panel_pairs};
+pub(crate) use panels::{pack_in_place, panel_row};
 
 #[cfg(target_arch = "x86_64")]
 use amx::Tiles;
@@ -266,13 +272,6 @@ impl<'a> Operand<'a> {
     }
 }
 
-/// Panel `t` of an `[n, k]` operand packed at load: its `NR` columns (fewer
-/// for the last) of `k.div_ceil(2)` pairs each.
-fn panel_pairs(p: &[u32], t: usize, n: usize, k: usize) -> &[u32] {
-    let (j0, kp) = (t * NR, k.div_ceil(2));
-    &p[j0 * kp..(j0 + NR.min(n - j0)) * kp]
-}
-
 /// Where `out` is written by the tasks, each its own columns.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -443,84 +442,6 @@ pub(super) fn to_pairs(src: &[f32], dst: &mut [u32]) {
             .get(2 * p + 1)
             .map_or(0, |v| bf16::from_f32(*v).to_bits() as u32);
         dst[p] = lo | (hi << 16);
-    }
-}
-
-/// One panel of an operand as the micro-tile reads it: `kp` rows of
-/// `stride` pairs.
-struct Panel<'p> {
-    pairs: &'p [u32],
-    stride: usize,
-}
-
-/// Panel `t` (columns `t * NR..t * NR + cols`) of `w`: in place when packed
-/// at load, else packed into `buf`.
-fn panel<'p>(
-    w: Operand<'p>,
-    buf: &'p mut Vec<u32>,
-    t: usize,
-    n: usize,
-    k: usize,
-    tiles: bool,
-) -> Panel<'p> {
-    let (kp, j0) = (k.div_ceil(2), t * NR);
-    let cols = NR.min(n - j0);
-    if tiles {
-        return tile_panel(w, buf, t, n, k);
-    }
-    match w {
-        Operand::Panels(p) => Panel {
-            pairs: panel_pairs(p, t, n, k),
-            stride: cols,
-        },
-        Operand::Rows(w) => {
-            // `pack` overwrites the whole panel: no need to clear it.
-            buf.resize(kp * NR, 0);
-            pack(w, k, kp, j0, cols, buf);
-            Panel {
-                pairs: buf,
-                stride: NR,
-            }
-        }
-    }
-}
-
-/// [`panel`] for [`Kernel::Amx`]: `NR` columns and [`amx_pairs`] pairs,
-/// the missing ones zeros. A full panel packed at load whose pairs fill
-/// whole tiles (every matrix of the bench shapes) is read in place.
-fn tile_panel<'p>(
-    w: Operand<'p>,
-    buf: &'p mut Vec<u32>,
-    t: usize,
-    n: usize,
-    k: usize,
-) -> Panel<'p> {
-    let (kp, kpa, j0) = (k.div_ceil(2), amx_pairs(k), t * NR);
-    let cols = NR.min(n - j0);
-    match w {
-        Operand::Panels(p) if cols == NR && kp == kpa => {
-            return Panel {
-                pairs: panel_pairs(p, t, n, k),
-                stride: NR,
-            };
-        }
-        Operand::Panels(p) => {
-            buf.clear();
-            buf.resize(kpa * NR, 0);
-            let src = panel_pairs(p, t, n, k);
-            for (dst, src) in buf.chunks_exact_mut(NR).zip(src.chunks_exact(cols)) {
-                dst[..cols].copy_from_slice(src);
-            }
-        }
-        Operand::Rows(w) => {
-            buf.resize(kpa * NR, 0);
-            pack(w, k, kp, j0, cols, buf);
-            buf[kp * NR..].fill(0);
-        }
-    }
-    Panel {
-        pairs: buf,
-        stride: NR,
     }
 }
 
@@ -721,166 +642,6 @@ fn lookahead_steps(acts: Acts<'_>, m: usize, k: usize) -> usize {
 /// one per pair in each of its tiles' single pass.
 fn fma_steps(m: usize, k: usize) -> usize {
     m.div_ceil(FMA_MR) * k.div_ceil(2)
-}
-
-/// The prefetch of the next panel a decode step multiplies, into L2, spread
-/// evenly over the steps of the current one (every pass of every tile), so
-/// that memory streams the weights for as long as the FMAs run on them. A
-/// decode step reads each panel from memory once and then from cache, and
-/// its few streams leave the hardware prefetcher behind: prefetching all of
-/// the next panel during the first pass left memory idle during the others
-/// (a batch-16 step's three).
-#[derive(Clone, Copy)]
-pub(super) struct Lookahead<'a> {
-    next: &'a [u32],
-    /// Lines of `next` prefetched so far.
-    line: usize,
-    /// `lines · steps so far - line · steps` (Bresenham's error term).
-    due: usize,
-    lines: usize,
-    steps: usize,
-}
-
-impl<'a> Lookahead<'a> {
-    /// Prefetches the 64-byte lines of `w`'s panel `next` over `steps`
-    /// calls of [`step`](Self::step); nothing for no panel, or one not
-    /// packed at load.
-    fn new(w: Operand<'a>, next: Option<usize>, n: usize, k: usize, steps: usize) -> Self {
-        let next = next.and_then(|t| w.panel_at_load(t, n, k)).unwrap_or(&[]);
-        Lookahead {
-            next,
-            line: 0,
-            due: 0,
-            lines: if steps == 0 {
-                0
-            } else {
-                next.len().div_ceil(16)
-            },
-            steps,
-        }
-    }
-
-    /// One step over the current panel: the lines now due.
-    #[inline(always)]
-    pub(super) fn step(&mut self) {
-        if self.lines > 0 && self.lines == 2 * self.steps {
-            // One pass over the panel (a tile of all the rows): two lines
-            // a step, without the general case's loop (whose instructions
-            // cost a lone row's decode a few percent).
-            self.fetch(self.line);
-            self.fetch(self.line + 1);
-            self.line += 2;
-            return;
-        }
-        self.due += self.lines;
-        while self.due >= self.steps && self.lines > 0 {
-            self.due -= self.steps;
-            self.fetch(self.line);
-            self.line += 1;
-        }
-    }
-
-    /// Prefetches line `line` of the next panel into L2.
-    #[inline(always)]
-    fn fetch(&self, line: usize) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a prefetch never faults, whatever the address (and
-        // `lines` counts the next panel's own). The pointer is only
-        // computed, never read through.
-        unsafe {
-            use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
-            let at = self.next.as_ptr().wrapping_add(line * 16);
-            _mm_prefetch::<_MM_HINT_T1>(at.cast());
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = line;
-    }
-}
-
-/// Prefetches part `i` of `parts` of `data` (whole cache lines) into L1.
-fn prefetch_part(data: &[bf16], i: usize, parts: usize) {
-    const LINE: usize = 32; // bf16s per 64-byte line
-    let lines = data.len().div_ceil(LINE);
-    let per = lines.div_ceil(parts);
-    let (l0, l1) = (i * per, ((i + 1) * per).min(lines));
-    super::simd::prefetch(data, l0 * LINE, l1 * LINE);
-}
-
-/// Packs rows `j0..j0 + cols` of `w` as `panel[p * NR + r] = pair p of row r`
-/// (missing rows and an odd last element as zeros).
-fn pack(w: &[bf16], k: usize, kp: usize, j0: usize, cols: usize, panel: &mut [u32]) {
-    #[cfg(target_arch = "x86_64")]
-    if cols == NR && k.is_multiple_of(2) {
-        let rows = &w[j0 * k..(j0 + NR) * k];
-        // SAFETY: callers checked `available()`; `rows` holds NR rows of `k`
-        // (even) elements and `panel` `kp * NR` pairs.
-        unsafe { x86::pack_full(rows, kp, panel) };
-        return;
-    }
-    pack_scalar(w, k, kp, j0, cols, NR, panel);
-}
-
-/// [`pack`] without vectors, into panels `stride >= cols` wide.
-fn pack_scalar(
-    w: &[bf16],
-    k: usize,
-    kp: usize,
-    j0: usize,
-    cols: usize,
-    stride: usize,
-    panel: &mut [u32],
-) {
-    for r in 0..stride {
-        if r >= cols {
-            for p in 0..kp {
-                panel[p * stride + r] = 0;
-            }
-            continue;
-        }
-        let row = &w[(j0 + r) * k..(j0 + r + 1) * k];
-        for p in 0..kp {
-            let lo = row[2 * p].to_bits() as u32;
-            let hi = row.get(2 * p + 1).map_or(0, |v| v.to_bits() as u32);
-            panel[p * stride + r] = lo | (hi << 16);
-        }
-    }
-}
-
-/// Rewrites `w`, an `[n, k]` row-major bf16 matrix held as `n · k / 2`
-/// pairs (`k` even), into [`DType::BF16Panels`](metrale_core::DType::BF16Panels)
-/// in place, the panels in parallel on the calling rayon pool.
-pub(crate) fn pack_in_place(w: &mut [u32], n: usize, k: usize) {
-    assert!(k.is_multiple_of(2) && w.len() == n * k / 2);
-    let kp = k / 2;
-    if kp == 0 {
-        return;
-    }
-    use rayon::prelude::*;
-    w.par_chunks_mut(NR * kp).for_each(|region| {
-        let cols = region.len() / kp;
-        let rows: Vec<bf16> = region
-            .iter()
-            .flat_map(|&v| [bf16::from_bits(v as u16), bf16::from_bits((v >> 16) as u16)])
-            .collect();
-        if cols == NR && available() {
-            pack(&rows, k, kp, 0, NR, region);
-        } else {
-            pack_scalar(&rows, k, kp, 0, cols, cols, region);
-        }
-    });
-}
-
-/// Row `row` of an `[n, k]` matrix in panels (`n · k / 2` pairs), widened.
-pub(crate) fn panel_row(w: &[u32], n: usize, k: usize, row: usize, out: &mut [f32]) {
-    let kp = k / 2;
-    let (j0, r) = (row / NR * NR, row % NR);
-    let cols = NR.min(n - j0);
-    let panel = &w[j0 * kp..(j0 + cols) * kp];
-    for (p, o) in out.chunks_exact_mut(2).enumerate() {
-        let v = panel[p * cols + r];
-        o[0] = f32::from_bits(v << 16);
-        o[1] = f32::from_bits(v & 0xffff_0000);
-    }
 }
 
 #[cfg(test)]
