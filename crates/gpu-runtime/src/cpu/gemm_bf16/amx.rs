@@ -159,9 +159,9 @@ impl Drop for Tiles {
 /// `out[r][c] = Σ_p dot2(a[r * kp + p], panel[p * NR + c])` for `r < rows
 /// <= AMX_MR` and `c < NR`, by 16-pair chunks of `k` in order: two B tiles
 /// (the panel's two halves) per chunk, times one activation tile (up to 16
-/// rows) or two (up to 32). Rows of the activation tiles past `rows` are
-/// read and their (ignored) output rows written: a row's result depends on
-/// its own row alone.
+/// rows) or two (up to 32). Rows of the activation tiles past `rows` (up
+/// to the tiles' configured rows) are read and their ignored output rows
+/// written: a row's result depends on its own row alone.
 ///
 /// `ahead` is told of every chunk twice (see [`Lookahead`]): a lone
 /// tile's chunk between its two weight tiles, so that the next panel's
@@ -188,8 +188,8 @@ pub(super) unsafe fn tile(
     let a_stride = kp * 4;
     let (a0, b) = (a.as_ptr(), panel.as_ptr().cast::<u8>());
     let two = rows > TILE;
-    // SAFETY: the tiles are configured (16 rows of 64 bytes); tile zeroing
-    // touches no memory.
+    // SAFETY: the tiles are configured (`tiles`); tile zeroing touches no
+    // memory.
     unsafe {
         asm!(
             "tilezero tmm0",
@@ -200,7 +200,8 @@ pub(super) unsafe fn tile(
         )
     };
     for c in 0..kp / TILE {
-        // SAFETY: chunk `c`'s activation tiles are 16 rows of 64 bytes at
+        // SAFETY: chunk `c`'s activation tiles are up to 16 rows (the
+        // configured ones, no more than `rows.next_multiple_of(16)`) of 64 bytes at
         // `a + (row0 * kp + 16 c) * 4`, rows `a_stride` apart, inside `a`
         // (rows `0..16`, and `16..32` when `two`); its B tiles are 16 rows of
         // 64 bytes at `panel + c * CHUNK_BYTES` (+ 64), 128 bytes apart,
