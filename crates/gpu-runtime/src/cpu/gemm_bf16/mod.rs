@@ -167,14 +167,10 @@ impl Kernel {
     /// Every kernel this CPU runs (for tests and benches).
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn all() -> Vec<Kernel> {
-        let mut all = Vec::new();
-        if available() {
-            all.extend([Kernel::Dot, Kernel::Fma]);
-        }
-        if amx_available() {
-            all.push(Kernel::Amx);
-        }
-        all
+        [Kernel::Dot, Kernel::Fma, Kernel::Amx]
+            .into_iter()
+            .filter(|k| k.runs_here())
+            .collect()
     }
 
     /// What the kernel computes, for reports ("bf16 dot products").

@@ -32,11 +32,11 @@ pub(super) fn panel<'p>(
     k: usize,
     tiles: bool,
 ) -> Panel<'p> {
-    let (kp, j0) = (k.div_ceil(2), t * NR);
-    let cols = NR.min(n - j0);
     if tiles {
         return tile_panel(w, buf, t, n, k);
     }
+    let (kp, j0) = (k.div_ceil(2), t * NR);
+    let cols = NR.min(n - j0);
     match w {
         Operand::Panels(p) => Panel {
             pairs: panel_pairs(p, t, n, k),
