@@ -6,11 +6,18 @@
 //! (`q[d]` broadcast times row `d` of the tile, no horizontal sums). Values
 //! stay token-major, so the output sums `p_t · v_t` with whole-row vector
 //! operations. The heads of a kv group are taken up to four at a time, each
-//! tile row and value row loaded once for all of them; one task per (query
-//! row, those heads); the softmax uses the vectorised `exp`.
+//! tile row and value row loaded once for all of them. A decode step runs
+//! one task per (query row, those heads); a prefill one per tile of up to
+//! 16 rows, which walk the blocks together, so that each block is loaded
+//! (and a bf16 cache's widened) once per tile rather than once per row from
+//! L3. The softmax's passes (scale and max, `exp` and sum, divide) are
+//! vector loops. Measured on Llama-370M Q4_K_M, a 2048-token prompt, 2
+//! threads: prefill attention 3.3 s before, 2.5 s with the tiles, 1.7 s
+//! with the softmax's vector loops (prefill 307 -> 394 tok/s).
 //!
 //! Each (row, head) is computed by the same operations in the same order
-//! whatever else is in the call and however the team splits it, so a row's
+//! whatever else is in the call and however the team splits it (a row of a
+//! tile takes each block's operations as it would alone), so a row's
 //! result depends on its own sequence only.
 
 use std::cell::RefCell;
@@ -300,49 +307,151 @@ pub(super) fn paged_attention(
     let o = cpu.write_f32(OP, out, &[q, cache.k, cache.v])?;
     let (isa, group) = (Isa::detect(), p.n_heads / p.n_kv_heads);
     // Heads are taken a few at a time (`hpt`, dividing the group): each
-    // block of keys and values is loaded once for all of them. One task per
-    // (row, few heads), or per row in a long prefill; the last rows (the
-    // most keys) first.
+    // block of keys and values is loaded once for all of them.
     let hpt = (1..=vec::MAX_HEADS)
         .rev()
         .find(|d| group.is_multiple_of(*d))
         .unwrap_or(1);
     let pieces = p.n_heads / hpt;
-    let per_task = if rows >= 4 * cpu.threads() { pieces } else { 1 };
+    let view = Shared {
+        seqs: &seqs,
+        row_of: &row_of,
+        qs,
+        kc,
+        vc,
+        p,
+        isa,
+        hpt,
+        bs,
+    };
+    let threads = cpu.threads();
+    if rows < 4 * threads {
+        // Decode (a few rows): one task per (row, few heads).
+        cpu.team()
+            .chunks_rev(&mut o[..rows * width], hpt * hd, 1, |idx, oh| {
+                view.run(idx / pieces, 1, idx % pieces * hpt, &mut [oh]);
+            });
+        return Ok(());
+    }
+    // A prefill: one task per tile of rows, each block of keys and values
+    // loaded (and a bf16 cache's widened) once for the tile, not once per
+    // row from L3. The last rows (the most keys) first.
+    let longest = seqs.iter().map(|s| s.kv_len).max().unwrap_or(0) + bs;
+    let tile = (SCORE_BYTES / (4 * hpt * longest))
+        .clamp(1, MAX_TILE_ROWS)
+        .min(rows.div_ceil(4 * threads));
     cpu.team()
-        .chunks_rev(&mut o[..rows * width], hpt * hd, per_task, |idx, oh| {
-            let (r, h0) = (idx / pieces, idx % pieces * hpt);
-            let Some((si, pos)) = row_of[r] else { return };
-            let first = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let keys = Keys {
-                seq: &seqs[si],
-                kc,
-                vc,
-                kvh: h0 / group,
-                first,
-                pos,
-                bs,
-                hd,
-                kv_width,
-            };
-            let mut qh: [&[f32]; vec::MAX_HEADS] = [&[]; vec::MAX_HEADS];
-            for (j, q) in qh.iter_mut().take(hpt).enumerate() {
-                *q = &qs[r * width + (h0 + j) * hd..][..hd];
+        .chunks_rev(&mut o[..rows * width], tile * width, 1, |i, oh| {
+            let r0 = i * tile;
+            let n = oh.len() / width;
+            for h0 in (0..p.n_heads).step_by(hpt) {
+                let mut outs: Vec<&mut [f32]> = oh
+                    .chunks_mut(width)
+                    .map(|row| &mut row[h0 * hd..(h0 + hpt) * hd])
+                    .collect();
+                view.run(r0, n, h0, &mut outs);
             }
-            keys.attend(isa, &qh[..hpt], p.scale, oh);
         });
     Ok(())
 }
 
-/// The keys and values a query row sees, of one kv head.
+/// Most query rows a prefill task takes at once.
+const MAX_TILE_ROWS: usize = 16;
+
+/// About how many bytes of scores a task's tile of rows may hold (fewer
+/// rows at long contexts).
+const SCORE_BYTES: usize = 2 << 20;
+
+/// What every task of one `paged_attention` call reads.
+struct Shared<'a> {
+    seqs: &'a [SeqView<'a>],
+    row_of: &'a [Option<(usize, usize)>],
+    qs: &'a [f32],
+    kc: KvData<'a>,
+    vc: KvData<'a>,
+    p: &'a AttnParams,
+    isa: Isa,
+    hpt: usize,
+    bs: usize,
+}
+
+impl Shared<'_> {
+    /// Heads `h0..h0 + hpt` of query rows `r0..r0 + n` into `outs` (one per
+    /// row), in runs of rows of the same sequence.
+    fn run(&self, r0: usize, n: usize, h0: usize, outs: &mut [&mut [f32]]) {
+        let (p, hd) = (self.p, self.p.head_dim);
+        let width = p.n_heads * hd;
+        let group = p.n_heads / p.n_kv_heads;
+        let mut r = r0;
+        while r < r0 + n {
+            let Some((si, _)) = self.row_of[r] else {
+                r += 1;
+                continue;
+            };
+            let end = (r..r0 + n)
+                .find(|&e| self.row_of[e].is_none_or(|(s, _)| s != si))
+                .unwrap_or(r0 + n);
+            let keys = Keys {
+                seq: &self.seqs[si],
+                kc: self.kc,
+                vc: self.vc,
+                kvh: h0 / group,
+                bs: self.bs,
+                hd,
+                kv_width: p.n_kv_heads * hd,
+            };
+            let queries: Vec<Query<'_>> = (r..end)
+                .map(|row| {
+                    let pos = self.row_of[row].map_or(0, |(_, pos)| pos);
+                    let mut qs: [&[f32]; vec::MAX_HEADS] = [&[]; vec::MAX_HEADS];
+                    for (j, q) in qs.iter_mut().take(self.hpt).enumerate() {
+                        *q = &self.qs[row * width + (h0 + j) * hd..][..hd];
+                    }
+                    Query {
+                        qs,
+                        first: p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w)),
+                        pos,
+                    }
+                })
+                .collect();
+            keys.attend(
+                self.isa,
+                &queries,
+                self.hpt,
+                p.scale,
+                &mut outs[r - r0..end - r0],
+            );
+            r = end;
+        }
+    }
+}
+
+/// One query row of a kv head's group: its heads' queries and the
+/// positions it sees, `first..=pos`.
+struct Query<'a> {
+    qs: [&'a [f32]; vec::MAX_HEADS],
+    first: usize,
+    pos: usize,
+}
+
+impl Query<'_> {
+    /// The blocks holding the positions it sees.
+    fn blocks(&self, bs: usize) -> std::ops::RangeInclusive<usize> {
+        self.first / bs..=self.pos / bs
+    }
+
+    /// Its scores' length per head: the whole blocks it sees.
+    fn span(&self, bs: usize) -> usize {
+        (self.pos / bs + 1 - self.first / bs) * bs
+    }
+}
+
+/// The keys and values of one kv head of one sequence.
 struct Keys<'a> {
     seq: &'a SeqView<'a>,
     kc: KvData<'a>,
     vc: KvData<'a>,
     kvh: usize,
-    /// The visible positions, `first..=pos`.
-    first: usize,
-    pos: usize,
     bs: usize,
     hd: usize,
     kv_width: usize,
@@ -360,87 +469,120 @@ impl Keys<'_> {
             + self.kvh * self.hd
     }
 
-    /// Prefetches block `b`'s values of this kv head from position `lo`.
-    fn prefetch_values(&self, b: usize, lo: usize) {
-        let hi = ((b + 1) * self.bs).min(self.pos + 1);
-        let lo = lo.max(b * self.bs);
+    /// Prefetches block `b`'s values of this kv head, positions `lo..hi`
+    /// (clipped to the block).
+    fn prefetch_values(&self, b: usize, lo: usize, hi: usize) {
+        let (lo, hi) = (lo.max(b * self.bs), hi.min((b + 1) * self.bs));
         if lo < hi {
             let at = self.value_row(b, lo);
             self.vc.prefetch(at, hi - lo, self.hd, self.kv_width);
         }
     }
 
-    /// Attention of the queries `qs` (at most `MAX_HEADS`) over these keys
-    /// into `out` (`qs.len()` heads of `hd`).
-    fn attend(&self, isa: Isa, qs: &[&[f32]], scale: f32, out: &mut [f32]) {
+    /// Attention of the query rows `rows` (`hpt` heads each, at most
+    /// `MAX_HEADS`) over these keys into `outs` (`hpt` heads of `hd` per
+    /// row). The rows share each block's loads (and a bf16 cache's
+    /// widening); each row's result takes the same operations in the same
+    /// order as it would alone.
+    fn attend(
+        &self,
+        isa: Isa,
+        rows: &[Query<'_>],
+        hpt: usize,
+        scale: f32,
+        outs: &mut [&mut [f32]],
+    ) {
         let (bs, hd) = (self.bs, self.hd);
-        let (b0, b1) = (self.first / bs, self.pos / bs);
-        let span = (b1 + 1 - b0) * bs;
+        let Some(b_first) = rows.iter().map(|q| q.first / bs).min() else {
+            return;
+        };
+        let b_last = rows.iter().map(|q| q.pos / bs).max().unwrap_or(b_first);
+        let (first, last) = (
+            rows.iter().map(|q| q.first).min().unwrap_or(0),
+            rows.iter().map(|q| q.pos).max().unwrap_or(0),
+        );
+        // Each row's scores start at `base[i]`: `hpt` heads of its span.
+        let mut base = Vec::with_capacity(rows.len() + 1);
+        base.push(0);
+        for q in rows {
+            base.push(base[base.len() - 1] + hpt * q.span(bs));
+        }
         let tile_len = hd * bs;
         WIDE.with_borrow_mut(|wide| {
             SCORES.with_borrow_mut(|scores| {
-                // Per head, the scores of the whole blocks that hold keys
-                // `first..=pos`; the visible ones are `first - b0 * bs..=pos - b0 * bs`.
-                scores.resize(qs.len() * span, 0.0);
+                scores.resize(base[rows.len()], 0.0);
                 let mut lanes = [[0f32; vec::TILE_LANES]; vec::MAX_HEADS];
                 // The key tiles lie where the block table puts them, a
                 // tile per page or more apart: the hardware prefetcher
                 // does not follow them, so the walk prefetches its own,
                 // `KEY_BLOCKS_AHEAD` ahead.
-                for b in b0 + 1..(b0 + KEY_BLOCKS_AHEAD).min(b1 + 1) {
+                for b in b_first + 1..(b_first + KEY_BLOCKS_AHEAD).min(b_last + 1) {
                     self.kc.prefetch(self.key_tile(b), 1, tile_len, 0);
                 }
-                for (j, b) in (b0..=b1).enumerate() {
-                    if b + KEY_BLOCKS_AHEAD <= b1 {
+                for b in b_first..=b_last {
+                    if b + KEY_BLOCKS_AHEAD <= b_last {
                         self.kc
                             .prefetch(self.key_tile(b + KEY_BLOCKS_AHEAD), 1, tile_len, 0);
-                    } else if b == b1 {
+                    } else if b == b_last {
                         // The values come next.
-                        self.prefetch_values(b0, self.first);
+                        self.prefetch_values(b_first, first, last + 1);
                     }
-                    let at = self.key_tile(b);
-                    let tile = self.kc.run(at, tile_len, wide);
-                    if bs == vec::TILE_LANES {
-                        vec::tile_dot_heads(isa, qs, tile, &mut lanes);
-                        for (h, l) in lanes.iter().take(qs.len()).enumerate() {
-                            scores[h * span + j * bs..][..bs].copy_from_slice(l);
+                    let tile = self.kc.run(self.key_tile(b), tile_len, wide);
+                    for (i, q) in rows.iter().enumerate() {
+                        if !q.blocks(bs).contains(&b) {
+                            continue;
                         }
-                    } else {
-                        for (h, q) in qs.iter().enumerate() {
-                            tile_scores_any(q, tile, &mut scores[h * span + j * bs..][..bs]);
+                        let (span, j) = (q.span(bs), b - q.first / bs);
+                        let at = |h: usize| base[i] + h * span + j * bs;
+                        if bs == vec::TILE_LANES {
+                            vec::tile_dot_heads(isa, &q.qs[..hpt], tile, &mut lanes);
+                            for (h, l) in lanes.iter().take(hpt).enumerate() {
+                                scores[at(h)..][..bs].copy_from_slice(l);
+                            }
+                        } else {
+                            for (h, qh) in q.qs[..hpt].iter().enumerate() {
+                                tile_scores_any(qh, tile, &mut scores[at(h)..][..bs]);
+                            }
                         }
                     }
                 }
-                let visible = self.first - b0 * bs..self.pos + 1 - b0 * bs;
-                for head in scores.chunks_mut(span) {
-                    let v = &mut head[visible.clone()];
-                    let mut max = f32::NEG_INFINITY;
-                    for s in v.iter_mut() {
-                        *s *= scale;
-                        max = max.max(*s);
+                for (i, q) in rows.iter().enumerate() {
+                    let b0 = q.first / bs;
+                    let visible = q.first - b0 * bs..q.pos + 1 - b0 * bs;
+                    for head in scores[base[i]..base[i + 1]].chunks_mut(q.span(bs)) {
+                        let v = &mut head[visible.clone()];
+                        let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+                        ew::scale_max(v, scale, &mut max);
+                        ew::exp_sub_sum(v, max, &mut sum);
+                        ew::div_in_place(v, sum);
                     }
-                    let mut sum = 0f32;
-                    ew::exp_sub_sum(v, max, &mut sum);
-                    v.iter_mut().for_each(|s| *s /= sum);
                 }
-                out.fill(0.0);
-                // The values of keys `first..=pos`, block by block: each block's
-                // run of tokens is rows `kv_width` apart.
-                let mut done = visible.start;
-                for b in b0..=b1 {
-                    let (lo, hi) = ((b * bs).max(self.first), ((b + 1) * bs).min(self.pos + 1));
-                    if b < b1 {
-                        self.prefetch_values(b + 1, (b + 1) * bs);
+                outs.iter_mut().for_each(|o| o.fill(0.0));
+                // The values of each row's keys `first..=pos`, block by
+                // block: a block's run of tokens is rows `kv_width` apart.
+                let mut done: Vec<usize> = rows.iter().map(|q| q.first % bs).collect();
+                for b in b_first..=b_last {
+                    let (lo, hi) = ((b * bs).max(first), ((b + 1) * bs).min(last + 1));
+                    if b < b_last {
+                        self.prefetch_values(b + 1, first, last + 1);
                     }
-                    let at = self.value_row(b, lo);
-                    let mut ws: [&[f32]; vec::MAX_HEADS] = [&[]; vec::MAX_HEADS];
-                    for (w, head) in ws.iter_mut().zip(scores.chunks(span)) {
-                        *w = &head[done..done + hi - lo];
+                    let (vrows, stride) =
+                        self.vc
+                            .rows(self.value_row(b, lo), hi - lo, hd, self.kv_width, wide);
+                    for (i, q) in rows.iter().enumerate() {
+                        if !q.blocks(bs).contains(&b) {
+                            continue;
+                        }
+                        let (lo_q, hi_q) = ((b * bs).max(q.first), ((b + 1) * bs).min(q.pos + 1));
+                        let span = q.span(bs);
+                        let mut ws: [&[f32]; vec::MAX_HEADS] = [&[]; vec::MAX_HEADS];
+                        for (h, w) in ws.iter_mut().take(hpt).enumerate() {
+                            *w = &scores[base[i] + h * span + done[i]..][..hi_q - lo_q];
+                        }
+                        let v = &vrows[(lo_q - lo) * stride..];
+                        vec::axpy_rows_heads(isa, outs[i], hd, &ws[..hpt], v, stride);
+                        done[i] += hi_q - lo_q;
                     }
-                    let ws = &ws[..qs.len()];
-                    let (rows, stride) = self.vc.rows(at, hi - lo, hd, self.kv_width, wide);
-                    vec::axpy_rows_heads(isa, out, hd, ws, rows, stride);
-                    done += hi - lo;
                 }
             })
         });

@@ -81,6 +81,34 @@ simd_fn! {
 }
 
 simd_fn! {
+    /// `s *= scale` in place, and `max` their maximum: the same value
+    /// whatever the order it is taken in, so eight lanes take it.
+    pub(super) fn scale_max(s: &mut [f32], scale: f32, max: &mut f32) {
+        let mut lanes = [f32::NEG_INFINITY; 8];
+        let (body, tail) = s.as_chunks_mut::<8>();
+        for c in body {
+            for l in 0..8 {
+                c[l] *= scale;
+                lanes[l] = lanes[l].max(c[l]);
+            }
+        }
+        let mut m = f32::NEG_INFINITY;
+        for t in tail {
+            *t *= scale;
+            m = m.max(*t);
+        }
+        *max = lanes.iter().fold(m, |a, &b| a.max(b));
+    }
+}
+
+simd_fn! {
+    /// `s /= d` in place (a division each, as the scalar loop did).
+    pub(super) fn div_in_place(s: &mut [f32], d: f32) {
+        s.iter_mut().for_each(|v| *v /= d);
+    }
+}
+
+simd_fn! {
     /// One row of [`crate::ops::recurrent::RecurrentOps::gated_rms_norm`]:
     /// each group of `group_size` normalised, weighted and gated by `silu(g)`.
     pub(super) fn gated_rms_norm_row(o: &mut [f32], x: &[f32], g: &[f32], w: &[f32], group_size: usize, eps: f32, order: GateOrder) {

@@ -13,26 +13,45 @@ use crate::ops::moe::{ExpertGroups, ExpertTable, MoeOps};
 
 /// Each query row's result depends on its own sequence only: the same
 /// rows alone or batched with others, on one thread or several, are
-/// bitwise equal.
+/// bitwise equal. A long call runs tiles of rows that share each block's
+/// loads (the prefill path), a row alone runs by itself (the decode path):
+/// the same bits, with f32 and bf16 caches, with and without a sliding
+/// window.
 #[test]
 fn paged_attention_rows_do_not_depend_on_the_batch() {
+    for (bf16_cache, window) in [
+        (false, None),
+        (true, None),
+        (false, Some(9)),
+        (true, Some(20)),
+    ] {
+        rows_alone_and_batched_agree(bf16_cache, window);
+    }
+}
+
+fn rows_alone_and_batched_agree(bf16_cache: bool, sliding_window: Option<usize>) {
     let (block_size, hd) = (16, 64);
     let p = AttnParams {
         n_heads: 4,
         n_kv_heads: 1,
         head_dim: hd,
         scale: 0.125,
-        sliding_window: None,
+        sliding_window,
     };
     let width = p.n_heads * hd;
     let mut rng = Rng::new(7);
-    let table = [BlockId(2), BlockId(0), BlockId(3)];
+    let table = [BlockId(2), BlockId(0), BlockId(3), BlockId(1)];
     let k = rng.vec(4 * block_size * hd, -2.0, 2.0);
     let v = rng.vec(4 * block_size * hd, -1.0, 1.0);
     let q = rng.vec(40 * width, -2.0, 2.0);
-    let run = |threads: usize, seqs: &[(usize, usize, usize)]| {
+    let run_q = |threads: usize, q: &[f32], seqs: &[(usize, usize, usize)]| {
         let mut env = Env::with_threads(threads);
-        let (qs, ks, vs) = (env.up(&q), env.up(&k), env.up(&v));
+        let (ks, vs) = if bf16_cache {
+            (env.up_bf16(&k).0, env.up_bf16(&v).0)
+        } else {
+            (env.up(&k), env.up(&v))
+        };
+        let qs = env.up(q);
         let out = env.up(&vec![0.0; 40 * width]);
         let cache = KvLayer {
             k: ks,
@@ -51,11 +70,22 @@ fn paged_attention_rows_do_not_depend_on_the_batch() {
         env.finish();
         got
     };
+    let run = |threads: usize, seqs: &[(usize, usize, usize)]| run_q(threads, &q, seqs);
+    let what = format!("bf16 cache {bf16_cache}, window {sliding_window:?}");
     // Query rows 0..40 at positions 5..45 of one sequence, as one call ...
     let whole = run(1, &[(0, 40, 45)]);
-    // ... and as a decode-like single row, a chunk, and the rest, batched, on 3 threads.
+    // ... and as a decode-like single row, a chunk, and the rest, batched, on 3 threads ...
     let split = run(3, &[(0, 1, 6), (1, 17, 23), (18, 22, 45)]);
-    assert_eq!(whole, split);
+    assert_eq!(whole, split, "{what}");
+    // ... and in tiles of rows of two sequences, on 2 threads.
+    let pair = run(2, &[(0, 21, 26), (21, 19, 45)]);
+    assert_eq!(whole, pair, "{what}");
+    // Each row alone, by the decode path (fewer rows than 4 per thread).
+    for r in [0, 7, 16, 29, 39] {
+        let row = r * width..(r + 1) * width;
+        let alone = run_q(2, &q[row.clone()], &[(0, 1, r + 6)]);
+        assert_eq!(whole[row], alone[..width], "{what}, row {r}");
+    }
 }
 
 /// The fused SwiGLU gives the bits of two matmuls and `silu_mul` with bf16
