@@ -143,6 +143,43 @@ simd_fn! {
 }
 
 simd_fn! {
+    /// A decode step of a causal conv1d with four taps: `o[c] = bias[c] +
+    /// Σ_j w[c][j] · ins[j][c]` with `w` as stored (`[o.len(), 4]`), added
+    /// in [`conv_row4`]'s order (from 0 where there is no bias).
+    pub(super) fn conv_decode4(o: &mut [f32], bias: Option<&[f32]>, w: &[f32], ins: [&[f32]; 4]) {
+        let n = o.len();
+        let w = &w[..4 * n];
+        let (i0, i1, i2, i3) = (&ins[0][..n], &ins[1][..n], &ins[2][..n], &ins[3][..n]);
+        let taps = w.as_chunks::<4>().0;
+        match bias {
+            Some(b) => {
+                let b = &b[..n];
+                for c in 0..n {
+                    let t = taps[c];
+                    let mut a = b[c];
+                    a += t[0] * i0[c];
+                    a += t[1] * i1[c];
+                    a += t[2] * i2[c];
+                    a += t[3] * i3[c];
+                    o[c] = a;
+                }
+            }
+            None => {
+                for c in 0..n {
+                    let t = taps[c];
+                    let mut a = 0.0;
+                    a += t[0] * i0[c];
+                    a += t[1] * i1[c];
+                    a += t[2] * i2[c];
+                    a += t[3] * i3[c];
+                    o[c] = a;
+                }
+            }
+        }
+    }
+}
+
+simd_fn! {
     /// One output row of a causal conv1d with four taps, in one pass:
     /// `o = bias + Σ_j w[j] · ins[j]` (`w` tap-major, `[4, o.len()]`), added
     /// in that order as [`mul_add`] tap by tap would, then SiLU if asked.

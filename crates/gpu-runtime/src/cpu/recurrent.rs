@@ -46,12 +46,19 @@ fn conv_decode(
     let kernel = w.len() / channels.max(1);
     let km1 = kernel - 1;
     let o = &mut out[..channels];
-    for (c, (o, taps)) in o.iter_mut().zip(w.chunks_exact(kernel)).enumerate() {
-        let mut a = bias.map_or(0.0, |b| b[c]);
-        for (j, &t) in taps[..km1].iter().enumerate() {
-            a += t * state[j * channels + c];
+    if kernel == 4 {
+        // Mamba's d_conv: one vector loop over the channels.
+        let (s0, rest) = state.split_at(channels);
+        let (s1, s2) = rest.split_at(channels);
+        super::elementwise::conv_decode4(o, bias, w, [s0, s1, &s2[..channels], x]);
+    } else {
+        for (c, (o, taps)) in o.iter_mut().zip(w.chunks_exact(kernel)).enumerate() {
+            let mut a = bias.map_or(0.0, |b| b[c]);
+            for (j, &t) in taps[..km1].iter().enumerate() {
+                a += t * state[j * channels + c];
+            }
+            *o = a + taps[km1] * x[c];
         }
-        *o = a + taps[km1] * x[c];
     }
     if silu_out {
         super::elementwise::silu_in_place(o);
