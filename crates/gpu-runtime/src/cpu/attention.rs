@@ -143,9 +143,11 @@ impl<'a> KvData<'a> {
         match *self {
             KvData::F32(d) => &d[at..at + len],
             KvData::BF16(d) => {
-                buf.clear();
-                buf.extend(d[at..at + len].iter().map(|x| x.to_f32()));
-                buf
+                if buf.len() < len {
+                    buf.resize(len, 0.0);
+                }
+                widen(&d[at..at + len], &mut buf[..len]);
+                &buf[..len]
             }
         }
     }
@@ -178,12 +180,13 @@ impl<'a> KvData<'a> {
         match *self {
             KvData::F32(d) => (&d[at..], stride),
             KvData::BF16(d) => {
-                buf.clear();
-                for r in 0..rows {
-                    let row = &d[at + r * stride..][..width];
-                    buf.extend(row.iter().map(|x| x.to_f32()));
+                if buf.len() < rows * width {
+                    buf.resize(rows * width, 0.0);
                 }
-                (buf, width)
+                for (r, out) in buf[..rows * width].chunks_exact_mut(width).enumerate() {
+                    widen(&d[at + r * stride..][..width], out);
+                }
+                (&buf[..rows * width], width)
             }
         }
     }
@@ -586,6 +589,15 @@ impl Keys<'_> {
                 }
             })
         });
+    }
+}
+
+simd_fn! {
+    /// `out = src` widened to f32 (exact: a bf16 is an f32's top half).
+    fn widen(src: &[bf16], out: &mut [f32]) {
+        for (o, s) in out.iter_mut().zip(src) {
+            *o = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
     }
 }
 
