@@ -87,6 +87,7 @@ pub fn options() -> ModelOptions {
         max_seqs: 8,
         max_batch_tokens: 256,
         kv_dtype: None,
+        kv_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     }

@@ -33,6 +33,7 @@ fn load(name: &str, bf16_dot: bool, batch: usize) -> Result<(Arc<CpuBackend>, Tr
         max_seqs: 2 * batch,
         max_batch_tokens: 256,
         kv_dtype: None,
+        kv_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: PrefixCacheOptions::disabled(),
     };

@@ -40,6 +40,7 @@ fn roomy() -> ModelOptions {
         max_seqs: 16,
         max_batch_tokens: 256,
         kv_dtype: None,
+        kv_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     }
@@ -170,6 +171,7 @@ fn greedy_parity(name: &str) -> Result<()> {
         max_seqs: 5,
         max_batch_tokens: 64,
         kv_dtype: None,
+        kv_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: PrefixCacheOptions::disabled(),
     };
@@ -511,6 +513,7 @@ fn stress(name: &str) -> Result<()> {
         max_seqs: 6,
         max_batch_tokens: 64,
         kv_dtype: None,
+        kv_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     };

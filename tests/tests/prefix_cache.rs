@@ -37,6 +37,7 @@ fn options(prefix_cache: PrefixCacheOptions, kv_blocks: usize) -> ModelOptions {
         max_seqs: 4,
         max_batch_tokens: 64,
         kv_dtype: None,
+        kv_follows_weights: false,
         cuda_graphs: true,
         prefix_cache,
     }

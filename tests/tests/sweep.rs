@@ -147,6 +147,7 @@ fn check_variant(rel: &str, scratch: &Path) -> Result<f32> {
             max_seqs: 4,
             max_batch_tokens: 128,
             kv_dtype: None,
+            kv_follows_weights: false,
             cuda_graphs: true,
             prefix_cache: Default::default(),
         },

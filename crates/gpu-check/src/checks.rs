@@ -291,6 +291,7 @@ fn options(kv_dtype: Option<DType>) -> ModelOptions {
         max_seqs: CONCURRENT,
         max_batch_tokens: 256,
         kv_dtype,
+        kv_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     }

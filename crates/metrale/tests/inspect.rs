@@ -79,40 +79,50 @@ fn every_fixture() {
 
 #[test]
 fn cache_sizes_and_budget() {
-    let (ok, stdout, stderr) = inspect(&[
-        fixture("bamba").to_str().unwrap(),
-        "--memory",
-        "1MiB",
-        "--context",
-        "100",
-    ]);
-    assert!(ok, "{stderr}");
-    // One attention layer, 2 KV heads of 16: 2 * 2 * 16 * 4 bytes per token.
-    assert!(
-        field(&stdout, "kv cache").starts_with("256 bytes per token"),
-        "{stdout}"
-    );
-    // Two Mamba layers: conv state 160 x 3 plus SSM state 8 x 16 x 16, in f32.
-    let rec = 2 * 4 * (160 * 3 + 8 * 16 * 16);
-    assert!(
-        field(&stdout, "recurrent state").starts_with(&format!("{rec} bytes")),
-        "{stdout}"
-    );
     let weights: u64 = scan_safetensors(&fixture("bamba"))
         .unwrap()
         .iter()
         .map(|t| t.bytes as u64)
         .sum();
     let free = (1u64 << 20) - weights;
-    assert!(
-        field(&stdout, "kv tokens").starts_with(&format!("{} ", free / 256)),
-        "{stdout}"
-    );
-    let seqs = free / (rec as u64 + 100 * 256);
-    assert!(
-        field(&stdout, "sequences").starts_with(&format!("{seqs} of 100 tokens")),
-        "{stdout}"
-    );
+    // One attention layer, 2 KV heads of 16: 2 * 2 * 16 values per token.
+    // Two Mamba layers: conv state 160 x 3 (f32) plus SSM state 8 x 16 x 16.
+    // The defaults (`--dtype auto`, bf16 weights) hold the cache and the
+    // SSM states in bf16 as `run` does; `--dtype f32` in f32.
+    for (extra, kv, ssm) in [(None, 2, 2), (Some("f32"), 4, 4)] {
+        let mut args = vec![
+            fixture("bamba").to_str().unwrap().to_string(),
+            "--memory".into(),
+            "1MiB".into(),
+            "--context".into(),
+            "100".into(),
+        ];
+        if let Some(dtype) = extra {
+            args.extend(["--dtype".into(), dtype.to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (ok, stdout, stderr) = inspect(&args);
+        assert!(ok, "{stderr}");
+        let per_token = 2 * 2 * 16 * kv;
+        assert!(
+            field(&stdout, "kv cache").starts_with(&format!("{per_token} bytes per token")),
+            "{stdout}"
+        );
+        let rec = 2 * (4 * 160 * 3 + ssm * 8 * 16 * 16);
+        assert!(
+            field(&stdout, "recurrent state").starts_with(&format!("{rec} bytes")),
+            "{stdout}"
+        );
+        assert!(
+            field(&stdout, "kv tokens").starts_with(&format!("{} ", free / per_token as u64)),
+            "{stdout}"
+        );
+        let seqs = free / (rec as u64 + 100 * per_token as u64);
+        assert!(
+            field(&stdout, "sequences").starts_with(&format!("{seqs} of 100 tokens")),
+            "{stdout}"
+        );
+    }
 
     let (ok, stdout, _) = inspect(&[fixture("mamba2").to_str().unwrap(), "--memory", "2 MB"]);
     assert!(ok);

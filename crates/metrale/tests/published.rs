@@ -65,9 +65,12 @@ fn field<'a>(stdout: &'a str, key: &str) -> Option<&'a str> {
     })
 }
 
-/// `inspect --no-load` against the expected entry.
+/// `inspect --no-load` against the expected entry (its cache sizes are
+/// the exact f32 layouts: `--dtype f32`, where the default would halve the
+/// KV cache and the SSM states of bf16 checkpoints).
 fn check_inspect(dir: &Path, expected: &Map<String, Value>) -> Result<()> {
-    let (ok, stdout, stderr) = metrale(&["inspect", "--no-load", &dir.to_string_lossy()])?;
+    let dir = dir.to_string_lossy();
+    let (ok, stdout, stderr) = metrale(&["inspect", "--no-load", "--dtype", "f32", &dir])?;
     if let Some(reason) = expected.get("refused").and_then(Value::as_str) {
         ensure!(!ok, "expected a refusal ({reason}), got\n{stdout}");
         ensure!(

@@ -258,6 +258,7 @@ impl TransformerModel {
         crate::model::MemoryPlan::new(gpu.as_ref(), &config, &options, &|_| dtype)?
             .check(gpu.as_ref())?;
         let mut store = random_weight_store(&config, seed, dtype, gpu.as_ref())?;
+        let options = options.for_weights(&store);
         let mut model = match TransformerModel::new(gpu.clone(), config, options) {
             Ok(m) => m,
             Err(e) => {

@@ -32,6 +32,7 @@ fn load(debug_sync: bool) -> (Arc<CpuBackend>, TransformerModel) {
         max_seqs: 2,
         max_batch_tokens: 16,
         kv_dtype: None,
+        kv_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     };

@@ -22,6 +22,7 @@ fn options() -> ModelOptions {
         max_seqs: 3,
         max_batch_tokens: 40,
         kv_dtype: None,
+        kv_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     }

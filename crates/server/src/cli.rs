@@ -53,7 +53,9 @@ pub enum StateDType {
 /// `--kv-dtype`: the KV cache's element type.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum KvDType {
-    /// The backend's default (f32 on the CPU).
+    /// As the weights, under `--dtype auto` or `bf16`: bf16 where they are
+    /// held in bf16, f16 or quantized, the backend's default (f32 on the
+    /// CPU) for f32 weights and under `--dtype f32`.
     #[default]
     Auto,
     F32,
@@ -62,12 +64,19 @@ pub enum KvDType {
 }
 
 impl KvDType {
+    /// The cache's dtype asked for outright (None: `auto`).
     pub fn dtype(self) -> Option<DType> {
         match self {
             KvDType::Auto => None,
             KvDType::F32 => Some(DType::F32),
             KvDType::Bf16 => Some(DType::BF16),
         }
+    }
+
+    /// Whether the cache follows the weights' dtype
+    /// (`ModelOptions::kv_follows_weights`): `auto` under bf16 arithmetic.
+    pub fn follows_weights(self, bf16_arithmetic: bool) -> bool {
+        self == KvDType::Auto && bf16_arithmetic
     }
 }
 
@@ -148,7 +157,13 @@ mod tests {
 
     #[test]
     fn kv_dtypes() {
+        // `auto` asks for nothing outright, and follows the weights under
+        // bf16 arithmetic only.
         assert_eq!(KvDType::Auto.dtype(), None);
+        assert!(KvDType::Auto.follows_weights(true));
+        assert!(!KvDType::Auto.follows_weights(false));
+        assert_eq!(KvDType::F32.dtype(), Some(DType::F32));
+        assert!(!KvDType::F32.follows_weights(true));
         assert_eq!(KvDType::Bf16.dtype(), Some(DType::BF16));
     }
 }

@@ -69,8 +69,10 @@ struct Args {
     /// host and its cgroup have available); checked before loading.
     #[arg(long, value_parser = parse_memory)]
     memory_limit: Option<usize>,
-    /// The KV cache's element type: auto (the backend's default: f32 on the
-    /// CPU), f32, or bf16 (half the memory per cached token).
+    /// The KV cache's element type: auto (the default: as the weights under
+    /// `--dtype auto` or `bf16`, bf16 for bf16, f16 or quantized weights;
+    /// else the backend's default, f32 on the CPU), f32, or bf16 (half the
+    /// memory per cached token; logits move by up to about 1e-2).
     #[arg(long, value_enum, default_value_t = KvDType::Auto)]
     kv_dtype: KvDType,
     /// How the Mamba-2 and gated-delta layers' running states are held:
@@ -169,6 +171,7 @@ fn run(args: Args) -> Result<()> {
         ..LoadOptions::default()
     };
     options.model.kv_dtype = args.kv_dtype.dtype();
+    options.model.kv_follows_weights = args.kv_dtype.follows_weights(args.dtype != ArithDType::F32);
     options.model.prefix_cache = args.prefix.options();
     if let Some(n) = args.max_seqs {
         options.model.max_seqs = n;

@@ -54,6 +54,7 @@ fn options() -> LoadOptions {
             max_seqs: 16,
             max_batch_tokens: 256,
             kv_dtype: None,
+            kv_follows_weights: false,
             cuda_graphs: true,
             prefix_cache: Default::default(),
         },

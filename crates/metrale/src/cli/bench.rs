@@ -92,8 +92,10 @@ pub struct Args {
     /// host and its cgroup have available); checked before loading.
     #[arg(long, value_parser = super::parse_memory)]
     pub memory_limit: Option<usize>,
-    /// The KV cache's element type: auto (the backend's default: f32 on the
-    /// CPU), f32, or bf16 (half the memory per cached token).
+    /// The KV cache's element type: auto (the default: as the weights under
+    /// `--dtype auto` or `bf16`, bf16 for bf16, f16 or quantized weights;
+    /// else the backend's default, f32 on the CPU), f32, or bf16 (half the
+    /// memory per cached token; logits move by up to about 1e-2).
     #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
     pub kv_dtype: super::KvDType,
     #[command(flatten)]
@@ -274,6 +276,7 @@ pub fn run(mut args: Args) -> Result<()> {
         max_seqs: b,
         kv_blocks,
         kv_dtype: args.kv_dtype.dtype(),
+        kv_follows_weights: args.kv_dtype == super::KvDType::Auto && args.dtype.bf16_dot_products(),
         cuda_graphs: !args.device.no_cuda_graphs,
         prefix_cache: args.prefix.options(),
         ..ModelOptions::default()

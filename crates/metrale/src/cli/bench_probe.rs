@@ -372,5 +372,6 @@ pub fn cache_traffic(
     Ok(CacheTraffic {
         kv_per_token,
         state_per_seq,
+        kv_dtype: layout.dtype,
     })
 }

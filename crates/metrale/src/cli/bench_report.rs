@@ -49,6 +49,8 @@ pub(super) struct CacheTraffic {
     pub(super) kv_per_token: usize,
     /// Recurrent state bytes per sequence (conv windows and SSM states).
     pub(super) state_per_seq: usize,
+    /// The KV cache's element type.
+    pub(super) kv_dtype: DType,
 }
 
 pub(super) struct Report {
@@ -200,6 +202,13 @@ impl Report {
         has_state.then_some(if self.bf16_state { "bf16" } else { "f32" })
     }
 
+    /// The KV cache's element type: None for a model without attention
+    /// (or whose cache sizes are unknown).
+    fn kv_dtype(&self) -> Option<&'static str> {
+        let c = self.cache.filter(|c| c.kv_per_token > 0)?;
+        Some(c.kv_dtype.name())
+    }
+
     /// "decode b16: 112 tok/s aggregate, 7.0 tok/s per sequence, ..."
     fn batch_line(&self) -> String {
         let flops = self.decode_flop_s();
@@ -239,6 +248,7 @@ impl Report {
             "bf16_dot_products": self.bf16_dot,
             "bf16_kernel": self.bf16_kernel.map(|k| k.describe()),
             "ssm_state_dtype": self.state_dtype(),
+            "kv_dtype": self.kv_dtype(),
             "threads": self.threads,
             "batch": self.batch,
             "prompt_len": self.prompt_len,
@@ -381,10 +391,13 @@ impl Report {
         } else {
             "f32"
         };
-        let state = match self.state_dtype() {
+        let mut state = match self.state_dtype() {
             Some(dtype) => format!(", {dtype} recurrent state"),
             None => String::new(),
         };
+        if let Some(dtype) = self.kv_dtype() {
+            state += &format!(", {dtype} KV cache");
+        }
         line(format!(
             "prefill      {:>10.1} tok/s ({math} arithmetic{state})",
             self.prefill_tok_s
@@ -574,6 +587,7 @@ mod tests {
         r.cache = Some(CacheTraffic {
             kv_per_token: 1000,
             state_per_seq: 1 << 20,
+            kv_dtype: DType::BF16,
         });
         // Per sequence: the state twice, and KV over the mean context
         // (prompt + (gen + 1) / 2) plus the new token's.
@@ -586,7 +600,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("1.0 MiB of state"), "{text}");
+        assert!(text.contains("bf16 KV cache)"), "{text}");
         let v = r.json();
+        assert_eq!(v["kv_dtype"], "bf16");
         assert!((v["floor_decode_tok_s"].as_f64().unwrap() - floor).abs() < 1e-9);
         assert!(floor < v["roofline_decode_tok_s"].as_f64().unwrap());
     }

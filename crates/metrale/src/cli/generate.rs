@@ -39,8 +39,10 @@ pub struct ModelArgs {
     /// host and its cgroup have available); checked before loading.
     #[arg(long, value_parser = super::parse_memory)]
     pub memory_limit: Option<usize>,
-    /// The KV cache's element type: auto (the backend's default: f32 on the
-    /// CPU), f32, or bf16 (half the memory per cached token).
+    /// The KV cache's element type: auto (the default: as the weights under
+    /// `--dtype auto` or `bf16`, bf16 for bf16, f16 or quantized weights;
+    /// else the backend's default, f32 on the CPU), f32, or bf16 (half the
+    /// memory per cached token; logits move by up to about 1e-2).
     #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
     pub kv_dtype: super::KvDType,
     #[command(flatten)]
@@ -76,7 +78,8 @@ impl ModelArgs {
             ..LoadOptions::default()
         };
         options.model.max_seqs = 1;
-        options.model.kv_dtype = self.kv_dtype.dtype();
+        self.kv_dtype
+            .apply(self.dtype.bf16_dot_products(), &mut options.model);
         options.model.cuda_graphs = !self.device.no_cuda_graphs;
         options.model.prefix_cache = self.prefix.options();
         let mut config = EngineConfig::default();

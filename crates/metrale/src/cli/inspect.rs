@@ -41,10 +41,19 @@ pub struct Args {
     // KV cache and the recurrent state.
     #[command(flatten)]
     pub device: super::DeviceArgs,
-    /// The KV cache's element type the sizes assume: auto (the backend's
-    /// default), f32 or bf16.
+    /// The arithmetic the sizes assume, as `run` and `serve` take it: auto
+    /// (bf16 caches and states unless asked otherwise), f32 or bf16.
+    #[arg(long, value_enum, default_value_t = super::ArithDType::Auto)]
+    pub dtype: super::ArithDType,
+    /// The KV cache's element type the sizes assume: auto (as `run` takes
+    /// it: bf16 for weights narrower than f32 unless `--dtype f32`, else the
+    /// backend's default), f32 or bf16.
     #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
     pub kv_dtype: super::KvDType,
+    /// The recurrent states' element type the sizes assume: auto (as the
+    /// arithmetic), f32 or bf16.
+    #[arg(long, value_enum, default_value_t = super::StateDType::Auto)]
+    pub ssm_state_dtype: super::StateDType,
 }
 
 /// Per-token KV and per-sequence recurrent bytes as the backend lays them out.
@@ -52,27 +61,38 @@ struct CacheSizes {
     kv_per_token: usize,
     kv_dtype: DType,
     rec_per_seq: usize,
-    state_dtype: DType,
+    /// The conv windows' and the SSM (or delta-rule) states' element types.
+    conv_dtype: DType,
+    ssm_dtype: DType,
     /// The device it was asked of, and the memory it has free (None: it
     /// does not know).
     device: metrale::Device,
     available: Option<usize>,
 }
 
-fn cache_sizes(args: &Args, config: &ModelConfig) -> Result<CacheSizes> {
-    let backend = open_backend(args.device.device, &BackendOptions::default())?;
+fn cache_sizes(args: &Args, config: &ModelConfig, narrow_weights: bool) -> Result<CacheSizes> {
+    let bf16 = args.dtype != super::ArithDType::F32;
+    let backend = open_backend(
+        args.device.device,
+        &BackendOptions {
+            bf16_ssm_state: args.ssm_state_dtype.is_bf16(bf16),
+            ..BackendOptions::default()
+        },
+    )?;
     let gpu = backend.gpu().as_ref();
-    let options = ModelOptions {
-        kv_dtype: args.kv_dtype.dtype(),
-        ..ModelOptions::default()
-    };
+    let mut options = ModelOptions::default();
+    args.kv_dtype.apply(bf16 && narrow_weights, &mut options);
+    if options.kv_follows_weights {
+        options.kv_dtype = Some(DType::BF16);
+    }
     let layout = gpu.kv_layout(kv_spec(config, &options))?;
     let traffic = super::bench_probe::cache_traffic(config, gpu, &options)?;
     Ok(CacheSizes {
         kv_per_token: traffic.kv_per_token,
         kv_dtype: layout.dtype,
         rec_per_seq: traffic.state_per_seq,
-        state_dtype: gpu.state_layout(1).dtype,
+        conv_dtype: gpu.state_layout(1).dtype,
+        ssm_dtype: gpu.ssm_state_layout(1).dtype,
         device: backend.device(),
         available: gpu.available_memory(),
     })
@@ -118,7 +138,9 @@ pub fn run(mut args: Args) -> Result<()> {
     } else {
         load(&args, &config)?
     };
-    let sizes = cache_sizes(&args, &config)?;
+    // `--kv-dtype auto` follows the weights: narrower than f32 anywhere.
+    let narrow = totals.dtypes.iter().any(|d| d != "f32");
+    let sizes = cache_sizes(&args, &config, narrow)?;
     if free_budget {
         let free = sizes.available.ok_or_else(|| {
             anyhow::anyhow!(
@@ -366,9 +388,10 @@ fn report(
     line(
         "recurrent state",
         format!(
-            "{rec} bytes per sequence ({}) ({} conv + SSM state: {n_mamba} Mamba-2, {n_delta} DeltaNet layers)",
+            "{rec} bytes per sequence ({}) ({} conv + {} SSM state: {n_mamba} Mamba-2, {n_delta} DeltaNet layers)",
             human_bytes(rec as u64),
-            sizes.state_dtype
+            sizes.conv_dtype,
+            sizes.ssm_dtype
         ),
     );
 

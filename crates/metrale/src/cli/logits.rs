@@ -42,8 +42,10 @@ pub struct Args {
     /// host and its cgroup have available); checked before loading.
     #[arg(long, value_parser = super::parse_memory)]
     pub memory_limit: Option<usize>,
-    /// The KV cache's element type: auto (the backend's default: f32 on the
-    /// CPU), f32, or bf16 (half the memory per cached token).
+    /// The KV cache's element type: auto (the default: as the weights under
+    /// `--dtype auto` or `bf16`, bf16 for bf16, f16 or quantized weights;
+    /// else the backend's default, f32 on the CPU), f32, or bf16 (half the
+    /// memory per cached token; logits move by up to about 1e-2).
     #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
     pub kv_dtype: super::KvDType,
     #[command(flatten)]
@@ -81,7 +83,8 @@ pub fn run(mut args: Args) -> Result<()> {
     options.model.max_batch_tokens = args.ids.len().clamp(1, 4096);
     options.model.kv_blocks = args.ids.len().div_ceil(options.model.kv_block_size) + 1;
     options.model.max_seqs = 1;
-    options.model.kv_dtype = args.kv_dtype.dtype();
+    args.kv_dtype
+        .apply(args.dtype.bf16_dot_products(), &mut options.model);
     options.model.cuda_graphs = !args.device.no_cuda_graphs;
     options.model.prefix_cache = args.prefix.options();
     tracing::debug!("loading {} with {options:?}", args.model.display());

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use metrale::Device;
+use metrale::engine::model::ModelOptions;
 use metrale::weights::loader::LoadProgress;
 
 /// `--device`, the same on every subcommand that runs a model.
@@ -42,7 +43,10 @@ const DEVICE_VALUES: &str = "cpu|auto|cuda[:N]";
 /// `--kv-dtype`: the KV cache's element type.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum KvDType {
-    /// The backend's default (f32 on the CPU).
+    /// As the weights, under `--dtype auto` or `bf16`: bf16 where they are
+    /// held in bf16, f16 or quantized (as vLLM's `kv_cache_dtype` follows
+    /// the model's dtype, and llama.cpp caches in f16), the backend's
+    /// default (f32 on the CPU) for f32 weights and under `--dtype f32`.
     #[default]
     Auto,
     F32,
@@ -52,12 +56,21 @@ pub enum KvDType {
 }
 
 impl KvDType {
+    /// The cache's dtype asked for outright (None: `auto`).
     pub fn dtype(self) -> Option<metrale::core::DType> {
         match self {
             KvDType::Auto => None,
             KvDType::F32 => Some(metrale::core::DType::F32),
             KvDType::Bf16 => Some(metrale::core::DType::BF16),
         }
+    }
+
+    /// Sets `options`' cache dtype: asked for, or under `auto` and bf16
+    /// arithmetic (`DTypeArgs::bf16_dot_products`) as the weights are held
+    /// (`ModelOptions::kv_follows_weights`).
+    pub fn apply(self, bf16_arithmetic: bool, options: &mut ModelOptions) {
+        options.kv_dtype = self.dtype();
+        options.kv_follows_weights = self == KvDType::Auto && bf16_arithmetic;
     }
 }
 
@@ -169,8 +182,15 @@ impl DTypeArgs {
     /// Whether SSM states are to be held in bf16: asked for, or `auto`
     /// under bf16 arithmetic.
     pub fn bf16_ssm_state(&self) -> bool {
-        match self.ssm_state_dtype {
-            StateDType::Auto => self.bf16_dot_products(),
+        self.ssm_state_dtype.is_bf16(self.bf16_dot_products())
+    }
+}
+
+impl StateDType {
+    /// Whether states are held in bf16, given whether the arithmetic is.
+    pub fn is_bf16(self, bf16_arithmetic: bool) -> bool {
+        match self {
+            StateDType::Auto => bf16_arithmetic,
             StateDType::F32 => false,
             StateDType::Bf16 => true,
         }

@@ -27,6 +27,7 @@ fn options(kv_blocks: usize, max_seqs: usize) -> ModelOptions {
         max_seqs,
         max_batch_tokens: 64,
         kv_dtype: None,
+        kv_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     }

@@ -56,6 +56,7 @@ impl TransformerModel {
         options: ModelOptions,
         mut store: WeightStore,
     ) -> Result<Self> {
+        let options = options.for_weights(&store);
         let mut model = match TransformerModel::new(gpu.clone(), config, options) {
             Ok(m) => m,
             Err(e) => {

@@ -56,6 +56,7 @@ pub fn small_options() -> metrale_model_engine::model::ModelOptions {
         max_seqs: 2,
         max_batch_tokens: 32,
         kv_dtype: None,
+        kv_follows_weights: false,
         cuda_graphs: false,
         prefix_cache: Default::default(),
     }

@@ -38,6 +38,7 @@ fn model(gpu: Arc<dyn GpuBackend>, name: &str, graphs: bool) -> TransformerModel
         max_seqs: 3,
         max_batch_tokens: 24,
         kv_dtype: None,
+        kv_follows_weights: false,
         cuda_graphs: graphs,
         prefix_cache: Default::default(),
     };

@@ -37,8 +37,15 @@ pub struct ModelOptions {
     /// Most tokens one forward step processes (sizes the activation arena).
     pub max_batch_tokens: usize,
     /// The KV cache's element type; `None`: the backend's default (f32 on
-    /// the CPU). See `GpuBackend::kv_layout`.
+    /// the CPU), or see `kv_follows_weights`. See `GpuBackend::kv_layout`.
     pub kv_dtype: Option<DType>,
+    /// With `kv_dtype` `None`: cache in bf16 when most of the weights (by
+    /// parameters) are held in a narrower type than f32 (bf16, f16 or
+    /// quantized), as vLLM's `kv_cache_dtype = "auto"` takes the model's
+    /// dtype; f32 weights keep the backend's default. Resolved when the
+    /// weights are loaded ([`ModelOptions::for_weights`]). The CLI's
+    /// `--kv-dtype auto` under `--dtype auto|bf16`.
+    pub kv_follows_weights: bool,
     /// Replay decode steps as captured device graphs where the backend
     /// supports them (CUDA): a step of B single-token sequences runs as one
     /// graph launch instead of hundreds of kernel launches. Off: every step
@@ -56,9 +63,31 @@ impl Default for ModelOptions {
             max_seqs: 16,
             max_batch_tokens: 512,
             kv_dtype: None,
+            kv_follows_weights: false,
             cuda_graphs: true,
             prefix_cache: PrefixCacheOptions::default(),
         }
+    }
+}
+
+impl ModelOptions {
+    /// These options with [`kv_follows_weights`](Self::kv_follows_weights)
+    /// resolved against the weights in `store`: `kv_dtype` bf16 where most
+    /// of their parameters are held narrower than f32.
+    pub fn for_weights(mut self, store: &WeightStore) -> Self {
+        if self.kv_dtype.is_none() && self.kv_follows_weights {
+            let (mut wide, mut narrow) = (0usize, 0usize);
+            for t in store.names().filter_map(|n| store.get(n).ok()) {
+                match t.dtype() {
+                    DType::F32 => wide += t.elements(),
+                    _ => narrow += t.elements(),
+                }
+            }
+            if narrow > wide {
+                self.kv_dtype = Some(DType::BF16);
+            }
+        }
+        self
     }
 }
 

@@ -100,6 +100,7 @@ fn options() -> ModelOptions {
         max_seqs: 3,
         max_batch_tokens: 16,
         kv_dtype: None,
+        kv_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     }
