@@ -292,14 +292,16 @@ impl OutPtr {
     }
 }
 
-/// `out[i * n + j] = Σ_c bf16(x[i * k + c]) · w[j * k + c]` (f32 sums),
-/// with [`Kernel::Dot`] on every CPU: the SSD scan's products. With
-/// [`Kernel::Fma`] the scan ran 25% slower on Emerald Rapids, most likely
-/// from the microcode assists FMAs take on subnormals, which its f32
-/// operands (states, inputs weighted by decays) hold where the decays
-/// underflow, and which `vdpbf16ps` flushes (that host's VM shows no
-/// performance counters to confirm it). Returns false, doing nothing, when
-/// the CPU lacks AVX512-BF16.
+/// `out[i * n + j] = Σ_c bf16(x[i * k + c]) · w[j * k + c]` (f32 sums):
+/// the SSD scan's products, on AMX tiles where the CPU runs them, else with
+/// [`Kernel::Dot`] (never [`Kernel::Fma`]). With `Fma` the scan ran 25%
+/// slower on Emerald Rapids, most likely from the microcode assists FMAs
+/// take on subnormals, which its f32 operands (states, inputs weighted by
+/// decays) hold where the decays underflow, and which `vdpbf16ps` and AMX
+/// flush (that host's VM shows no performance counters to confirm it).
+/// AMX against `Dot`, Granite-4.0-H-350M Q4_K_M, 512-token prefill, four
+/// interleaved pairs: `ssd_scan` 356-409 -> 290-361 ms. Returns false,
+/// doing nothing, when the CPU lacks AVX512-BF16.
 pub(crate) fn gemm(
     team: &Team,
     x: &[f32],
@@ -309,17 +311,12 @@ pub(crate) fn gemm(
     n: usize,
     k: usize,
 ) -> bool {
-    matmul(
-        Kernel::Dot,
-        Some(team),
-        x,
-        Operand::Rows(w),
-        None,
-        out,
-        m,
-        n,
-        k,
-    )
+    let kernel = if amx_available() {
+        Kernel::Amx
+    } else {
+        Kernel::Dot
+    };
+    matmul(kernel, Some(team), x, Operand::Rows(w), None, out, m, n, k)
 }
 
 /// `out = x · wᵀ`, or with `up` `silu(x · wᵀ) * (x · upᵀ)`, each product
