@@ -163,6 +163,61 @@ fn q8_k_activations_keep_the_reference_bits_on_odd_blocks() {
     }
 }
 
+/// The Q8_0 quantizer on AVX-512 gives the scalar block's bits: random
+/// blocks, zeros of both signs, a NaN, infinities, subnormals, and values
+/// landing exactly on the rounding ties (halves round away from zero) and
+/// a hair either side of them.
+#[test]
+fn q8_0_activations_on_avx512_keep_the_scalar_bits() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if !(has!("avx512f") && has!("avx512bw")) {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        let mut blocks: Vec<Vec<f32>> = values(32 * 40, 11)
+            .chunks(32)
+            .map(<[f32]>::to_vec)
+            .collect();
+        blocks.push(vec![0.0; 32]);
+        blocks.push(vec![-0.0; 32]);
+        for (at, v) in [(5, f32::NAN), (20, f32::INFINITY), (31, f32::NEG_INFINITY)] {
+            let mut b = blocks[0].clone();
+            b[at] = v;
+            blocks.push(b);
+        }
+        blocks.push((0..32).map(|i| f32::from_bits(1 + i as u32)).collect());
+        // max 127: v itself is the scaled value, ties at every x.5.
+        let ties: Vec<f32> = (0..32)
+            .map(|i| (i as f32 - 16.0) * 3.5 + 0.5)
+            .chain([127.0])
+            .collect();
+        blocks.push(ties[1..].to_vec());
+        let near: Vec<f32> = ties[1..]
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                if i % 2 == 0 {
+                    v.next_up()
+                } else {
+                    v.next_down()
+                }
+            })
+            .collect();
+        blocks.push(near);
+        for (i, b) in blocks.iter().enumerate() {
+            let (mut want, mut got) = ([0i8; 32], [0i8; 32]);
+            let (d0, s0) = act::q8_0_block(b, &mut want);
+            // SAFETY: AVX-512F/BW checked above; 32 values and quants.
+            let (d1, s1) = unsafe { act::q8_0_avx512(b, &mut got) };
+            assert_eq!(d0.to_bits(), d1.to_bits(), "block {i}: d");
+            assert_eq!(want, got, "block {i}: quants");
+            assert_eq!(s0, s1, "block {i}: sum");
+        }
+    }
+}
+
 fn sizes(ty: GgmlType) -> &'static [usize] {
     if uses_q8_k(ty) {
         &[256, 768, 1280]
