@@ -124,6 +124,21 @@ fn cache_sizes_and_budget() {
         );
     }
 
+    // f32 weights keep the f32 cache under the defaults (as `run` holds
+    // it: `ModelOptions::for_weights`), with and without loading them:
+    // 2 attention layers, 2 KV heads of 16.
+    for extra in [None, Some("--no-load")] {
+        let dir = fixture("llama");
+        let mut args = vec![dir.to_str().unwrap()];
+        args.extend(extra);
+        let (ok, stdout, stderr) = inspect(&args);
+        assert!(ok, "{stderr}");
+        assert!(
+            field(&stdout, "kv cache").starts_with("512 bytes per token (f32"),
+            "{stdout}"
+        );
+    }
+
     let (ok, stdout, _) = inspect(&[fixture("mamba2").to_str().unwrap(), "--memory", "2 MB"]);
     assert!(ok);
     assert!(

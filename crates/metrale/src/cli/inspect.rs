@@ -80,11 +80,15 @@ fn cache_sizes(args: &Args, config: &ModelConfig, narrow_weights: bool) -> Resul
         },
     )?;
     let gpu = backend.gpu().as_ref();
-    let mut options = ModelOptions::default();
-    args.kv_dtype.apply(bf16 && narrow_weights, &mut options);
-    if options.kv_follows_weights {
-        options.kv_dtype = Some(DType::BF16);
-    }
+    // What `ModelOptions::for_weights` resolves `auto` to once loaded.
+    let kv_dtype = match args.kv_dtype.dtype() {
+        None if bf16 && narrow_weights => Some(DType::BF16),
+        asked => asked,
+    };
+    let options = ModelOptions {
+        kv_dtype,
+        ..ModelOptions::default()
+    };
     let layout = gpu.kv_layout(kv_spec(config, &options))?;
     let traffic = super::bench_probe::cache_traffic(config, gpu, &options)?;
     Ok(CacheSizes {
@@ -101,6 +105,9 @@ fn cache_sizes(args: &Args, config: &ModelConfig, narrow_weights: bool) -> Resul
 /// Parameter and byte totals of the weights as stored.
 struct Totals {
     parameters: usize,
+    /// Those held in f32 (`--kv-dtype auto` caches in bf16 where they are
+    /// fewer than half, as `ModelOptions::for_weights` does).
+    f32_parameters: usize,
     bytes: usize,
     dtypes: Vec<String>,
     /// The sizes come from config.json alone (no weight files were read).
@@ -138,8 +145,8 @@ pub fn run(mut args: Args) -> Result<()> {
     } else {
         load(&args, &config)?
     };
-    // `--kv-dtype auto` follows the weights: narrower than f32 anywhere.
-    let narrow = totals.dtypes.iter().any(|d| d != "f32");
+    // `--kv-dtype auto` follows the weights: most held narrower than f32.
+    let narrow = totals.parameters > 2 * totals.f32_parameters;
     let sizes = cache_sizes(&args, &config, narrow)?;
     if free_budget {
         let free = sizes.available.ok_or_else(|| {
@@ -187,8 +194,15 @@ fn load(args: &Args, config: &ModelConfig) -> Result<Totals> {
         .collect();
     dtypes.sort();
     dtypes.dedup();
+    let f32_parameters = store
+        .names()
+        .filter_map(|n| store.get(n).ok())
+        .filter(|t| t.dtype() == DType::F32)
+        .map(|t| t.elements())
+        .sum();
     let totals = Totals {
         parameters: store.parameters(),
+        f32_parameters,
         bytes: store.bytes(),
         dtypes,
         from_config: false,
@@ -205,6 +219,7 @@ fn from_headers(args: &Args, config: &ModelConfig) -> Result<Totals> {
     let stored = scan_safetensors(&args.model_dir)?;
     let mut totals = Totals {
         parameters: 0,
+        f32_parameters: 0,
         bytes: 0,
         dtypes: Vec::new(),
         from_config: false,
@@ -226,7 +241,11 @@ fn from_headers(args: &Args, config: &ModelConfig) -> Result<Totals> {
                 spec.shape
             );
         }
-        totals.parameters += spec.shape.iter().product::<usize>();
+        let n = spec.shape.iter().product::<usize>();
+        totals.parameters += n;
+        if t.dtype.eq_ignore_ascii_case("F32") {
+            totals.f32_parameters += n;
+        }
         totals.bytes += t.bytes;
         if !totals.dtypes.contains(&t.dtype.to_ascii_lowercase()) {
             totals.dtypes.push(t.dtype.to_ascii_lowercase());
@@ -242,16 +261,22 @@ fn from_gguf_headers(path: &std::path::Path) -> Result<Totals> {
     let g = GgufModel::open(path)?;
     let mut totals = Totals {
         parameters: 0,
+        f32_parameters: 0,
         bytes: 0,
         dtypes: Vec::new(),
         from_config: false,
     };
     for e in g.expected_tensors()? {
-        totals.parameters += e.shape.iter().product::<usize>();
+        let n = e.shape.iter().product::<usize>();
+        totals.parameters += n;
         for name in &e.sources {
             let t = g.file.tensor(name)?;
             totals.bytes += t.data.len();
             let ty = t.ggml_type().name().to_ascii_lowercase();
+            if ty == "f32" {
+                // A tensor read from several sources: each its share.
+                totals.f32_parameters += n / e.sources.len().max(1);
+            }
             if !totals.dtypes.contains(&ty) {
                 totals.dtypes.push(ty);
             }
@@ -268,6 +293,7 @@ fn from_config(config: &ModelConfig) -> Totals {
     let parameters = config.parameter_count();
     Totals {
         parameters,
+        f32_parameters: if dtype == DType::F32 { parameters } else { 0 },
         bytes: parameters * dtype.size_of(),
         dtypes: vec![dtype.to_string()],
         from_config: true,
