@@ -271,16 +271,16 @@ pub fn run(mut args: Args) -> Result<()> {
         .shared_prefix
         .map_or(n, |s| s.saturating_add(args.suffix));
     let max_batch_tokens = prompt_tokens.min(2048).max(b);
-    let options = ModelOptions {
+    let mut options = ModelOptions {
         max_batch_tokens,
         max_seqs: b,
         kv_blocks,
-        kv_dtype: args.kv_dtype.dtype(),
-        kv_follows_weights: args.kv_dtype == super::KvDType::Auto && args.dtype.bf16_dot_products(),
         cuda_graphs: !args.device.no_cuda_graphs,
         prefix_cache: args.prefix.options(),
         ..ModelOptions::default()
     };
+    args.kv_dtype
+        .apply(args.dtype.bf16_dot_products(), &mut options);
     let mut dtype = args.weight_dtype.unwrap_or(BenchDType::Bf16).dtype();
     // Bytes per element of a tensor the store does not know (none today).
     let fallback_size = dtype.size_of();
