@@ -1,4 +1,4 @@
-//! The paged KV cache's writes and grouped-query attention over it, on the CPU.
+//! Grouped-query attention over the paged KV cache, on the CPU (its writes: `kv_store`).
 //!
 //! Keys are stored transposed within each block (see [`KvLayer`]): a
 //! block's keys of one kv head are a `[head_dim, block_size]` tile, and a
@@ -15,6 +15,13 @@
 //! threads: prefill attention 3.3 s before, 2.5 s with the tiles, 1.7 s
 //! with the softmax's vector loops (prefill 307 -> 394 tok/s).
 //!
+//! A row alone (decode) reads a bf16 cache as it lies: the kernels widen
+//! each element in the register ([`vec::KvElem`]). Widening the block into
+//! a buffer first had been a third of the call. Llama-370M Q4_K_M decode
+//! over 2048 tokens, 64 steps, four interleaved rounds: attention 297-358
+//! ms before, 186-259 ms after (`examples/attn_stream`, cold caches:
+//! 297-303 -> 213-220 µs a call).
+//!
 //! Each (row, head) is computed by the same operations in the same order
 //! whatever else is in the call and however the team splits it (a row of a
 //! tile takes each block's operations as it would alone), so a row's
@@ -26,8 +33,7 @@ use super::CpuBackend;
 use super::dense::{need, shape_err};
 use super::elementwise as ew;
 use super::gemv::Isa;
-use super::simd::simd_fn;
-use super::vec;
+use super::vec::{self, KvElem};
 use half::bf16;
 use metrale_core::DType;
 
@@ -47,148 +53,17 @@ const KEY_BLOCKS_AHEAD: usize = 4;
 thread_local! {
     /// One query's scores (per team thread).
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// A bf16 cache's key tile or value rows widened to f32 (per team thread).
+    /// A bf16 cache's key tile or value rows widened to f32 for a tile of
+    /// query rows (per team thread).
     static WIDE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-pub(super) fn kv_store(
-    cpu: &CpuBackend,
-    k: DeviceSlice,
-    v: DeviceSlice,
-    cache: &KvLayer,
-    slots: DeviceSlice,
-    kv_width: usize,
-) -> Result<()> {
-    const OP: &str = "kv_store";
-    let _timer = cpu.begin_op(OP)?;
-    let slots = cpu.read_u32(OP, slots)?;
-    need(OP, k, slots.len() * kv_width, "k")?;
-    need(OP, v, slots.len() * kv_width, "v")?;
-    let bs = cache.block_size.max(1);
-    let capacity = cache.k.len().min(cache.v.len()) / (kv_width * bs).max(1) * bs;
-    if let Some(&s) = slots.iter().find(|&&s| s as usize >= capacity) {
-        return Err(shape_err(
-            OP,
-            format!("slot {s} beyond cache capacity {capacity}"),
-        ));
-    }
-    let (ks, vs) = (cpu.read_f32(OP, k)?, cpu.read_f32(OP, v)?);
-    match cache.k.dtype() {
-        DType::F32 => {
-            let kc = cpu.write_f32(OP, cache.k, &[k, v])?;
-            let vc = cpu.write_f32(OP, cache.v, &[k, v, cache.k])?;
-            store_rows(slots, ks, vs, kc, vc, kv_width, bs, |x| x);
-        }
-        DType::BF16 => {
-            let kc = cpu.write_as::<bf16>(OP, cache.k, &[k, v])?;
-            let vc = cpu.write_as::<bf16>(OP, cache.v, &[k, v, cache.k])?;
-            store_rows(slots, ks, vs, kc, vc, kv_width, bs, bf16::from_f32);
-        }
-        dtype => return Err(GpuError::UnsupportedDType { op: OP, dtype }),
-    }
-    Ok(())
-}
-
-/// Row `i` of `ks` / `vs` into slot `slots[i]`: keys transposed within
-/// their block's tiles, values token-major; `cast` rounds to the cache's dtype.
-#[allow(clippy::too_many_arguments)]
-fn store_rows<T: Copy>(
-    slots: &[u32],
-    ks: &[f32],
-    vs: &[f32],
-    kc: &mut [T],
-    vc: &mut [T],
-    kv_width: usize,
-    bs: usize,
-    cast: impl Fn(f32) -> T,
-) {
-    for (i, &slot) in slots.iter().enumerate() {
-        let (block, off) = (slot as usize / bs, slot as usize % bs);
-        let tile = &mut kc[block * kv_width * bs..(block + 1) * kv_width * bs];
-        for (c, &x) in ks[i * kv_width..(i + 1) * kv_width].iter().enumerate() {
-            tile[c * bs + off] = cast(x);
-        }
-        let s = slot as usize;
-        for (o, &x) in vc[s * kv_width..(s + 1) * kv_width]
-            .iter_mut()
-            .zip(&vs[i * kv_width..(i + 1) * kv_width])
-        {
-            *o = cast(x);
-        }
-    }
-}
-
-/// A layer's cached keys or values, in the cache's dtype.
-#[derive(Clone, Copy)]
-enum KvData<'a> {
-    F32(&'a [f32]),
-    /// Widened to f32 a block at a time (into per-thread buffers).
-    BF16(&'a [bf16]),
-}
-
-impl<'a> KvData<'a> {
-    fn read(cpu: &'a CpuBackend, op: &'static str, s: DeviceSlice) -> Result<Self> {
-        match s.dtype() {
-            DType::F32 => Ok(KvData::F32(cpu.read_f32(op, s)?)),
-            DType::BF16 => Ok(KvData::BF16(cpu.read_as(op, s)?)),
-            dtype => Err(GpuError::UnsupportedDType { op, dtype }),
-        }
-    }
-
-    /// `len` elements at `at`, as f32: in place, or widened into `buf`.
-    fn run<'b>(&self, at: usize, len: usize, buf: &'b mut Vec<f32>) -> &'b [f32]
-    where
-        'a: 'b,
-    {
-        match *self {
-            KvData::F32(d) => &d[at..at + len],
-            KvData::BF16(d) => {
-                if buf.len() < len {
-                    buf.resize(len, 0.0);
-                }
-                widen(&d[at..at + len], &mut buf[..len]);
-                &buf[..len]
-            }
-        }
-    }
-
-    /// Prefetches `rows` rows of `width` elements at `at`, `stride` apart
-    /// (one row: `width` contiguous elements).
-    fn prefetch(&self, at: usize, rows: usize, width: usize, stride: usize) {
-        for r in 0..rows {
-            let from = at + r * stride;
-            match *self {
-                KvData::F32(d) => super::simd::prefetch_l2(d, from, from + width),
-                KvData::BF16(d) => super::simd::prefetch_l2(d, from, from + width),
-            }
-        }
-    }
-
-    /// `rows` rows of `width` at `at`, `stride` apart, as f32 rows and their
-    /// stride: in place, or widened into `buf` (stride `width`).
-    fn rows<'b>(
-        &self,
-        at: usize,
-        rows: usize,
-        width: usize,
-        stride: usize,
-        buf: &'b mut Vec<f32>,
-    ) -> (&'b [f32], usize)
-    where
-        'a: 'b,
-    {
-        match *self {
-            KvData::F32(d) => (&d[at..], stride),
-            KvData::BF16(d) => {
-                if buf.len() < rows * width {
-                    buf.resize(rows * width, 0.0);
-                }
-                for (r, out) in buf[..rows * width].chunks_exact_mut(width).enumerate() {
-                    widen(&d[at + r * stride..][..width], out);
-                }
-                (&buf[..rows * width], width)
-            }
-        }
+/// Prefetches into L2 `rows` rows of `width` elements of `data` at `at`,
+/// `stride` apart.
+fn prefetch_rows<E>(data: &[E], at: usize, rows: usize, width: usize, stride: usize) {
+    for r in 0..rows {
+        let from = at + r * stride;
+        super::simd::prefetch_l2(data, from, from + width);
     }
 }
 
@@ -302,12 +177,7 @@ pub(super) fn paged_attention(
             ),
         ));
     }
-    let (qs, kc, vc) = (
-        cpu.read_f32(OP, q)?,
-        KvData::read(cpu, OP, cache.k)?,
-        KvData::read(cpu, OP, cache.v)?,
-    );
-    let o = cpu.write_f32(OP, out, &[q, cache.k, cache.v])?;
+    let qs = cpu.read_f32(OP, q)?;
     let (isa, group) = (Isa::detect(), p.n_heads / p.n_kv_heads);
     // Heads are taken a few at a time (`hpt`, dividing the group): each
     // block of keys and values is loaded once for all of them.
@@ -315,46 +185,38 @@ pub(super) fn paged_attention(
         .rev()
         .find(|d| group.is_multiple_of(*d))
         .unwrap_or(1);
-    let pieces = p.n_heads / hpt;
-    let view = Shared {
+    let call = Call {
         seqs: &seqs,
         row_of: &row_of,
         qs,
-        kc,
-        vc,
         p,
         isa,
         hpt,
         bs,
     };
-    let threads = cpu.threads();
-    if rows < 4 * threads {
-        // Decode (a few rows): one task per (row, few heads).
-        cpu.team()
-            .chunks_rev(&mut o[..rows * width], hpt * hd, 1, |idx, oh| {
-                view.run(idx / pieces, 1, idx % pieces * hpt, &mut [oh]);
-            });
-        return Ok(());
-    }
-    // A prefill: one task per tile of rows, each block of keys and values
-    // loaded (and a bf16 cache's widened) once for the tile, not once per
-    // row from L3. The last rows (the most keys) first.
-    let longest = seqs.iter().map(|s| s.kv_len).max().unwrap_or(0) + bs;
-    let tile = (SCORE_BYTES / (4 * hpt * longest))
-        .clamp(1, MAX_TILE_ROWS)
-        .min(rows.div_ceil(4 * threads));
-    cpu.team()
-        .chunks_rev(&mut o[..rows * width], tile * width, 1, |i, oh| {
-            let r0 = i * tile;
-            let n = oh.len() / width;
-            for h0 in (0..p.n_heads).step_by(hpt) {
-                let mut outs: Vec<&mut [f32]> = oh
-                    .chunks_mut(width)
-                    .map(|row| &mut row[h0 * hd..(h0 + hpt) * hd])
-                    .collect();
-                view.run(r0, n, h0, &mut outs);
+    match cache.k.dtype() {
+        DType::F32 => {
+            let (kc, vc) = (cpu.read_f32(OP, cache.k)?, cpu.read_f32(OP, cache.v)?);
+            let o = cpu.write_f32(OP, out, &[q, cache.k, cache.v])?;
+            Shared {
+                call: &call,
+                kc,
+                vc,
             }
-        });
+            .run_all(cpu, &mut o[..rows * width]);
+        }
+        DType::BF16 => {
+            let (kc, vc) = (cpu.read_as::<bf16>(OP, cache.k)?, cpu.read_as(OP, cache.v)?);
+            let o = cpu.write_f32(OP, out, &[q, cache.k, cache.v])?;
+            Shared {
+                call: &call,
+                kc,
+                vc,
+            }
+            .run_all(cpu, &mut o[..rows * width]);
+        }
+        dtype => return Err(GpuError::UnsupportedDType { op: OP, dtype }),
+    }
     Ok(())
 }
 
@@ -365,20 +227,68 @@ const MAX_TILE_ROWS: usize = 16;
 /// rows at long contexts).
 const SCORE_BYTES: usize = 2 << 20;
 
-/// What every task of one `paged_attention` call reads.
-struct Shared<'a> {
+/// What every task of one `paged_attention` call reads, but the cache.
+struct Call<'a> {
     seqs: &'a [SeqView<'a>],
     row_of: &'a [Option<(usize, usize)>],
     qs: &'a [f32],
-    kc: KvData<'a>,
-    vc: KvData<'a>,
     p: &'a AttnParams,
     isa: Isa,
     hpt: usize,
     bs: usize,
 }
 
-impl Shared<'_> {
+/// A [`Call`] and its cache's keys and values, whose element is `E`.
+struct Shared<'a, E> {
+    call: &'a Call<'a>,
+    kc: &'a [E],
+    vc: &'a [E],
+}
+
+impl<'a, E> std::ops::Deref for Shared<'a, E> {
+    type Target = Call<'a>;
+
+    fn deref(&self) -> &Call<'a> {
+        self.call
+    }
+}
+
+impl<E: KvElem> Shared<'_, E> {
+    /// Every query row into `o` (`rows` rows of `n_heads · head_dim`), on
+    /// the team.
+    fn run_all(&self, cpu: &CpuBackend, o: &mut [f32]) {
+        let (p, hd, hpt) = (self.p, self.p.head_dim, self.hpt);
+        let width = p.n_heads * hd;
+        let rows = o.len() / width;
+        let pieces = p.n_heads / hpt;
+        let threads = cpu.threads();
+        if rows < 4 * threads {
+            // Decode (a few rows): one task per (row, few heads).
+            cpu.team().chunks_rev(o, hpt * hd, 1, |idx, oh| {
+                self.run(idx / pieces, 1, idx % pieces * hpt, &mut [oh]);
+            });
+            return;
+        }
+        // A prefill: one task per tile of rows, each block of keys and
+        // values loaded once for the tile, not once per row from L3. The
+        // last rows (the most keys) first.
+        let longest = self.seqs.iter().map(|s| s.kv_len).max().unwrap_or(0) + self.bs;
+        let tile = (SCORE_BYTES / (4 * hpt * longest))
+            .clamp(1, MAX_TILE_ROWS)
+            .min(rows.div_ceil(4 * threads));
+        cpu.team().chunks_rev(o, tile * width, 1, |i, oh| {
+            let r0 = i * tile;
+            let n = oh.len() / width;
+            for h0 in (0..p.n_heads).step_by(hpt) {
+                let mut outs: Vec<&mut [f32]> = oh
+                    .chunks_mut(width)
+                    .map(|row| &mut row[h0 * hd..(h0 + hpt) * hd])
+                    .collect();
+                self.run(r0, n, h0, &mut outs);
+            }
+        });
+    }
+
     /// Heads `h0..h0 + hpt` of query rows `r0..r0 + n` into `outs` (one per
     /// row), in runs of rows of the same sequence.
     fn run(&self, r0: usize, n: usize, h0: usize, outs: &mut [&mut [f32]]) {
@@ -450,17 +360,17 @@ impl Query<'_> {
 }
 
 /// The keys and values of one kv head of one sequence.
-struct Keys<'a> {
+struct Keys<'a, E> {
     seq: &'a SeqView<'a>,
-    kc: KvData<'a>,
-    vc: KvData<'a>,
+    kc: &'a [E],
+    vc: &'a [E],
     kvh: usize,
     bs: usize,
     hd: usize,
     kv_width: usize,
 }
 
-impl Keys<'_> {
+impl<E: KvElem> Keys<'_, E> {
     /// Where block `b`'s key tile of this kv head starts.
     fn key_tile(&self, b: usize) -> usize {
         (self.seq.table[b] as usize * (self.kv_width / self.hd) + self.kvh) * self.hd * self.bs
@@ -478,15 +388,14 @@ impl Keys<'_> {
         let (lo, hi) = (lo.max(b * self.bs), hi.min((b + 1) * self.bs));
         if lo < hi {
             let at = self.value_row(b, lo);
-            self.vc.prefetch(at, hi - lo, self.hd, self.kv_width);
+            prefetch_rows(self.vc, at, hi - lo, self.hd, self.kv_width);
         }
     }
 
     /// Attention of the query rows `rows` (`hpt` heads each, at most
     /// `MAX_HEADS`) over these keys into `outs` (`hpt` heads of `hd` per
-    /// row). The rows share each block's loads (and a bf16 cache's
-    /// widening); each row's result takes the same operations in the same
-    /// order as it would alone.
+    /// row). The rows share each block's loads; each row's result takes the
+    /// same operations in the same order as it would alone.
     fn attend(
         &self,
         isa: Isa,
@@ -495,64 +404,38 @@ impl Keys<'_> {
         scale: f32,
         outs: &mut [&mut [f32]],
     ) {
-        let (bs, hd) = (self.bs, self.hd);
+        let bs = self.bs;
         let Some(b_first) = rows.iter().map(|q| q.first / bs).min() else {
             return;
         };
-        let b_last = rows.iter().map(|q| q.pos / bs).max().unwrap_or(b_first);
-        let (first, last) = (
-            rows.iter().map(|q| q.first).min().unwrap_or(0),
-            rows.iter().map(|q| q.pos).max().unwrap_or(0),
-        );
         // Each row's scores start at `base[i]`: `hpt` heads of its span.
         let mut base = Vec::with_capacity(rows.len() + 1);
         base.push(0);
         for q in rows {
             base.push(base[base.len() - 1] + hpt * q.span(bs));
         }
-        let tile_len = hd * bs;
+        let walk = Walk {
+            isa,
+            rows,
+            hpt,
+            blocks: b_first..=rows.iter().map(|q| q.pos / bs).max().unwrap_or(b_first),
+            first: rows.iter().map(|q| q.first).min().unwrap_or(0),
+            last: rows.iter().map(|q| q.pos).max().unwrap_or(0),
+            base,
+        };
+        // A tile of rows widens each block of a bf16 cache once for all of
+        // them; a row alone reads it as it lies, widened in the registers
+        // (the same bits: widening is exact).
+        let widen_once = E::BF16 && rows.len() > 1;
         WIDE.with_borrow_mut(|wide| {
             SCORES.with_borrow_mut(|scores| {
-                scores.resize(base[rows.len()], 0.0);
-                let mut lanes = [[0f32; vec::TILE_LANES]; vec::MAX_HEADS];
-                // The key tiles lie where the block table puts them, a
-                // tile per page or more apart: the hardware prefetcher
-                // does not follow them, so the walk prefetches its own,
-                // `KEY_BLOCKS_AHEAD` ahead.
-                for b in b_first + 1..(b_first + KEY_BLOCKS_AHEAD).min(b_last + 1) {
-                    self.kc.prefetch(self.key_tile(b), 1, tile_len, 0);
-                }
-                for b in b_first..=b_last {
-                    if b + KEY_BLOCKS_AHEAD <= b_last {
-                        self.kc
-                            .prefetch(self.key_tile(b + KEY_BLOCKS_AHEAD), 1, tile_len, 0);
-                    } else if b == b_last {
-                        // The values come next.
-                        self.prefetch_values(b_first, first, last + 1);
-                    }
-                    let tile = self.kc.run(self.key_tile(b), tile_len, wide);
-                    for (i, q) in rows.iter().enumerate() {
-                        if !q.blocks(bs).contains(&b) {
-                            continue;
-                        }
-                        let (span, j) = (q.span(bs), b - q.first / bs);
-                        let at = |h: usize| base[i] + h * span + j * bs;
-                        if bs == vec::TILE_LANES {
-                            vec::tile_dot_heads(isa, &q.qs[..hpt], tile, &mut lanes);
-                            for (h, l) in lanes.iter().take(hpt).enumerate() {
-                                scores[at(h)..][..bs].copy_from_slice(l);
-                            }
-                        } else {
-                            for (h, qh) in q.qs[..hpt].iter().enumerate() {
-                                tile_scores_any(qh, tile, &mut scores[at(h)..][..bs]);
-                            }
-                        }
-                    }
-                }
+                let mut wide = widen_once.then_some(wide);
+                scores.resize(walk.base[rows.len()], 0.0);
+                self.key_walk(&walk, scores, wide.as_deref_mut());
                 for (i, q) in rows.iter().enumerate() {
                     let b0 = q.first / bs;
                     let visible = q.first - b0 * bs..q.pos + 1 - b0 * bs;
-                    for head in scores[base[i]..base[i + 1]].chunks_mut(q.span(bs)) {
+                    for head in scores[walk.base[i]..walk.base[i + 1]].chunks_mut(q.span(bs)) {
                         let v = &mut head[visible.clone()];
                         let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
                         ew::scale_max(v, scale, &mut max);
@@ -561,55 +444,160 @@ impl Keys<'_> {
                     }
                 }
                 outs.iter_mut().for_each(|o| o.fill(0.0));
-                // The values of each row's keys `first..=pos`, block by
-                // block: a block's run of tokens is rows `kv_width` apart.
-                let mut done: Vec<usize> = rows.iter().map(|q| q.first % bs).collect();
-                for b in b_first..=b_last {
-                    let (lo, hi) = ((b * bs).max(first), ((b + 1) * bs).min(last + 1));
-                    if b < b_last {
-                        self.prefetch_values(b + 1, first, last + 1);
-                    }
-                    let (vrows, stride) =
-                        self.vc
-                            .rows(self.value_row(b, lo), hi - lo, hd, self.kv_width, wide);
-                    for (i, q) in rows.iter().enumerate() {
-                        if !q.blocks(bs).contains(&b) {
-                            continue;
-                        }
-                        let (lo_q, hi_q) = ((b * bs).max(q.first), ((b + 1) * bs).min(q.pos + 1));
-                        let span = q.span(bs);
-                        let mut ws: [&[f32]; vec::MAX_HEADS] = [&[]; vec::MAX_HEADS];
-                        for (h, w) in ws.iter_mut().take(hpt).enumerate() {
-                            *w = &scores[base[i] + h * span + done[i]..][..hi_q - lo_q];
-                        }
-                        let v = &vrows[(lo_q - lo) * stride..];
-                        vec::axpy_rows_heads(isa, outs[i], hd, &ws[..hpt], v, stride);
-                        done[i] += hi_q - lo_q;
-                    }
-                }
+                self.value_walk(&walk, scores, outs, wide);
             })
         });
     }
-}
 
-simd_fn! {
-    /// `out = src` widened to f32 (exact: a bf16 is an f32's top half).
-    fn widen(src: &[bf16], out: &mut [f32]) {
-        for (o, s) in out.iter_mut().zip(src) {
-            *o = f32::from_bits(u32::from(s.to_bits()) << 16);
+    /// Every row's scores (unscaled `q · k`), block by block; `wide`: where
+    /// to widen each key tile first.
+    fn key_walk(&self, walk: &Walk<'_>, scores: &mut [f32], mut wide: Option<&mut Vec<f32>>) {
+        let (b_first, b_last) = (*walk.blocks.start(), *walk.blocks.end());
+        let tile_len = self.hd * self.bs;
+        // The key tiles lie where the block table puts them, a tile per
+        // page or more apart: the hardware prefetcher does not follow
+        // them, so the walk prefetches its own, `KEY_BLOCKS_AHEAD` ahead.
+        for b in b_first + 1..(b_first + KEY_BLOCKS_AHEAD).min(b_last + 1) {
+            prefetch_rows(self.kc, self.key_tile(b), 1, tile_len, 0);
+        }
+        for b in walk.blocks.clone() {
+            if b + KEY_BLOCKS_AHEAD <= b_last {
+                let next = self.key_tile(b + KEY_BLOCKS_AHEAD);
+                prefetch_rows(self.kc, next, 1, tile_len, 0);
+            } else if b == b_last {
+                // The values come next.
+                self.prefetch_values(b_first, walk.first, walk.last + 1);
+            }
+            let tile = &self.kc[self.key_tile(b)..][..tile_len];
+            match wide.as_deref_mut() {
+                Some(buf) => {
+                    let buf = fit(buf, tile_len);
+                    E::widen(tile, buf);
+                    self.block_scores(walk, b, buf, scores);
+                }
+                None => self.block_scores(walk, b, tile, scores),
+            }
+        }
+    }
+
+    /// Block `b`'s scores of every row that sees it, from its key `tile`.
+    fn block_scores<F: KvElem>(&self, walk: &Walk<'_>, b: usize, tile: &[F], scores: &mut [f32]) {
+        let (bs, hpt) = (self.bs, walk.hpt);
+        let mut lanes = [[0f32; vec::TILE_LANES]; vec::MAX_HEADS];
+        for (i, q) in walk.rows.iter().enumerate() {
+            if !q.blocks(bs).contains(&b) {
+                continue;
+            }
+            let (span, j) = (q.span(bs), b - q.first / bs);
+            let at = |h: usize| walk.base[i] + h * span + j * bs;
+            if bs == vec::TILE_LANES {
+                vec::tile_dot_heads(walk.isa, &q.qs[..hpt], tile, &mut lanes);
+                for (h, l) in lanes.iter().take(hpt).enumerate() {
+                    scores[at(h)..][..bs].copy_from_slice(l);
+                }
+            } else {
+                for (h, qh) in q.qs[..hpt].iter().enumerate() {
+                    tile_scores_any(qh, tile, &mut scores[at(h)..][..bs]);
+                }
+            }
+        }
+    }
+
+    /// Every row's output, `Σ p_t · v_t` over its keys `first..=pos`, block
+    /// by block (a block's run of tokens is rows `kv_width` apart); `wide`:
+    /// where to widen each block's run first.
+    fn value_walk(
+        &self,
+        walk: &Walk<'_>,
+        scores: &[f32],
+        outs: &mut [&mut [f32]],
+        mut wide: Option<&mut Vec<f32>>,
+    ) {
+        let (bs, hd, kv_width) = (self.bs, self.hd, self.kv_width);
+        let mut done: Vec<usize> = walk.rows.iter().map(|q| q.first % bs).collect();
+        let b_last = *walk.blocks.end();
+        for b in walk.blocks.clone() {
+            if b < b_last {
+                self.prefetch_values(b + 1, walk.first, walk.last + 1);
+            }
+            let (lo, hi) = ((b * bs).max(walk.first), ((b + 1) * bs).min(walk.last + 1));
+            match wide.as_deref_mut() {
+                Some(buf) => {
+                    let buf = fit(buf, (hi - lo) * hd);
+                    for (t, out) in buf.chunks_exact_mut(hd).enumerate() {
+                        E::widen(&self.vc[self.value_row(b, lo + t)..][..hd], out);
+                    }
+                    let run = |t: usize| &buf[(t - lo) * hd..];
+                    self.block_values(walk, b, run, hd, scores, outs, &mut done);
+                }
+                None => {
+                    let run = |t: usize| &self.vc[self.value_row(b, t)..];
+                    self.block_values(walk, b, run, kv_width, scores, outs, &mut done);
+                }
+            }
+        }
+    }
+
+    /// Block `b`'s values into every row that sees it: `run(t)` is the
+    /// values from position `t` on, rows `stride` apart; `done[i]`, how many
+    /// of row `i`'s weights are spent.
+    #[allow(clippy::too_many_arguments)]
+    fn block_values<'v, F: KvElem>(
+        &self,
+        walk: &Walk<'_>,
+        b: usize,
+        run: impl Fn(usize) -> &'v [F],
+        stride: usize,
+        scores: &[f32],
+        outs: &mut [&mut [f32]],
+        done: &mut [usize],
+    ) {
+        let (bs, hpt) = (self.bs, walk.hpt);
+        for (i, q) in walk.rows.iter().enumerate() {
+            if !q.blocks(bs).contains(&b) {
+                continue;
+            }
+            let (lo_q, hi_q) = ((b * bs).max(q.first), ((b + 1) * bs).min(q.pos + 1));
+            let span = q.span(bs);
+            let mut ws: [&[f32]; vec::MAX_HEADS] = [&[]; vec::MAX_HEADS];
+            for (h, w) in ws.iter_mut().take(hpt).enumerate() {
+                *w = &scores[walk.base[i] + h * span + done[i]..][..hi_q - lo_q];
+            }
+            vec::axpy_rows_heads(walk.isa, outs[i], self.hd, &ws[..hpt], run(lo_q), stride);
+            done[i] += hi_q - lo_q;
         }
     }
 }
 
-simd_fn! {
-    /// `lanes[j] = Σ_d q[d] · tile[d * lanes.len() + j]`, summed over `d` in
-    /// order: blocks of other sizes than the default 16 ([`vec::tile_dot`]).
-    fn tile_scores_any(q: &[f32], tile: &[f32], lanes: &mut [f32]) {
-        lanes.fill(0.0);
-        for (&qd, row) in q.iter().zip(tile.chunks_exact(lanes.len())) {
-            for (a, &k) in lanes.iter_mut().zip(row) {
-                *a += qd * k;
-            }
+/// One [`Keys::attend`] call's rows and the span of keys they see.
+struct Walk<'a> {
+    isa: Isa,
+    rows: &'a [Query<'a>],
+    hpt: usize,
+    /// The blocks any row sees.
+    blocks: std::ops::RangeInclusive<usize>,
+    /// The first and last position any row sees.
+    first: usize,
+    last: usize,
+    /// Where each row's scores start (`hpt` heads of its span), and their end.
+    base: Vec<usize>,
+}
+
+/// `buf`'s first `len` elements, grown to hold them.
+fn fit(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+/// `lanes[j] = Σ_d q[d] · tile[d * lanes.len() + j]`, summed over `d` in
+/// order: blocks of other sizes than the default 16 ([`vec::tile_dot`]).
+fn tile_scores_any<E: KvElem>(q: &[f32], tile: &[E], lanes: &mut [f32]) {
+    lanes.fill(0.0);
+    for (&qd, row) in q.iter().zip(tile.chunks_exact(lanes.len())) {
+        for (a, &k) in lanes.iter_mut().zip(row) {
+            *a += qd * k.to_f32();
         }
     }
 }

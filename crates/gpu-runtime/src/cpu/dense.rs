@@ -441,7 +441,7 @@ impl DenseOps for CpuBackend {
         slots: DeviceSlice,
         kv_width: usize,
     ) -> Result<()> {
-        super::attention::kv_store(self, k, v, cache, slots, kv_width)
+        super::kv_store::kv_store(self, k, v, cache, slots, kv_width)
     }
 
     fn paged_attention(

@@ -12,6 +12,7 @@ mod gemm_bf16;
 mod gemv;
 mod host_memory;
 mod kernels;
+mod kv_store;
 mod moe;
 mod profile;
 pub mod quant;

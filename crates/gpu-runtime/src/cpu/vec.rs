@@ -1,24 +1,74 @@
 //! The short vector loops of attention (a block's scores, `o += w · v`),
 //! with AVX-512 chosen at run time and a portable fallback. The build
 //! targets baseline x86-64, so without these the loops run on SSE2.
+//!
+//! The cache operands (key tiles, value rows) are f32 or bf16 ([`KvElem`]):
+//! a bf16 element is widened as it is loaded, in the register, which is
+//! exact, so a bf16 cache gives the bits its f32 widening would, without a
+//! widened copy (that copy was a third of a decode step's attention).
+
+use half::bf16;
 
 use super::gemv::Isa;
+use super::simd::simd_fn;
+
+/// An element of a KV cache: f32 as it is, or bf16, widened to f32 as it is
+/// loaded (exactly: a bf16 is an f32's top half).
+pub(crate) trait KvElem: Copy + Send + Sync + 'static {
+    /// Whether the element is a bf16 (chooses the vector load).
+    const BF16: bool;
+    /// The element as f32, exactly.
+    fn to_f32(self) -> f32;
+    /// `out = src` as f32 (a vector loop).
+    fn widen(src: &[Self], out: &mut [f32]);
+}
+
+impl KvElem for f32 {
+    const BF16: bool = false;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn widen(src: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(&src[..out.len()]);
+    }
+}
+
+impl KvElem for bf16 {
+    const BF16: bool = true;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+    fn widen(src: &[bf16], out: &mut [f32]) {
+        widen_bf16(src, out)
+    }
+}
+
+simd_fn! {
+    /// `out = src` widened to f32 (exact: a bf16 is an f32's top half).
+    fn widen_bf16(src: &[bf16], out: &mut [f32]) {
+        for (o, s) in out.iter_mut().zip(src) {
+            *o = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
+    }
+}
 
 /// `o += w * v` over `o.len()` elements (`v` at least as long).
 #[inline]
-pub(crate) fn axpy(isa: Isa, o: &mut [f32], w: f32, v: &[f32]) {
+pub(crate) fn axpy<E: KvElem>(isa: Isa, o: &mut [f32], w: f32, v: &[E]) {
     let v = &v[..o.len()];
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` found AVX-512F on this CPU; equal lengths.
         Isa::Avx512 => unsafe { x86::axpy512(o, w, v) },
-        _ => o.iter_mut().zip(v).for_each(|(o, v)| *o += w * v),
+        _ => o.iter_mut().zip(v).for_each(|(o, v)| *o += w * v.to_f32()),
     }
 }
 
 /// `o += Σ_i w[i] · v[i * stride..][..o.len()]`, the rows added in order
 /// (exactly [`axpy`] row by row; the usual head sizes keep `o` in registers).
-pub(crate) fn axpy_rows(isa: Isa, o: &mut [f32], w: &[f32], v: &[f32], stride: usize) {
+pub(crate) fn axpy_rows<E: KvElem>(isa: Isa, o: &mut [f32], w: &[f32], v: &[E], stride: usize) {
     if let Some(last) = w.len().checked_sub(1) {
         assert!(v.len() >= last * stride + o.len(), "axpy_rows: v too short");
     }
@@ -28,10 +78,10 @@ pub(crate) fn axpy_rows(isa: Isa, o: &mut [f32], w: &[f32], v: &[f32], stride: u
         // and each kernel handles `o.len() == 16 * N`.
         unsafe {
             match o.len() {
-                32 => return x86::axpy_rows512::<2>(o, w, v, stride),
-                64 => return x86::axpy_rows512::<4>(o, w, v, stride),
-                128 => return x86::axpy_rows512::<8>(o, w, v, stride),
-                256 => return x86::axpy_rows512::<16>(o, w, v, stride),
+                32 => return x86::axpy_rows512::<E, 2>(o, w, v, stride),
+                64 => return x86::axpy_rows512::<E, 4>(o, w, v, stride),
+                128 => return x86::axpy_rows512::<E, 8>(o, w, v, stride),
+                256 => return x86::axpy_rows512::<E, 16>(o, w, v, stride),
                 _ => {}
             }
         }
@@ -47,7 +97,7 @@ pub(crate) const TILE_LANES: usize = 16;
 /// `out[j] = Σ_d q[d] · tile[d * 16 + j]` for a `[q.len(), 16]` tile, over
 /// four chains of `d` (`d mod 4`, each in order) added as `(c0 + c1) + (c2 + c3)`:
 /// four chains hide the latency of the adds.
-pub(crate) fn tile_dot(isa: Isa, q: &[f32], tile: &[f32], out: &mut [f32; TILE_LANES]) {
+pub(crate) fn tile_dot<E: KvElem>(isa: Isa, q: &[f32], tile: &[E], out: &mut [f32; TILE_LANES]) {
     assert!(
         tile.len() >= q.len() * TILE_LANES,
         "tile_dot: tile too short"
@@ -61,7 +111,7 @@ pub(crate) fn tile_dot(isa: Isa, q: &[f32], tile: &[f32], out: &mut [f32; TILE_L
     let mut acc = [[0f32; TILE_LANES]; 4];
     for (d, (&qd, row)) in q.iter().zip(tile.chunks_exact(TILE_LANES)).enumerate() {
         for (a, &k) in acc[d % 4].iter_mut().zip(row) {
-            *a += qd * k;
+            *a += qd * k.to_f32();
         }
     }
     for (j, o) in out.iter_mut().enumerate() {
@@ -75,7 +125,12 @@ pub(crate) const MAX_HEADS: usize = 4;
 /// [`tile_dot`] for several queries (`qs.len() <= MAX_HEADS`) against one
 /// tile, each row of the tile loaded once for all of them; every score the
 /// same bits as [`tile_dot`] gives it alone.
-pub(crate) fn tile_dot_heads(isa: Isa, qs: &[&[f32]], tile: &[f32], out: &mut [[f32; TILE_LANES]]) {
+pub(crate) fn tile_dot_heads<E: KvElem>(
+    isa: Isa,
+    qs: &[&[f32]],
+    tile: &[E],
+    out: &mut [[f32; TILE_LANES]],
+) {
     assert!(qs.len() <= MAX_HEADS && out.len() >= qs.len());
     let hd = qs.first().map_or(0, |q| q.len());
     assert!(qs.iter().all(|q| q.len() == hd) && tile.len() >= hd * TILE_LANES);
@@ -85,9 +140,9 @@ pub(crate) fn tile_dot_heads(isa: Isa, qs: &[&[f32]], tile: &[f32], out: &mut [[
         // and the tile `hd` rows (asserted).
         unsafe {
             match qs.len() {
-                2 => return x86::tile_dot_heads512::<2>(qs, tile, out),
-                3 => return x86::tile_dot_heads512::<3>(qs, tile, out),
-                4 => return x86::tile_dot_heads512::<4>(qs, tile, out),
+                2 => return x86::tile_dot_heads512::<E, 2>(qs, tile, out),
+                3 => return x86::tile_dot_heads512::<E, 3>(qs, tile, out),
+                4 => return x86::tile_dot_heads512::<E, 4>(qs, tile, out),
                 _ => {}
             }
         }
@@ -100,12 +155,12 @@ pub(crate) fn tile_dot_heads(isa: Isa, qs: &[&[f32]], tile: &[f32], out: &mut [[
 /// [`axpy_rows`] for several heads at once: `os` holds `ws.len()` outputs of
 /// `hd` each, head `i`'s rows weighted by `ws[i]`; each row of `v` loaded
 /// once for all of them, every output the same bits as [`axpy_rows`] gives.
-pub(crate) fn axpy_rows_heads(
+pub(crate) fn axpy_rows_heads<E: KvElem>(
     isa: Isa,
     os: &mut [f32],
     hd: usize,
     ws: &[&[f32]],
-    v: &[f32],
+    v: &[E],
     stride: usize,
 ) {
     let rows = ws.first().map_or(0, |w| w.len());
@@ -124,13 +179,13 @@ pub(crate) fn axpy_rows_heads(
         // of `hd = 16 * N` and the rows are inside `v` (asserted).
         unsafe {
             match (hd, ws.len()) {
-                (64, 2) => return x86::axpy_rows_heads512::<4, 2>(os, ws, v, stride),
-                (64, 3) => return x86::axpy_rows_heads512::<4, 3>(os, ws, v, stride),
-                (64, 4) => return x86::axpy_rows_heads512::<4, 4>(os, ws, v, stride),
-                (128, 2) => return x86::axpy_rows_heads512::<8, 2>(os, ws, v, stride),
-                (32, 2) => return x86::axpy_rows_heads512::<2, 2>(os, ws, v, stride),
-                (32, 3) => return x86::axpy_rows_heads512::<2, 3>(os, ws, v, stride),
-                (32, 4) => return x86::axpy_rows_heads512::<2, 4>(os, ws, v, stride),
+                (64, 2) => return x86::axpy_rows_heads512::<E, 4, 2>(os, ws, v, stride),
+                (64, 3) => return x86::axpy_rows_heads512::<E, 4, 3>(os, ws, v, stride),
+                (64, 4) => return x86::axpy_rows_heads512::<E, 4, 4>(os, ws, v, stride),
+                (128, 2) => return x86::axpy_rows_heads512::<E, 8, 2>(os, ws, v, stride),
+                (32, 2) => return x86::axpy_rows_heads512::<E, 2, 2>(os, ws, v, stride),
+                (32, 3) => return x86::axpy_rows_heads512::<E, 2, 3>(os, ws, v, stride),
+                (32, 4) => return x86::axpy_rows_heads512::<E, 2, 4>(os, ws, v, stride),
                 _ => {}
             }
         }
@@ -144,6 +199,25 @@ pub(crate) fn axpy_rows_heads(
 mod x86 {
     use std::arch::x86_64::*;
 
+    use super::KvElem;
+
+    /// 16 elements at `p` as f32 (a bf16 widened in the register).
+    ///
+    /// # Safety
+    /// AVX-512F; `p` points at 16 readable elements.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn load16<E: KvElem>(p: *const E) -> __m512 {
+        if E::BF16 {
+            // SAFETY: the caller's contract (16 bf16: 32 bytes).
+            let h = unsafe { _mm256_loadu_si256(p.cast()) };
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        } else {
+            // SAFETY: the caller's contract (16 f32).
+            unsafe { _mm512_loadu_ps(p.cast()) }
+        }
+    }
+
     /// [`super::tile_dot_heads`] for `H` queries: the same four chains per
     /// query as [`tile_dot512`], each tile row loaded once.
     ///
@@ -151,9 +225,9 @@ mod x86 {
     /// AVX-512F; `qs.len() == H`, each of `hd` elements; `tile.len() >= hd * 16`;
     /// `out.len() >= H`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile_dot_heads512<const H: usize>(
+    pub(super) unsafe fn tile_dot_heads512<E: KvElem, const H: usize>(
         qs: &[&[f32]],
-        tile: &[f32],
+        tile: &[E],
         out: &mut [[f32; 16]],
     ) {
         let hd = qs[0].len();
@@ -173,10 +247,10 @@ mod x86 {
             // SAFETY: rows `d..d + 4 <= hd` of the tile are inside it.
             let r = unsafe {
                 [
-                    _mm512_loadu_ps(t.add(d * 16)),
-                    _mm512_loadu_ps(t.add((d + 1) * 16)),
-                    _mm512_loadu_ps(t.add((d + 2) * 16)),
-                    _mm512_loadu_ps(t.add((d + 3) * 16)),
+                    load16(t.add(d * 16)),
+                    load16(t.add((d + 1) * 16)),
+                    load16(t.add((d + 2) * 16)),
+                    load16(t.add((d + 3) * 16)),
                 ]
             };
             for h in 0..H {
@@ -190,7 +264,7 @@ mod x86 {
         }
         while d < hd {
             // SAFETY: row `d < hd` of the tile is inside it.
-            let r = unsafe { _mm512_loadu_ps(t.add(d * 16)) };
+            let r = unsafe { load16(t.add(d * 16)) };
             for h in 0..H {
                 // SAFETY: `d < hd == qs[h].len()`.
                 let q = _mm512_set1_ps(unsafe { *qp[h].add(d) });
@@ -212,10 +286,10 @@ mod x86 {
     /// AVX-512F; `os.len() >= H * 16 * N`; `ws.len() == H`, all of one length
     /// `r`; rows `i < r` of `v` (at `i * stride`) hold `16 * N` elements.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn axpy_rows_heads512<const N: usize, const H: usize>(
+    pub(super) unsafe fn axpy_rows_heads512<E: KvElem, const N: usize, const H: usize>(
         os: &mut [f32],
         ws: &[&[f32]],
-        v: &[f32],
+        v: &[E],
         stride: usize,
     ) {
         // Index loops over constant bounds, weight pointers hoisted: the
@@ -236,7 +310,7 @@ mod x86 {
             let mut row = [_mm512_setzero_ps(); N];
             for j in 0..N {
                 // SAFETY: the caller's contract: `v[i * stride..][..16 * N]`.
-                row[j] = unsafe { _mm512_loadu_ps(vp.add(i * stride + 16 * j)) };
+                row[j] = unsafe { load16(vp.add(i * stride + 16 * j)) };
             }
             for h in 0..H {
                 // SAFETY: `i < ws[h].len()` (all of one length).
@@ -259,7 +333,7 @@ mod x86 {
     /// # Safety
     /// AVX-512F; `tile.len() >= q.len() * 16`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile_dot512(q: &[f32], tile: &[f32], out: &mut [f32; 16]) {
+    pub(super) unsafe fn tile_dot512<E: KvElem>(q: &[f32], tile: &[E], out: &mut [f32; 16]) {
         let (mut a0, mut a1, mut a2, mut a3) = (
             _mm512_setzero_ps(),
             _mm512_setzero_ps(),
@@ -268,7 +342,7 @@ mod x86 {
         );
         // SAFETY (every load): row `d < q.len()` of the tile is inside it
         // (the caller's contract).
-        let row = |d: usize| unsafe { _mm512_loadu_ps(tile.as_ptr().add(d * 16)) };
+        let row = |d: usize| unsafe { load16(tile.as_ptr().add(d * 16)) };
         let (quads, rest) = q.as_chunks::<4>();
         for (i, c) in quads.iter().enumerate() {
             let d = 4 * i;
@@ -293,10 +367,10 @@ mod x86 {
     /// AVX-512F; `o.len() == 16 * N`; row `i < w.len()` of `v` (at `i * stride`)
     /// holds `o.len()` elements.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn axpy_rows512<const N: usize>(
+    pub(super) unsafe fn axpy_rows512<E: KvElem, const N: usize>(
         o: &mut [f32],
         w: &[f32],
-        v: &[f32],
+        v: &[E],
         stride: usize,
     ) {
         debug_assert_eq!(o.len(), 16 * N);
@@ -309,9 +383,8 @@ mod x86 {
             let wv = _mm512_set1_ps(wi);
             for (j, a) in acc.iter_mut().enumerate() {
                 // SAFETY: the caller's contract: `v[i * stride..][..16 * N]`.
-                *a = unsafe {
-                    _mm512_fmadd_ps(wv, _mm512_loadu_ps(v.as_ptr().add(i * stride + 16 * j)), *a)
-                };
+                *a =
+                    unsafe { _mm512_fmadd_ps(wv, load16(v.as_ptr().add(i * stride + 16 * j)), *a) };
             }
         }
         for (j, a) in acc.iter().enumerate() {
@@ -323,7 +396,7 @@ mod x86 {
     /// # Safety
     /// AVX-512F; `o.len() == v.len()`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn axpy512(o: &mut [f32], w: f32, v: &[f32]) {
+    pub(super) unsafe fn axpy512<E: KvElem>(o: &mut [f32], w: f32, v: &[E]) {
         let n = o.len() / 16 * 16;
         let wv = _mm512_set1_ps(w);
         let mut c = 0;
@@ -332,7 +405,7 @@ mod x86 {
             unsafe {
                 let acc = _mm512_fmadd_ps(
                     wv,
-                    _mm512_loadu_ps(v.as_ptr().add(c)),
+                    load16(v.as_ptr().add(c)),
                     _mm512_loadu_ps(o.as_ptr().add(c)),
                 );
                 _mm512_storeu_ps(o.as_mut_ptr().add(c), acc);
@@ -340,7 +413,7 @@ mod x86 {
             c += 16;
         }
         for i in n..o.len() {
-            o[i] += w * v[i];
+            o[i] += w * v[i].to_f32();
         }
     }
 }
@@ -398,6 +471,7 @@ mod tests {
                     }
                     assert_eq!(os, each, "{isa:?} axpy_rows_heads {n} x {heads}");
                 }
+                bf16_like_widened(isa, &qs, &tile, &v, stride, n);
                 let mut got = [0f32; TILE_LANES];
                 tile_dot(isa, &a, &tile, &mut got);
                 for (j, g) in got.iter().enumerate() {
@@ -406,5 +480,46 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A bf16 tile and bf16 value rows give the bits of their f32 widening,
+    /// in every loop (the widening happens in the register).
+    fn bf16_like_widened(
+        isa: Isa,
+        qs: &[Vec<f32>],
+        tile: &[f32],
+        v: &[f32],
+        stride: usize,
+        n: usize,
+    ) {
+        let narrow = |x: &[f32]| -> Vec<bf16> { x.iter().map(|&x| bf16::from_f32(x)).collect() };
+        let (tile16, v16) = (narrow(tile), narrow(v));
+        let widen = |x: &[bf16]| -> Vec<f32> { x.iter().map(|x| x.to_f32()).collect() };
+        let (tile32, v32) = (widen(&tile16), widen(&v16));
+        for heads in 1..=MAX_HEADS {
+            let refs: Vec<&[f32]> = qs[..heads].iter().map(|q| &q[..]).collect();
+            let (mut from16, mut from32) = (
+                vec![[0f32; TILE_LANES]; heads],
+                vec![[0f32; TILE_LANES]; heads],
+            );
+            tile_dot_heads(isa, &refs, &tile16, &mut from16);
+            tile_dot_heads(isa, &refs, &tile32, &mut from32);
+            assert_eq!(from16, from32, "{isa:?} bf16 tile_dot_heads {n} x {heads}");
+            let ws: Vec<Vec<f32>> = (0..heads)
+                .map(|h| vec![0.5 - h as f32, 0.25, 2.0])
+                .collect();
+            let wrefs: Vec<&[f32]> = ws.iter().map(|w| &w[..]).collect();
+            let mut o16: Vec<f32> = (0..heads * n).map(|i| i as f32 * 0.01).collect();
+            let mut o32 = o16.clone();
+            axpy_rows_heads(isa, &mut o16, n, &wrefs, &v16, stride);
+            axpy_rows_heads(isa, &mut o32, n, &wrefs, &v32, stride);
+            assert_eq!(o16, o32, "{isa:?} bf16 axpy_rows_heads {n} x {heads}");
+        }
+        // Lengths not a multiple of 16 take the scalar tail.
+        let mut o16 = vec![1.0f32; n];
+        let mut o32 = o16.clone();
+        axpy(isa, &mut o16, 0.75, &v16);
+        axpy(isa, &mut o32, 0.75, &v32);
+        assert_eq!(o16, o32, "{isa:?} bf16 axpy {n}");
     }
 }
