@@ -275,28 +275,13 @@ mod tests {
 /// Prefetches `data[from..to]` (clipped to `data`) into L1, one touch per
 /// 64-byte line: the kernels' software prefetch of what they read next.
 pub(super) fn prefetch<T>(data: &[T], from: usize, to: usize) {
-    prefetch_into::<T, false>(data, from, to)
-}
-
-/// [`prefetch`] into L2 only (`prefetcht1`): for lines wanted a while from
-/// now, which would only crowd L1 before then.
-pub(super) fn prefetch_l2<T>(data: &[T], from: usize, to: usize) {
-    prefetch_into::<T, true>(data, from, to)
-}
-
-fn prefetch_into<T, const L2: bool>(data: &[T], from: usize, to: usize) {
     let step = (64 / std::mem::size_of::<T>().max(1)).max(1);
     #[cfg(target_arch = "x86_64")]
     for at in (from..to.min(data.len())).step_by(step) {
         // SAFETY: a prefetch never faults, and `at < data.len()` besides.
         unsafe {
-            use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
-            let p = data.as_ptr().add(at).cast();
-            if L2 {
-                _mm_prefetch::<_MM_HINT_T1>(p)
-            } else {
-                _mm_prefetch::<_MM_HINT_T0>(p)
-            }
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().add(at).cast())
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -131,6 +131,7 @@ mod tests {
         let sources = [
             include_str!("../cpu/dense.rs"),
             include_str!("../cpu/attention.rs"),
+            include_str!("../cpu/kv_store.rs"),
             include_str!("../cpu/recurrent.rs"),
             include_str!("../cpu/moe.rs"),
         ]
