@@ -292,3 +292,30 @@ fn bench_runs_a_quantized_gguf_file_as_stored() {
     let bf16 = widened["decode_bytes_per_step"].as_f64().unwrap();
     assert!(bf16 > 2.5 * stored, "bf16 {bf16} against stored {stored}");
 }
+
+/// With the probes on, each batch size's roofline divides by the bandwidth
+/// probed next to its decode window, and the probes' 512 MiB buffers stay
+/// out of the peak memory (a tiny model's process holds far less).
+#[test]
+fn bench_probes_stay_out_of_the_peak_memory() {
+    let out = Command::new(env!("CARGO_BIN_EXE_metrale"))
+        .args(["bench", "--config", tiny_config().to_str().unwrap()])
+        .args(["--prompt-len", "12", "--gen-len", "3", "--threads", "1"])
+        .args(["--batch", "1,2", "--json"])
+        .output()
+        .expect("running metrale");
+    assert!(
+        out.status.success(),
+        "metrale bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let rows = v.as_array().expect("one object per batch size");
+    assert_eq!(rows.len(), 2, "{v}");
+    for row in rows {
+        let bw = row["bandwidth_bytes_s"].as_f64().unwrap_or(0.0);
+        assert!(bw > 1e8, "bandwidth_bytes_s in {row}");
+        let peak = row["peak_rss_bytes"].as_u64().unwrap_or(u64::MAX);
+        assert!(peak < 256 << 20, "peak_rss_bytes {peak} counts a probe's buffer");
+    }
+}

@@ -4,8 +4,9 @@
 //! figure it prints the decode roofline: the weight bytes a decode step
 //! reads divided by the memory bandwidth the machine sustains (on a GPU,
 //! the device memory's, from a timed device-to-device copy; on the CPU, the
-//! host's). On a GPU it also reports the device: name, compute capability,
-//! memory.
+//! host's, probed right before and after each decode window: a shared
+//! host's bandwidth moves from one second to the next). On a GPU it also
+//! reports the device: name, compute capability, memory.
 //!
 //! `--batch` takes a list (1,4,16,64): each batch size runs in turn on the
 //! model loaded once, and each reports its decode throughput, per sequence
@@ -32,7 +33,8 @@ use metrale::weights::loader::WeightDType;
 use metrale::{Backend, BackendOptions, OpTime, open_backend};
 
 use super::bench_probe::{
-    ComputePeaks, compute_peaks, decode_bytes_per_token, peak_rss_bytes, read_bandwidth,
+    ComputePeaks, NearProbe, compute_peaks, decode_bytes_per_token, median, peak_rss_bytes,
+    read_bandwidth,
 };
 use super::bench_report::Report;
 
@@ -110,7 +112,8 @@ pub struct Args {
     pub seed: u64,
     /// Skip the probes (no roofline nor compute peak then). On a GPU the
     /// bandwidth probe times copies of device memory, on the CPU reads of
-    /// host memory; the compute probe (CPU only) times f32 FMA and, where
+    /// host memory right before and after each decode window (the roofline
+    /// takes their median); the compute probe (CPU only) times f32 FMA and, where
     /// the CPU has AVX512-BF16, bf16 dot-product loops.
     #[arg(long)]
     pub no_probe: bool,
@@ -167,6 +170,9 @@ pub(super) struct Measured {
     /// Per-op wall times (with --profile; empty otherwise).
     pub(super) prefill_ops: Vec<OpTime>,
     pub(super) decode_ops: Vec<OpTime>,
+    /// The bandwidth probe's passes right before and after the decode
+    /// window, bytes/s (empty: no probe next to it).
+    pub(super) near_bandwidth: Vec<f64>,
 }
 
 pub fn export_random(args: ExportArgs) -> Result<()> {
@@ -262,6 +268,11 @@ pub fn run(mut args: Args) -> Result<()> {
     )?;
     // Host threads (the bandwidth probe reads with as many).
     let threads = backend.threads().unwrap_or(1);
+    // On the CPU the bandwidth is probed next to each decode window.
+    let mut near = match (args.no_probe, backend.threads()) {
+        (false, Some(threads)) => NearProbe::new(threads),
+        _ => None,
+    };
     // The accelerator, before the model takes its memory.
     let device_info = backend.device_info();
     let bf16_dot = backend.bf16_dot_products();
@@ -342,7 +353,7 @@ pub fn run(mut args: Args) -> Result<()> {
     let measured: Result<Vec<Measured>> = args
         .batch
         .iter()
-        .map(|&b| measure(&model, &args, b, load_s, &op_times))
+        .map(|&b| measure(&model, &args, b, load_s, &op_times, near.as_mut()))
         .collect();
     let config = model.config().clone();
     let weight_bytes = model.weight_store().map_or(0, |s| s.bytes());
@@ -383,13 +394,20 @@ pub fn run(mut args: Args) -> Result<()> {
     let measured = measured?;
     shutdown?;
     // Before the probe, whose buffer would count otherwise.
-    let peak_rss = peak_rss_bytes();
+    let peak_rss = near
+        .as_ref()
+        .map_or_else(peak_rss_bytes, NearProbe::peak_rss);
     let (bandwidth, compute) = probe(&args, &backend, threads);
     let reports: Vec<Report> = args
         .batch
         .iter()
         .zip(&measured)
         .map(|(&b, m)| {
+            // The probes next to this decode where there were some.
+            let bandwidth = match m.near_bandwidth.is_empty() {
+                true => bandwidth,
+                false => Some(median(m.near_bandwidth.clone())),
+            };
             let mut report = Report::new(
                 &config,
                 name.clone(),
@@ -435,13 +453,15 @@ fn probe(args: &Args, backend: &Backend, threads: usize) -> (Option<f64>, Option
 }
 
 /// Runs `b` sequences: their prompts, then --gen-len batched decode steps.
-/// `op_times` returns (and resets) the backend's per-op times.
+/// `op_times` returns (and resets) the backend's per-op times; `near`, the
+/// bandwidth probe to take either side of the decode window.
 fn measure(
     model: &TransformerModel,
     args: &Args,
     b: usize,
     load_s: f64,
     op_times: &dyn Fn() -> Vec<OpTime>,
+    mut near: Option<&mut NearProbe>,
 ) -> Result<Measured> {
     let (n, m) = (args.prompt_len, args.gen_len);
     let vocab = model.config().vocab_size as u64;
@@ -512,6 +532,7 @@ fn measure(
         }
         let prefill_s = start.elapsed().as_secs_f64();
         let prefill_ops = op_times();
+        let mut near_bandwidth = near.as_deref_mut().map(NearProbe::read).unwrap_or_default();
         let start = Instant::now();
         for _ in 0..m {
             let ids = next.clone();
@@ -530,6 +551,9 @@ fn measure(
             }
         }
         let decode_s = start.elapsed().as_secs_f64();
+        if let Some(near) = near.as_deref_mut() {
+            near_bandwidth.extend(near.read());
+        }
         Ok(Measured {
             load_s,
             prefill_s,
@@ -538,6 +562,7 @@ fn measure(
             decoded: b * m,
             prefill_ops,
             decode_ops: op_times(),
+            near_bandwidth,
         })
     })();
     for seq in seqs {

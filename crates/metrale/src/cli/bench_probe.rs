@@ -21,13 +21,24 @@ const PROBE_BYTES: usize = 512 << 20;
 /// passes (the best one was an outlier now and then on a shared machine:
 /// 53 GB/s in one run where every other read 32–35).
 pub fn read_bandwidth(threads: usize) -> f64 {
+    median(read_bandwidth_passes(threads, 5))
+}
+
+/// The median of `rates` (0 for none).
+pub fn median(mut rates: Vec<f64>) -> f64 {
+    rates.sort_by(f64::total_cmp);
+    rates.get(rates.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// `passes` timed reads of the probe's buffer, bytes/s each.
+fn read_bandwidth_passes(threads: usize, passes: usize) -> Vec<f64> {
     let threads = threads.max(1);
     let words = PROBE_BYTES / 8;
     // Touch every page first so the timed passes read memory, not page faults.
     let buf: Vec<u64> = (0..words as u64).collect();
     let share = words.div_ceil(threads);
-    let mut rates = Vec::with_capacity(5);
-    for _ in 0..5 {
+    let mut rates = Vec::with_capacity(passes);
+    for _ in 0..passes {
         let start = Instant::now();
         let total: u64 = std::thread::scope(|s| {
             let handles: Vec<_> = buf
@@ -43,8 +54,57 @@ pub fn read_bandwidth(threads: usize) -> f64 {
         std::hint::black_box(total);
         rates.push(PROBE_BYTES as f64 / secs);
     }
-    rates.sort_by(f64::total_cmp);
-    rates[rates.len() / 2]
+    rates
+}
+
+/// The bandwidth probe taken right before and right after each decode
+/// window on the CPU, so that the roofline divides by what the memory gave
+/// in the same second or two rather than a second or more later. On this
+/// project's shared host, six runs a minute apart: the probe after the
+/// runs read 12.9-20.7 GB/s and put the same decode at 55-105% of its
+/// roofline; the probes either side of each decode read 17-20.
+///
+/// Each probe's buffer would count in the process's peak memory, so the
+/// kernel's high-water mark is read before a probe and reset after it
+/// (`/proc/self/clear_refs`); [`Self::peak_rss`] is the largest reading.
+pub struct NearProbe {
+    threads: usize,
+    peak: Option<u64>,
+}
+
+/// Timed passes per probe, each side of a decode window.
+const NEAR_PASSES: usize = 3;
+
+impl NearProbe {
+    /// None where the high-water mark cannot be reset (not Linux, or a
+    /// read-only /proc): the bench probes once, after its runs. Make it
+    /// before the model loads: the reset forgets the peak so far.
+    pub fn new(threads: usize) -> Option<Self> {
+        let peak = peak_rss_bytes();
+        reset_peak_rss().ok()?;
+        Some(Self { threads, peak })
+    }
+
+    /// A probe's passes, bytes/s each.
+    pub fn read(&mut self) -> Vec<f64> {
+        self.peak = self.peak.max(peak_rss_bytes());
+        let rates = read_bandwidth_passes(self.threads, NEAR_PASSES);
+        // It worked in `new`; should it fail now, the peak includes the
+        // probe's buffer (an over-count, never an under-count).
+        let _ = reset_peak_rss();
+        rates
+    }
+
+    /// The process's peak resident memory, the probes' buffers left out.
+    pub fn peak_rss(&self) -> Option<u64> {
+        self.peak.max(peak_rss_bytes())
+    }
+}
+
+/// Resets the kernel's high-water mark of this process's resident memory
+/// (VmHWM) to what it holds now.
+fn reset_peak_rss() -> std::io::Result<()> {
+    std::fs::write("/proc/self/clear_refs", "5")
 }
 
 /// Sums words with independent accumulators so that the loop is load-bound

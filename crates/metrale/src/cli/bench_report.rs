@@ -486,6 +486,7 @@ mod tests {
             decoded: 100,
             prefill_ops: Vec::new(),
             decode_ops: Vec::new(),
+            near_bandwidth: Vec::new(),
         };
         let mut r = Report::new(
             &config,
