@@ -34,6 +34,8 @@ fn load(name: &str, bf16_dot: bool, batch: usize) -> Result<(Arc<CpuBackend>, Tr
         max_batch_tokens: 256,
         kv_dtype: None,
         kv_follows_weights: false,
+        ssm_state_dtype: None,
+        ssm_state_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: PrefixCacheOptions::disabled(),
     };

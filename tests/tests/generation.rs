@@ -41,6 +41,8 @@ fn roomy() -> ModelOptions {
         max_batch_tokens: 256,
         kv_dtype: None,
         kv_follows_weights: false,
+        ssm_state_dtype: None,
+        ssm_state_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     }
@@ -172,6 +174,8 @@ fn greedy_parity(name: &str) -> Result<()> {
         max_batch_tokens: 64,
         kv_dtype: None,
         kv_follows_weights: false,
+        ssm_state_dtype: None,
+        ssm_state_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: PrefixCacheOptions::disabled(),
     };
@@ -514,6 +518,8 @@ fn stress(name: &str) -> Result<()> {
         max_batch_tokens: 64,
         kv_dtype: None,
         kv_follows_weights: false,
+        ssm_state_dtype: None,
+        ssm_state_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     };

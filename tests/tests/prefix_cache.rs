@@ -38,6 +38,8 @@ fn options(prefix_cache: PrefixCacheOptions, kv_blocks: usize) -> ModelOptions {
         max_batch_tokens: 64,
         kv_dtype: None,
         kv_follows_weights: false,
+        ssm_state_dtype: None,
+        ssm_state_follows_weights: false,
         cuda_graphs: true,
         prefix_cache,
     }

@@ -148,6 +148,8 @@ fn check_variant(rel: &str, scratch: &Path) -> Result<f32> {
             max_batch_tokens: 128,
             kv_dtype: None,
             kv_follows_weights: false,
+            ssm_state_dtype: None,
+            ssm_state_follows_weights: false,
             cuda_graphs: true,
             prefix_cache: Default::default(),
         },

@@ -292,6 +292,8 @@ fn options(kv_dtype: Option<DType>) -> ModelOptions {
         max_batch_tokens: 256,
         kv_dtype,
         kv_follows_weights: false,
+        ssm_state_dtype: None,
+        ssm_state_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     }

@@ -316,6 +316,9 @@ fn bench_probes_stay_out_of_the_peak_memory() {
         let bw = row["bandwidth_bytes_s"].as_f64().unwrap_or(0.0);
         assert!(bw > 1e8, "bandwidth_bytes_s in {row}");
         let peak = row["peak_rss_bytes"].as_u64().unwrap_or(u64::MAX);
-        assert!(peak < 256 << 20, "peak_rss_bytes {peak} counts a probe's buffer");
+        assert!(
+            peak < 256 << 20,
+            "peak_rss_bytes {peak} counts a probe's buffer"
+        );
     }
 }

@@ -316,6 +316,26 @@ fn dtype_is_the_arithmetic_on_every_subcommand() {
         default, f32,
         "the default, auto, computes f32 weights in f32 (exactly)"
     );
+    // So for recurrent layers, whose states and scan products follow the
+    // weights (a prefill of two chunks, then decode steps that read the
+    // state back).
+    for name in ["mamba2", "qwen3_next"] {
+        let model = fixture(name);
+        let logits = |file: &str, extra: &[&str]| -> Vec<u8> {
+            let path = dir.join(file);
+            let ids = "1,5,9,2,7,3,11,4,8,6,2,9,4,1,7,5,3,8,2";
+            let mut args = vec!["logits", "-m", model.to_str().unwrap(), "--ids", ids];
+            args.extend(["--decode-from", "17", "--out", path.to_str().unwrap()]);
+            args.extend_from_slice(extra);
+            ok(&metrale(&args));
+            std::fs::read(&path).unwrap()
+        };
+        assert_eq!(
+            logits("rec-default.safetensors", &[]),
+            logits("rec-f32.safetensors", &["--dtype", "f32"]),
+            "{name}: the default computes f32 weights, states included, in f32"
+        );
+    }
     // The fixture's weights are f32: bf16 arithmetic leaves them exact.
     read("bf16.safetensors", &["--dtype", "bf16"]);
     ok(&metrale(&[

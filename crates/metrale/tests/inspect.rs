@@ -138,6 +138,19 @@ fn cache_sizes_and_budget() {
             "{stdout}"
         );
     }
+    // So do their SSM states (`ModelOptions::ssm_state_follows_weights`):
+    // the mamba2 fixture's weights are f32.
+    for extra in [None, Some("--no-load")] {
+        let dir = fixture("mamba2");
+        let mut args = vec![dir.to_str().unwrap()];
+        args.extend(extra);
+        let (ok, stdout, stderr) = inspect(&args);
+        assert!(ok, "{stderr}");
+        assert!(
+            field(&stdout, "recurrent state").contains("f32 conv + f32 SSM state"),
+            "{stdout}"
+        );
+    }
 
     let (ok, stdout, _) = inspect(&[fixture("mamba2").to_str().unwrap(), "--memory", "2 MB"]);
     assert!(ok);

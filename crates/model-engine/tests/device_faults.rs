@@ -33,6 +33,8 @@ fn load(debug_sync: bool) -> (Arc<CpuBackend>, TransformerModel) {
         max_batch_tokens: 16,
         kv_dtype: None,
         kv_follows_weights: false,
+        ssm_state_dtype: None,
+        ssm_state_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     };

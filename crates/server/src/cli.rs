@@ -40,7 +40,8 @@ impl PrefixCacheArgs {
 /// `--ssm-state-dtype`: how Mamba-2 and gated-delta states are held.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum StateDType {
-    /// As the arithmetic (`--dtype`): bf16 unless `--dtype f32`.
+    /// As the arithmetic (`--dtype`): bf16 unless `--dtype f32` or most of
+    /// the weights are f32 (`ModelOptions::ssm_state_follows_weights`).
     #[default]
     Auto,
     /// Exact.

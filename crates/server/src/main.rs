@@ -172,6 +172,9 @@ fn run(args: Args) -> Result<()> {
     };
     options.model.kv_dtype = args.kv_dtype.dtype();
     options.model.kv_follows_weights = args.kv_dtype.follows_weights(args.dtype != ArithDType::F32);
+    // f32 weights keep f32 states under `auto`, as they keep an f32 KV cache.
+    options.model.ssm_state_follows_weights =
+        args.ssm_state_dtype == StateDType::Auto && args.dtype != ArithDType::F32;
     options.model.prefix_cache = args.prefix.options();
     if let Some(n) = args.max_seqs {
         options.model.max_seqs = n;

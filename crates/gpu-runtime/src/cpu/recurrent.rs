@@ -346,7 +346,10 @@ impl CpuBackend {
             d: dv,
             dt_bias: bias,
             p: *p,
-            bf16_dot: self.bf16_dot_products(),
+            // The products follow the states' precision: bf16 only for
+            // states held in bf16, so that f32 states (an f32 checkpoint
+            // under `--dtype auto`) give the f32 bits.
+            bf16_dot: self.bf16_dot_products() && narrow_states(seqs),
         };
         let state_len = n_heads * head_dim * d_state;
         let inputs = [x, dt_raw, b, c, a_log, d, dt_bias];

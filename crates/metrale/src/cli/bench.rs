@@ -290,8 +290,7 @@ pub fn run(mut args: Args) -> Result<()> {
         prefix_cache: args.prefix.options(),
         ..ModelOptions::default()
     };
-    args.kv_dtype
-        .apply(args.dtype.bf16_dot_products(), &mut options);
+    args.dtype.apply(args.kv_dtype, &mut options);
     let mut dtype = args.weight_dtype.unwrap_or(BenchDType::Bf16).dtype();
     // Bytes per element of a tensor the store does not know (none today).
     let fallback_size = dtype.size_of();

@@ -427,7 +427,7 @@ pub fn cache_traffic(
         layout.block_bytes() / options.kv_block_size.max(1) * c.attention_layers().count();
     let state_per_seq = recurrent_state_shapes(c)
         .iter()
-        .map(|s| s.slot_bytes(gpu))
+        .map(|s| s.slot_bytes(gpu, options.ssm_state_dtype))
         .sum();
     Ok(CacheTraffic {
         kv_per_token,

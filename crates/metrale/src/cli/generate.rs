@@ -78,8 +78,7 @@ impl ModelArgs {
             ..LoadOptions::default()
         };
         options.model.max_seqs = 1;
-        self.kv_dtype
-            .apply(self.dtype.bf16_dot_products(), &mut options.model);
+        self.dtype.apply(self.kv_dtype, &mut options.model);
         options.model.cuda_graphs = !self.device.no_cuda_graphs;
         options.model.prefix_cache = self.prefix.options();
         let mut config = EngineConfig::default();

@@ -81,14 +81,12 @@ fn cache_sizes(args: &Args, config: &ModelConfig, narrow_weights: bool) -> Resul
     )?;
     let gpu = backend.gpu().as_ref();
     // What `ModelOptions::for_weights` resolves `auto` to once loaded.
-    let kv_dtype = match args.kv_dtype.dtype() {
-        None if bf16 && narrow_weights => Some(DType::BF16),
-        asked => asked,
-    };
-    let options = ModelOptions {
-        kv_dtype,
+    let mut options = ModelOptions {
+        ssm_state_follows_weights: args.ssm_state_dtype == super::StateDType::Auto && bf16,
         ..ModelOptions::default()
     };
+    args.kv_dtype.apply(bf16, &mut options);
+    options.resolve_follows(narrow_weights);
     let layout = gpu.kv_layout(kv_spec(config, &options))?;
     let traffic = super::bench_probe::cache_traffic(config, gpu, &options)?;
     Ok(CacheSizes {
@@ -96,7 +94,9 @@ fn cache_sizes(args: &Args, config: &ModelConfig, narrow_weights: bool) -> Resul
         kv_dtype: layout.dtype,
         rec_per_seq: traffic.state_per_seq,
         conv_dtype: gpu.state_layout(1).dtype,
-        ssm_dtype: gpu.ssm_state_layout(1).dtype,
+        ssm_dtype: options
+            .ssm_state_dtype
+            .unwrap_or(gpu.ssm_state_layout(1).dtype),
         device: backend.device(),
         available: gpu.available_memory(),
     })

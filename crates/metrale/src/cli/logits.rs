@@ -83,8 +83,7 @@ pub fn run(mut args: Args) -> Result<()> {
     options.model.max_batch_tokens = args.ids.len().clamp(1, 4096);
     options.model.kv_blocks = args.ids.len().div_ceil(options.model.kv_block_size) + 1;
     options.model.max_seqs = 1;
-    args.kv_dtype
-        .apply(args.dtype.bf16_dot_products(), &mut options.model);
+    args.dtype.apply(args.kv_dtype, &mut options.model);
     options.model.cuda_graphs = !args.device.no_cuda_graphs;
     options.model.prefix_cache = args.prefix.options();
     tracing::debug!("loading {} with {options:?}", args.model.display());

@@ -155,8 +155,9 @@ pub struct DTypeArgs {
     pub quant: Option<metrale::FileType>,
     /// How the Mamba-2 and gated-delta layers' running states are held:
     /// auto (the default: as the arithmetic, bf16 under `--dtype auto` or
-    /// `bf16`, f32 under `--dtype f32`, as vLLM's `mamba_ssm_cache_dtype`
-    /// follows the model's dtype), f32 (exact), or bf16 (half their memory
+    /// `bf16` unless most of the weights are f32, f32 under `--dtype f32`,
+    /// as vLLM's `mamba_ssm_cache_dtype` follows the model's dtype), f32
+    /// (exact), or bf16 (half their memory
     /// and decode traffic; the logits move by up to a few 1e-3, a tenth of
     /// what bf16 dot products move them, docs/ACCURACY.md). The CPU backend
     /// only.
@@ -167,7 +168,7 @@ pub struct DTypeArgs {
 /// `--ssm-state-dtype`.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StateDType {
-    /// As the arithmetic: bf16 unless `--dtype f32`.
+    /// As the arithmetic: bf16 unless `--dtype f32` or f32 weights.
     Auto,
     F32,
     Bf16,
@@ -180,9 +181,19 @@ impl DTypeArgs {
     }
 
     /// Whether SSM states are to be held in bf16: asked for, or `auto`
-    /// under bf16 arithmetic.
+    /// under bf16 arithmetic (the backend's setting; see [`Self::apply`]).
     pub fn bf16_ssm_state(&self) -> bool {
         self.ssm_state_dtype.is_bf16(self.bf16_dot_products())
+    }
+
+    /// Sets what `options` take from these flags besides the backend: under
+    /// `--ssm-state-dtype auto` and bf16 arithmetic the states follow the
+    /// weights (`ModelOptions::ssm_state_follows_weights`: f32 weights,
+    /// which multiply in f32, keep f32 states), and `kv` the KV cache's.
+    pub fn apply(&self, kv: KvDType, options: &mut ModelOptions) {
+        let bf16 = self.bf16_dot_products();
+        kv.apply(bf16, options);
+        options.ssm_state_follows_weights = self.ssm_state_dtype == StateDType::Auto && bf16;
     }
 }
 

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use metrale_core::SlotId;
 use metrale_core::scope::ModelResource;
+use metrale_core::{DType, SlotId};
 use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
 use metrale_gpu_runtime::ops::StateSlots;
 use parking_lot::Mutex;
@@ -24,10 +24,18 @@ pub struct StateShape {
 
 impl StateShape {
     /// Bytes of one sequence's slot of this layer, conv window and SSM
-    /// state, in `gpu`'s layouts (as the pool allocates them: never empty).
-    pub fn slot_bytes(&self, gpu: &dyn GpuBackend) -> usize {
+    /// state, in `gpu`'s layouts but the SSM state in `ssm_dtype` where
+    /// given (as the pool allocates them: never empty).
+    pub fn slot_bytes(&self, gpu: &dyn GpuBackend, ssm_dtype: Option<DType>) -> usize {
         let conv = gpu.state_layout(self.conv.max(1)).slot_bytes();
-        conv.saturating_add(gpu.ssm_state_layout(self.ssm.max(1)).slot_bytes())
+        let ssm = self.ssm.max(1) * self.ssm_dtype(gpu, ssm_dtype).size_of();
+        conv.saturating_add(ssm)
+    }
+
+    /// The SSM state's element type: `over` where given (the model's
+    /// `ModelOptions::ssm_state_dtype`), else `gpu`'s `ssm_state_layout`.
+    pub fn ssm_dtype(&self, gpu: &dyn GpuBackend, over: Option<DType>) -> DType {
+        over.unwrap_or_else(|| gpu.ssm_state_layout(self.ssm.max(1)).dtype)
     }
 }
 
@@ -54,10 +62,16 @@ impl SsmStatePool {
         }
     }
 
-    /// Allocates `n_slots` slots for the given recurrent layers. On failure
-    /// nothing stays allocated.
+    /// Allocates `n_slots` slots for the given recurrent layers, their SSM
+    /// states in `ssm_dtype` where given (else the backend's layout). On
+    /// failure nothing stays allocated.
     #[track_caller]
-    pub fn allocate(gpu: &dyn GpuBackend, shapes: &[StateShape], n_slots: usize) -> Result<Self> {
+    pub fn allocate(
+        gpu: &dyn GpuBackend,
+        shapes: &[StateShape],
+        n_slots: usize,
+        ssm_dtype: Option<DType>,
+    ) -> Result<Self> {
         let mut pool = Self {
             n_slots,
             layers: Vec::with_capacity(shapes.len()),
@@ -72,7 +86,7 @@ impl SsmStatePool {
             // The backend's layout of each state (f32 on the CPU).
             let (conv_dtype, ssm_dtype) = (
                 gpu.state_layout(shape.conv).dtype,
-                gpu.ssm_state_layout(shape.ssm).dtype,
+                shape.ssm_dtype(gpu, ssm_dtype),
             );
             let pair = gpu
                 .alloc_slice(conv_dtype, shape.conv.max(1) * n_slots, "ssm state pool")

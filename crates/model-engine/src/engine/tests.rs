@@ -28,6 +28,8 @@ fn options(kv_blocks: usize, max_seqs: usize) -> ModelOptions {
         max_batch_tokens: 64,
         kv_dtype: None,
         kv_follows_weights: false,
+        ssm_state_dtype: None,
+        ssm_state_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     }

@@ -66,7 +66,10 @@ impl MemoryPlan {
             .saturating_mul(config.attention_layers().count());
         let ssm_state = recurrent_state_shapes(config)
             .iter()
-            .map(|s| s.slot_bytes(gpu).saturating_mul(options.max_seqs))
+            .map(|s| {
+                s.slot_bytes(gpu, options.ssm_state_dtype)
+                    .saturating_mul(options.max_seqs)
+            })
             .fold(0usize, usize::saturating_add);
         Ok(Self {
             weights,
@@ -210,7 +213,7 @@ pub fn snapshot_budget(
     p.snapshot_budget.unwrap_or_else(|| {
         let slot: usize = shapes
             .iter()
-            .map(|s| s.slot_bytes(gpu))
+            .map(|s| s.slot_bytes(gpu, options.ssm_state_dtype))
             .fold(0, usize::saturating_add);
         slot.saturating_mul(options.max_seqs).saturating_mul(2)
     })

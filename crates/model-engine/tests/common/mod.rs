@@ -57,6 +57,8 @@ pub fn small_options() -> metrale_model_engine::model::ModelOptions {
         max_batch_tokens: 32,
         kv_dtype: None,
         kv_follows_weights: false,
+        ssm_state_dtype: None,
+        ssm_state_follows_weights: false,
         cuda_graphs: false,
         prefix_cache: Default::default(),
     }

@@ -32,6 +32,8 @@ pub fn load_options() -> LoadOptions {
             max_batch_tokens: 256,
             kv_dtype: None,
             kv_follows_weights: false,
+            ssm_state_dtype: None,
+            ssm_state_follows_weights: false,
             cuda_graphs: true,
             prefix_cache: Default::default(),
         },

@@ -38,8 +38,9 @@ pub(super) struct Ctx<'a> {
     pub d: Vec<f32>,
     pub dt_bias: Vec<f32>,
     pub p: SsdParams,
-    /// The backend's bf16 dot products are on: the chunked form's two
-    /// state products (entering state · C, weighted x · B) use them too.
+    /// The backend's bf16 dot products are on and the states are held in
+    /// bf16: the chunked form's two state products (entering state · C,
+    /// weighted x · B) use them too.
     pub bf16_dot: bool,
 }
 

@@ -21,6 +21,9 @@ pub(in crate::cpu) struct Env {
     pub cpu: CpuBackend,
     slices: Vec<DeviceSlice>,
     staged: Staged,
+    /// `pool` holds its states in bf16 (as a CPU backend's SSM pool under
+    /// `with_bf16_ssm_state`).
+    pub bf16_states: bool,
 }
 
 impl Env {
@@ -37,6 +40,7 @@ impl Env {
             cpu,
             slices: Vec::new(),
             staged: Staged::new(),
+            bf16_states: false,
         }
     }
 
@@ -112,15 +116,28 @@ impl Env {
     pub fn pool(&mut self, states: &[Vec<f32>]) -> StateSlots {
         let per_slot = states.first().map_or(0, Vec::len);
         assert!(states.iter().all(|s| s.len() == per_slot));
-        StateSlots {
-            states: self.up(&states.concat()),
-            per_slot,
-        }
+        let all = states.concat();
+        let states = match self.bf16_states {
+            true => self.up_bf16(&all).0,
+            false => self.up(&all),
+        };
+        StateSlots { states, per_slot }
     }
 
-    /// The state in `slot` of `pool`.
+    /// The state in `slot` of `pool` (widened from bf16 where it is held so).
     pub fn slot(&self, pool: StateSlots, slot: usize) -> Vec<f32> {
-        self.down(pool.slot("test", slot as u32).expect("slot"))
+        let s = pool.slot("test", slot as u32).expect("slot");
+        if s.dtype() != DType::BF16 {
+            return self.down(s);
+        }
+        let mut bytes = vec![0u8; s.len() * 2];
+        self.gpu()
+            .copy_d2h(s.ptr(), 0, &mut bytes)
+            .expect("download");
+        bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect()
     }
 
     pub fn down(&self, s: DeviceSlice) -> Vec<f32> {
@@ -132,6 +149,7 @@ impl Env {
             cpu,
             slices,
             staged,
+            ..
         } = self;
         let gpu: &dyn GpuBackend = &cpu;
         staged.free(gpu).expect("free staged");

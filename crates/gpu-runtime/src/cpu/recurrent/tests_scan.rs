@@ -213,18 +213,22 @@ fn ssd_scan_long_sequences() {
 
 #[test]
 fn ssd_scan_with_bf16_dot_products_stays_close() {
-    // The chunked form's state products in bf16 (inputs rounded, f32 sums):
-    // within bf16's precision of the reference, and not the f32 bits (the
-    // path did run). Only where the CPU has AVX512-BF16.
-    let cpu = CpuBackend::with_threads(2).with_bf16_dot_products(true);
-    if !cpu.bf16_dot_products() {
+    // The chunked form's state products in bf16 (inputs rounded, f32 sums)
+    // where the states are held in bf16: within bf16's precision of the
+    // reference, and not the f32 bits (the path did run). With f32 states
+    // the products are f32, the bits of a backend without bf16 (an f32
+    // checkpoint under `--dtype auto` keeps f32 states, and stays exact).
+    // Only where the CPU has AVX512-BF16.
+    let bf16_backend = || CpuBackend::with_threads(2).with_bf16_dot_products(true);
+    if !bf16_backend().bf16_dot_products() {
         eprintln!("no AVX512-BF16 on this CPU: the bf16 path is not exercised");
         return;
     }
     let spans = [(0, 40), (40, 1), (41, 75)];
     let case = SsdCase::new(ssd_params(8, 16, 32, 2, 16), &spans, &mut Rng::new(11), 1.0);
     let (want_y, want_s) = case.reference();
-    let mut env = Env::with_backend(cpu);
+    let mut env = Env::with_backend(bf16_backend());
+    env.bf16_states = true;
     let (y, states) = case.run(&mut env, &[], false);
     assert_close(&y, &want_y, 2e-2, "bf16 y");
     for (got, want) in states.iter().zip(&want_s) {
@@ -232,9 +236,14 @@ fn ssd_scan_with_bf16_dot_products_stays_close() {
     }
     env.finish();
     let mut env = Env::new();
-    let (y32, _) = case.run(&mut env, &[], false);
+    let (y32, s32) = case.run(&mut env, &[], false);
     env.finish();
     assert_ne!(y, y32, "the bf16 products did not run");
+    let mut env = Env::with_backend(bf16_backend());
+    let (y_f32_states, s_f32_states) = case.run(&mut env, &[], false);
+    env.finish();
+    assert_eq!(y_f32_states, y32, "f32 states take f32 products");
+    assert_eq!(s_f32_states, s32);
 }
 
 impl DeltaCase {

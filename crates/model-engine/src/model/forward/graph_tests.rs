@@ -39,6 +39,8 @@ fn model(gpu: Arc<dyn GpuBackend>, name: &str, graphs: bool) -> TransformerModel
         max_batch_tokens: 24,
         kv_dtype: None,
         kv_follows_weights: false,
+        ssm_state_dtype: None,
+        ssm_state_follows_weights: false,
         cuda_graphs: graphs,
         prefix_cache: Default::default(),
     };

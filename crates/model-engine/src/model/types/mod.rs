@@ -46,6 +46,18 @@ pub struct ModelOptions {
     /// weights are loaded ([`ModelOptions::for_weights`]). The CLI's
     /// `--kv-dtype auto` under `--dtype auto|bf16`.
     pub kv_follows_weights: bool,
+    /// The Mamba-2 and gated-delta layers' SSM states' element type; `None`:
+    /// the backend's (`GpuBackend::ssm_state_layout`: bf16 on a CPU
+    /// backend made `with_bf16_ssm_state`, else f32), or see
+    /// `ssm_state_follows_weights`.
+    pub ssm_state_dtype: Option<DType>,
+    /// With `ssm_state_dtype` `None`: hold the SSM states in f32 when most
+    /// of the weights (by parameters) are held in f32, whatever narrower
+    /// type the backend was made with, so that an f32 checkpoint runs as
+    /// exactly under the defaults as its f32 arithmetic does. Resolved with
+    /// `kv_follows_weights` ([`ModelOptions::for_weights`]). The CLI's
+    /// `--ssm-state-dtype auto` under `--dtype auto|bf16`.
+    pub ssm_state_follows_weights: bool,
     /// Replay decode steps as captured device graphs where the backend
     /// supports them (CUDA): a step of B single-token sequences runs as one
     /// graph launch instead of hundreds of kernel launches. Off: every step
@@ -64,6 +76,8 @@ impl Default for ModelOptions {
             max_batch_tokens: 512,
             kv_dtype: None,
             kv_follows_weights: false,
+            ssm_state_dtype: None,
+            ssm_state_follows_weights: false,
             cuda_graphs: true,
             prefix_cache: PrefixCacheOptions::default(),
         }
@@ -72,22 +86,32 @@ impl Default for ModelOptions {
 
 impl ModelOptions {
     /// These options with [`kv_follows_weights`](Self::kv_follows_weights)
+    /// and [`ssm_state_follows_weights`](Self::ssm_state_follows_weights)
     /// resolved against the weights in `store`: `kv_dtype` bf16 where most
-    /// of their parameters are held narrower than f32.
+    /// of their parameters are held narrower than f32, `ssm_state_dtype`
+    /// f32 where they are not.
     pub fn for_weights(mut self, store: &WeightStore) -> Self {
-        if self.kv_dtype.is_none() && self.kv_follows_weights {
-            let (mut wide, mut narrow) = (0usize, 0usize);
-            for t in store.names().filter_map(|n| store.get(n).ok()) {
-                match t.dtype() {
-                    DType::F32 => wide += t.elements(),
-                    _ => narrow += t.elements(),
-                }
-            }
-            if narrow > wide {
-                self.kv_dtype = Some(DType::BF16);
+        let (mut wide, mut narrow) = (0usize, 0usize);
+        for t in store.names().filter_map(|n| store.get(n).ok()) {
+            match t.dtype() {
+                DType::F32 => wide += t.elements(),
+                _ => narrow += t.elements(),
             }
         }
+        self.resolve_follows(narrow > wide);
         self
+    }
+
+    /// Resolves the `*_follows_weights` options, given whether most of the
+    /// weights' parameters are held narrower than f32 (`metrale inspect`
+    /// counts them without loading).
+    pub fn resolve_follows(&mut self, narrow_weights: bool) {
+        if self.kv_dtype.is_none() && self.kv_follows_weights && narrow_weights {
+            self.kv_dtype = Some(DType::BF16);
+        }
+        if self.ssm_state_dtype.is_none() && self.ssm_state_follows_weights && !narrow_weights {
+            self.ssm_state_dtype = Some(DType::F32);
+        }
     }
 }
 
@@ -126,7 +150,8 @@ impl TransformerModel {
         // before anything is allocated.
         crate::conformance::check_supported(g, &config)?;
         let shapes = recurrent_state_shapes(&config);
-        let mut pool = SsmStatePool::allocate(g, &shapes, options.max_seqs)?;
+        let mut pool =
+            SsmStatePool::allocate(g, &shapes, options.max_seqs, options.ssm_state_dtype)?;
         let n_attn = config.attention_layers().count();
         let mut kv =
             match KvCache::allocate(g, n_attn, kv_spec(&config, &options), options.kv_blocks) {

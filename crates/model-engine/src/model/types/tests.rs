@@ -101,6 +101,8 @@ fn options() -> ModelOptions {
         max_batch_tokens: 16,
         kv_dtype: None,
         kv_follows_weights: false,
+        ssm_state_dtype: None,
+        ssm_state_follows_weights: false,
         cuda_graphs: true,
         prefix_cache: Default::default(),
     }
