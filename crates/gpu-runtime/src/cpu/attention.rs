@@ -29,11 +29,11 @@
 
 use std::cell::RefCell;
 
-use super::CpuBackend;
 use super::dense::{need, shape_err};
 use super::elementwise as ew;
 use super::gemv::Isa;
 use super::vec::{self, KvElem};
+use super::{CpuBackend, Element};
 use half::bf16;
 use metrale_core::DType;
 
@@ -218,29 +218,10 @@ pub(super) fn paged_attention(
         bs,
     };
     match cache.k.dtype() {
-        DType::F32 => {
-            let (kc, vc) = (cpu.read_f32(OP, cache.k)?, cpu.read_f32(OP, cache.v)?);
-            let o = cpu.write_f32(OP, out, &[q, cache.k, cache.v])?;
-            Shared {
-                call: &call,
-                kc,
-                vc,
-            }
-            .run_all(cpu, &mut o[..rows * width]);
-        }
-        DType::BF16 => {
-            let (kc, vc) = (cpu.read_as::<bf16>(OP, cache.k)?, cpu.read_as(OP, cache.v)?);
-            let o = cpu.write_f32(OP, out, &[q, cache.k, cache.v])?;
-            Shared {
-                call: &call,
-                kc,
-                vc,
-            }
-            .run_all(cpu, &mut o[..rows * width]);
-        }
-        dtype => return Err(GpuError::UnsupportedDType { op: OP, dtype }),
+        DType::F32 => call.run_on::<f32>(cpu, q, cache, out, rows * width),
+        DType::BF16 => call.run_on::<bf16>(cpu, q, cache, out, rows * width),
+        dtype => Err(GpuError::UnsupportedDType { op: OP, dtype }),
     }
-    Ok(())
 }
 
 /// Most query rows a prefill task takes at once.
@@ -259,6 +240,25 @@ struct Call<'a> {
     isa: Isa,
     hpt: usize,
     bs: usize,
+}
+
+impl Call<'_> {
+    /// The call over `cache`, whose element is `E`, into the first `n`
+    /// values of `out` (`q` and the cache its inputs).
+    fn run_on<E: KvElem + Element>(
+        &self,
+        cpu: &CpuBackend,
+        q: DeviceSlice,
+        cache: &KvLayer,
+        out: DeviceSlice,
+        n: usize,
+    ) -> Result<()> {
+        const OP: &str = "paged_attention";
+        let (kc, vc) = (cpu.read_as::<E>(OP, cache.k)?, cpu.read_as(OP, cache.v)?);
+        let o = cpu.write_f32(OP, out, &[q, cache.k, cache.v])?;
+        Shared { call: self, kc, vc }.run_all(cpu, &mut o[..n]);
+        Ok(())
+    }
 }
 
 /// A [`Call`] and its cache's keys and values, whose element is `E`.
