@@ -492,4 +492,14 @@ impl OutPtr {
         // SAFETY: the caller's contract.
         unsafe { *self.0.add(i) = v };
     }
+
+    /// `v` into elements `i..i + N`, one copy of a constant length (vector
+    /// moves, not a store per element).
+    ///
+    /// # Safety
+    /// `i..i + N` must be inside the output, and no other task may touch it.
+    pub(crate) unsafe fn write_run<const N: usize>(self, i: usize, v: &[f32; N]) {
+        // SAFETY: the caller's contract; `v` is a different allocation.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.0.add(i), N) };
+    }
 }

@@ -444,12 +444,11 @@ pub(crate) fn quant_matmul_with(
                                         }
                                     };
                                     for (u, row) in v.iter().enumerate() {
-                                        for (x, &val) in row.iter().enumerate() {
-                                            // SAFETY: `(i0 + u) * n + j0 + x < m * n`
-                                            // (checked above); task `t` alone writes
-                                            // columns of groups `g0..g1`.
-                                            unsafe { ptr.write((i0 + u) * n + j0 + x, val) };
-                                        }
+                                        // SAFETY: `(i0 + u) * n + j0 + NR <= m * n`
+                                        // (checked above; `j0 + NR <= n_packed`);
+                                        // task `t` alone writes columns of groups
+                                        // `g0..g1`.
+                                        unsafe { ptr.write_run((i0 + u) * n + j0, row) };
                                     }
                                 }};
                             }
