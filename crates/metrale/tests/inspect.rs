@@ -124,32 +124,22 @@ fn cache_sizes_and_budget() {
         );
     }
 
-    // f32 weights keep the f32 cache under the defaults (as `run` holds
-    // it: `ModelOptions::for_weights`), with and without loading them:
-    // 2 attention layers, 2 KV heads of 16.
-    for extra in [None, Some("--no-load")] {
-        let dir = fixture("llama");
-        let mut args = vec![dir.to_str().unwrap()];
-        args.extend(extra);
-        let (ok, stdout, stderr) = inspect(&args);
-        assert!(ok, "{stderr}");
-        assert!(
-            field(&stdout, "kv cache").starts_with("512 bytes per token (f32"),
-            "{stdout}"
-        );
-    }
-    // So do their SSM states (`ModelOptions::ssm_state_follows_weights`):
-    // the mamba2 fixture's weights are f32.
-    for extra in [None, Some("--no-load")] {
-        let dir = fixture("mamba2");
-        let mut args = vec![dir.to_str().unwrap()];
-        args.extend(extra);
-        let (ok, stdout, stderr) = inspect(&args);
-        assert!(ok, "{stderr}");
-        assert!(
-            field(&stdout, "recurrent state").contains("f32 conv + f32 SSM state"),
-            "{stdout}"
-        );
+    // f32 weights keep the f32 cache and f32 SSM states under the defaults
+    // (as `run` holds them: `ModelOptions::for_weights`), with and without
+    // loading them. llama: 2 attention layers, 2 KV heads of 16.
+    let f32_caches = [
+        ("llama", "kv cache", "512 bytes per token (f32"),
+        ("mamba2", "recurrent state", "(f32 conv + f32 SSM state"),
+    ];
+    for (name, key, want) in f32_caches {
+        for extra in [None, Some("--no-load")] {
+            let dir = fixture(name);
+            let mut args = vec![dir.to_str().unwrap()];
+            args.extend(extra);
+            let (ok, stdout, stderr) = inspect(&args);
+            assert!(ok, "{stderr}");
+            assert!(field(&stdout, key).contains(want), "{name}: {stdout}");
+        }
     }
 
     let (ok, stdout, _) = inspect(&[fixture("mamba2").to_str().unwrap(), "--memory", "2 MB"]);
