@@ -62,7 +62,8 @@ fn read_bandwidth_passes(threads: usize, passes: usize) -> Vec<f64> {
 /// in the same second or two rather than a second or more later. On this
 /// project's shared host, six runs a minute apart: the probe after the
 /// runs read 12.9-20.7 GB/s and put the same decode at 55-105% of its
-/// roofline; the probes either side of each decode read 17-20.
+/// roofline; the probes either side of each decode read 17-20 in five of
+/// the six (one read 19.8 before its decode and 12.5 after).
 ///
 /// Each probe's buffer would count in the process's peak memory, so the
 /// kernel's high-water mark is read before a probe and reset after it
