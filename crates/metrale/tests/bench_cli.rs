@@ -10,18 +10,16 @@ fn tiny_config() -> PathBuf {
 }
 
 fn bench(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--prompt-len", "12", "--gen-len", "3", "--threads", "1"];
+    all.extend(["--json", "--no-probe"]);
+    all.extend_from_slice(args);
+    bench_json(&all)
+}
+
+/// `metrale bench` with exactly `args`; its JSON (it must succeed).
+fn bench_json(args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_metrale"))
         .arg("bench")
-        .args([
-            "--prompt-len",
-            "12",
-            "--gen-len",
-            "3",
-            "--threads",
-            "1",
-            "--json",
-            "--no-probe",
-        ])
         .args(args)
         .output()
         .expect("running metrale");
@@ -30,7 +28,7 @@ fn bench(args: &[&str]) -> serde_json::Value {
         "metrale bench failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
 }
 
 fn check_keys(v: &serde_json::Value, dtype: &str) {
@@ -68,32 +66,21 @@ fn bench_json_from_a_config_alone() {
 #[test]
 fn bench_with_bf16_dot_products() {
     // 40 prompt rows take the GEMM path: bf16 dot products where the CPU has them.
-    let out = Command::new(env!("CARGO_BIN_EXE_metrale"))
-        .args([
-            "bench",
-            "--config",
-            tiny_config().to_str().unwrap(),
-            "--dtype",
-            "bf16",
-        ])
-        .args([
-            "--prompt-len",
-            "40",
-            "--gen-len",
-            "2",
-            "--threads",
-            "2",
-            "--json",
-            "--no-probe",
-        ])
-        .output()
-        .expect("running metrale");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let config = tiny_config();
+    let v = bench_json(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--dtype",
+        "bf16",
+        "--prompt-len",
+        "40",
+        "--gen-len",
+        "2",
+        "--threads",
+        "2",
+        "--json",
+        "--no-probe",
+    ]);
     check_keys(&v, "bf16");
     assert!(v["bf16_dot_products"].is_boolean());
 }
@@ -298,18 +285,20 @@ fn bench_runs_a_quantized_gguf_file_as_stored() {
 /// out of the peak memory (a tiny model's process holds far less).
 #[test]
 fn bench_probes_stay_out_of_the_peak_memory() {
-    let out = Command::new(env!("CARGO_BIN_EXE_metrale"))
-        .args(["bench", "--config", tiny_config().to_str().unwrap()])
-        .args(["--prompt-len", "12", "--gen-len", "3", "--threads", "1"])
-        .args(["--batch", "1,2", "--json"])
-        .output()
-        .expect("running metrale");
-    assert!(
-        out.status.success(),
-        "metrale bench failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let config = tiny_config();
+    let v = bench_json(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--prompt-len",
+        "12",
+        "--gen-len",
+        "3",
+        "--threads",
+        "1",
+        "--batch",
+        "1,2",
+        "--json",
+    ]);
     let rows = v.as_array().expect("one object per batch size");
     assert_eq!(rows.len(), 2, "{v}");
     for row in rows {

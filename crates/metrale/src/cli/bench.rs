@@ -396,7 +396,10 @@ pub fn run(mut args: Args) -> Result<()> {
     let peak_rss = near
         .as_ref()
         .map_or_else(peak_rss_bytes, NearProbe::peak_rss);
-    let (bandwidth, compute) = probe(&args, &backend, threads);
+    // The bandwidth once more only where a decode window had no probe
+    // next to it.
+    let probed = measured.iter().all(|m| !m.near_bandwidth.is_empty());
+    let (bandwidth, compute) = probe(&args, &backend, threads, !probed);
     let reports: Vec<Report> = args
         .batch
         .iter()
@@ -435,14 +438,23 @@ pub fn run(mut args: Args) -> Result<()> {
     Ok(())
 }
 
-/// The machine's peaks: the memory bandwidth (the device's on a GPU) and,
-/// on the CPU, the arithmetic peaks; none with --no-probe.
-fn probe(args: &Args, backend: &Backend, threads: usize) -> (Option<f64>, Option<ComputePeaks>) {
+/// The machine's peaks: the memory bandwidth (the device's on a GPU; the
+/// host's where `host_bandwidth`, when some decode had no probe next to
+/// it) and, on the CPU, the arithmetic peaks; none with --no-probe.
+fn probe(
+    args: &Args,
+    backend: &Backend,
+    threads: usize,
+    host_bandwidth: bool,
+) -> (Option<f64>, Option<ComputePeaks>) {
     if args.no_probe {
         return (None, None);
     }
     match backend.device_bandwidth() {
-        None => (Some(read_bandwidth(threads)), Some(compute_peaks(threads))),
+        None => (
+            host_bandwidth.then(|| read_bandwidth(threads)),
+            Some(compute_peaks(threads)),
+        ),
         Some(Ok(bw)) => (Some(bw), None),
         Some(Err(e)) => {
             eprintln!("metrale bench: the device bandwidth probe failed, no roofline: {e:#}");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use metrale_core::scope::ModelResource;
 use metrale_core::{DType, SlotId};
 use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
-use metrale_gpu_runtime::ops::StateSlots;
+use metrale_gpu_runtime::ops::{StateLayout, StateSlots};
 use parking_lot::Mutex;
 
 use crate::error::{EngineError, Result};
@@ -28,8 +28,11 @@ impl StateShape {
     /// given (as the pool allocates them: never empty).
     pub fn slot_bytes(&self, gpu: &dyn GpuBackend, ssm_dtype: Option<DType>) -> usize {
         let conv = gpu.state_layout(self.conv.max(1)).slot_bytes();
-        let ssm = self.ssm.max(1) * self.ssm_dtype(gpu, ssm_dtype).size_of();
-        conv.saturating_add(ssm)
+        let ssm = StateLayout {
+            dtype: self.ssm_dtype(gpu, ssm_dtype),
+            elements: self.ssm.max(1),
+        };
+        conv.saturating_add(ssm.slot_bytes())
     }
 
     /// The SSM state's element type: `over` where given (the model's
