@@ -92,7 +92,7 @@ pub use hub::{
     DEFAULT_REVISION, hub_cache_dir, hub_cache_dir_from, is_hub_id, resolve_model, resolve_model_in,
 };
 mod runner;
-pub use runner::{GeneratorHandle, RequestStream};
+pub use runner::{CancelOnDrop, EventSink, GeneratorHandle, RequestStream};
 
 use metrale_gpu_runtime::gpu::GpuBackend;
 use metrale_model_engine::gguf::ModelSource;

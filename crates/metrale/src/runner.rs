@@ -9,6 +9,11 @@
 //! checks is fixed when the engine is made) and sent; the engine thread
 //! queues it at its next step boundary, and a cancel frees the request's KV
 //! blocks and SSM slot there too.
+//!
+//! Events leave the engine thread through an [`EventSink`] that must never
+//! block: a [`RequestStream`]'s is an unbounded channel; an async server
+//! gives its own (an async channel's `send`), so no thread of its waits on
+//! a request.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -28,10 +33,44 @@ enum Command {
         /// Boxed: a request (sampler, detokenizer) is large beside a cancel.
         request: Box<NewRequest>,
         tracker: Tracker,
-        events: Sender<Result<StreamEvent>>,
+        sink: EventSink,
     },
     Cancel(RequestId),
     Shutdown,
+}
+
+/// Where one request's events go. Called on the engine thread, in order,
+/// ending with `Finished` or an error; it must return at once (never wait
+/// on a reader). `false` says nobody listens any more: the request is then
+/// cancelled and the sink dropped. It is dropped too when the request ends,
+/// is cancelled, or the engine thread stops.
+pub type EventSink = Box<dyn FnMut(Result<StreamEvent>) -> bool + Send>;
+
+/// Cancels its request when dropped, unless [`disarm`](Self::disarm)ed:
+/// what [`GeneratorHandle::submit_to`] returns.
+pub struct CancelOnDrop {
+    id: RequestId,
+    commands: Sender<Command>,
+    armed: bool,
+}
+
+impl CancelOnDrop {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// Dropping no longer cancels (the request has ended).
+    pub fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.commands.send(Command::Cancel(self.id));
+        }
+    }
 }
 
 /// The handle of a generator running on its own thread. Cloning the handle
@@ -48,9 +87,8 @@ pub struct GeneratorHandle {
 /// Dropping it cancels the request if it is still running: without waiting;
 /// the engine thread frees its memory at its next step boundary.
 pub struct RequestStream {
-    id: RequestId,
+    cancel: CancelOnDrop,
     events: Receiver<Result<StreamEvent>>,
-    commands: Sender<Command>,
     done: bool,
 }
 
@@ -98,22 +136,39 @@ impl GeneratorHandle {
     /// stopped; whatever the engine thread itself fails the request with
     /// arrives as an error on the stream.
     pub fn submit_ids(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<RequestStream> {
+        let (events_tx, events) = mpsc::channel();
+        let sink: EventSink = Box::new(move |event| events_tx.send(event).is_ok());
+        Ok(RequestStream {
+            cancel: self.submit_to(prompt, params, sink)?,
+            events,
+            done: false,
+        })
+    }
+
+    /// Submits prompt token ids whose events go to `sink` (see
+    /// [`EventSink`]); checked as [`submit_ids`](Self::submit_ids) checks.
+    /// Dropping the returned guard cancels the request (a no-op once it
+    /// has ended). A request refused here never calls `sink`.
+    pub fn submit_to(
+        &self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        sink: EventSink,
+    ) -> Result<CancelOnDrop> {
         let tracker = Tracker::new(prompt.len());
         let request = self.intake.prepare(prompt, params)?;
         let id = request.id();
-        let (events_tx, events) = mpsc::channel();
         self.commands
             .send(Command::Submit {
                 request: Box::new(request),
                 tracker,
-                events: events_tx,
+                sink,
             })
             .map_err(|_| anyhow!("the engine thread has stopped"))?;
-        Ok(RequestStream {
+        Ok(CancelOnDrop {
             id,
-            events,
             commands: self.commands.clone(),
-            done: false,
+            armed: true,
         })
     }
 
@@ -144,7 +199,7 @@ impl Drop for GeneratorHandle {
 impl RequestStream {
     /// The request's id (its engine's, from [`Intake::prepare`]).
     pub fn id(&self) -> RequestId {
-        self.id
+        self.cancel.id()
     }
 
     /// The next event, waiting at most `timeout`; `None` on timeout or at
@@ -163,7 +218,10 @@ impl RequestStream {
     }
 
     fn note(&mut self, event: Result<StreamEvent>) -> Result<StreamEvent> {
-        self.done |= !matches!(event, Ok(StreamEvent::Token { .. }));
+        if !matches!(event, Ok(StreamEvent::Token { .. })) {
+            self.done = true;
+            self.cancel.disarm();
+        }
         event
     }
 }
@@ -183,17 +241,9 @@ impl Iterator for RequestStream {
     }
 }
 
-impl Drop for RequestStream {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = self.commands.send(Command::Cancel(self.id));
-        }
-    }
-}
-
 /// A request in flight on the engine thread.
 struct Client {
-    events: Sender<Result<StreamEvent>>,
+    sink: EventSink,
     tracker: Tracker,
 }
 
@@ -220,15 +270,15 @@ fn serve(mut generator: Generator, inbox: Receiver<Command>) -> Result<()> {
                 Command::Submit {
                     request,
                     tracker,
-                    events,
+                    mut sink,
                 } => {
                     let id = request.id();
                     match generator.engine.enqueue(*request) {
                         Ok(id) => {
-                            clients.insert(id, Client { events, tracker });
+                            clients.insert(id, Client { sink, tracker });
                         }
                         Err(e) => {
-                            let _ = events.send(Err(anyhow!("{id}: {e}")));
+                            sink(Err(anyhow!("{id}: {e}")));
                         }
                     }
                 }
@@ -255,9 +305,9 @@ fn step(generator: &mut Generator, clients: &mut HashMap<RequestId, Client>) {
         Ok(events) => events,
         Err(e) => {
             let message = format!("{e:#}");
-            for (id, client) in clients.drain() {
+            for (id, mut client) in clients.drain() {
                 generator.engine.cancel(id);
-                let _ = client.events.send(Err(anyhow!("{message}")));
+                (client.sink)(Err(anyhow!("{message}")));
             }
             return;
         }
@@ -269,7 +319,7 @@ fn step(generator: &mut Generator, clients: &mut HashMap<RequestId, Client>) {
         };
         let event = client.tracker.observe(event);
         let last = !matches!(event, Ok(StreamEvent::Token { .. }));
-        if client.events.send(event).is_err() && !last {
+        if !(client.sink)(event) && !last {
             generator.engine.cancel(id);
             clients.remove(&id);
         } else if last {

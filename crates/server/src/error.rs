@@ -30,9 +30,29 @@ pub enum ApiError {
     /// 413: the body is over the limit.
     #[error("{0}")]
     TooLarge(String),
-    /// 429: too many requests are waiting for the engine.
-    #[error("too many requests are waiting ({0}); retry later")]
+    /// 400: the request would cost more than one of the server's
+    /// per-request limits allows ([`Limits`](crate::admission::Limits)).
+    #[error("{message}")]
+    OverLimit {
+        /// The command-line option that sets the limit.
+        limit: &'static str,
+        message: String,
+    },
+    /// 405: the route exists, not with this method.
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// 403: the Host header names a host this server does not answer for.
+    #[error("{0}")]
+    HostNotAllowed(String),
+    /// 408: the request's body did not arrive in time.
+    #[error("{0}")]
+    Timeout(String),
+    /// 429: too many requests are waiting for the engine (`--max-waiting`).
+    #[error("too many requests are waiting (--max-waiting {0}); retry later")]
     TooManyRequests(usize),
+    /// 429: another shared budget is spent for now; the message names it.
+    #[error("{0}")]
+    Busy(String),
     /// 500: the engine failed.
     #[error("{0}")]
     Internal(String),
@@ -67,7 +87,11 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::BadRequest { .. } | Self::OverLimit { .. } => StatusCode::BAD_REQUEST,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::HostNotAllowed(_) => StatusCode::FORBIDDEN,
+            Self::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::ModelNotFound(_) | Self::NoRoute(_) => StatusCode::NOT_FOUND,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -88,7 +112,13 @@ impl ApiError {
             Self::NoRoute(_) => ("invalid_request_error", None, Some("not_found")),
             Self::Unauthorized(_) => ("authentication_error", None, Some("invalid_api_key")),
             Self::TooLarge(_) => ("invalid_request_error", None, Some("request_too_large")),
-            Self::TooManyRequests(_) => ("rate_limit_error", None, Some("rate_limit_exceeded")),
+            Self::TooManyRequests(_) | Self::Busy(_) => {
+                ("rate_limit_error", None, Some("rate_limit_exceeded"))
+            }
+            Self::OverLimit { .. } => ("invalid_request_error", None, Some("request_too_costly")),
+            Self::MethodNotAllowed(_) => ("invalid_request_error", None, Some("method_not_allowed")),
+            Self::HostNotAllowed(_) => ("invalid_request_error", None, Some("host_not_allowed")),
+            Self::Timeout(_) => ("invalid_request_error", None, Some("request_timeout")),
             Self::Internal(_) => ("server_error", None, None),
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})

@@ -8,17 +8,22 @@
 //! `GET /metrics`. Errors come in OpenAI's JSON shape ([`ApiError`]).
 //!
 //! Start one with [`router`] and [`serve`] (what the `metrale-serve` binary
-//! and the tests do).
+//! and the tests do). No client can hold more than its own request: the
+//! engine thread never waits on one ([`state`]), a request is admitted by
+//! its cost before anything proportional to it is allocated
+//! ([`admission`]), and connections are bounded in number and time
+//! ([`listen`]).
 
+pub mod admission;
 pub mod cli;
 pub mod error;
+pub mod listen;
 pub mod metrics;
 pub mod openai;
 pub mod routes;
 pub mod sse;
 pub mod state;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -26,8 +31,10 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 
+pub use admission::Limits;
 pub use error::ApiError;
-pub use state::{AppState, ServerConfig};
+pub use listen::{ConnConfig, serve};
+pub use state::{AppState, HostPolicy, ServerConfig};
 
 /// The app: every route over `state`, under the server's layers.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -41,19 +48,25 @@ pub fn api_routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/v1/chat/completions", post(routes::chat::handler))
         .route("/v1/models", get(routes::models))
         .route_layer(axum::middleware::from_fn_with_state(
-            state,
+            state.clone(),
             routes::require_key,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state,
+            routes::read_body,
         ));
     Router::new()
         .merge(v1)
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
         .fallback(routes::fallback)
+        .method_not_allowed_fallback(routes::method_not_allowed)
 }
 
-/// `app` (see [`api_routes`]) under the server's layers, innermost first: a handler that
-/// panics answers an OpenAI-shaped 500 (the server goes on), the body size
-/// limit (413), and the request counter of `/metrics`. [`router`] is
+/// `app` (see [`api_routes`]) under the server's layers, innermost first:
+/// a handler that panics answers an OpenAI-shaped 500 (the server goes
+/// on), the body size limit (413), the request counter of `/metrics`, and
+/// the Host check (403, [`HostPolicy`]). [`router`] is
 /// `layered(api_routes(state), state)`; tests add routes of their own.
 pub fn layered(app: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
     app.layer(axum::middleware::from_fn(routes::catch_panic))
@@ -62,41 +75,78 @@ pub fn layered(app: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
             state.clone(),
             routes::count,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            routes::check_host,
+        ))
         .with_state(state)
 }
 
-/// Serves `app` on `listener` until `shutdown` completes; then stops
-/// accepting and waits for the requests in flight (streams included) to
-/// end.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-}
-
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// Two futures: the first resolves on the first SIGINT (Ctrl-C) or
+/// SIGTERM, the second on the next one (for [`serve`]'s `force`). Call
+/// within a Tokio runtime: the signals are listened for from then on.
+pub fn shutdown_signals() -> (
+    impl std::future::Future<Output = ()> + Send + 'static,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+    let (second_tx, second_rx) = tokio::sync::oneshot::channel::<()>();
+    let signals = Signals::new();
+    tokio::spawn(async move {
+        let mut signals = signals;
+        signals.next().await;
+        let _ = first_tx.send(());
+        signals.next().await;
+        let _ = second_tx.send(());
+    });
+    let wait = |rx: tokio::sync::oneshot::Receiver<()>| async move {
+        if rx.await.is_err() {
+            std::future::pending::<()>().await;
         }
     };
+    (wait(first_rx), wait(second_rx))
+}
+
+/// SIGINT and SIGTERM, listened for from their creation on.
+struct Signals {
+    #[cfg(unix)]
+    streams: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Signals {
+    #[cfg(unix)]
+    fn new() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        let streams = signal(SignalKind::interrupt())
+            .and_then(|int| Ok((int, signal(SignalKind::terminate())?)));
+        if let Err(e) = &streams {
+            tracing::error!("cannot listen for SIGINT and SIGTERM: {e}");
+        }
+        Self {
+            streams: streams.ok(),
+        }
+    }
+
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+    fn new() -> Self {
+        Self {}
+    }
+
+    /// The next signal (never, when they cannot be listened for).
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        if let Some((int, term)) = &mut self.streams {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+        #[cfg(not(unix))]
+        if tokio::signal::ctrl_c().await.is_ok() {
+            return;
+        }
+        std::future::pending::<()>().await
     }
 }
 

@@ -3,12 +3,16 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use metrale::{Device, EngineConfig, Generator, LoadOptions, default_model_dir};
 use metrale_server::cli::{KvDType, PrefixCacheArgs, StateDType, parse_memory};
-use metrale_server::{AppState, ServerConfig};
+use metrale_server::{AppState, ConnConfig, HostPolicy, Limits, ServerConfig};
+
+/// The blocking pool's size (tokenizing and template rendering).
+const BLOCKING_THREADS: usize = 8;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -86,15 +90,100 @@ struct Args {
     /// Most requests the engine runs at once (sequences in the batch).
     #[arg(long)]
     max_seqs: Option<usize>,
-    /// Most requests waiting for their first token; more are answered 429.
+    /// Most requests waiting for their first token; more are answered 429
+    /// (a request of n choices counts n).
     #[arg(long, default_value_t = 256)]
     max_waiting: usize,
+    #[command(flatten)]
+    limits: LimitArgs,
     /// Log more to stderr (-v info, -vv debug).
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
     /// Only errors on stderr.
     #[arg(short, long, conflicts_with = "verbose")]
     quiet: bool,
+}
+
+/// What a request and a connection may cost, and for how long.
+#[derive(clap::Args, Debug)]
+struct LimitArgs {
+    /// Most tokens one request may ask for: prompts × n × (prompt tokens +
+    /// max_tokens); more is answered 400.
+    #[arg(long, value_name = "TOKENS", default_value_t = Limits::default().max_request_tokens)]
+    max_request_tokens: u64,
+    /// Most bytes one response may imply: n × max_tokens × (1 + top
+    /// log-probabilities) × 80 bytes; more is answered 400. Default 32MiB.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+    max_response_bytes: Option<usize>,
+    /// Most prompt bytes held by requests not yet generating (being
+    /// tokenized or queued), all together; more is answered 429. Default
+    /// 64MiB.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+    max_queued_prompt_bytes: Option<usize>,
+    /// Largest request body; more is answered 413. Default 4MiB.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+    max_body_bytes: Option<usize>,
+    /// Most connections served at once; one more is answered 503 (default:
+    /// 4096, or the descriptor limit less 64 when that is lower).
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Seconds a client has to send a request's headers, counted from the
+    /// connection's opening or the end of its previous response (so also
+    /// the idle keep-alive timeout); then the connection is closed.
+    #[arg(long, value_name = "SECS", default_value_t = 15.0)]
+    header_timeout: f64,
+    /// Seconds a request's body may take to arrive; then 408.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    body_timeout: f64,
+    /// Seconds a response may wait on a client that reads nothing; then the
+    /// connection is closed and its requests cancelled.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    write_timeout: f64,
+    /// Seconds requests in flight may take to finish after SIGTERM or
+    /// SIGINT; then every connection left is closed (a second signal closes
+    /// them at once).
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    shutdown_timeout: f64,
+    /// Host names the Host header may carry (comma-separated, any port; `*`
+    /// for any). Default: when bound to a loopback address, loopback names
+    /// only (localhost, 127.0.0.0/8, [::1]: a web page cannot reach the
+    /// server by DNS rebinding); otherwise any.
+    #[arg(long, value_name = "HOSTS")]
+    allowed_hosts: Option<String>,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> Limits {
+        let d = Limits::default();
+        Limits {
+            max_request_tokens: self.max_request_tokens,
+            max_response_bytes: self
+                .max_response_bytes
+                .map_or(d.max_response_bytes, |b| b as u64),
+            max_queued_prompt_bytes: self
+                .max_queued_prompt_bytes
+                .unwrap_or(d.max_queued_prompt_bytes),
+        }
+    }
+
+    fn connections(&self) -> Result<ConnConfig> {
+        Ok(ConnConfig {
+            max_connections: self
+                .max_connections
+                .unwrap_or_else(metrale_server::listen::default_max_connections),
+            header_timeout: seconds("--header-timeout", self.header_timeout)?,
+            write_timeout: seconds("--write-timeout", self.write_timeout)?,
+            shutdown_timeout: seconds("--shutdown-timeout", self.shutdown_timeout)?,
+        })
+    }
+}
+
+/// A positive, finite number of seconds.
+fn seconds(flag: &str, secs: f64) -> Result<Duration> {
+    if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
+        anyhow::bail!("{flag} {secs} is not a positive number of seconds");
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 /// `--dtype`: the arithmetic, as the `metrale` subcommands spell it.
@@ -195,35 +284,55 @@ fn run(args: Args) -> Result<()> {
         let blocks = ctx.div_ceil(options.model.kv_block_size);
         options.model.kv_blocks = options.model.kv_blocks.max(blocks);
     }
+    let connections = args.limits.connections()?;
+    let body_timeout = seconds("--body-timeout", args.limits.body_timeout)?;
+    if args.limits.max_connections == Some(0) {
+        anyhow::bail!("--max-connections 0 would answer nobody");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        // Tokenizing and template rendering run there, bounded in bytes by
+        // --max-queued-prompt-bytes; a few threads keep them off the
+        // workers that answer connections.
+        .max_blocking_threads(BLOCKING_THREADS)
+        .build()?;
+    let listener = runtime.block_on(async {
+        tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("listening on {}:{}", args.host, args.port))
+    })?;
+    let bound = listener.local_addr()?;
     let generator = Generator::load(&dir, &options, engine, &mut |_| {})?;
     let config = ServerConfig {
         served_model_name: args.served_model_name.clone().or(hub_name),
         api_key: args.api_key.clone(),
         max_waiting: args.max_waiting,
-        ..ServerConfig::default()
+        body_limit: args
+            .limits
+            .max_body_bytes
+            .unwrap_or(ServerConfig::default().body_limit),
+        body_timeout,
+        limits: args.limits.limits(),
+        hosts: HostPolicy::new(bound.ip(), args.limits.allowed_hosts.as_deref()),
     };
     let state = Arc::new(AppState::new(generator, config)?);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
-            .await
-            .with_context(|| format!("listening on {}:{}", args.host, args.port))?;
         eprintln!(
             "metrale serve: {} (model `{}`, context {} tokens) on http://{}",
             dir.display(),
             state.model_name,
             state.context_limit,
-            listener.local_addr()?
+            bound
         );
         let app = metrale_server::router(state.clone());
-        metrale_server::serve(listener, app, metrale_server::shutdown_signal()).await?;
+        let (first, second) = metrale_server::shutdown_signals();
+        metrale_server::serve(listener, app, connections, first, second).await?;
         eprintln!("metrale serve: shutting down");
         anyhow::Ok(())
     })?;
-    // The requests have ended; the last handle stops the engine thread.
-    drop(runtime);
+    // The requests have ended or been closed; the last handle stops the
+    // engine thread.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     match Arc::try_unwrap(state) {
         Ok(state) => state.handle.shutdown(),
         Err(_) => Ok(()),

@@ -123,15 +123,22 @@ impl Metrics {
         h.observe(time.as_secs_f64());
     }
 
-    /// Reserves a place among the waiting requests unless `limit` are
-    /// waiting already; returns whether it did.
-    pub fn try_wait(&self, limit: usize) -> bool {
-        let before = self.waiting.fetch_add(1, Ordering::SeqCst);
-        if before >= limit as i64 {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
-            return false;
-        }
-        true
+    /// Reserves `count` places among the waiting requests unless that
+    /// would make more than `limit` wait; returns whether it did.
+    pub fn try_wait_many(&self, count: usize, limit: usize) -> bool {
+        let (count, limit) = (count as i64, limit as i64);
+        self.waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |waiting| {
+                waiting
+                    .checked_add(count)
+                    .filter(|&total| total <= limit)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `count` reserved places that were never used.
+    pub fn unwait(&self, count: usize) {
+        self.waiting.fetch_sub(count as i64, Ordering::SeqCst);
     }
 
     /// A waiting request got its first token.

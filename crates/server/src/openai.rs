@@ -180,6 +180,27 @@ pub enum Prompt {
     IdLists(Vec<Vec<u32>>),
 }
 
+impl Prompt {
+    /// How many prompts.
+    pub fn count(&self) -> usize {
+        match self {
+            Prompt::Text(_) | Prompt::Ids(_) => 1,
+            Prompt::Texts(v) => v.len(),
+            Prompt::IdLists(v) => v.len(),
+        }
+    }
+
+    /// The bytes the prompts hold: their text, or four a token id.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Prompt::Text(t) => t.len(),
+            Prompt::Texts(v) => v.iter().map(String::len).sum(),
+            Prompt::Ids(ids) => ids.len() * 4,
+            Prompt::IdLists(v) => v.iter().map(|ids| ids.len() * 4).sum(),
+        }
+    }
+}
+
 /// `POST /v1/completions`.
 #[derive(Clone, Debug, Deserialize)]
 pub struct CompletionRequest {

@@ -11,10 +11,10 @@ use futures_util::Stream;
 use metrale::engine::tokenizer::Tokenizer;
 use metrale::{Finish, StreamEvent};
 use serde_json::Value;
-use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::openai::UsageInfo;
+use crate::state::Submitted;
 
 /// One generated token with its log-probability under the model (the
 /// log-softmax of the raw logits) and, when asked, the most likely tokens
@@ -110,7 +110,8 @@ pub trait Format: Send + Sync + 'static {
 
 /// What the events of a request are read with.
 pub struct Events {
-    pub rx: mpsc::Receiver<(usize, anyhow::Result<StreamEvent>)>,
+    /// The choices' events, and their cancellation when dropped.
+    pub submitted: Submitted,
     /// Choices in all.
     pub choices: usize,
     /// Choices per prompt (`n`): the prompt's tokens are counted once.
@@ -145,13 +146,20 @@ impl Events {
         })
     }
 
+    /// Choice `index` has ended: dropping the events no longer cancels it.
+    fn ended(&mut self, index: usize) {
+        if let Some(cancel) = self.submitted.cancels.get_mut(index) {
+            cancel.disarm();
+        }
+    }
+
     /// Reads every choice to its end.
     pub async fn collect(mut self, format: &dyn Format) -> Result<Value, ApiError> {
         let mut choices = vec![Choice::default(); self.choices];
         let mut usage = UsageInfo::default();
         let mut left = self.choices;
         while left > 0 {
-            let Some((index, event)) = self.rx.recv().await else {
+            let Some((index, event)) = self.submitted.rx.recv().await else {
                 return Err(ApiError::Internal("the engine stopped".into()));
             };
             match event.map_err(|e| ApiError::Internal(format!("{e:#}")))? {
@@ -170,6 +178,7 @@ impl Events {
                     reason, usage: u, ..
                 } => {
                     add_usage(&mut usage, &u, index, self.n);
+                    self.ended(index);
                     choices[index].finish = Some(reason);
                     left -= 1;
                 }
@@ -214,7 +223,7 @@ impl Events {
                         state.done = true;
                         continue;
                     }
-                    let Some((index, event)) = state.events.rx.recv().await else {
+                    let Some((index, event)) = state.events.submitted.rx.recv().await else {
                         let e = ApiError::Internal("the engine stopped".into());
                         state.pending.push_back(data(&e.body()));
                         state.done = true;
@@ -235,6 +244,7 @@ impl Events {
                         }
                         Ok(StreamEvent::Finished { reason, usage, .. }) => {
                             add_usage(&mut state.usage, &usage, index, state.events.n);
+                            state.events.ended(index);
                             let chunk = state.format.finish(index, &reason);
                             state.pending.push_back(data(&chunk));
                             left -= 1;

@@ -1,5 +1,6 @@
-//! What every handler shares, and the bridge from the engine's blocking
-//! request streams to async handlers.
+//! What every handler shares, and the bridge from the engine thread to
+//! async handlers: each request's events arrive on an async channel that
+//! the engine thread feeds without waiting (no thread per request).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,9 +9,10 @@ use std::time::{Duration, Instant};
 use metrale::engine::chat::ChatTemplate;
 use metrale::engine::engine::EngineGauges;
 use metrale::engine::tokenizer::Tokenizer;
-use metrale::{Generator, GeneratorHandle, SamplingParams, StreamEvent};
+use metrale::{CancelOnDrop, EventSink, Generator, GeneratorHandle, SamplingParams, StreamEvent};
 use tokio::sync::mpsc;
 
+use crate::admission::{Limits, PromptBudget, PromptBytes};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -26,6 +28,12 @@ pub struct ServerConfig {
     pub max_waiting: usize,
     /// Largest request body, in bytes; larger gets 413.
     pub body_limit: usize,
+    /// How long a request's body may take to arrive; then 408.
+    pub body_timeout: Duration,
+    /// What one request may cost ([`Limits`]).
+    pub limits: Limits,
+    /// Which Host headers are answered (403 otherwise).
+    pub hosts: HostPolicy,
 }
 
 impl Default for ServerConfig {
@@ -35,8 +43,81 @@ impl Default for ServerConfig {
             api_key: None,
             max_waiting: 256,
             body_limit: 4 << 20,
+            body_timeout: Duration::from_secs(30),
+            limits: Limits::default(),
+            hosts: HostPolicy::Any,
         }
     }
+}
+
+/// Which `Host` headers the server answers. A server bound to a loopback
+/// address answers loopback names only: a web page the user visits could
+/// otherwise reach it through a DNS name that resolves to 127.0.0.1 (DNS
+/// rebinding).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostPolicy {
+    /// Any host (a server bound to a routable address, by default).
+    Any,
+    /// `localhost`, `*.localhost`, `127.0.0.0/8` and `[::1]`, any port.
+    Loopback,
+    /// These names (`--allowed-hosts`, any port; a `*` among them: any).
+    Named(Vec<String>),
+}
+
+impl HostPolicy {
+    /// The policy for a server bound to `bind` with `--allowed-hosts`
+    /// `allowed` (a comma-separated list, or absent).
+    pub fn new(bind: std::net::IpAddr, allowed: Option<&str>) -> Self {
+        match allowed {
+            Some(list) => {
+                let names: Vec<String> = list
+                    .split(',')
+                    .map(|h| h.trim().to_ascii_lowercase())
+                    .filter(|h| !h.is_empty())
+                    .collect();
+                if names.iter().any(|h| h == "*") {
+                    Self::Any
+                } else {
+                    Self::Named(names)
+                }
+            }
+            None if bind.is_loopback() => Self::Loopback,
+            None => Self::Any,
+        }
+    }
+
+    /// Whether a request whose Host header is `host` (None: absent) is
+    /// answered.
+    pub fn allows(&self, host: Option<&str>) -> bool {
+        let name = host.map(host_name);
+        match (self, name) {
+            (Self::Any, _) => true,
+            (_, None) => false,
+            (Self::Loopback, Some(name)) => is_loopback_name(&name),
+            (Self::Named(names), Some(name)) => names.contains(&name),
+        }
+    }
+}
+
+/// A Host header's name without its port, lower-cased (`[::1]:80` ->
+/// `[::1]`).
+fn host_name(host: &str) -> String {
+    let host = host.trim();
+    let name = if host.starts_with('[') {
+        host.split_inclusive(']').next().unwrap_or(host)
+    } else {
+        host.rsplit_once(':').map_or(host, |(name, _)| name)
+    };
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+fn is_loopback_name(name: &str) -> bool {
+    if name == "localhost" || name.ends_with(".localhost") {
+        return true;
+    }
+    let bare = name.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The shared state of the handlers.
@@ -53,6 +134,9 @@ pub struct AppState {
     /// The engine's own counts: requests running and waiting for memory,
     /// KV blocks and SSM slots in use.
     pub gauges: EngineGauges,
+    /// The prompt bytes of requests not yet generating
+    /// (`--max-queued-prompt-bytes`).
+    pub prompt_budget: Arc<PromptBudget>,
     pub created: u64,
 }
 
@@ -77,9 +161,10 @@ impl AppState {
             model_dir,
             template,
             context_limit,
-            config,
             metrics: Arc::new(Metrics::default()),
             gauges,
+            prompt_budget: PromptBudget::new(config.limits.max_queued_prompt_bytes),
+            config,
             created: unix_now(),
         })
     }
@@ -96,106 +181,180 @@ impl AppState {
         }
     }
 
-    /// Submits `n` requests for `prompt` (seeds `seed`, `seed + 1`, ...
-    /// when a seed is given) and returns one channel of events carrying
-    /// each choice's index. Nothing waits for the engine. Dropping the
-    /// receiver cancels every request still running (within ~50 ms),
-    /// freeing its KV blocks and SSM slot.
+    /// Submits `n` requests for each of `prompts` (seeds `seed`, `seed +
+    /// 1`, ... when a seed is given) and returns one channel of events
+    /// carrying each choice's index. Nothing waits for the engine and no
+    /// thread is held: the engine thread hands each event to the channel.
+    /// Every choice takes its place among the waiting requests before any
+    /// is submitted (429 when they do not all fit). `prompt_bytes` is held
+    /// until every choice has its first token or has ended. Dropping the
+    /// [`Submitted`] cancels every request still running, freeing its KV
+    /// blocks and SSM slot at the engine's next step.
     pub fn submit(
         &self,
-        prompts: &[Vec<u32>],
+        prompts: Vec<Vec<u32>>,
         params: &SamplingParams,
         n: usize,
-    ) -> Result<mpsc::Receiver<(usize, anyhow::Result<StreamEvent>)>, ApiError> {
-        let total = prompts.len() * n;
-        let (tx, rx) = mpsc::channel(64 * total.max(1));
-        let mut streams = Vec::with_capacity(total);
+        prompt_bytes: PromptBytes,
+    ) -> Result<Submitted, ApiError> {
+        let total = prompts.len().saturating_mul(n);
+        let mut places = Places::reserve(&self.metrics, total, self.config.max_waiting)
+            .ok_or(ApiError::TooManyRequests(self.config.max_waiting))?;
+        let prompt_bytes = Arc::new(prompt_bytes);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut cancels = Vec::with_capacity(total);
         for prompt in prompts {
             for i in 0..n {
-                if !self.metrics.try_wait(self.config.max_waiting) {
-                    for _ in &streams {
-                        self.metrics.ended(false);
-                    }
-                    return Err(ApiError::TooManyRequests(self.config.max_waiting));
-                }
                 let mut params = params.clone();
                 params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
-                match self.handle.submit_ids(prompt.clone(), params) {
-                    Ok(stream) => streams.push(stream),
-                    Err(e) => {
-                        for _ in 0..=streams.len() {
-                            self.metrics.ended(false);
-                        }
-                        return Err(ApiError::from_submit(e));
-                    }
-                }
+                let mut tracked = places.take(prompt_bytes.clone());
+                let index = cancels.len();
+                let tx = tx.clone();
+                let sink: EventSink = Box::new(move |event| {
+                    tracked.observe(&event);
+                    tx.send((index, event)).is_ok()
+                });
+                let cancel = self
+                    .handle
+                    .submit_to(prompt.clone(), params, sink)
+                    .map_err(ApiError::from_submit)?;
+                cancels.push(cancel);
             }
         }
-        for (index, stream) in streams.into_iter().enumerate() {
-            let tx = tx.clone();
-            let metrics = self.metrics.clone();
-            tokio::task::spawn_blocking(move || forward(index, stream, tx, &metrics));
-        }
-        Ok(rx)
+        Ok(Submitted { rx, cancels })
     }
 }
 
-/// Forwards one request's events until its end or until the receiver is
-/// gone; dropping the stream then cancels the request.
-fn forward(
-    index: usize,
-    mut stream: metrale::RequestStream,
-    tx: mpsc::Sender<(usize, anyhow::Result<StreamEvent>)>,
-    metrics: &Metrics,
-) {
-    let submitted = Instant::now();
-    let mut last_token: Option<Instant> = None;
-    loop {
-        if tx.is_closed() {
-            break;
-        }
-        let Some(event) = stream.next_timeout(Duration::from_millis(50)) else {
-            continue;
-        };
-        let end = match &event {
-            Ok(StreamEvent::Token { .. }) => {
-                let now = Instant::now();
-                match last_token {
-                    None => {
-                        metrics.started();
-                        metrics.time_to_first_token(now - submitted);
-                    }
-                    Some(t) => metrics.inter_token_latency(now - t),
-                }
-                last_token = Some(now);
-                metrics.generated_token();
-                false
-            }
-            Ok(StreamEvent::Finished { usage, .. }) => {
-                metrics.prompt_tokens(usage.prompt_tokens);
-                true
-            }
-            Err(_) => true,
-        };
-        if end {
-            // Before the last event goes out: whoever reads it sees the
-            // request counted out.
-            metrics.ended(last_token.is_some());
-            let _ = tx.blocking_send((index, event));
-            return;
-        }
-        if tx.blocking_send((index, event)).is_err() {
-            break;
+/// The events of a request's choices, `(choice index, event)`; dropping it
+/// cancels the choices still running.
+pub struct Submitted {
+    pub rx: mpsc::UnboundedReceiver<(usize, anyhow::Result<StreamEvent>)>,
+    pub cancels: Vec<CancelOnDrop>,
+}
+
+/// Places among the waiting requests, reserved together; those not taken
+/// are given back when dropped.
+struct Places {
+    metrics: Arc<Metrics>,
+    left: usize,
+}
+
+impl Places {
+    fn reserve(metrics: &Arc<Metrics>, count: usize, limit: usize) -> Option<Self> {
+        metrics.try_wait_many(count, limit).then(|| Self {
+            metrics: metrics.clone(),
+            left: count,
+        })
+    }
+
+    fn take(&mut self, prompt_bytes: Arc<PromptBytes>) -> Tracked {
+        self.left -= 1;
+        Tracked {
+            metrics: self.metrics.clone(),
+            submitted: Instant::now(),
+            last_token: None,
+            ended: false,
+            prompt_bytes: Some(prompt_bytes),
         }
     }
-    // The receiver is gone: cancel (the engine frees the request's memory
-    // at its next step), then count the request out.
-    drop(stream);
-    metrics.ended(last_token.is_some());
+}
+
+impl Drop for Places {
+    fn drop(&mut self) {
+        self.metrics.unwait(self.left);
+    }
+}
+
+/// One choice's place in the metrics: waiting until its first token,
+/// running until its end; counted out exactly once, when its last event
+/// goes out or, cancelled or refused, when it is dropped.
+struct Tracked {
+    metrics: Arc<Metrics>,
+    submitted: Instant,
+    last_token: Option<Instant>,
+    ended: bool,
+    /// The request's prompt bytes, held until this choice's first token.
+    prompt_bytes: Option<Arc<PromptBytes>>,
+}
+
+impl Tracked {
+    fn observe(&mut self, event: &anyhow::Result<StreamEvent>) {
+        match event {
+            Ok(StreamEvent::Token { .. }) => {
+                let now = Instant::now();
+                match self.last_token {
+                    None => {
+                        self.metrics.started();
+                        self.metrics.time_to_first_token(now - self.submitted);
+                        self.prompt_bytes = None;
+                    }
+                    Some(t) => self.metrics.inter_token_latency(now - t),
+                }
+                self.last_token = Some(now);
+                self.metrics.generated_token();
+            }
+            Ok(StreamEvent::Finished { usage, .. }) => {
+                self.metrics.prompt_tokens(usage.prompt_tokens);
+                // Before the last event goes out: whoever reads it sees the
+                // request counted out.
+                self.end();
+            }
+            Err(_) => self.end(),
+        }
+    }
+
+    fn end(&mut self) {
+        if !self.ended {
+            self.ended = true;
+            self.prompt_bytes = None;
+            self.metrics.ended(self.last_token.is_some());
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// Runs `work` (tokenizing, rendering a template: CPU work proportional to
+/// the request) on the runtime's bounded blocking pool, off the async
+/// workers that answer every connection.
+pub async fn off_the_workers<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::Internal(format!("a tokenizing task failed: {e}")))?
 }
 
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loopback_server_answers_loopback_hosts_only() {
+        let policy = HostPolicy::new("127.0.0.1".parse().unwrap(), None);
+        assert_eq!(policy, HostPolicy::Loopback);
+        for host in ["localhost", "localhost:8000", "127.0.0.1:8000", "127.1.2.3", "[::1]:80", "a.localhost"] {
+            assert!(policy.allows(Some(host)), "{host}");
+        }
+        for host in ["evil.example", "evil.example:8000", "localhost.evil.example", "10.0.0.1"] {
+            assert!(!policy.allows(Some(host)), "{host}");
+        }
+        assert!(!policy.allows(None));
+        let open = HostPolicy::new("0.0.0.0".parse().unwrap(), None);
+        assert!(open.allows(Some("evil.example")) && open.allows(None));
+        let named = HostPolicy::new("127.0.0.1".parse().unwrap(), Some("api.example, Other.Example"));
+        assert!(named.allows(Some("API.example:443")) && named.allows(Some("other.example")));
+        assert!(!named.allows(Some("localhost")));
+        assert_eq!(HostPolicy::new("127.0.0.1".parse().unwrap(), Some("*")), HostPolicy::Any);
+    }
 }

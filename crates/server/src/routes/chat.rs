@@ -22,10 +22,12 @@ use axum::response::{IntoResponse, Response};
 use metrale::{ChatMessage, Finish};
 use serde_json::{Value, json};
 
+use super::admit;
+use crate::admission::Cost;
 use crate::error::ApiError;
 use crate::openai::{ChatRequest, Content, Sampling, UsageInfo, finish_reason};
 use crate::sse::{Choice, Events, Format, TokenLogprob};
-use crate::state::{AppState, unix_now};
+use crate::state::{AppState, off_the_workers, unix_now};
 
 pub async fn handler(
     State(state): State<Arc<AppState>>,
@@ -68,24 +70,32 @@ pub async fn handler(
             "messages must not be empty",
         ));
     }
+    let n = request.sampling.n()?;
     let messages = request
         .messages
         .iter()
         .map(|m| ChatMessage::new(m.role.as_str(), text_of(m.content.as_ref())))
         .collect::<Vec<_>>();
-    let template = state
-        .template
-        .as_ref()
-        .map_err(|e| ApiError::bad(format!("the model has no usable chat template: {e}")))?;
-    let text = template.render(&messages, true).map_err(|e| {
-        ApiError::bad_param("messages", format!("rendering the chat template: {e}"))
+    // Before rendering: the messages' bytes from the shared budget, and
+    // what the request's shape alone already costs.
+    let bytes = messages.iter().map(|m| m.role.len() + m.content.len()).sum();
+    let prompt_bytes = state.prompt_budget.take(bytes)?;
+    let max_tokens = request.max_completion_tokens.or(request.sampling.max_tokens);
+    state.config.limits.check(&Cost {
+        prompt_tokens: 1,
+        prompts: 1,
+        n: n as u64,
+        max_tokens: max_tokens.unwrap_or(1).max(1) as u64,
+        top_logprobs: top,
     })?;
-    let prompt = state.tokenizer().encode(&text, false).map_err(|e| {
-        ApiError::bad_param("messages", format!("cannot tokenize the conversation: {e}"))
-    })?;
+    if let Err(e) = &state.template {
+        return Err(ApiError::bad(format!("the model has no usable chat template: {e}")));
+    }
+    let prompt = {
+        let state = state.clone();
+        off_the_workers(move || render(&state, &messages)).await?
+    };
     let sampling = &request.sampling;
-    let n = sampling.n()?;
-    let max_tokens = request.max_completion_tokens.or(sampling.max_tokens);
     let defaults = state.handle.defaults();
     let room = state.context_limit.saturating_sub(prompt.len());
     let params = sampling.params(
@@ -96,9 +106,11 @@ pub async fn handler(
         state.context_limit,
         defaults,
     )?;
-    let rx = state.submit(std::slice::from_ref(&prompt), &params, n)?;
+    let prompts = vec![prompt];
+    admit(&state, &prompts, n, &params)?;
+    let submitted = state.submit(prompts, &params, n, prompt_bytes)?;
     let events = Events {
-        rx,
+        submitted,
         choices: n,
         n,
         logprobs: request.logprobs,
@@ -117,6 +129,21 @@ pub async fn handler(
     } else {
         Ok(Json(events.collect(&format).await?).into_response())
     }
+}
+
+/// The conversation rendered by the model's chat template, ready for the
+/// assistant's reply, and tokenized.
+fn render(state: &AppState, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+    let template = state
+        .template
+        .as_ref()
+        .map_err(|e| ApiError::bad(format!("the model has no usable chat template: {e}")))?;
+    let text = template.render(messages, true).map_err(|e| {
+        ApiError::bad_param("messages", format!("rendering the chat template: {e}"))
+    })?;
+    state.tokenizer().encode(&text, false).map_err(|e| {
+        ApiError::bad_param("messages", format!("cannot tokenize the conversation: {e}"))
+    })
 }
 
 /// A message's text: its string, or its text parts joined.

@@ -16,10 +16,12 @@ use metrale::Finish;
 use metrale::engine::sampling::MAX_TOP_LOGPROBS;
 use serde_json::{Value, json};
 
+use super::admit;
+use crate::admission::Cost;
 use crate::error::ApiError;
 use crate::openai::{CompletionRequest, Prompt, Sampling, UsageInfo, finish_reason};
 use crate::sse::{Choice, Events, Format, TokenLogprob};
-use crate::state::{AppState, unix_now};
+use crate::state::{AppState, off_the_workers, unix_now};
 
 /// OpenAI's default `max_tokens` for completions.
 pub const DEFAULT_MAX_TOKENS: usize = 16;
@@ -70,20 +72,34 @@ pub async fn handler(
             ));
         }
     };
-    let prompts = match request.prompt {
-        Prompt::Text(text) => vec![encode(&state, &text)?],
-        Prompt::Texts(texts) => texts
-            .iter()
-            .map(|t| encode(&state, t))
-            .collect::<Result<_, _>>()?,
-        Prompt::Ids(ids) => vec![ids],
-        Prompt::IdLists(lists) => lists,
+    let n = request.sampling.n()?;
+    // Before any tokenizing: the prompts' bytes from the shared budget,
+    // and what the request's shape alone already costs (a token a prompt
+    // at least).
+    let prompt_bytes = state.prompt_budget.take(request.prompt.bytes())?;
+    let count = request.prompt.count() as u64;
+    state.config.limits.check(&Cost {
+        prompt_tokens: count,
+        prompts: count,
+        n: n as u64,
+        max_tokens: request.sampling.max_tokens.unwrap_or(1).max(1) as u64,
+        top_logprobs: top as u64,
+    })?;
+    let prompts = {
+        let state = state.clone();
+        let prompt = request.prompt;
+        off_the_workers(move || match prompt {
+            Prompt::Text(text) => Ok(vec![encode(&state, &text)?]),
+            Prompt::Texts(texts) => texts.iter().map(|t| encode(&state, t)).collect(),
+            Prompt::Ids(ids) => Ok(vec![ids]),
+            Prompt::IdLists(lists) => Ok(lists),
+        })
+        .await?
     };
     if prompts.is_empty() {
         return Err(ApiError::bad_param("prompt", "the prompt list is empty"));
     }
     let sampling = &request.sampling;
-    let n = sampling.n()?;
     let room = prompts
         .iter()
         .map(|p| state.context_limit.saturating_sub(p.len()))
@@ -98,10 +114,12 @@ pub async fn handler(
         state.context_limit,
         defaults,
     )?;
-    let rx = state.submit(&prompts, &params, n)?;
+    admit(&state, &prompts, n, &params)?;
+    let choices = prompts.len() * n;
+    let submitted = state.submit(prompts, &params, n, prompt_bytes)?;
     let events = Events {
-        rx,
-        choices: prompts.len() * n,
+        submitted,
+        choices,
         n,
         logprobs,
         tokenizer: state.tokenizer().clone(),

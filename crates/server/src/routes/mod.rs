@@ -8,12 +8,15 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
+use http_body_util::BodyExt;
+use metrale::SamplingParams;
 use serde_json::json;
 
+use crate::admission::Cost;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -26,7 +29,8 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Valu
             "object": "model",
             "created": state.created,
             "owned_by": "metrale",
-            "root": state.model_dir.display().to_string(),
+            // The served name, never the model's path on this host.
+            "root": state.model_name,
             "max_model_len": state.context_limit,
         }],
     }))
@@ -44,6 +48,100 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         state.metrics.render(&state.gauges.read()),
     )
         .into_response()
+}
+
+/// A route asked with another method: an OpenAI-shaped 405.
+pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::MethodNotAllowed(format!("{} does not take {method}", uri.path()))
+}
+
+/// 403 unless the Host header names a host the server answers for
+/// ([`HostPolicy`](crate::HostPolicy)).
+pub async fn check_host(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()));
+    if state.config.hosts.allows(host) {
+        return next.run(request).await;
+    }
+    let mut response = ApiError::HostNotAllowed(format!(
+        "this server does not answer for the host {:?}; a server bound to a loopback address \
+         answers localhost and loopback addresses only (--allowed-hosts names others)",
+        host.unwrap_or("")
+    ))
+    .into_response();
+    close(&mut response);
+    response
+}
+
+/// Reads the whole body first, within the body limit and
+/// `body_timeout`: a client that sends part of a body and stalls gets a
+/// 408 and the connection closes, holding nothing longer.
+pub async fn read_body(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let limited = http_body_util::Limited::new(body, state.config.body_limit);
+    let read = tokio::time::timeout(state.config.body_timeout, limited.collect()).await;
+    let error = match read {
+        Ok(Ok(collected)) => {
+            let body = axum::body::Body::from(collected.to_bytes());
+            return next.run(Request::from_parts(parts, body)).await;
+        }
+        Err(_) => ApiError::Timeout(format!(
+            "the request body did not arrive within {:?}",
+            state.config.body_timeout
+        )),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => ApiError::TooLarge(format!(
+            "the request body is too large: more than {} bytes",
+            state.config.body_limit
+        )),
+        Ok(Err(e)) => ApiError::bad(format!("reading the request body: {e}")),
+    };
+    let mut response = error.into_response();
+    close(&mut response);
+    response
+}
+
+/// Asks the connection to close after `response` (a request whose body was
+/// left unread, or a client not to be served).
+fn close(response: &mut Response) {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+}
+
+/// 400 when a request, its prompts tokenized and its sampling resolved,
+/// costs more than the server's [`Limits`](crate::Limits) allow.
+pub(crate) fn admit(
+    state: &AppState,
+    prompts: &[Vec<u32>],
+    n: usize,
+    params: &SamplingParams,
+) -> Result<(), ApiError> {
+    let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
+    let max_tokens = params
+        .max_tokens
+        .unwrap_or_else(|| state.context_limit.saturating_sub(shortest));
+    state.config.limits.check(&Cost {
+        prompt_tokens: prompts.iter().map(|p| p.len() as u64).sum(),
+        prompts: prompts.len() as u64,
+        n: n as u64,
+        max_tokens: max_tokens as u64,
+        top_logprobs: if params.logprobs {
+            params.top_logprobs as u64
+        } else {
+            0
+        },
+    })
 }
 
 /// Anything else: an OpenAI-shaped 404.

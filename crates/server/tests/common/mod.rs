@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use metrale::engine::model::ModelOptions;
 use metrale::{Device, EngineConfig, Generator, LoadOptions};
-use metrale_server::{AppState, ServerConfig};
+use metrale_server::{AppState, ConnConfig, ServerConfig};
 use serde_json::Value;
 
 pub fn fixture() -> PathBuf {
@@ -90,7 +90,13 @@ pub fn start_app(
         .unwrap();
     let addr = listener.local_addr().unwrap();
     let app = app(state.clone());
-    runtime.spawn(metrale_server::serve(listener, app, std::future::pending()));
+    runtime.spawn(metrale_server::serve(
+        listener,
+        app,
+        ConnConfig::default(),
+        std::future::pending(),
+        std::future::pending(),
+    ));
     TestServer {
         addr,
         state,
@@ -103,6 +109,18 @@ pub fn start_until(
     config: ServerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> TestServer {
+    start_full(config, ConnConfig::default(), shutdown, std::future::pending())
+}
+
+/// A server on the llama fixture with connection settings `conn`, that
+/// shuts down when `shutdown` completes and closes what is left when
+/// `force` does.
+pub fn start_full(
+    config: ServerConfig,
+    conn: ConnConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    force: impl std::future::Future<Output = ()> + Send + 'static,
+) -> TestServer {
     let state = Arc::new(AppState::new(generator(), config).expect("starting the engine"));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -114,7 +132,7 @@ pub fn start_until(
         .unwrap();
     let addr = listener.local_addr().unwrap();
     let app = metrale_server::router(state.clone());
-    runtime.spawn(metrale_server::serve(listener, app, shutdown));
+    runtime.spawn(metrale_server::serve(listener, app, conn, shutdown, force));
     TestServer {
         addr,
         state,
