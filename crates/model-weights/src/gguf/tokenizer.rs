@@ -15,7 +15,8 @@
 //!   `token_type`. SentencePiece merges the adjacent pair whose merged piece
 //!   has the highest score; that is BPE with merges ranked by the merged
 //!   piece's score, which is how Hugging Face converts these vocabularies
-//!   too.
+//!   too. A vocabulary whose merges would outweigh it
+//!   `MERGE_BYTES_PER_VOCAB_BYTE` (32) times over is refused (`spm`).
 //!
 //! A file that carries `tokenizer.huggingface.json` gets that JSON as is.
 
@@ -23,6 +24,8 @@ use serde_json::{Map, Value, json};
 
 use super::GgufFile;
 use crate::error::WeightsError;
+
+mod spm;
 
 pub const MODEL_KEY: &str = "tokenizer.ggml.model";
 pub const PRE_KEY: &str = "tokenizer.ggml.pre";
@@ -294,7 +297,7 @@ fn sentencepiece_bpe(
             format!("{} scores for {} tokens", scores.len(), tokens.len()),
         ));
     }
-    let merges = spm_merges(tokens, scores);
+    let merges = spm::spm_merges(tokens, scores).map_err(|detail| bad(file, TOKENS_KEY, detail))?;
     let space_prefix = file
         .opt_bool("tokenizer.ggml.add_space_prefix")?
         .unwrap_or(true);
@@ -335,32 +338,6 @@ fn sentencepiece_bpe(
             "merges": merges,
         },
     }))
-}
-
-/// SentencePiece's merge order as BPE merges: every split of every piece
-/// into two pieces of the vocabulary, ranked by the merged piece's score
-/// (highest first), ties by the ids of the halves.
-fn spm_merges(tokens: &[String], scores: &[f32]) -> Vec<Value> {
-    let ids: std::collections::HashMap<&str, usize> = tokens
-        .iter()
-        .enumerate()
-        .rev()
-        .map(|(i, t)| (t.as_str(), i))
-        .collect();
-    let mut merges: Vec<(f32, usize, usize)> = Vec::new();
-    for (piece, &score) in tokens.iter().zip(scores) {
-        for (at, _) in piece.char_indices().skip(1) {
-            let (l, r) = piece.split_at(at);
-            if let (Some(&li), Some(&ri)) = (ids.get(l), ids.get(r)) {
-                merges.push((score, li, ri));
-            }
-        }
-    }
-    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
-    merges
-        .into_iter()
-        .map(|(_, l, r)| json!([tokens[l], tokens[r]]))
-        .collect()
 }
 
 #[cfg(test)]
@@ -471,24 +448,5 @@ mod tests {
             assert!(e.starts_with("tok.gguf: "), "{e}");
             assert!(e.contains(expected), "{e} should say {expected:?}");
         }
-    }
-
-    #[test]
-    fn spm_merges_rank_by_the_merged_piece_score() {
-        let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let scores = [0.0, 0.0, 0.0, -2.0, -1.0, -3.0];
-        let merges = spm_merges(&tokens, &scores);
-        assert_eq!(
-            merges,
-            vec![
-                json!(["b", "c"]),
-                json!(["a", "b"]),
-                json!(["a", "bc"]),
-                json!(["ab", "c"])
-            ]
-        );
     }
 }
