@@ -1,6 +1,9 @@
 //! `metrale quantize IN OUT --type T`: a GGUF file llama.cpp loads, from a
 //! Hugging Face checkpoint directory or a float GGUF file (see
 //! `metrale_model_engine::gguf::export`).
+//!
+//! Test hook: `METRALE_TEST_QUANTIZE_PAUSE_MS=N` sleeps N milliseconds after
+//! each tensor written, so that a test can interrupt a write in progress.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -27,6 +30,12 @@ pub struct Args {
     /// a name llama.cpp implements, e.g. gpt-2, llama-bpe, qwen2.
     #[arg(long, value_name = "NAME")]
     pub pre_tokenizer: Option<String>,
+}
+
+/// The test hook's pause after each tensor (see the module docs).
+fn test_pause() -> Option<std::time::Duration> {
+    let ms = std::env::var("METRALE_TEST_QUANTIZE_PAUSE_MS").ok()?;
+    ms.parse().ok().map(std::time::Duration::from_millis)
 }
 
 fn parse_type(s: &str) -> Result<FileType, String> {
@@ -56,6 +65,7 @@ pub fn run(args: Args) -> Result<()> {
     }) {
         tracing::debug!("no Ctrl-C handler: {e}");
     }
+    let pause = test_pause();
     let show = std::io::stderr().is_terminal() && !super::quiet();
     let mut bar: Option<ProgressBar> = None;
     let mut progress = |e: QuantizeEvent| match e {
@@ -74,6 +84,9 @@ pub fn run(args: Args) -> Result<()> {
             if let Some(b) = &bar {
                 b.inc(elements);
                 b.set_message(name);
+            }
+            if let Some(pause) = pause {
+                std::thread::sleep(pause);
             }
         }
         _ => {}
