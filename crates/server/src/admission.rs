@@ -68,14 +68,11 @@ impl Limits {
     /// 400 naming the limit when `cost` is over one of the per-request
     /// bounds.
     pub fn check(&self, cost: &Cost) -> Result<(), ApiError> {
-        let tokens = cost
-            .n
-            .saturating_mul(cost.prompt_tokens)
-            .saturating_add(
-                cost.prompts
-                    .saturating_mul(cost.n)
-                    .saturating_mul(cost.max_tokens),
-            );
+        let tokens = cost.n.saturating_mul(cost.prompt_tokens).saturating_add(
+            cost.prompts
+                .saturating_mul(cost.n)
+                .saturating_mul(cost.max_tokens),
+        );
         if tokens > self.max_request_tokens {
             return Err(ApiError::OverLimit {
                 limit: "--max-request-tokens",
@@ -196,7 +193,11 @@ mod tests {
         let e = limits.check(&cost(1_000_000, 128, 16, 0)).unwrap_err();
         assert!(e.to_string().contains("--max-request-tokens"), "{e}");
         // Saturating, not wrapping.
-        assert!(limits.check(&cost(u64::MAX, u64::MAX, u64::MAX, 0)).is_err());
+        assert!(
+            limits
+                .check(&cost(u64::MAX, u64::MAX, u64::MAX, 0))
+                .is_err()
+        );
     }
 
     #[test]
@@ -215,7 +216,13 @@ mod tests {
         let a = budget.take(60).unwrap();
         let e = budget.take(50).unwrap_err();
         assert_eq!(e.status(), axum::http::StatusCode::TOO_MANY_REQUESTS);
-        assert!(budget.take(101).unwrap_err().to_string().contains("more than"));
+        assert!(
+            budget
+                .take(101)
+                .unwrap_err()
+                .to_string()
+                .contains("more than")
+        );
         drop(a);
         assert_eq!(budget.held(), 0);
         let _b = budget.take(100).unwrap();

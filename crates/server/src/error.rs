@@ -116,7 +116,9 @@ impl ApiError {
                 ("rate_limit_error", None, Some("rate_limit_exceeded"))
             }
             Self::OverLimit { .. } => ("invalid_request_error", None, Some("request_too_costly")),
-            Self::MethodNotAllowed(_) => ("invalid_request_error", None, Some("method_not_allowed")),
+            Self::MethodNotAllowed(_) => {
+                ("invalid_request_error", None, Some("method_not_allowed"))
+            }
             Self::HostNotAllowed(_) => ("invalid_request_error", None, Some("host_not_allowed")),
             Self::Timeout(_) => ("invalid_request_error", None, Some("request_timeout")),
             Self::Internal(_) => ("server_error", None, None),

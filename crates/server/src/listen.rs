@@ -261,7 +261,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for WriteDeadline<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let poll = Pin::new(&mut this.inner).poll_write(cx, buf);
         this.watch(cx, poll)

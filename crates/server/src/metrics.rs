@@ -129,9 +129,7 @@ impl Metrics {
         let (count, limit) = (count as i64, limit as i64);
         self.waiting
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |waiting| {
-                waiting
-                    .checked_add(count)
-                    .filter(|&total| total <= limit)
+                waiting.checked_add(count).filter(|&total| total <= limit)
             })
             .is_ok()
     }

@@ -159,7 +159,7 @@ impl Events {
         let mut usage = UsageInfo::default();
         let mut left = self.choices;
         while left > 0 {
-            let Some((index, event)) = self.submitted.rx.recv().await else {
+            let Some((index, event)) = self.submitted.recv().await else {
                 return Err(ApiError::Internal("the engine stopped".into()));
             };
             match event.map_err(|e| ApiError::Internal(format!("{e:#}")))? {
@@ -223,7 +223,7 @@ impl Events {
                         state.done = true;
                         continue;
                     }
-                    let Some((index, event)) = state.events.submitted.rx.recv().await else {
+                    let Some((index, event)) = state.events.submitted.recv().await else {
                         let e = ApiError::Internal("the engine stopped".into());
                         state.pending.push_back(data(&e.body()));
                         state.done = true;

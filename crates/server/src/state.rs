@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use metrale::engine::chat::ChatTemplate;
@@ -202,6 +203,7 @@ impl AppState {
             .ok_or(ApiError::TooManyRequests(self.config.max_waiting))?;
         let prompt_bytes = Arc::new(prompt_bytes);
         let (tx, rx) = mpsc::unbounded_channel();
+        let backlog = Arc::new(Backlog::default());
         let mut cancels = Vec::with_capacity(total);
         for prompt in prompts {
             for i in 0..n {
@@ -210,9 +212,10 @@ impl AppState {
                 let mut tracked = places.take(prompt_bytes.clone());
                 let index = cancels.len();
                 let tx = tx.clone();
+                let backlog = backlog.clone();
                 let sink: EventSink = Box::new(move |event| {
                     tracked.observe(&event);
-                    tx.send((index, event)).is_ok()
+                    backlog.send(&tx, index, event)
                 });
                 let cancel = self
                     .handle
@@ -221,15 +224,76 @@ impl AppState {
                 cancels.push(cancel);
             }
         }
-        Ok(Submitted { rx, cancels })
+        Ok(Submitted {
+            rx,
+            backlog,
+            cancels,
+        })
     }
 }
+
+type Event = (usize, anyhow::Result<StreamEvent>);
+
+/// Most events of one request sent and not yet taken by its handler: a
+/// client that reads this far behind (its socket and the server's write
+/// buffer full) has stopped reading, and its request is cancelled rather
+/// than computed for nobody until the write timeout closes the connection.
+pub const MAX_BACKLOG: usize = 4096;
 
 /// The events of a request's choices, `(choice index, event)`; dropping it
 /// cancels the choices still running.
 pub struct Submitted {
-    pub rx: mpsc::UnboundedReceiver<(usize, anyhow::Result<StreamEvent>)>,
+    rx: mpsc::UnboundedReceiver<Event>,
+    backlog: Arc<Backlog>,
     pub cancels: Vec<CancelOnDrop>,
+}
+
+impl Submitted {
+    /// The next event of any choice; `None` once the engine has dropped
+    /// every choice without ending it (it stopped, or the request was
+    /// abandoned).
+    pub async fn recv(&mut self) -> Option<Event> {
+        let event = self.rx.recv().await?;
+        self.backlog.sent.fetch_sub(1, Ordering::SeqCst);
+        Some(event)
+    }
+}
+
+/// The events of one request in its channel, counted by the engine
+/// thread's sinks and its handler.
+#[derive(Default)]
+struct Backlog {
+    /// Sent and not taken.
+    sent: AtomicUsize,
+    /// Past [`MAX_BACKLOG`]: every choice is cancelled.
+    abandoned: AtomicBool,
+}
+
+impl Backlog {
+    /// Sends `event` unless the request has been abandoned; abandons it
+    /// (one last error event, then every choice's sink says stop) when its
+    /// handler has fallen [`MAX_BACKLOG`] events behind.
+    fn send(
+        &self,
+        tx: &mpsc::UnboundedSender<Event>,
+        index: usize,
+        event: anyhow::Result<StreamEvent>,
+    ) -> bool {
+        if self.abandoned.load(Ordering::SeqCst) {
+            return false;
+        }
+        if self.sent.fetch_add(1, Ordering::SeqCst) >= MAX_BACKLOG {
+            self.abandoned.store(true, Ordering::SeqCst);
+            let message = format!(
+                "the client fell {MAX_BACKLOG} events behind its stream and stopped reading; \
+                 the request was cancelled"
+            );
+            tracing::info!("{message}");
+            let _ = tx.send((index, Err(anyhow::anyhow!(message))));
+            return false;
+        }
+        tx.send((index, event)).is_ok()
+    }
 }
 
 /// Places among the waiting requests, reserved together; those not taken
@@ -343,18 +407,36 @@ mod tests {
     fn a_loopback_server_answers_loopback_hosts_only() {
         let policy = HostPolicy::new("127.0.0.1".parse().unwrap(), None);
         assert_eq!(policy, HostPolicy::Loopback);
-        for host in ["localhost", "localhost:8000", "127.0.0.1:8000", "127.1.2.3", "[::1]:80", "a.localhost"] {
+        for host in [
+            "localhost",
+            "localhost:8000",
+            "127.0.0.1:8000",
+            "127.1.2.3",
+            "[::1]:80",
+            "a.localhost",
+        ] {
             assert!(policy.allows(Some(host)), "{host}");
         }
-        for host in ["evil.example", "evil.example:8000", "localhost.evil.example", "10.0.0.1"] {
+        for host in [
+            "evil.example",
+            "evil.example:8000",
+            "localhost.evil.example",
+            "10.0.0.1",
+        ] {
             assert!(!policy.allows(Some(host)), "{host}");
         }
         assert!(!policy.allows(None));
         let open = HostPolicy::new("0.0.0.0".parse().unwrap(), None);
         assert!(open.allows(Some("evil.example")) && open.allows(None));
-        let named = HostPolicy::new("127.0.0.1".parse().unwrap(), Some("api.example, Other.Example"));
+        let named = HostPolicy::new(
+            "127.0.0.1".parse().unwrap(),
+            Some("api.example, Other.Example"),
+        );
         assert!(named.allows(Some("API.example:443")) && named.allows(Some("other.example")));
         assert!(!named.allows(Some("localhost")));
-        assert_eq!(HostPolicy::new("127.0.0.1".parse().unwrap(), Some("*")), HostPolicy::Any);
+        assert_eq!(
+            HostPolicy::new("127.0.0.1".parse().unwrap(), Some("*")),
+            HostPolicy::Any
+        );
     }
 }

@@ -78,9 +78,14 @@ pub async fn handler(
         .collect::<Vec<_>>();
     // Before rendering: the messages' bytes from the shared budget, and
     // what the request's shape alone already costs.
-    let bytes = messages.iter().map(|m| m.role.len() + m.content.len()).sum();
+    let bytes = messages
+        .iter()
+        .map(|m| m.role.len() + m.content.len())
+        .sum();
     let prompt_bytes = state.prompt_budget.take(bytes)?;
-    let max_tokens = request.max_completion_tokens.or(request.sampling.max_tokens);
+    let max_tokens = request
+        .max_completion_tokens
+        .or(request.sampling.max_tokens);
     state.config.limits.check(&Cost {
         prompt_tokens: 1,
         prompts: 1,
@@ -89,7 +94,9 @@ pub async fn handler(
         top_logprobs: top,
     })?;
     if let Err(e) = &state.template {
-        return Err(ApiError::bad(format!("the model has no usable chat template: {e}")));
+        return Err(ApiError::bad(format!(
+            "the model has no usable chat template: {e}"
+        )));
     }
     let prompt = {
         let state = state.clone();

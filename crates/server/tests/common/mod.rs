@@ -109,7 +109,12 @@ pub fn start_until(
     config: ServerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> TestServer {
-    start_full(config, ConnConfig::default(), shutdown, std::future::pending())
+    start_full(
+        config,
+        ConnConfig::default(),
+        shutdown,
+        std::future::pending(),
+    )
 }
 
 /// A server on the llama fixture with connection settings `conn`, that
