@@ -125,3 +125,66 @@ fn quantize_writes_a_file_metrale_runs() {
     assert_eq!(left, ["llama-q8.gguf"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A fresh empty directory for one test.
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("metrale-quantize-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// SIGINT, SIGTERM, SIGHUP and SIGQUIT mid-write: the temporary file goes,
+/// OUT is not written, and the exit status is 128 + the signal's number.
+/// The test hook METRALE_TEST_QUANTIZE_PAUSE_MS keeps the write going long
+/// enough to be interrupted.
+#[cfg(unix)]
+#[test]
+fn a_terminating_signal_removes_the_temporary_file() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let input = fixture("gguf-bf16/llama.gguf");
+    for (signal, number) in [("INT", 2), ("TERM", 15), ("HUP", 1), ("QUIT", 3)] {
+        let dir = scratch(&format!("signal-{signal}"));
+        let out = dir.join("out.gguf");
+        let child = Command::new(env!("CARGO_BIN_EXE_metrale"))
+            .args(["quantize", input.to_str().unwrap(), out.to_str().unwrap()])
+            .args(["--type", "q8_0"])
+            .env("METRALE_TEST_QUANTIZE_PAUSE_MS", "200")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running metrale");
+        let tmp = dir.join(format!(".out.gguf.tmp-{}", child.id()));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !tmp.exists() {
+            assert!(Instant::now() < deadline, "SIG{signal}: no {tmp:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let kill = Command::new("kill")
+            .args([format!("-{signal}"), child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(kill.success());
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(128 + number),
+            "SIG{signal}: {:?} {}",
+            o.status,
+            text(&o.stderr)
+        );
+        assert!(names(&dir).is_empty(), "SIG{signal}: {:?}", names(&dir));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

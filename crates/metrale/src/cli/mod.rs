@@ -10,6 +10,7 @@ pub mod inspect;
 pub mod logits;
 pub mod quantize;
 pub mod serve;
+mod signals;
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -18,7 +18,10 @@ pub struct Args {
     /// The input: a checkpoint directory (config.json, safetensors,
     /// tokenizer.json) or a GGUF file of F32/F16/BF16 tensors.
     pub input: PathBuf,
-    /// The GGUF file to write (replaced if it exists, only once complete).
+    /// The GGUF file to write: written to a temporary file beside it
+    /// (removed if the write fails or is interrupted by SIGINT, SIGTERM,
+    /// SIGHUP or SIGQUIT, then exit status 128 + the signal's number) and
+    /// renamed to OUT once complete (replacing a file there).
     pub output: PathBuf,
     /// The file type: f32, f16, bf16 (llama.cpp's converter's --outtype),
     /// or q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_s, q4_k_m, q5_k_s, q5_k_m,
@@ -53,18 +56,13 @@ pub fn run(args: Args) -> Result<()> {
             args.output.display()
         );
     }
+    let tmp = metrale::engine::gguf::export::temp_path(&args.output);
     let opts = QuantizeOptions {
         ftype: args.ftype,
         pre_tokenizer: args.pre_tokenizer.clone(),
     };
-    // Ctrl-C mid-write: the temporary file goes too (OUT is untouched).
-    let tmp = metrale::engine::gguf::export::temp_path(&args.output);
-    if let Err(e) = ctrlc::set_handler(move || {
-        let _ = std::fs::remove_file(&tmp);
-        std::process::exit(130);
-    }) {
-        tracing::debug!("no Ctrl-C handler: {e}");
-    }
+    // Interrupted mid-write, the temporary file goes too (OUT is untouched).
+    super::signals::remove_on_signal(&tmp)?;
     let pause = test_pause();
     let show = std::io::stderr().is_terminal() && !super::quiet();
     let mut bar: Option<ProgressBar> = None;
