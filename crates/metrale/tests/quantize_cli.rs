@@ -188,3 +188,67 @@ fn a_terminating_signal_removes_the_temporary_file() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// OUT must be absent or a regular file: a symlink (dangling or not), a
+/// FIFO, a device node or a directory is refused before anything is
+/// written, naming the path and what it is.
+#[cfg(unix)]
+#[test]
+fn out_that_is_not_a_regular_file_is_refused() {
+    use std::os::unix::fs::FileTypeExt;
+    let input = fixture("gguf-bf16/llama.gguf");
+    let dir = scratch("not-regular");
+    let target = dir.join("target.gguf");
+    std::fs::write(&target, "keep me").unwrap();
+    let link = dir.join("link.gguf");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let dangling = dir.join("dangling.gguf");
+    std::os::unix::fs::symlink(dir.join("nowhere"), &dangling).unwrap();
+    let fifo = dir.join("fifo.gguf");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let subdir = dir.join("sub.gguf");
+    std::fs::create_dir(&subdir).unwrap();
+    let mut cases = vec![
+        (link.clone(), "is a symbolic link"),
+        (dangling.clone(), "is a symbolic link"),
+        (fifo.clone(), "is a FIFO"),
+        (subdir.clone(), "is a directory"),
+    ];
+    // A device node of our own (/dev/null's numbers), where mknod is
+    // allowed (root); never a real one under /dev.
+    let device = dir.join("null.gguf");
+    let mknod = Command::new("mknod")
+        .args([device.to_str().unwrap(), "c", "1", "3"])
+        .stderr(std::process::Stdio::null())
+        .status();
+    if mknod.is_ok_and(|s| s.success()) {
+        cases.push((device.clone(), "is a character device"));
+    }
+    let before = names(&dir);
+    for (out, what) in &cases {
+        let o = metrale(&[
+            "quantize",
+            input.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--type",
+            "q8_0",
+        ]);
+        let err = text(&o.stderr);
+        assert!(!o.status.success(), "{out:?}: {err}");
+        assert!(
+            err.contains(out.to_str().unwrap()) && err.contains(what),
+            "{out:?}: {err}"
+        );
+        assert_eq!(names(&dir), before, "{out:?}: nothing written");
+    }
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    assert!(
+        std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -6,7 +6,7 @@
 //! each tensor written, so that a test can interrupt a write in progress.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -21,7 +21,9 @@ pub struct Args {
     /// The GGUF file to write: written to a temporary file beside it
     /// (removed if the write fails or is interrupted by SIGINT, SIGTERM,
     /// SIGHUP or SIGQUIT, then exit status 128 + the signal's number) and
-    /// renamed to OUT once complete (replacing a file there).
+    /// renamed to OUT once complete. OUT must be absent or a regular file
+    /// (replaced): a symbolic link, even to a regular file, is refused
+    /// rather than replaced by a file, as are FIFOs, devices and sockets.
     pub output: PathBuf,
     /// The file type: f32, f16, bf16 (llama.cpp's converter's --outtype),
     /// or q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_s, q4_k_m, q5_k_s, q5_k_m,
@@ -41,6 +43,68 @@ fn test_pause() -> Option<std::time::Duration> {
     ms.parse().ok().map(std::time::Duration::from_millis)
 }
 
+/// OUT must be absent or a regular file. Anything else is refused before
+/// any work: the file is renamed into place, which would replace a FIFO or
+/// a device node (as root, even /dev/full) with a regular file, and a
+/// symlink with the file rather than write through it.
+fn check_output(out: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(out) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("{}: cannot see what is there", out.display())),
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(m) if m.is_symlink() => {
+            let target = std::fs::read_link(out)
+                .map(|t| format!(" to {}", t.display()))
+                .unwrap_or_default();
+            bail!(
+                "{}: is a symbolic link{target}; quantize replaces OUT with a new file \
+                 rather than write through a link, so give the file's own path",
+                out.display()
+            )
+        }
+        Ok(m) if m.is_dir() => bail!(
+            "{}: is a directory; give the GGUF file to write",
+            out.display()
+        ),
+        Ok(m) => bail!(
+            "{}: is {}; quantize writes only a new file or over a regular file",
+            out.display(),
+            describe(&m)
+        ),
+    }
+}
+
+/// What a file is, for error messages ("is a FIFO (named pipe)").
+fn describe(m: &std::fs::Metadata) -> &'static str {
+    let t = m.file_type();
+    if t.is_file() {
+        return "a regular file";
+    }
+    if t.is_dir() {
+        return "a directory";
+    }
+    if t.is_symlink() {
+        return "a symbolic link";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO (named pipe)";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    "not a regular file"
+}
+
 fn parse_type(s: &str) -> Result<FileType, String> {
     FileType::from_name(s)
         .ok_or_else(|| format!("unknown type {s:?}; one of {}", FileType::names()))
@@ -50,13 +114,16 @@ pub fn run(args: Args) -> Result<()> {
     if !args.input.exists() {
         bail!("{}: no such file or directory", args.input.display());
     }
-    if args.output.is_dir() {
+    check_output(&args.output)?;
+    let tmp = metrale::engine::gguf::export::temp_path(&args.output);
+    if let Ok(m) = std::fs::symlink_metadata(&tmp) {
         bail!(
-            "{}: is a directory; give the GGUF file to write",
-            args.output.display()
+            "{}: there is already {} there, in the way of the temporary file (left by an \
+             interrupted run?); remove it",
+            tmp.display(),
+            describe(&m)
         );
     }
-    let tmp = metrale::engine::gguf::export::temp_path(&args.output);
     let opts = QuantizeOptions {
         ftype: args.ftype,
         pre_tokenizer: args.pre_tokenizer.clone(),
