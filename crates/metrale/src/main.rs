@@ -41,6 +41,10 @@ enum Command {
     /// Chat through the model's chat template, one user message per line of stdin. Without
     /// --model: the bundled default model, a tiny hybrid trained on Debian's fortune
     /// quotations (it answers each line with a quotation-like text of its own).
+    ///
+    /// A message that gets no reply (a line that is not UTF-8, a turn that fails) is reported
+    /// and the session goes on; the exit status is then 1 at the end, else 0 (a reply stopped
+    /// with Ctrl-C counts as a reply).
     Chat(cli::chat::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (runs `metrale-serve`; `metrale serve
     /// --help` lists its options).

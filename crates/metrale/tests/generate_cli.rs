@@ -316,7 +316,8 @@ fn generate_and_chat_read_configs_with_bare_infinity() {
 #[test]
 fn chat_reports_a_bad_line_and_goes_on() {
     // A line that is not UTF-8, a line longer than the whole context, then
-    // a good one: two errors on stderr, one reply, exit status 0.
+    // a good one: two errors on stderr, one reply, and exit status 1 at the
+    // end (a message got no reply).
     let long = "word ".repeat(3000);
     let mut input: Vec<u8> = b"caf\xe9 au lait\n".to_vec();
     input.extend_from_slice(long.as_bytes());
@@ -326,13 +327,36 @@ fn chat_reports_a_bad_line_and_goes_on() {
         Some(&input),
     );
     let stderr = text(&out.stderr);
-    assert!(out.status.success(), "stderr: {stderr}");
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
     assert!(stderr.contains("line 1 is not valid UTF-8"), "{stderr}");
     assert!(stderr.contains("error:"), "{stderr}");
     assert_eq!(
         stderr.matches("generated:").count(),
         1,
         "one reply, for the good line: {stderr}"
+    );
+    assert!(
+        stderr.contains("error: 2 of 3 messages got no reply"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn chat_exits_non_zero_when_every_turn_fails() {
+    // Two messages longer than the whole context: each turn fails, the
+    // session goes on to the next, and the exit status says so.
+    let long = "word ".repeat(3000);
+    let input = format!("{long}\n{long}\n");
+    let out = metrale(
+        &["chat", "--max-tokens", "4", "--temperature", "0"],
+        Some(&input),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert_eq!(stderr.matches("generated:").count(), 0, "{stderr}");
+    assert!(
+        stderr.contains("error: 2 of 2 messages got no reply"),
+        "{stderr}"
     );
 }
 

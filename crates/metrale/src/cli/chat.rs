@@ -9,12 +9,18 @@
 //! and with stdin that is not a terminal it ends the process. Ctrl-D (end
 //! of input) or `/exit` leaves; `/reset` forgets the conversation after a
 //! confirmation (`y`) read from the next line.
+//!
+//! A message that gets no reply (a line that is not UTF-8, or a turn that
+//! fails, such as a message longer than the context) is reported on stderr
+//! and the session goes on; at the end, the exit status is 1 if any message
+//! got no reply, else 0 (a reply stopped with Ctrl-C counts as a reply), so
+//! that a script feeding stdin sees the failure.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use metrale::{ChatMessage, ChatTokens, Generator, StreamEvent};
 use metrale_model_engine::chat::ChatTemplate;
 
@@ -97,12 +103,12 @@ fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
     // The ids the model saw, so that each turn prefills only what is new.
     let mut tokens = ChatTokens::new();
     let mut input = std::io::stdin().lock();
-    let mut number = 0;
+    let mut lines = Lines::default();
     loop {
         if interactive {
             eprint!("> ");
         }
-        let Some(line) = read_line(&mut input, &mut number)? else {
+        let Some(line) = lines.read(&mut input)? else {
             if interactive {
                 // Ctrl-D leaves the shell's prompt on a line of its own.
                 eprintln!();
@@ -116,7 +122,7 @@ fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
                 if interactive {
                     eprint!("forget the conversation? [y/N] ");
                 }
-                let answer = read_line(&mut input, &mut number)?;
+                let answer = lines.read(&mut input)?;
                 let yes = answer
                     .as_deref()
                     .is_some_and(|a| matches!(a.trim().to_ascii_lowercase().as_str(), "y" | "yes"));
@@ -134,6 +140,7 @@ fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
             }
             _ => {}
         }
+        lines.messages += 1;
         messages.push(ChatMessage::new("user", line));
         interrupt.generating(true);
         let result = turn(
@@ -152,27 +159,53 @@ fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
                 // The message is dropped again, so the next turn starts from
                 // a conversation the model could answer.
                 eprintln!("error: {}", super::format_error(&e));
+                lines.failed += 1;
                 messages.pop();
                 tokens.clear();
             }
         }
     }
+    if lines.failed > 0 {
+        bail!(
+            "{} of {} messages got no reply (see the errors above)",
+            lines.failed,
+            lines.messages
+        );
+    }
     Ok(())
 }
 
-/// The next line of input without its line ending; `None` at the end of
-/// input. A line that is not UTF-8 is reported and skipped.
-fn read_line(input: &mut impl BufRead, number: &mut usize) -> Result<Option<String>> {
-    let mut raw = Vec::new();
-    loop {
-        raw.clear();
-        *number += 1;
-        if input.read_until(b'\n', &mut raw)? == 0 {
-            return Ok(None);
-        }
-        match std::str::from_utf8(&raw) {
-            Ok(text) => return Ok(Some(text.trim_end_matches(['\n', '\r']).to_string())),
-            Err(e) => eprintln!("line {number} is not valid UTF-8 ({e}); skipped"),
+/// The lines of input read so far, and what became of them.
+#[derive(Default)]
+struct Lines {
+    /// Lines read, for error messages.
+    number: usize,
+    /// Messages: lines sent to the model, and lines skipped as not UTF-8.
+    messages: usize,
+    /// Messages that got no reply.
+    failed: usize,
+}
+
+impl Lines {
+    /// The next line of input without its line ending; `None` at the end
+    /// of input. A line that is not UTF-8 is reported and skipped, as a
+    /// message that failed.
+    fn read(&mut self, input: &mut impl BufRead) -> Result<Option<String>> {
+        let mut raw = Vec::new();
+        loop {
+            raw.clear();
+            self.number += 1;
+            if input.read_until(b'\n', &mut raw)? == 0 {
+                return Ok(None);
+            }
+            match std::str::from_utf8(&raw) {
+                Ok(text) => return Ok(Some(text.trim_end_matches(['\n', '\r']).to_string())),
+                Err(e) => {
+                    eprintln!("line {} is not valid UTF-8 ({e}); skipped", self.number);
+                    self.messages += 1;
+                    self.failed += 1;
+                }
+            }
         }
     }
 }
