@@ -8,12 +8,14 @@
 //! `$HF_HOME/hub`, else `~/.cache/huggingface/hub`. A repository `org/name`
 //! lives in `models--org--name/`, with `refs/<revision>` (a file holding a
 //! commit hash) and `snapshots/<hash>/` (the files, usually symlinks into
-//! `blobs/`).
+//! `blobs/`). A ref is read only from a regular file of at most 4 KiB, and
+//! must hold a plain name (no path separator, no `..`).
 
 use std::ffi::OsString;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 /// The revision used when none is given.
 pub const DEFAULT_REVISION: &str = "main";
@@ -94,17 +96,20 @@ pub fn hub_cache_dir_from(
 /// digits, `-`, `_` and `.`, not starting with `.` (so `./x` and `../x`
 /// are paths).
 pub fn is_hub_id(s: &str) -> bool {
-    let part = |p: &str| {
-        !p.is_empty()
-            && !p.starts_with('.')
-            && p.len() <= 96
-            && p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    };
     match s.split_once('/') {
-        Some((org, name)) => part(org) && part(name),
+        Some((org, name)) => is_plain_name(org) && is_plain_name(name),
         None => false,
     }
+}
+
+/// 1 to 96 letters, digits, `-`, `_` and `.`, not starting with `.`: a
+/// part of a hub id, or a snapshot's name (a commit hash is one).
+fn is_plain_name(p: &str) -> bool {
+    !p.is_empty()
+        && !p.starts_with('.')
+        && p.len() <= 96
+        && p.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 /// A local path: a directory, a `.safetensors` file's directory, or a
@@ -182,9 +187,9 @@ fn snapshot(cache: &Path, id: &str, revision: &str) -> Result<PathBuf> {
         direct
     } else {
         let ref_file = repo.join("refs").join(revision);
-        let hash = match std::fs::read_to_string(&ref_file) {
-            Ok(text) => text.trim().to_string(),
-            Err(_) => {
+        let hash = match read_ref(&ref_file)? {
+            Some(hash) => hash,
+            None => {
                 let known = list(&repo.join("refs"));
                 let hashes = list(&snapshots);
                 bail!(
@@ -204,9 +209,6 @@ fn snapshot(cache: &Path, id: &str, revision: &str) -> Result<PathBuf> {
                 );
             }
         };
-        if hash.is_empty() || hash.contains(['/', '\\']) || hash.contains("..") {
-            bail!("{}: not a commit hash: {hash:?}", ref_file.display());
-        }
         let dir = snapshots.join(&hash);
         if !dir.is_dir() {
             bail!(
@@ -226,6 +228,95 @@ fn snapshot(cache: &Path, id: &str, revision: &str) -> Result<PathBuf> {
         );
     }
     Ok(dir)
+}
+
+/// The most bytes a `refs/` file may hold: a commit hash is 40 characters
+/// (64 in a SHA-256 repository), so a file past this is not a ref.
+const MAX_REF_BYTES: u64 = 4096;
+
+/// The snapshot name `ref_file` holds; `None` when there is no such file.
+/// Only a regular file (or a symlink to one) of at most [`MAX_REF_BYTES`]
+/// is read, since a FIFO would block and `/dev/zero` never end, and what it
+/// holds must be a commit hash or another plain name ([`is_plain_name`]: no
+/// path separator, not `.` or `..`), since it names a directory.
+fn read_ref(ref_file: &Path) -> Result<Option<String>> {
+    let meta = match std::fs::metadata(ref_file) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", ref_file.display())),
+        Ok(meta) => meta,
+    };
+    check_ref_file(ref_file, &meta)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    // A FIFO put there after the check must not block the open either.
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let file =
+        (options.open(ref_file)).with_context(|| format!("reading {}", ref_file.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("reading {}", ref_file.display()))?;
+    check_ref_file(ref_file, &meta)?;
+    let mut bytes = Vec::new();
+    (file.take(MAX_REF_BYTES + 1).read_to_end(&mut bytes))
+        .with_context(|| format!("reading {}", ref_file.display()))?;
+    if bytes.len() as u64 > MAX_REF_BYTES {
+        bail!(
+            "{}: grew past {MAX_REF_BYTES} bytes while read",
+            ref_file.display()
+        );
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let hash = text.trim();
+    if !is_plain_name(hash) {
+        bail!("{}: not a commit hash: {hash:?}", ref_file.display());
+    }
+    Ok(Some(hash.to_string()))
+}
+
+/// A ref must be a regular file of at most [`MAX_REF_BYTES`].
+fn check_ref_file(ref_file: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    if !meta.is_file() {
+        bail!(
+            "{}: is {}, not a file holding a commit hash",
+            ref_file.display(),
+            file_kind(meta)
+        );
+    }
+    if meta.len() > MAX_REF_BYTES {
+        bail!(
+            "{}: {} bytes, too long for a ref (a commit hash is 40 characters; at most \
+             {MAX_REF_BYTES} bytes are read)",
+            ref_file.display(),
+            meta.len()
+        );
+    }
+    Ok(())
+}
+
+/// What a file that is not a regular file is, for error messages.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    let t = meta.file_type();
+    if t.is_dir() {
+        return "a directory";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO (named pipe)";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    "not a regular file"
 }
 
 /// A hex string of 40 characters (a git commit).

@@ -162,6 +162,83 @@ fn a_model_or_revision_not_in_the_cache_says_so() {
     );
 }
 
+/// `metrale inspect org/tiny --revision <rev>` against `cache`, under a
+/// memory limit and a deadline: a resolver that blocks or reads without end
+/// fails the test instead of hanging it or exhausting the machine.
+fn inspect_bounded(cache: &Path, revision: &str) -> Output {
+    use std::time::{Duration, Instant};
+    let bin = env!("CARGO_BIN_EXE_metrale");
+    let mut child = Command::new("sh")
+        .args(["-c", "ulimit -v 2000000 && exec \"$0\" \"$@\""])
+        .args([
+            bin,
+            "inspect",
+            "org/tiny",
+            "--no-load",
+            "--revision",
+            revision,
+        ])
+        .env_remove("METRALE_MODEL")
+        .env_remove("HF_HOME")
+        .env("HF_HUB_CACHE", cache)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("sh runs");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "--revision {revision}: still running after 30 s: {}",
+                text(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_ref_that_is_not_a_small_file_holding_a_hash_is_refused() {
+    let cache = scratch("bad-refs");
+    cache_model(&cache, "org/tiny", "llama", HASH_MAIN, &["main"]);
+    let refs = cache.join("models--org--tiny/refs");
+    let made = Command::new("mkfifo")
+        .arg(refs.join("fifo"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    std::os::unix::fs::symlink("/dev/zero", refs.join("zero")).unwrap();
+    std::fs::create_dir(refs.join("dir")).unwrap();
+    // A valid hash padded past the bound, and a name that is no snapshot's
+    // (`.` would be snapshots/ itself).
+    let padded = format!("{HASH_MAIN}{}", "\n".repeat(5000));
+    std::fs::write(refs.join("huge"), padded).unwrap();
+    std::fs::write(refs.join("dot"), ".\n").unwrap();
+    let cases = [
+        ("fifo", "is a FIFO"),
+        ("zero", "is a character device"),
+        ("dir", "is a directory"),
+        ("huge", "too long"),
+        ("dot", "not a commit hash"),
+    ];
+    for (revision, what) in cases {
+        let out = inspect_bounded(&cache, revision);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "--revision {revision}: {stderr}");
+        let path = refs.join(revision).display().to_string();
+        assert!(
+            stderr.contains(&path) && stderr.contains(what),
+            "--revision {revision}: {stderr}"
+        );
+    }
+    // The good ref beside them still resolves.
+    assert!(inspect_bounded(&cache, "main").status.success());
+}
+
 #[test]
 fn a_safetensors_file_stands_for_its_directory() {
     let dir = copy_fixture("llama", "file");
