@@ -13,6 +13,10 @@ pub enum WeightsError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// A weight file given is a FIFO, a device, a directory...: reading one
+    /// would block or never end, so it is refused before it is opened.
+    #[error("{path}: is {kind}, not a regular file (a model file must be a regular file)")]
+    NotARegularFile { path: PathBuf, kind: &'static str },
     #[error("tensor {name:?} is not in the weight store")]
     NotLoaded { name: String },
     #[error("device error while handling tensor {name:?}: {source}")]

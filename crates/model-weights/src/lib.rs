@@ -11,6 +11,7 @@
 pub mod error;
 pub mod gguf;
 pub mod loader;
+mod open;
 pub mod weights;
 
 pub use error::WeightsError;
@@ -18,4 +19,5 @@ pub use loader::{
     ExpectedTensor, GgufExpected, GgufTransform, LoadProgress, WeightDType, load_gguf,
     load_safetensors, scan_safetensors,
 };
+pub use open::{open_regular, read_regular_to_string};
 pub use weights::{DeviceTensor, WeightStore};

@@ -30,7 +30,6 @@ mod value;
 mod writer;
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use metrale_core::quant::GgmlType;
@@ -108,16 +107,20 @@ impl std::fmt::Debug for GgufFile {
 }
 
 impl GgufFile {
-    /// Maps `path` and checks it.
+    /// Maps `path` and checks it; anything but a regular file (a FIFO, a
+    /// device, a directory) is refused before it is opened.
     pub fn open(path: &Path) -> Result<Self, WeightsError> {
         let io = |source| WeightsError::Io {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io)?;
+        let mut file = crate::open_regular(path)?;
         let len = file.metadata().map_err(io)?.len();
         let bytes = if len < MAP_THRESHOLD {
-            Bytes::Owned(std::fs::read(path).map_err(io)?)
+            // Read through the checked handle, not the path again.
+            let mut bytes = Vec::with_capacity(len as usize);
+            std::io::Read::read_to_end(&mut file, &mut bytes).map_err(io)?;
+            Bytes::Owned(bytes)
         } else {
             // SAFETY: the map is read-only and lives as long as `self`; the
             // one hazard, another process truncating the file while it is

@@ -27,7 +27,9 @@ impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Self, WeightsError> {
         let index = dir.join(INDEX_FILE);
         let single = dir.join(SINGLE_FILE);
-        if index.is_file() {
+        // `exists`, not `is_file`: a FIFO or a directory in their place is
+        // refused by name when opened, not taken for a missing file.
+        if index.exists() {
             let shards = read_index(&index)?;
             let mut files = Vec::new();
             let mut file_of: BTreeMap<&str, usize> = BTreeMap::new();
@@ -36,7 +38,7 @@ impl Checkpoint {
                     continue;
                 }
                 let path = dir.join(shard);
-                if !path.is_file() {
+                if !path.exists() {
                     return Err(WeightsError::MissingShard {
                         index: index.clone(),
                         shard: shard.clone(),
@@ -58,7 +60,7 @@ impl Checkpoint {
                 }
             }
             Ok(checkpoint)
-        } else if single.is_file() {
+        } else if single.exists() {
             let file = SafetensorsFile::open(&single)?;
             Self::from_files(single, vec![file])
         } else {
@@ -152,10 +154,7 @@ fn read_index(path: &Path) -> Result<BTreeMap<String, String>, WeightsError> {
         path: path.to_path_buf(),
         detail,
     };
-    let text = std::fs::read_to_string(path).map_err(|source| WeightsError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = crate::read_regular_to_string(path)?;
     // Through the tolerant reading every checkpoint JSON file gets.
     let json: Value = serde_json::from_str(&metrale_core::json::wrap_nonfinite(&text))
         .map_err(|e| invalid(format!("not valid JSON: {e}")))?;

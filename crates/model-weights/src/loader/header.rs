@@ -114,7 +114,7 @@ impl SafetensorsFile {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io)?;
+        let file = crate::open_regular(path)?;
         let len = file.metadata().map_err(io)?.len();
         let mut prefix = vec![0u8; len.min(8) as usize];
         read_at(&file, &mut prefix, 0).map_err(io)?;
