@@ -6,6 +6,7 @@
 use metrale_model_weights::gguf::{GgufArray, GgufFile, GgufValue};
 use serde_json::{Map, Value, json};
 
+use super::checks::{fits, layer_count, meta_err, opt_finite, sized};
 use crate::error::{EngineError, Result};
 
 /// The `general.architecture` values llama.cpp's converter writes for the
@@ -20,14 +21,6 @@ pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
     "nemotron_h",
     "nemotron_h_moe",
 ];
-
-fn meta_err(file: &GgufFile, key: &str, detail: impl Into<String>) -> EngineError {
-    EngineError::Weights(metrale_model_weights::WeightsError::GgufMetadata {
-        path: file.path().to_path_buf(),
-        key: key.to_string(),
-        detail: detail.into(),
-    })
-}
 
 /// A per-layer integer key: a single value for every layer, or an array
 /// of `layers` values.
@@ -62,6 +55,11 @@ fn set(c: &mut Map<String, Value>, key: &str, v: Value) {
     c.insert(key.to_string(), v);
 }
 
+/// The fewest tensor bytes one expert of one MoE layer takes: at least two
+/// matrices (up and down) of at least one row of at least two bytes (an
+/// f16 element; a quantized row is a whole block, more).
+const EXPERT_BYTES: u64 = 4;
+
 /// The Hugging Face `config.json` the metadata of `file` describes.
 pub fn config_json(file: &GgufFile) -> Result<Value> {
     let arch = file.architecture()?.to_string();
@@ -78,19 +76,16 @@ pub fn config_json(file: &GgufFile) -> Result<Value> {
     let k = |s: &str| format!("{arch}.{s}");
     let u = |s: &str| -> Result<usize> { Ok(file.get_u32(&k(s))? as usize) };
     let opt_u = |s: &str| -> Result<Option<usize>> { Ok(file.opt_u32(&k(s))?.map(|n| n as usize)) };
-    let opt_f = |s: &str| -> Result<Option<f32>> {
-        file.get(&k(s))
-            .map(|_| file.get_f32(&k(s)))
-            .transpose()
-            .map_err(Into::into)
-    };
+    let opt_f = |s: &str| opt_finite(file, &k(s));
     let has = |t: &str| file.get_tensor(t).is_some();
-    let embd = file.tensor("token_embd.weight")?;
+    // `[vocab, hidden]` row-major.
+    let vocab = sized(file.tensor("token_embd.weight")?, file, 2)?[0];
     let mut c = Map::new();
-    set(&mut c, "vocab_size", json!(embd.shape()[0]));
+    set(&mut c, "vocab_size", json!(vocab));
     set(&mut c, "hidden_size", json!(u("embedding_length")?));
     set(&mut c, "tie_word_embeddings", json!(!has("output.weight")));
-    let layers = u("block_count")?;
+    // Bounded before anything is built per layer.
+    let layers = layer_count(file, &k("block_count"))?;
     set(&mut c, "num_hidden_layers", json!(layers));
     if let Some(n) = opt_u("context_length")? {
         set(&mut c, "max_position_embeddings", json!(n));
@@ -262,9 +257,6 @@ pub fn config_json(file: &GgufFile) -> Result<Value> {
             // In a MoE file every feed-forward layer is a MoE layer (the
             // converter writes no dense ones there).
             let moe = arch == "nemotron_h_moe";
-            if moe {
-                nemotron_moe(file, &mut c)?;
-            }
             let pattern: String = (0..layers)
                 .map(|i| match (kv[i] > 0, ff[i] > 0) {
                     (true, _) => '*',
@@ -273,6 +265,10 @@ pub fn config_json(file: &GgufFile) -> Result<Value> {
                     _ => 'M',
                 })
                 .collect();
+            if moe {
+                let moe_layers = pattern.chars().filter(|&b| b == 'E').count();
+                nemotron_moe(file, &mut c, moe_layers)?;
+            }
             set(&mut c, "hybrid_override_pattern", json!(pattern));
             set(
                 &mut c,
@@ -314,15 +310,20 @@ pub fn config_json(file: &GgufFile) -> Result<Value> {
                 set(&mut c, "layer_types", json!(types));
                 set(&mut c, "position_embedding_type", json!("nope"));
                 let experts = opt_u("expert_count")?.unwrap_or(0);
+                fits(file, &k("expert_count"), experts, layers, EXPERT_BYTES)?;
                 set(&mut c, "num_local_experts", json!(experts));
                 if let Some(n) = opt_u("expert_used_count")? {
                     set(&mut c, "num_experts_per_tok", json!(n));
                 }
                 let shared = match opt_u("expert_shared_feed_forward_length")? {
                     Some(n) => n,
-                    None => (file.get_tensor("blk.0.ffn_gate.weight"))
+                    // `[intermediate, hidden]` row-major.
+                    None => match (file.get_tensor("blk.0.ffn_gate.weight"))
                         .or(file.get_tensor("blk.0.ffn_gate_shexp.weight"))
-                        .map_or(ffn, |t| t.shape()[0]),
+                    {
+                        Some(t) => sized(t, file, 2)?[0],
+                        None => ffn,
+                    },
                 };
                 set(&mut c, "shared_intermediate_size", json!(shared));
                 for (key, hf) in [
@@ -371,12 +372,13 @@ fn qwen3next(file: &GgufFile, c: &mut Map<String, Value>, layers: usize) -> Resu
     }
     set(c, "linear_conv_kernel_dim", json!(u("ssm.conv_kernel")?));
     set(c, "linear_key_head_dim", json!(u("ssm.state_size")?));
-    set(c, "linear_num_key_heads", json!(u("ssm.group_count")?));
+    let groups = u("ssm.group_count")?;
+    set(c, "linear_num_key_heads", json!(groups));
     set(c, "linear_num_value_heads", json!(v_heads));
     set(c, "linear_value_head_dim", json!(inner / v_heads));
     set(c, "intermediate_size", json!(u("feed_forward_length")?));
     let key = k("attention.recurrent_layers");
-    match file.get(&key) {
+    let recurrent = match file.get(&key) {
         Some(GgufValue::Array(GgufArray::Bool(recurrent))) => {
             if recurrent.len() < layers {
                 return Err(meta_err(
@@ -396,14 +398,34 @@ fn qwen3next(file: &GgufFile, c: &mut Map<String, Value>, layers: usize) -> Resu
                 })
                 .collect();
             set(c, "layer_types", json!(types));
+            recurrent[..layers].iter().filter(|&&r| r).count()
         }
         Some(_) => return Err(meta_err(file, &key, "expected an array of booleans")),
         None => {
             let interval = file.opt_u32(&k("full_attention_interval"))?.unwrap_or(4);
             set(c, "full_attention_interval", json!(interval));
+            // Every `interval`-th layer attends (none when 0, which the
+            // config's parser refuses).
+            layers - layers.checked_div(interval as usize).unwrap_or(0)
         }
-    }
-    let experts = file.opt_u32(&k("expert_count"))?.unwrap_or(0);
+    };
+    // Each key group of a DeltaNet layer is at least a q and a k row of
+    // `attn_qkv` (two rows of at least two bytes).
+    fits(file, &k("ssm.group_count"), groups, recurrent, 4)?;
+    let dense: Vec<usize> = (0..layers)
+        .filter(|i| {
+            file.get_tensor(&format!("blk.{i}.ffn_gate.weight"))
+                .is_some()
+        })
+        .collect();
+    let experts = file.opt_u32(&k("expert_count"))?.unwrap_or(0) as usize;
+    fits(
+        file,
+        &k("expert_count"),
+        experts,
+        layers - dense.len(),
+        EXPERT_BYTES,
+    )?;
     set(c, "num_experts", json!(experts));
     if let Some(n) = file.opt_u32(&k("expert_used_count"))? {
         set(c, "num_experts_per_tok", json!(n));
@@ -419,12 +441,6 @@ fn qwen3next(file: &GgufFile, c: &mut Map<String, Value>, layers: usize) -> Resu
     );
     // llama.cpp renormalises the top-k weights of every qwen3next file.
     set(c, "norm_topk_prob", json!(true));
-    let dense: Vec<usize> = (0..layers)
-        .filter(|i| {
-            file.get_tensor(&format!("blk.{i}.ffn_gate.weight"))
-                .is_some()
-        })
-        .collect();
     set(c, "mlp_only_layers", json!(dense));
     Ok(())
 }
@@ -432,7 +448,7 @@ fn qwen3next(file: &GgufFile, c: &mut Map<String, Value>, layers: usize) -> Resu
 /// Nemotron 3's MoE keys: routed and shared experts, the sigmoid routing's
 /// groups and scale. A latent MoE (`moe_latent_size`) is refused, as for a
 /// checkpoint.
-fn nemotron_moe(file: &GgufFile, c: &mut Map<String, Value>) -> Result<()> {
+fn nemotron_moe(file: &GgufFile, c: &mut Map<String, Value>, moe_layers: usize) -> Result<()> {
     let k = |s: &str| format!("nemotron_h_moe.{s}");
     if file.get(&k("moe_latent_size")).is_some() {
         return Err(meta_err(
@@ -443,7 +459,9 @@ fn nemotron_moe(file: &GgufFile, c: &mut Map<String, Value>) -> Result<()> {
     }
     let u = |s: &str| -> Result<usize> { Ok(file.get_u32(&k(s))? as usize) };
     let opt_u = |s: &str| -> Result<Option<u32>> { Ok(file.opt_u32(&k(s))?) };
-    set(c, "n_routed_experts", json!(u("expert_count")?));
+    let experts = u("expert_count")?;
+    fits(file, &k("expert_count"), experts, moe_layers, EXPERT_BYTES)?;
+    set(c, "n_routed_experts", json!(experts));
     set(c, "num_experts_per_tok", json!(u("expert_used_count")?));
     set(
         c,
@@ -465,12 +483,8 @@ fn nemotron_moe(file: &GgufFile, c: &mut Map<String, Value>) -> Result<()> {
         "topk_group",
         json!(opt_u("expert_group_used_count")?.unwrap_or(1)),
     );
-    if file.get(&k("expert_weights_scale")).is_some() {
-        set(
-            c,
-            "routed_scaling_factor",
-            json!(file.get_f32(&k("expert_weights_scale"))?),
-        );
+    if let Some(scale) = opt_finite(file, &k("expert_weights_scale"))? {
+        set(c, "routed_scaling_factor", json!(scale));
     }
     if let Some(norm) = file.opt_bool(&k("expert_weights_norm"))? {
         set(c, "norm_topk_prob", json!(norm));

@@ -375,6 +375,7 @@ pub fn expected_tensors(file: &GgufFile, config: &ModelConfig) -> Result<Vec<Ggu
         .collect()
 }
 
+mod checks;
 mod config;
 mod quant;
 pub use config::{SUPPORTED_ARCHITECTURES, config_json};

@@ -160,7 +160,10 @@ pub fn quantize(
     opts: &QuantizeOptions,
     progress: &mut dyn FnMut(QuantizeEvent),
 ) -> Result<QuantizeSummary> {
-    let gguf_in = input.is_file();
+    // Anything but a directory is read as a GGUF file, whose opening
+    // refuses a FIFO or a device by name (`is_file` sent them to the
+    // directory reader, to fail on a missing config.json).
+    let gguf_in = !input.is_dir();
     let file = if gguf_in {
         Some(GgufFile::open(input)?)
     } else {
@@ -264,7 +267,7 @@ fn tensor_bytes<'a>(
     ckpt: Option<&Checkpoint>,
 ) -> Result<std::borrow::Cow<'a, [u8]>> {
     use std::borrow::Cow;
-    let values = match (&t.src, file, ckpt) {
+    let (values, path) = match (&t.src, file, ckpt) {
         (Src::Gguf, Some(f), _) => {
             let src = f.tensor(&t.name)?;
             if t.from == t.to {
@@ -273,7 +276,7 @@ fn tensor_bytes<'a>(
             let mut v = vec![0f32; t.shape.iter().product()];
             dequantize_row(t.from, src.data, &mut v)
                 .map_err(|e| export_err(f.path(), format!("tensor {:?}: {e}", t.name)))?;
-            v
+            (v, f.path())
         }
         (Src::Hf(h), _, Some(c)) => {
             // Stacked experts: the experts' values one after the other.
@@ -281,19 +284,42 @@ fn tensor_bytes<'a>(
             for name in &h.hf {
                 values.extend(read_f32(c, name)?);
             }
-            tensors::apply(h, values)
+            (tensors::apply(h, values), c.source.as_path())
         }
         _ => return Err(EngineError::Internal("tensor source mismatch".into())),
     };
-    encode(&t.name, &t.shape, t.to, &values).map(Cow::Owned)
+    encode(path, &t.name, &t.shape, t.to, &values).map(Cow::Owned)
 }
 
 /// `values` as rows of `ty` (rows are `shape`'s last dimension), quantized
-/// on every core.
-fn encode(name: &str, shape: &[usize], ty: GgmlType, values: &[f32]) -> Result<Vec<u8>> {
+/// on every core. A row that is not a whole number of blocks is the
+/// input's fault (`path`), not an internal error.
+fn encode(
+    path: &Path,
+    name: &str,
+    shape: &[usize],
+    ty: GgmlType,
+    values: &[f32],
+) -> Result<Vec<u8>> {
     let row = shape.last().copied().unwrap_or(1);
     metrale_core::quant::quantize_rows(ty, values, row)
-        .map_err(|e| EngineError::Internal(format!("tensor {name:?}: {e}")))
+        .map_err(|e| export_err(path, format!("tensor {name:?}: {e}")))
+}
+
+/// A tensor to be written must have dimensions, none of them zero: a
+/// scalar or an empty tensor is no weight llama.cpp (or metrale) loads.
+fn check_shape(path: &Path, name: &str, shape: &[usize]) -> Result<()> {
+    let problem = if shape.is_empty() {
+        "has no dimensions"
+    } else if shape.contains(&0) {
+        "has no elements"
+    } else {
+        return Ok(());
+    };
+    Err(export_err(
+        path,
+        format!("tensor {name:?} {problem} (shape {shape:?}); it is not written"),
+    ))
 }
 
 /// A checkpoint tensor's values as f32.
@@ -468,6 +494,13 @@ fn plan_dir(dir: &Path, opts: &QuantizeOptions) -> Result<(Meta, Vec<Planned>, C
     let ckpt = Checkpoint::open(dir)?;
     let table = super::table(&config)?;
     let hf = tensors::plan(&ckpt, table, &config, dir)?;
+    for h in &hf {
+        let file =
+            h.hf.first()
+                .and_then(|n| ckpt.find(n))
+                .map(|(f, _)| &f.path);
+        check_shape(file.unwrap_or(&ckpt.source), &h.name, &h.shape)?;
+    }
     let mut plan: Vec<Planned> = hf
         .into_iter()
         .map(|h| {
@@ -561,6 +594,7 @@ fn plan_gguf(f: &GgufFile, opts: &QuantizeOptions) -> Result<(Meta, Vec<Planned>
         })
         .collect();
     for t in &plan {
+        check_shape(f.path(), &t.name, &t.shape)?;
         if !matches!(t.from, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
             && !t.from.is_quantized()
         {

@@ -92,3 +92,16 @@ fn sha256_hex_is_lowercase_hex() {
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     );
 }
+
+#[test]
+fn tensors_without_elements_are_not_written() {
+    let p = Path::new("in.gguf");
+    check_shape(p, "a", &[2, 32]).unwrap();
+    check_shape(p, "a", &[1]).unwrap();
+    for shape in [&[][..], &[0], &[4, 0, 2]] {
+        let e = check_shape(p, "a.weight", shape).unwrap_err();
+        assert!(matches!(e, EngineError::Export { .. }), "{e}");
+        let e = e.to_string();
+        assert!(e.starts_with("in.gguf: tensor \"a.weight\""), "{e}");
+    }
+}
