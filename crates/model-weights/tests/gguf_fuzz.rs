@@ -3,6 +3,11 @@
 //! error names the file, and the key or tensor when one is at fault.
 //! Truncation at every offset and byte changes at every offset are tried
 //! exhaustively; proptest tries random combinations of damage.
+//!
+//! What comes after the reader (the config rebuilt from the metadata, the
+//! tensors it expects) is fuzzed from the same kinds of damage in
+//! model-engine's tests/gguf_fuzz.rs, in a child process with a bounded
+//! address space.
 
 use metrale_core::quant::GgmlType;
 use metrale_model_weights::WeightsError;
