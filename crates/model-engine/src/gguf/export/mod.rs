@@ -46,7 +46,7 @@ pub fn sha256_hex(data: &[u8]) -> String {
         .collect()
 }
 use crate::error::{EngineError, Result};
-use tensors::HfTensor;
+use tensors::{HfTensor, check_shape};
 
 /// Metadata in file order, with gguf-py's rule: a key written again keeps
 /// its place.
@@ -304,22 +304,6 @@ fn encode(
     let row = shape.last().copied().unwrap_or(1);
     metrale_core::quant::quantize_rows(ty, values, row)
         .map_err(|e| export_err(path, format!("tensor {name:?}: {e}")))
-}
-
-/// A tensor to be written must have dimensions, none of them zero: a
-/// scalar or an empty tensor is no weight llama.cpp (or metrale) loads.
-fn check_shape(path: &Path, name: &str, shape: &[usize]) -> Result<()> {
-    let problem = if shape.is_empty() {
-        "has no dimensions"
-    } else if shape.contains(&0) {
-        "has no elements"
-    } else {
-        return Ok(());
-    };
-    Err(export_err(
-        path,
-        format!("tensor {name:?} {problem} (shape {shape:?}); it is not written"),
-    ))
 }
 
 /// A checkpoint tensor's values as f32.

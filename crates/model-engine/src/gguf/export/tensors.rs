@@ -357,6 +357,22 @@ pub(super) fn converter_type(name: &str, shape: &[usize], outtype: GgmlType) -> 
     if forced { GgmlType::F32 } else { outtype }
 }
 
+/// A tensor to be written must have dimensions, none of them zero: a
+/// scalar or an empty tensor is no weight llama.cpp (or metrale) loads.
+pub(super) fn check_shape(path: &Path, name: &str, shape: &[usize]) -> Result<()> {
+    let problem = if shape.is_empty() {
+        "has no dimensions"
+    } else if shape.contains(&0) {
+        "has no elements"
+    } else {
+        return Ok(());
+    };
+    Err(super::export_err(
+        path,
+        format!("tensor {name:?} {problem} (shape {shape:?}); it is not written"),
+    ))
+}
+
 /// Applies `t.forward` to the checkpoint tensors' values `src` (f32, of
 /// `t.hf_shape`, the experts one after the other).
 pub(super) fn apply(t: &HfTensor, mut src: Vec<f32>) -> Vec<f32> {
