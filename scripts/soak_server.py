@@ -4,12 +4,12 @@
 Starts the server on 127.0.0.1 (loopback only) over a model directory and
 runs mixed traffic for a fixed time, in two phases:
 
-1. baseline: only the well-behaved clients;
-2. hostile: the same well-behaved clients, plus hostile ones: stalled
-   readers (a streamed request whose response is never read, held until
-   the server closes it), clients that disconnect mid-stream, oversized
-   bodies (413), malformed JSON (400), and requests whose cost is over the
-   limits (400).
+1. baseline: only the well-behaved requests;
+2. hostile: the same well-behaved requests (the same open-loop arrivals),
+   plus the hostile share: 20% stalled readers (a streamed request whose
+   response is never read, held until the server closes it), 10% clients
+   that disconnect mid-stream, and 10% oversized bodies (413), malformed
+   JSON (400) and requests whose cost is over the limits (400).
 
 It reports, per phase, the well-behaved requests answered and failed, the
 p50/p99 time to first token and inter-token gap of their streams, the
@@ -106,7 +106,8 @@ async def http(port, method, path, body=None, timeout=120, raw=None):
 
 
 async def stream(port, body, timeout=120, stop_after=None):
-    """A streamed completion; returns (ok, ttft, gaps)."""
+    """A streamed completion; returns (ok: it ended with [DONE], time to
+    its first text, gaps between texts)."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection(HOST, port), 10)
     data = json.dumps(body).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
@@ -135,8 +136,10 @@ async def stream(port, body, timeout=120, stop_after=None):
         pass
     finally:
         writer.close()
-    if not done or not times:
+    if not done:
         return False, None, []
+    if not times:
+        return True, None, []
     gaps = [b - a for a, b in zip(times, times[1:])]
     return True, times[0] - start, gaps
 
@@ -148,6 +151,7 @@ class Stats:
         self.ttft = []
         self.gaps = []
         self.hostile = {}
+        self.skipped = 0
 
     def summary(self):
         def ms(v):
@@ -160,70 +164,105 @@ class Stats:
             "gap_p50_ms": ms(percentile(self.gaps, 50)),
             "gap_p99_ms": ms(percentile(self.gaps, 99)),
             "hostile": self.hostile,
+            "skipped_at_cap": self.skipped,
         }
 
 
-async def good_client(port, stats, until, rng):
-    prompts = ["The meaning of life is", "A fool and his money", "Never trust a man who",
-               "The early bird", "Time flies like an arrow"]
-    while time.time() < until:
-        body = {"prompt": rng.choice(prompts), "max_tokens": rng.randint(16, 48),
+KINDS = [("good", 60), ("stalled", 20), ("disconnect", 10), ("oversized", 4),
+         ("malformed", 3), ("too_costly", 3)]
+PROMPTS = ["The meaning of life is", "A fool and his money", "Never trust a man who",
+           "The early bird", "Time flies like an arrow"]
+
+
+async def good(port, stats, rng):
+    """A well-behaved request: mostly streamed completions (timed), some
+    non-streamed chats."""
+    if rng.random() < 0.8:
+        body = {"prompt": rng.choice(PROMPTS), "max_tokens": rng.randint(16, 48),
                 "temperature": 0.8, "stream": True}
         ok, ttft, gaps = await stream(port, body)
         if ok:
             stats.ok += 1
-            stats.ttft.append(ttft)
-            stats.gaps.extend(gaps)
+            if ttft is not None:
+                stats.ttft.append(ttft)
+                stats.gaps.extend(gaps)
+        else:
+            stats.failed += 1
+    else:
+        body = {"messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
+                "max_tokens": rng.randint(8, 32)}
+        status, _ = await http(port, "POST", "/v1/chat/completions", body)
+        if status == 200:
+            stats.ok += 1
         else:
             stats.failed += 1
 
 
-async def hostile_client(port, stats, until, rng, held):
-    kinds = [("stalled", 20), ("disconnect", 10), ("oversized", 4), ("malformed", 3),
-             ("too_costly", 3)]
-    names = [k for k, _ in kinds]
-    weights = [w for _, w in kinds]
-    while time.time() < until:
-        kind = rng.choices(names, weights)[0]
-        stats.hostile[kind] = stats.hostile.get(kind, 0) + 1
+async def hostile(kind, port, held):
+    if kind == "stalled":
+        # Never read: the response (8 choices of 480 tokens) outgrows the
+        # sockets' buffers, and the server must cut the client off.
+        body = json.dumps({"prompt": "Stall", "max_tokens": 480, "ignore_eos": True,
+                           "stream": True, "n": 8}).encode()
+        r, w = await asyncio.open_connection(HOST, port)
+        w.write((f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+        await w.drain()
+        held.append(w)
+    elif kind == "disconnect":
+        await stream(port, {"prompt": "Leave", "max_tokens": 200, "stream": True},
+                     stop_after=3)
+    elif kind == "oversized":
+        await http(port, "POST", "/v1/completions",
+                   raw=b"{\"prompt\": \"" + b"a" * (5 << 20) + b"\"}")
+    elif kind == "malformed":
+        await http(port, "POST", "/v1/chat/completions", raw=b"{\"messages\": [")
+    else:
+        await http(port, "POST", "/v1/completions",
+                   {"prompt": "x", "n": 128, "logprobs": 20, "max_tokens": 500})
+
+
+async def arrivals(port, stats, until, rng, rate, with_hostile, held, cap):
+    """Open-loop traffic: requests arrive at `rate` a second, each of a kind
+    drawn from KINDS; without the hostile share, its draws send nothing (the
+    well-behaved arrivals are the same in both phases)."""
+    names = [k for k, _ in KINDS]
+    weights = [w for _, w in KINDS]
+    tasks = set()
+    next_at = time.time()
+
+    async def run(kind):
         try:
-            if kind == "stalled":
-                body = json.dumps({"prompt": "Stall", "max_tokens": 400, "ignore_eos": True,
-                                   "stream": True, "n": 16}).encode()
-                r, w = await asyncio.open_connection(HOST, port)
-                w.write((f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
-                         f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-                await w.drain()
-                held.append((time.time(), w))
-                await asyncio.sleep(0.5)
-            elif kind == "disconnect":
-                await stream(port, {"prompt": "Leave", "max_tokens": 200, "stream": True},
-                             stop_after=3)
-            elif kind == "oversized":
-                await http(port, "POST", "/v1/completions", raw=b"{\"prompt\": \"" +
-                           b"a" * (5 << 20) + b"\"}")
-            elif kind == "malformed":
-                await http(port, "POST", "/v1/chat/completions", raw=b"{\"messages\": [")
+            if kind == "good":
+                await good(port, stats, rng)
             else:
-                await http(port, "POST", "/v1/completions",
-                           {"prompt": "x", "n": 128, "logprobs": 20, "max_tokens": 500})
+                await hostile(kind, port, held)
         except (ConnectionError, asyncio.TimeoutError, OSError):
-            stats.hostile["connection_errors"] = stats.hostile.get("connection_errors", 0) + 1
+            key = "failed" if kind == "good" else "connection_errors"
+            if kind == "good":
+                stats.failed += 1
+            else:
+                stats.hostile[key] = stats.hostile.get(key, 0) + 1
+
+    while time.time() < until:
+        next_at += rng.expovariate(rate)
+        await asyncio.sleep(max(0.0, next_at - time.time()))
+        kind = rng.choices(names, weights)[0]
+        if kind != "good":
+            if not with_hostile:
+                continue
+            stats.hostile[kind] = stats.hostile.get(kind, 0) + 1
+        if len(tasks) >= cap:
+            stats.skipped += 1
+            continue
+        task = asyncio.ensure_future(run(kind))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.wait(tasks, timeout=180)
 
 
-async def release_held(held, until, hold_secs):
-    """Closes stalled sockets after `hold_secs` (the server should have closed them)."""
-    while held and (time.time() < until or held):
-        now = time.time()
-        while held and now - held[0][0] > hold_secs:
-            _, w = held.pop(0)
-            w.close()
-        await asyncio.sleep(1)
-        if time.time() > until + hold_secs + 5:
-            break
-
-
-async def phase(server, seconds, good, hostile, seed):
+async def phase(server, seconds, rate, with_hostile, seed, cap):
     stats = Stats()
     rng = random.Random(seed)
     until = time.time() + seconds
@@ -236,12 +275,9 @@ async def phase(server, seconds, good, hostile, seed):
             rss.append((round(time.time() - start), server.rss_mib()))
             await asyncio.sleep(10)
 
-    tasks = [good_client(server.port, stats, until, random.Random(seed + i)) for i in range(good)]
-    tasks += [hostile_client(server.port, stats, until, random.Random(seed + 100 + i), held)
-              for i in range(hostile)]
-    tasks.append(sample())
-    await asyncio.gather(*tasks)
-    for _, w in held:
+    await asyncio.gather(arrivals(server.port, stats, until, rng, rate, with_hostile, held, cap),
+                         sample())
+    for w in held:
         w.close()
     result = stats.summary()
     after_first_minute = [m for t, m in rss if t >= 60] or [m for _, m in rss]
@@ -270,9 +306,9 @@ async def main_async(args, server):
     seconds = args.minutes * 60
     report = {"idle": idle, "args": vars(args)}
     if not args.skip_baseline:
-        report["baseline"] = await phase(server, seconds, args.good, 0, args.seed)
+        report["baseline"] = await phase(server, seconds, args.rate, False, args.seed, args.cap)
         await asyncio.sleep(args.settle)
-    report["hostile"] = await phase(server, seconds, args.good, args.hostile, args.seed)
+    report["hostile"] = await phase(server, seconds, args.rate, True, args.seed, args.cap)
     await asyncio.sleep(args.settle)
     report["end"] = {"descriptors": server.descriptors(), "gauges": await gauges(server.port),
                      "rss_mib": server.rss_mib()}
@@ -284,8 +320,9 @@ def main():
     p.add_argument("--binary", default=os.path.join(ROOT, "target/debug/metrale-serve"))
     p.add_argument("--model", default=os.path.join(ROOT, "models/default"))
     p.add_argument("--minutes", type=float, default=10.0, help="each phase's length")
-    p.add_argument("--good", type=int, default=6, help="well-behaved clients")
-    p.add_argument("--hostile", type=int, default=6, help="hostile clients")
+    p.add_argument("--rate", type=float, default=40.0,
+                   help="requests a second (60%% well-behaved, 40%% hostile)")
+    p.add_argument("--cap", type=int, default=800, help="most requests in flight")
     p.add_argument("--settle", type=float, default=40.0,
                    help="seconds after a phase for the server to close what is left")
     p.add_argument("--skip-baseline", action="store_true")
