@@ -22,7 +22,10 @@ pub struct Args {
     /// [-t N] [--memory-limit SIZE] [--kv-dtype auto|f32|bf16]
     /// [--ctx-size N] [--dtype auto|f32|bf16] [--quant TYPE] [--max-seqs N] [--max-waiting N]
     /// [--no-prefix-cache] [--snapshot-interval N] [--snapshot-budget SIZE]
-    /// (`metrale serve --help` lists them).
+    /// [--max-request-tokens N] [--max-response-bytes SIZE]
+    /// [--max-queued-prompt-bytes SIZE] [--max-body-bytes SIZE] [--max-connections N]
+    /// [--header-timeout S] [--body-timeout S] [--write-timeout S] [--shutdown-timeout S]
+    /// [--allowed-hosts HOSTS] (`metrale serve --help` lists them).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub args: Vec<String>,
 }
