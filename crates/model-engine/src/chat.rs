@@ -14,6 +14,13 @@
 //! - `{% break %}` / `{% continue %}`, and `trim_blocks` / `lstrip_blocks` on;
 //! - booleans and none printed as Python prints them (`True`, `False`, `None`).
 //!
+//! A template is code from the checkpoint, so what one rendering may do is
+//! bounded: [`TEMPLATE_FUEL`] (instructions and the data they make), the
+//! rendered length ([`MAX_RENDERED_BYTES`], or the caller's limit), and what
+//! minijinja's fuel does not count (formatting a list as text, repeating a
+//! list with `*`, splitting a string into many values, padding in
+//! `str.format`) is guarded (the `guard` and `jinja` modules).
+//!
 //! A model without a template is an error ([`ChatTemplate::from_model_dir`]
 //! says which files it looked in); there is no silent plain-text fallback.
 //! Transformers' `{% generation %}` tag (assistant-token masks for training)
@@ -22,13 +29,18 @@
 use std::path::Path;
 
 use minijinja::syntax::SyntaxConfig;
-use minijinja::value::{Kwargs, Serde, Value, ValueKind};
-use minijinja::{Environment, Error as JinjaError, ErrorKind, Output, State};
+use minijinja::value::{Serde, Value};
+use minijinja::{Environment, Error as JinjaError, ErrorKind};
 use serde::{Deserialize, Serialize};
 
 use crate::config::json::read_json;
 use crate::error::{EngineError, Result};
 use crate::tokenizer::special_token_text;
+
+mod guard;
+mod jinja;
+
+pub use jinja::strftime;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -64,10 +76,20 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
-/// Instructions one rendering may run. Published templates render a long
-/// conversation with tools in well under a million; a runaway loop stops
-/// after about a second.
-pub const TEMPLATE_FUEL: u64 = 20_000_000;
+/// The fuel of one rendering: one per instruction run and one per 64 bytes
+/// of data the template makes (minijinja's accounting), so it bounds both
+/// the time a template may take (a loop that does not end stops in about
+/// 0.2 s) and what it may allocate (about 256 MB). A 2,000-message
+/// conversation renders on about 60,000; one message of 4 MB on about
+/// 300,000.
+pub const TEMPLATE_FUEL: u64 = 4_000_000;
+
+/// The longest rendering [`ChatTemplate::render`] and
+/// [`render_with`](ChatTemplate::render_with) return: 8 MiB, twice the
+/// text of a million-token context at 4 bytes a token, and what a
+/// tokenizer can encode in well under a GiB (about 50 bytes of working
+/// memory per byte of text).
+pub const MAX_RENDERED_BYTES: usize = 8 << 20;
 
 impl ChatTemplate {
     /// Compiles `source`. `special_tokens` are `(name, text)` pairs such as
@@ -81,18 +103,23 @@ impl ChatTemplate {
             .build()
             .map_err(|e| EngineError::ChatTemplate(describe(&e)))?;
         env.set_syntax(syntax);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", raise_exception);
-        env.add_function("strftime_now", strftime_now);
-        env.add_filter("tojson", tojson);
-        env.set_formatter(python_formatter);
+        jinja::install(&mut env);
         // A template is code from the checkpoint: bound what one rendering may
-        // execute, so a loop that does not end is an error, not a hang.
+        // execute and allocate, so a loop that does not end or a string
+        // repeated a billion times is an error, not a hang or an abort.
         env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| {
                 EngineError::ChatTemplate(format!("does not compile: {}", describe(&e)))
             })?;
+        // It compiles as written (so errors point at the source as written);
+        // what runs is the source with the guards of `guard` in place.
+        guard::guard_source(&source)
+            .and_then(|g| {
+                env.add_template_owned(TEMPLATE_NAME, g)
+                    .map_err(|e| describe(&e))
+            })
+            .map_err(|e| EngineError::ChatTemplate(format!("cannot be guarded: {e}")))?;
         Ok(Self {
             env,
             source,
@@ -159,7 +186,8 @@ impl ChatTemplate {
     }
 
     /// Renders `messages`; with `add_generation_prompt` the template appends
-    /// the start of an assistant turn.
+    /// the start of an assistant turn. A rendering longer than
+    /// [`MAX_RENDERED_BYTES`] is an error.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         self.render_with(messages, add_generation_prompt, &[])
     }
@@ -169,12 +197,26 @@ impl ChatTemplate {
     /// parts), with extra template variables (e.g. `tools`, `documents`,
     /// `enable_thinking`). Extra variables override special tokens of the
     /// same name; `messages` and `add_generation_prompt` always come from
-    /// the arguments.
+    /// the arguments. A rendering longer than [`MAX_RENDERED_BYTES`] is an
+    /// error.
     pub fn render_with<M: Serialize + ?Sized>(
         &self,
         messages: &M,
         add_generation_prompt: bool,
         extra: &[(&str, serde_json::Value)],
+    ) -> Result<String> {
+        self.render_limited(messages, add_generation_prompt, extra, MAX_RENDERED_BYTES)
+    }
+
+    /// Like [`render_with`](Self::render_with), refusing a rendering longer
+    /// than `max_bytes` (it stops writing there, so a template that prints
+    /// gigabytes costs no more than `max_bytes`).
+    pub fn render_limited<M: Serialize + ?Sized>(
+        &self,
+        messages: &M,
+        add_generation_prompt: bool,
+        extra: &[(&str, serde_json::Value)],
+        max_bytes: usize,
     ) -> Result<String> {
         let template = self
             .env
@@ -196,16 +238,24 @@ impl ChatTemplate {
             Value::from(add_generation_prompt),
         ));
         let ctx = Value::from_pairs(ctx);
-        template.render(ctx).map_err(|e| {
-            if e.kind() == ErrorKind::OutOfFuel {
-                EngineError::ChatTemplate(format!(
-                    "rendering stopped after {TEMPLATE_FUEL} instructions (a loop that \
-                     does not end, or one far larger than any conversation needs)"
-                ))
-            } else {
-                EngineError::ChatTemplate(describe(&e))
-            }
-        })
+        let mut out = jinja::Capped::new(max_bytes);
+        let rendered = template.render_captured_to(ctx, &mut out);
+        if out.over {
+            return Err(EngineError::ChatTemplate(format!(
+                "the rendered prompt is longer than the limit of {max_bytes} bytes"
+            )));
+        }
+        match rendered {
+            Ok(_) => String::from_utf8(out.bytes).map_err(|e| {
+                EngineError::Internal(format!("a chat template rendered invalid UTF-8: {e}"))
+            }),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(EngineError::ChatTemplate(format!(
+                "rendering used up its fuel ({TEMPLATE_FUEL}: one per instruction, one per \
+                 64 bytes of data made or formatted): a loop that does not end, or \
+                 instructions or data far beyond what any conversation needs"
+            ))),
+            Err(e) => Err(EngineError::ChatTemplate(describe(&e))),
+        }
     }
 }
 
@@ -265,197 +315,4 @@ fn describe(err: &JinjaError) -> String {
         source = cause.source();
     }
     text
-}
-
-/// Prints values as Jinja2 under Python does where minijinja differs:
-/// `True` / `False` / `None` rather than `true` / `false` / `none`.
-fn python_formatter(
-    out: &mut Output,
-    state: &mut State,
-    value: &Value,
-) -> std::result::Result<(), JinjaError> {
-    let text = match value.kind() {
-        ValueKind::Bool if value.is_true() => "True",
-        ValueKind::Bool => "False",
-        ValueKind::None => "None",
-        _ => return minijinja::escape_formatter(out, state, value),
-    };
-    out.write_str(text)
-        .map_err(|e| JinjaError::new(ErrorKind::WriteFailure, e.to_string()))
-}
-
-fn raise_exception(message: String) -> std::result::Result<Value, JinjaError> {
-    Err(JinjaError::new(ErrorKind::InvalidOperation, message))
-}
-
-/// `strftime_now(format)`: the current UTC time, for the common directives
-/// (`%Y %y %m %d %e %B %b %A %a %H %I %M %S %p %j %%`).
-fn strftime_now(format: String) -> std::result::Result<Value, JinjaError> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    Ok(Value::from(strftime(&format, secs)))
-}
-
-const MONTHS: [&str; 12] = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-];
-const WEEKDAYS: [&str; 7] = [
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-];
-
-/// Formats a Unix time (UTC) with a subset of C's `strftime` directives;
-/// unknown directives are kept as written.
-pub fn strftime(format: &str, unix_secs: u64) -> String {
-    let days = (unix_secs / 86_400) as i64;
-    let secs_of_day = unix_secs % 86_400;
-    let (hour, minute, second) = (secs_of_day / 3600, secs_of_day / 60 % 60, secs_of_day % 60);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
-    let cumulative = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
-    let yday = cumulative[(month - 1) as usize] + day + i64::from(leap && month > 2);
-    let weekday = (days + 3).rem_euclid(7) as usize; // 1970-01-01 was a Thursday.
-    let month_name = MONTHS[(month - 1) as usize];
-
-    let mut out = String::with_capacity(format.len() + 16);
-    let mut chars = format.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('Y') => out.push_str(&year.to_string()),
-            Some('y') => out.push_str(&format!("{:02}", year.rem_euclid(100))),
-            Some('m') => out.push_str(&format!("{month:02}")),
-            Some('d') => out.push_str(&format!("{day:02}")),
-            Some('e') => out.push_str(&format!("{day:>2}")),
-            Some('B') => out.push_str(month_name),
-            Some('b') => out.push_str(&month_name[..3]),
-            Some('A') => out.push_str(WEEKDAYS[weekday]),
-            Some('a') => out.push_str(&WEEKDAYS[weekday][..3]),
-            Some('H') => out.push_str(&format!("{hour:02}")),
-            Some('I') => out.push_str(&format!("{:02}", (hour + 11) % 12 + 1)),
-            Some('M') => out.push_str(&format!("{minute:02}")),
-            Some('S') => out.push_str(&format!("{second:02}")),
-            Some('p') => out.push_str(if hour < 12 { "AM" } else { "PM" }),
-            Some('j') => out.push_str(&format!("{yday:03}")),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
-}
-
-/// `tojson` as transformers defines it: `json.dumps(value,
-/// ensure_ascii=False, indent=indent)`, so `", "` / `": "` separators without
-/// `indent`, newlines and `indent` spaces with it, and no HTML escaping.
-fn tojson(
-    value: &Value,
-    indent: Option<usize>,
-    kwargs: Kwargs,
-) -> std::result::Result<Value, JinjaError> {
-    let indent = match indent {
-        Some(indent) => Some(indent),
-        None => kwargs.get::<Option<usize>>("indent")?,
-    };
-    // Accepted for compatibility; output keys keep their order.
-    let _: Option<bool> = kwargs.get("ensure_ascii")?;
-    let _: Option<bool> = kwargs.get("sort_keys")?;
-    kwargs.assert_all_used()?;
-    let mut out = Vec::new();
-    let result = match indent {
-        Some(width) => {
-            let pad = vec![b' '; width];
-            let mut ser = serde_json::Serializer::with_formatter(
-                &mut out,
-                serde_json::ser::PrettyFormatter::with_indent(&pad),
-            );
-            value.serialize(&mut ser)
-        }
-        None => {
-            let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonCompact);
-            value.serialize(&mut ser)
-        }
-    };
-    result.map_err(|e| {
-        JinjaError::new(
-            ErrorKind::InvalidOperation,
-            format!("cannot serialize to JSON: {e}"),
-        )
-    })?;
-    let text = String::from_utf8(out).map_err(|e| {
-        JinjaError::new(
-            ErrorKind::InvalidOperation,
-            format!("JSON is not UTF-8: {e}"),
-        )
-    })?;
-    Ok(Value::from_safe_string(text))
-}
-
-/// serde_json formatter with Python's default `json.dumps` separators.
-struct PythonCompact;
-
-impl serde_json::ser::Formatter for PythonCompact {
-    fn begin_array_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
-    }
-
-    fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
-    }
-
-    fn begin_object_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-    ) -> std::io::Result<()> {
-        writer.write_all(b": ")
-    }
 }

@@ -50,6 +50,11 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// The most ids below the largest that may name no token. Real
+/// vocabularies have none or a few (reserved ids); the holes are listed
+/// (sampling masks them), so their number is bounded.
+pub const MAX_VOCAB_HOLES: usize = 1 << 20;
+
 fn file_error(path: &Path, detail: String) -> EngineError {
     EngineError::Config {
         path: path.to_path_buf(),
@@ -94,20 +99,20 @@ impl Tokenizer {
         let tok_config = read_json(&dir.join("tokenizer_config.json"))?;
         let gen_config = read_json(&dir.join("generation_config.json"))?;
         let model_config = read_json(&dir.join("config.json"))?;
-        Ok(Self::assemble(
+        Self::assemble(
             inner,
             tok_path,
             tok_config.as_ref(),
             gen_config.as_ref(),
             model_config.as_ref(),
-        ))
+        )
     }
 
     /// Loads a bare `tokenizer.json` (no special-token configs).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let inner = load_tokenizer_json(path)?;
-        Ok(Self::assemble(inner, path.to_path_buf(), None, None, None))
+        Self::assemble(inner, path.to_path_buf(), None, None, None)
     }
 
     /// The tokenizer a GGUF file's metadata describes (`tokenizer.ggml.*`,
@@ -132,13 +137,13 @@ impl Tokenizer {
         let tok_config = serde_json::json!({ "add_bos_token": special.add_bos });
         let gen_config = serde_json::json!({ "eos_token_id": eos });
         let model_config = serde_json::json!({ "bos_token_id": special.bos });
-        Ok(Self::assemble(
+        Self::assemble(
             inner,
             path.to_path_buf(),
             Some(&tok_config),
             Some(&gen_config),
             Some(&model_config),
-        ))
+        )
     }
 
     fn assemble(
@@ -147,7 +152,7 @@ impl Tokenizer {
         tok_config: Option<&Value>,
         gen_config: Option<&Value>,
         model_config: Option<&Value>,
-    ) -> Self {
+    ) -> Result<Self> {
         let field = |cfg: Option<&Value>, key: &str| cfg.and_then(|c| c.get(key)).cloned();
 
         let bos_token = special_token_text(field(tok_config, "bos_token").as_ref());
@@ -189,13 +194,26 @@ impl Tokenizer {
             .max()
             .unwrap_or(0)
             .max(vocab.len());
+        // The holes are listed: a file whose ids skip billions is refused
+        // rather than listed.
+        if vocab_size - vocab.len() > MAX_VOCAB_HOLES {
+            return Err(file_error(
+                &source,
+                format!(
+                    "token ids run to {} but there are {} tokens: more than {MAX_VOCAB_HOLES} \
+                     ids in between name no token",
+                    vocab_size - 1,
+                    vocab.len()
+                ),
+            ));
+        }
         let mut named = vec![false; vocab_size];
         vocab.values().for_each(|&id| named[id as usize] = true);
         let holes: Arc<[u32]> = (0..vocab_size as u32)
             .filter(|&id| !named[id as usize])
             .collect();
 
-        Self {
+        Ok(Self {
             inner: Arc::new(inner),
             bos_id,
             bos_token,
@@ -205,7 +223,7 @@ impl Tokenizer {
             vocab_size,
             holes,
             source,
-        }
+        })
     }
 
     /// Token ids of `text`. With `add_special_tokens` the tokenizer's post
