@@ -17,6 +17,7 @@ use super::{
     split_mlp, time_step_limit,
 };
 use crate::config::json::Obj;
+use crate::config::limits;
 use crate::config::rope::{RopeDefaults, parse_rope};
 use crate::config::{
     Activation, AttentionConfig, FfnKind, FfnNames, LayerNames, LayerPlan, MambaConfig, MixerKind,
@@ -38,13 +39,13 @@ struct RawBamba {
 
 /// The Mamba-2 settings Bamba and Granite 4.0-H share (`mamba_*` keys).
 pub(super) fn read_mamba_keys(o: &Obj<'_>, hidden: usize, norm_eps: f32) -> Result<MambaConfig> {
-    let n_heads = o.size_or(&["mamba_n_heads"], 128)?;
+    let n_heads = o.count_or(&["mamba_n_heads"], 128, limits::HEADS)?;
     let expand = o.size_or(&["mamba_expand"], 2)?;
     let inner = expand * hidden;
     let head_dim = match o.get(&["mamba_d_head"]) {
         None => None,
         Some((_, v)) if v.as_str() == Some("auto") => None,
-        Some(_) => Some(o.size(&["mamba_d_head"])?),
+        Some(_) => Some(o.count(&["mamba_d_head"], limits::HEAD_DIM)?),
     };
     let head_dim = match head_dim {
         Some(d) => d,
@@ -61,13 +62,13 @@ pub(super) fn read_mamba_keys(o: &Obj<'_>, hidden: usize, norm_eps: f32) -> Resu
             head_dim * n_heads
         )));
     }
-    let n_groups = o.size_or(&["mamba_n_groups"], 1)?;
+    let n_groups = o.count_or(&["mamba_n_groups"], 1, limits::HEADS)?;
     let mamba = MambaConfig {
         n_heads,
         head_dim,
-        d_state: o.size_or(&["mamba_d_state"], 256)?,
+        d_state: o.count_or(&["mamba_d_state"], 256, limits::HEAD_DIM)?,
         n_groups,
-        conv_kernel: o.size_or(&["mamba_d_conv"], 4)?,
+        conv_kernel: o.count_or(&["mamba_d_conv"], 4, limits::CONV_KERNEL)?,
         chunk_size: o.size_or(&["mamba_chunk_size"], 256)?,
         time_step_limit: time_step_limit(o)?,
         conv_bias: o.bool_or(&["mamba_conv_bias"], true)?,
@@ -95,7 +96,7 @@ impl RawBamba {
         Ok(Self {
             num_layers,
             attn_layer_indices,
-            intermediate_size: o.size(&["intermediate_size"])?,
+            intermediate_size: o.count(&["intermediate_size"], limits::WIDTH)?,
             rms_norm_eps,
             max_position_embeddings: o.size_or(&["max_position_embeddings"], 262_144)?,
             mamba,

@@ -31,6 +31,7 @@ use super::{
     mixer_name, require_act, unknown_layer_type,
 };
 use crate::config::json::Obj;
+use crate::config::limits;
 use crate::config::rope::{RopeDefaults, parse_rope};
 use crate::config::{
     Activation, AttentionConfig, ExpertNames, FfnKind, FfnNames, LayerNames, LayerPlan,
@@ -87,7 +88,7 @@ impl RawGranite {
                 )));
             }
         };
-        let num_local_experts = o.usize_or(&["num_local_experts"], 8)?;
+        let num_local_experts = o.count_or_zero(&["num_local_experts"], 8, limits::EXPERTS)?;
         Ok(Self {
             mixers,
             rms_norm_eps: o.pos_f32_or(&["rms_norm_eps"], 1e-6)?,
@@ -104,11 +105,15 @@ impl RawGranite {
                 0
             },
             intermediate_size: if num_local_experts > 0 {
-                o.size(&["intermediate_size"])?
+                o.count(&["intermediate_size"], limits::WIDTH)?
             } else {
                 0
             },
-            shared_intermediate_size: o.size_or(&["shared_intermediate_size"], 1024)?,
+            shared_intermediate_size: o.count_or(
+                &["shared_intermediate_size"],
+                1024,
+                limits::WIDTH,
+            )?,
             common,
         })
     }

@@ -18,6 +18,7 @@
 
 use super::{Common, attention_heads, attention_names, mlp_bias, require_act, split_mlp};
 use crate::config::json::Obj;
+use crate::config::limits;
 use crate::config::rope::{RopeDefaults, parse_rope};
 use crate::config::{
     Activation, AttentionConfig, FfnKind, FfnNames, LayerNames, LayerPlan, MixerKind, MixerNames,
@@ -57,7 +58,7 @@ impl RawLlama {
         let windows = windows(t, o, num_layers, &mut common.warnings)?;
         Ok(Self {
             num_layers,
-            intermediate_size: o.size(&["intermediate_size"])?,
+            intermediate_size: o.count(&["intermediate_size"], limits::WIDTH)?,
             n_heads,
             n_kv_heads,
             head_dim,

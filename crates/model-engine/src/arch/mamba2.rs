@@ -13,6 +13,7 @@
 
 use super::{Common, check_mamba, mamba_names, require_act, time_step_limit};
 use crate::config::json::Obj;
+use crate::config::limits;
 use crate::config::{
     FfnKind, FfnNames, LayerNames, LayerPlan, MambaConfig, MixerKind, MixerNames, ModelConfig,
     ModelNames, ModelType,
@@ -49,12 +50,12 @@ impl RawMamba2 {
         Ok(Self {
             common: Common::read(o)?,
             num_layers,
-            num_heads: o.size(&["num_heads"])?,
-            head_dim: o.size(&["head_dim"])?,
-            state_size: o.size(&["state_size", "d_state"])?,
+            num_heads: o.count(&["num_heads"], limits::HEADS)?,
+            head_dim: o.count(&["head_dim"], limits::HEAD_DIM)?,
+            state_size: o.count(&["state_size", "d_state"], limits::HEAD_DIM)?,
             expand: o.size_or(&["expand"], 2)?,
-            n_groups: o.size_or(&["n_groups", "ngroups"], 8)?,
-            conv_kernel: o.size_or(&["conv_kernel", "d_conv"], 4)?,
+            n_groups: o.count_or(&["n_groups", "ngroups"], 8, limits::HEADS)?,
+            conv_kernel: o.count_or(&["conv_kernel", "d_conv"], 4, limits::CONV_KERNEL)?,
             chunk_size: o.size_or(&["chunk_size"], 256)?,
             use_bias: o.bool_or(&["use_bias"], false)?,
             use_conv_bias: o.bool_or(&["use_conv_bias"], true)?,

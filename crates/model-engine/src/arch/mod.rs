@@ -37,6 +37,7 @@ pub(crate) mod qwen3_next;
 use metrale_core::DType;
 
 use crate::config::json::Obj;
+use crate::config::limits;
 use crate::config::{
     AttentionConfig, AttentionNames, MambaConfig, MambaNames, MixerKind, MlpNames, ModelConfig,
     ModelNames, ModelType,
@@ -127,8 +128,8 @@ impl Common {
     pub fn read(o: &Obj<'_>) -> Result<Self> {
         let mut warnings = Vec::new();
         Ok(Self {
-            hidden_size: o.size(&["hidden_size", "d_model"])?,
-            vocab_size: o.size(&["vocab_size"])?,
+            hidden_size: o.count(&["hidden_size", "d_model"], limits::WIDTH)?,
+            vocab_size: o.count(&["vocab_size"], limits::VOCAB)?,
             tie_word_embeddings: o.bool_or(&["tie_word_embeddings"], false)?,
             bos_token_id: o.token_ids("bos_token_id")?.first().copied(),
             eos_token_ids: o.token_ids("eos_token_id")?,
@@ -179,16 +180,17 @@ pub(crate) fn attention_heads(
     hidden: usize,
     default_head_dim: Option<usize>,
 ) -> Result<(usize, usize, usize)> {
-    let n_heads = o.size(&["num_attention_heads"])?;
-    let n_kv = o.size_or(&["num_key_value_heads"], n_heads)?;
+    let n_heads = o.count(&["num_attention_heads"], limits::HEADS)?;
+    let n_kv = o.count_or(&["num_key_value_heads"], n_heads, limits::HEADS)?;
     if n_heads % n_kv != 0 {
         return Err(o.err(format!(
             "num_attention_heads ({n_heads}) is not a multiple of num_key_value_heads ({n_kv})"
         )));
     }
-    let head_dim = match o.opt_usize(&["head_dim", "attention_head_dim"])? {
+    let head_dim_keys = ["head_dim", "attention_head_dim"];
+    let head_dim = match o.opt_usize(&head_dim_keys)? {
         Some(0) => return Err(o.err("key `head_dim` must be positive")),
-        Some(d) => d,
+        Some(d) => o.within(&head_dim_keys, d, limits::HEAD_DIM)?,
         None => match default_head_dim {
             Some(d) => d,
             None if hidden.is_multiple_of(n_heads) => hidden / n_heads,
@@ -329,19 +331,38 @@ pub(crate) fn unknown_layer_type(
     ))
 }
 
-/// The most layers a config may have.
-pub(crate) const MAX_LAYERS: usize = 4096;
+/// The most layers a config may have ([`limits::LAYERS`]).
+pub(crate) const MAX_LAYERS: usize = limits::LAYERS.max;
 
 /// `num_hidden_layers`, bounded by [`MAX_LAYERS`].
-pub(crate) fn num_layers(o: &Obj<'_>, keys: &[&str]) -> Result<usize> {
-    let n = o.size(keys)?;
-    if n > MAX_LAYERS {
+pub(crate) fn num_layers<'a>(o: &Obj<'a>, keys: &[&'a str]) -> Result<usize> {
+    o.count(keys, limits::LAYERS)
+}
+
+/// Refuses `experts` routed experts (the value of the first of `keys`
+/// given) in each of `moe_layers` layers beyond
+/// [`limits::EXPERTS_IN_ALL_LAYERS`]: each is its own names in the plan,
+/// and the per-layer bound alone still allows 2^24 of them.
+pub(crate) fn check_expert_total(
+    o: &Obj<'_>,
+    keys: &[&str],
+    experts: usize,
+    moe_layers: usize,
+) -> Result<()> {
+    let limit = limits::EXPERTS_IN_ALL_LAYERS;
+    let key = keys
+        .iter()
+        .find(|k| o.raw(k).is_some_and(|v| !v.is_null()))
+        .unwrap_or(&keys[0]);
+    let total = experts.saturating_mul(moe_layers);
+    if total > limit.max {
         return Err(o.err(format!(
-            "key `{}` = {n}: more than {MAX_LAYERS} layers is not supported",
-            keys[0]
+            "key `{key}` = {experts} in each of {moe_layers} MoE layers: more than {} {} is \
+             not supported",
+            limit.max, limit.what
         )));
     }
-    Ok(n)
+    Ok(())
 }
 
 /// `layers.len()` must match `num_hidden_layers` when both are given.

@@ -26,6 +26,7 @@ use super::{
     Common, attention_heads, attention_names, check_mamba, mamba_names, mlp_bias, require_act,
 };
 use crate::config::json::Obj;
+use crate::config::limits;
 use crate::config::{
     Activation, AttentionConfig, ExpertNames, FfnKind, FfnNames, LayerNames, LayerPlan,
     MambaConfig, MixerKind, MixerNames, MlpConfig, MlpNames, ModelConfig, ModelNames, ModelType,
@@ -122,11 +123,11 @@ fn blocks<'a>(o: &Obj<'a>) -> Result<(&'a str, Vec<Block>)> {
 impl RawNemotronH {
     fn read(o: &Obj<'_>) -> Result<Self> {
         let (key, blocks) = blocks(o)?;
-        if blocks.len() > super::MAX_LAYERS {
+        if blocks.len() > limits::LAYERS.max {
             return Err(o.err(format!(
-                "{} layers: more than {} is not supported",
+                "key `{key}` describes {} layers: more than {} is not supported",
                 blocks.len(),
-                super::MAX_LAYERS
+                limits::LAYERS.max
             )));
         }
         let mut common = Common::read(o)?;
@@ -175,13 +176,13 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
     };
     let mamba = if has(Block::Mamba) {
         require_act(o, &["mamba_hidden_act"], &["silu"], "silu")?;
-        let n_groups = o.size_or(&["n_groups", "mamba_n_groups"], 8)?;
+        let n_groups = o.count_or(&["n_groups", "mamba_n_groups"], 8, limits::HEADS)?;
         let m = MambaConfig {
-            n_heads: o.size_or(&["mamba_num_heads"], 128)?,
-            head_dim: o.size_or(&["mamba_head_dim"], 64)?,
-            d_state: o.size_or(&["ssm_state_size"], 128)?,
+            n_heads: o.count_or(&["mamba_num_heads"], 128, limits::HEADS)?,
+            head_dim: o.count_or(&["mamba_head_dim"], 64, limits::HEAD_DIM)?,
+            d_state: o.count_or(&["ssm_state_size"], 128, limits::HEAD_DIM)?,
             n_groups,
-            conv_kernel: o.size_or(&["conv_kernel", "mamba_d_conv"], 4)?,
+            conv_kernel: o.count_or(&["conv_kernel", "mamba_d_conv"], 4, limits::CONV_KERNEL)?,
             chunk_size: o.size_or(&["chunk_size", "mamba_chunk_size"], 128)?,
             // The HF mixer (Zamba2's torch_forward) clamps dt from below at
             // `time_step_min` and ignores `time_step_limit`.
@@ -199,7 +200,7 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
     let mlp = if has(Block::Mlp) {
         require_act(o, &["mlp_hidden_act"], &["relu2"], "relu2")?;
         Some(MlpConfig {
-            intermediate_size: o.size(&["intermediate_size"])?,
+            intermediate_size: o.count(&["intermediate_size"], limits::WIDTH)?,
             activation: Activation::Relu2,
         })
     } else {
@@ -207,7 +208,10 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
     };
 
     let moe = if has(Block::Moe) {
-        Some(read_moe(o)?)
+        let m = read_moe(o)?;
+        let moe_layers = raw.blocks.iter().filter(|b| **b == Block::Moe).count();
+        super::check_expert_total(o, &EXPERT_KEYS, m.n_experts, moe_layers)?;
+        Some(m)
     } else {
         None
     };
@@ -250,6 +254,9 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
     Ok(config)
 }
 
+/// The spellings of the routed-expert count.
+const EXPERT_KEYS: [&str; 2] = ["n_routed_experts", "num_local_experts"];
+
 /// The MoE layers' settings: `n_routed_experts` squared-ReLU experts (no
 /// gate) chosen by sigmoid routing with a correction bias over expert groups
 /// (`n_group`, `topk_group`), weights renormalised when `norm_topk_prob` and
@@ -261,7 +268,7 @@ fn read_moe(o: &Obj<'_>) -> Result<MoeConfig> {
     if o.opt_usize(&["moe_latent_size"])?.is_some() {
         return Err(o.err("key `moe_latent_size`: latent MoE projections are not supported"));
     }
-    let n_experts = o.size_or(&["n_routed_experts", "num_local_experts"], 8)?;
+    let n_experts = o.count_or(&EXPERT_KEYS, 8, limits::EXPERTS)?;
     let top_k = o.size_or(&["num_experts_per_tok"], 2)?;
     let n_group = o.size_or(&["n_group"], 1)?;
     let topk_group = o.size_or(&["topk_group"], 1)?;
@@ -283,9 +290,13 @@ fn read_moe(o: &Obj<'_>) -> Result<MoeConfig> {
             topk_group,
             scale: o.f32_or(&["routed_scaling_factor"], 1.0)?,
         },
-        expert_intermediate: o.size_or(&["moe_intermediate_size"], 7688)?,
+        expert_intermediate: o.count_or(&["moe_intermediate_size"], 7688, limits::WIDTH)?,
         norm_topk_prob: o.bool_or(&["norm_topk_prob"], true)?,
-        shared_intermediate: Some(o.size_or(&["moe_shared_expert_intermediate_size"], 7688)?),
+        shared_intermediate: Some(o.count_or(
+            &["moe_shared_expert_intermediate_size"],
+            7688,
+            limits::WIDTH,
+        )?),
         shared_expert_gate: false,
     })
 }

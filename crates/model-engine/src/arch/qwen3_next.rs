@@ -32,6 +32,7 @@ use super::{
     mixer_name, require_act, split_mlp, unknown_layer_type,
 };
 use crate::config::json::Obj;
+use crate::config::limits;
 use crate::config::rope::{RopeDefaults, parse_rope};
 use crate::config::{
     Activation, AttentionConfig, DeltaNetConfig, DeltaNetNames, ExpertNames, FfnKind, FfnNames,
@@ -104,17 +105,20 @@ impl RawQwen3Next {
         };
         let mlp_only_layers =
             layer_indices(o, "mlp_only_layers", num_layers, &mut common.warnings)?;
-        let num_experts = o.usize_or(&["num_experts"], 512)?;
+        let num_experts = o.count_or_zero(&["num_experts"], 512, limits::EXPERTS)?;
         Ok(Self {
             mixers,
             rms_norm_eps: o.pos_f32_or(&["rms_norm_eps"], 1e-6)?,
             max_position_embeddings: o.size_or(&["max_position_embeddings"], 32768)?,
-            intermediate_size: o.size_or(&["intermediate_size"], 5632)?,
+            intermediate_size: o.count_or(&["intermediate_size"], 5632, limits::WIDTH)?,
             num_experts,
             num_experts_per_tok: o.size_or(&["num_experts_per_tok"], 10)?,
-            moe_intermediate_size: o.size_or(&["moe_intermediate_size"], 512)?,
-            shared_expert_intermediate_size: o
-                .usize_or(&["shared_expert_intermediate_size"], 512)?,
+            moe_intermediate_size: o.count_or(&["moe_intermediate_size"], 512, limits::WIDTH)?,
+            shared_expert_intermediate_size: o.count_or_zero(
+                &["shared_expert_intermediate_size"],
+                512,
+                limits::WIDTH,
+            )?,
             norm_topk_prob: o.bool_or(&["norm_topk_prob"], true)?,
             decoder_sparse_step: o.size_or(&["decoder_sparse_step"], 1)?,
             mlp_only_layers,
@@ -156,11 +160,11 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
     };
     let deltanet = if raw.mixers.contains(&MixerKind::GatedDeltaNet) {
         let d = DeltaNetConfig {
-            n_k_heads: o.size_or(&["linear_num_key_heads"], 16)?,
-            n_v_heads: o.size_or(&["linear_num_value_heads"], 32)?,
-            k_head_dim: o.size_or(&["linear_key_head_dim"], 128)?,
-            v_head_dim: o.size_or(&["linear_value_head_dim"], 128)?,
-            conv_kernel: o.size_or(&["linear_conv_kernel_dim"], 4)?,
+            n_k_heads: o.count_or(&["linear_num_key_heads"], 16, limits::HEADS)?,
+            n_v_heads: o.count_or(&["linear_num_value_heads"], 32, limits::HEADS)?,
+            k_head_dim: o.count_or(&["linear_key_head_dim"], 128, limits::HEAD_DIM)?,
+            v_head_dim: o.count_or(&["linear_value_head_dim"], 128, limits::HEAD_DIM)?,
+            conv_kernel: o.count_or(&["linear_conv_kernel_dim"], 4, limits::CONV_KERNEL)?,
             norm_eps: raw.rms_norm_eps,
         };
         if !d.n_v_heads.is_multiple_of(d.n_k_heads) {
@@ -186,12 +190,7 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
         })
         .collect();
     let moe_layers = ffns.iter().filter(|f| **f == FfnKind::Moe).count();
-    if moe_layers * raw.num_experts > 1 << 20 {
-        return Err(o.err(format!(
-            "{moe_layers} MoE layers of {} experts each: too many expert tensors",
-            raw.num_experts
-        )));
-    }
+    super::check_expert_total(o, &["num_experts"], raw.num_experts, moe_layers)?;
     if ffns.contains(&FfnKind::Moe) && raw.num_experts_per_tok > raw.num_experts {
         return Err(o.err(format!(
             "num_experts_per_tok ({}) exceeds num_experts ({})",

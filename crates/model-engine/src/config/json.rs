@@ -16,6 +16,7 @@ use metrale_core::DType;
 use metrale_core::json::wrap_nonfinite;
 use serde_json::{Map, Value};
 
+use super::limits::Limit;
 use crate::error::{EngineError, Result};
 
 /// The largest integer a config may give for a size or count: larger
@@ -239,6 +240,39 @@ impl<'a> Obj<'a> {
     pub fn size_or(&self, keys: &[&'a str], default: usize) -> Result<usize> {
         let n = self.usize_or(keys, default)?;
         self.positive(self.get(keys).map_or(keys[0], |(k, _)| k), n)
+    }
+
+    /// A required positive count of at most `limit.max` (the counts that
+    /// become names, loops and buffers: [`super::limits`]).
+    pub fn count(&self, keys: &[&'a str], limit: Limit) -> Result<usize> {
+        let n = self.size(keys)?;
+        self.within(keys, n, limit)
+    }
+
+    /// A positive count with a default, of at most `limit.max`.
+    pub fn count_or(&self, keys: &[&'a str], default: usize, limit: Limit) -> Result<usize> {
+        let n = self.size_or(keys, default)?;
+        self.within(keys, n, limit)
+    }
+
+    /// A count that may be zero (no experts), with a default, of at most
+    /// `limit.max`.
+    pub fn count_or_zero(&self, keys: &[&'a str], default: usize, limit: Limit) -> Result<usize> {
+        let n = self.usize_or(keys, default)?;
+        self.within(keys, n, limit)
+    }
+
+    /// `n`, the value of the first of `keys` given, if at most `limit.max`;
+    /// otherwise an error naming the key.
+    pub fn within(&self, keys: &[&'a str], n: usize, limit: Limit) -> Result<usize> {
+        if n <= limit.max {
+            return Ok(n);
+        }
+        let k = self.get(keys).map_or(keys[0], |(k, _)| k);
+        Err(self.err(format!(
+            "key `{}{k}` = {n}: more than {} {} is not supported",
+            self.prefix, limit.max, limit.what
+        )))
     }
 
     fn positive(&self, key: &str, n: usize) -> Result<usize> {

@@ -8,6 +8,7 @@
 //! pass, the cache sizes and the memory estimate.
 
 pub mod json;
+pub mod limits;
 mod load;
 pub mod rope;
 mod tensors;
