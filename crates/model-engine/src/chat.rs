@@ -39,8 +39,10 @@ use crate::tokenizer::special_token_text;
 
 mod guard;
 mod jinja;
+mod spans;
 
 pub use jinja::strftime;
+pub use spans::{RenderedChat, encode_chat};
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -90,6 +92,20 @@ pub const TEMPLATE_FUEL: u64 = 4_000_000;
 /// tokenizer can encode in well under a GiB (about 50 bytes of working
 /// memory per byte of text).
 pub const MAX_RENDERED_BYTES: usize = 8 << 20;
+
+/// Bytes of rendering [`max_rendered_bytes`] allows per token of context:
+/// more than tokenizers average over a prompt (3 to 5 for prose, more for
+/// code and runs of whitespace), so a rendering past it cannot fit.
+pub const RENDERED_BYTES_PER_TOKEN: usize = 32;
+
+/// The longest rendering worth tokenizing for a context of
+/// `context_tokens`: [`RENDERED_BYTES_PER_TOKEN`] per token, at least 64
+/// KiB, at most [`MAX_RENDERED_BYTES`].
+pub fn max_rendered_bytes(context_tokens: usize) -> usize {
+    context_tokens
+        .saturating_mul(RENDERED_BYTES_PER_TOKEN)
+        .clamp(64 << 10, MAX_RENDERED_BYTES)
+}
 
 impl ChatTemplate {
     /// Compiles `source`. `special_tokens` are `(name, text)` pairs such as

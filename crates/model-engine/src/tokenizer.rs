@@ -16,12 +16,14 @@
 //! that is present but malformed.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
 use crate::config::json::read_json;
 use crate::error::{EngineError, Result};
+
+mod spans;
 
 /// A loaded tokenizer with its special tokens. Cloning is cheap (the
 /// vocabulary is shared).
@@ -36,6 +38,11 @@ pub struct Tokenizer {
     vocab_size: usize,
     /// Ids below `vocab_size` that name no token (holes in the vocabulary).
     holes: Arc<[u32]>,
+    /// The ids of the special added tokens, sorted.
+    special_ids: Arc<[u32]>,
+    /// The tokenizer with special-token matching off, made when first
+    /// needed (see `spans`).
+    plain: Arc<OnceLock<tokenizers::Tokenizer>>,
     source: PathBuf,
 }
 
@@ -213,7 +220,16 @@ impl Tokenizer {
             .filter(|&id| !named[id as usize])
             .collect();
 
+        let mut special_ids: Vec<u32> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, _)| id)
+            .collect();
+        special_ids.sort_unstable();
         Ok(Self {
+            special_ids: special_ids.into(),
+            plain: Arc::default(),
             inner: Arc::new(inner),
             bos_id,
             bos_token,
