@@ -10,6 +10,7 @@
 //! render adds after them.
 
 use anyhow::Result;
+use metrale_model_engine::chat::RenderedChat;
 use metrale_model_engine::sampling::Finish;
 use metrale_model_engine::tokenizer::Tokenizer;
 
@@ -31,20 +32,23 @@ impl ChatTokens {
     }
 
     /// The prompt ids of `rendered`, a render of the conversation ready for
-    /// the reply, which become the kept text and ids. When `rendered`
-    /// starts with the kept text, only the rest is tokenized and appended
-    /// to the kept ids; otherwise (a template that renders earlier turns
-    /// differently once more follow, a dropped turn, nothing kept) the
-    /// whole render is tokenized.
-    pub fn prompt(&mut self, tokenizer: &Tokenizer, rendered: &str) -> Result<Vec<u32>> {
-        match rendered.strip_prefix(self.text.as_str()) {
-            Some(rest) if !self.text.is_empty() => {
-                let more = tokenizer.encode(rest, false)?;
+    /// the reply ([`Generator::chat_text`](crate::Generator::chat_text)),
+    /// which become the kept text and ids. When `rendered` starts with the
+    /// kept text, only the rest is tokenized and appended to the kept ids;
+    /// otherwise (a template that renders earlier turns differently once
+    /// more follow, a dropped turn, nothing kept) the whole render is
+    /// tokenized. Special tokens in message content are text either way
+    /// ([`Tokenizer::encode_rendered`]).
+    pub fn prompt(&mut self, tokenizer: &Tokenizer, rendered: &RenderedChat) -> Result<Vec<u32>> {
+        let text = rendered.text();
+        match text.strip_prefix(self.text.as_str()) {
+            Some(_) if !self.text.is_empty() => {
+                let more = tokenizer.encode_rendered_from(rendered, self.text.len())?;
                 self.ids.extend(more);
             }
-            _ => self.ids = tokenizer.encode(rendered, false)?,
+            _ => self.ids = tokenizer.encode_rendered(rendered)?,
         }
-        self.text = rendered.to_string();
+        self.text = text.to_string();
         Ok(self.ids.clone())
     }
 

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use metrale_model_engine::chat::{ChatMessage, ChatTemplate};
+use metrale_model_engine::chat::{ChatMessage, ChatTemplate, RenderedChat, max_rendered_bytes};
 use metrale_model_engine::engine::{Engine, EngineConfig, Event, RequestId, Usage};
 use metrale_model_engine::sampling::{
     Finish, GenerationDefaults, SamplingOverrides, SamplingParams,
@@ -227,21 +227,31 @@ impl Generator {
     }
 
     /// Token ids of a conversation rendered by `template`, ready for the
-    /// assistant's reply.
+    /// assistant's reply. Special tokens typed in a message are text; only
+    /// the template's own markup gives special-token ids
+    /// ([`Tokenizer::encode_rendered`]).
     pub fn chat_prompt(
         &self,
         template: &ChatTemplate,
         messages: &[ChatMessage],
     ) -> Result<Vec<u32>> {
-        let text = self.chat_text(template, messages)?;
-        Ok(self.tokenizer.encode(&text, false)?)
+        let rendered = self.chat_text(template, messages)?;
+        Ok(self.tokenizer.encode_rendered(&rendered)?)
     }
 
     /// A conversation rendered by `template`, ready for the assistant's
-    /// reply: the text [`chat_prompt`](Self::chat_prompt) tokenizes (see
-    /// [`crate::ChatTokens`] for keeping the ids of earlier turns).
-    pub fn chat_text(&self, template: &ChatTemplate, messages: &[ChatMessage]) -> Result<String> {
-        Ok(template.render(messages, true)?)
+    /// reply, with where its message content is: what
+    /// [`chat_prompt`](Self::chat_prompt) tokenizes (see
+    /// [`crate::ChatTokens`] for keeping the ids of earlier turns). A
+    /// rendering longer than the context could hold
+    /// ([`max_rendered_bytes`]) is an error.
+    pub fn chat_text(
+        &self,
+        template: &ChatTemplate,
+        messages: &[ChatMessage],
+    ) -> Result<RenderedChat> {
+        let limit = max_rendered_bytes(self.engine.context_limit());
+        Ok(template.render_spans(messages, true, limit)?)
     }
 
     /// Generates from a text prompt until a stop condition; blocks.

@@ -78,7 +78,7 @@ pub use generate::{
     Generation, GenerationStream, Generator, MODEL_ENV, StreamEvent, Timings, default_model_dir,
 };
 pub use metrale_core::DType;
-pub use metrale_model_engine::chat::{ChatMessage, ChatTemplate};
+pub use metrale_model_engine::chat::{ChatMessage, ChatTemplate, RenderedChat, encode_chat};
 pub use metrale_model_engine::engine::{EngineConfig, RequestId, Usage};
 pub use metrale_model_engine::model::{ModelOptions, PrefixCacheOptions};
 pub use metrale_model_engine::sampling::{
