@@ -28,15 +28,6 @@ pub struct RenderedChat {
 }
 
 impl RenderedChat {
-    /// A rendering with nothing in it from messages (all of it is the
-    /// template's).
-    pub fn from_template_text(text: String) -> Self {
-        Self {
-            text,
-            ..Self::default()
-        }
-    }
-
     /// The rendered text.
     pub fn text(&self) -> &str {
         &self.text
