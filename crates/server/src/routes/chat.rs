@@ -19,7 +19,8 @@ use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
-use metrale::{ChatMessage, Finish};
+use metrale::engine::chat::max_rendered_bytes;
+use metrale::{ChatMessage, Finish, encode_chat};
 use serde_json::{Value, json};
 
 use super::admit;
@@ -139,18 +140,18 @@ pub async fn handler(
 }
 
 /// The conversation rendered by the model's chat template, ready for the
-/// assistant's reply, and tokenized.
+/// assistant's reply, and tokenized: the template's own text keeps its
+/// control tokens, a special token typed inside a message is tokenized as
+/// text ([`encode_chat`]). A rendering longer than the context could hold
+/// is refused before it is tokenized.
 fn render(state: &AppState, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
     let template = state
         .template
         .as_ref()
         .map_err(|e| ApiError::bad(format!("the model has no usable chat template: {e}")))?;
-    let text = template.render(messages, true).map_err(|e| {
-        ApiError::bad_param("messages", format!("rendering the chat template: {e}"))
-    })?;
-    state.tokenizer().encode(&text, false).map_err(|e| {
-        ApiError::bad_param("messages", format!("cannot tokenize the conversation: {e}"))
-    })
+    let most = max_rendered_bytes(state.context_limit);
+    encode_chat(template, state.tokenizer(), messages, true, most)
+        .map_err(|e| ApiError::bad_param("messages", format!("rendering the conversation: {e:#}")))
 }
 
 /// A message's text: its string, or its text parts joined.
