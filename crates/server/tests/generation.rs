@@ -487,7 +487,6 @@ const HASH: &str = "0123456789abcdef0123456789abcdef01234567";
 /// under that name; a model not in the cache is a clear error.
 #[test]
 fn the_server_binary_takes_a_hub_id() {
-    use std::io::BufRead;
     let cache = std::env::temp_dir().join(format!("metrale-server-hub-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
     let root = cache.join("models--org--tiny");
@@ -531,22 +530,7 @@ fn the_server_binary_takes_a_hub_id() {
     assert!(stderr.contains("not in the Hugging Face cache"), "{stderr}");
 
     let mut child = serve("org/tiny");
-    let stderr = child.stderr.take().unwrap();
-    let mut addr = None;
-    let mut seen = String::new();
-    for line in std::io::BufReader::new(stderr).lines() {
-        let line = line.unwrap();
-        seen.push_str(&line);
-        seen.push('\n');
-        if let Some(a) = line.split("http://").nth(1) {
-            addr = Some(a.trim().parse::<std::net::SocketAddr>().unwrap());
-            break;
-        }
-    }
-    let Some(addr) = addr else {
-        let _ = child.kill();
-        panic!("the server did not start: {seen}");
-    };
+    let (addr, seen) = server_address(&mut child);
     let models = get(addr, "/v1/models").json();
     let _ = child.kill();
     let _ = child.wait();

@@ -29,6 +29,12 @@ fn send_unread(addr: SocketAddr, path: &str, body: &Value) -> TcpStream {
     s
 }
 
+/// Asserts that the error `e` names `what` (the limit it hit).
+fn names(e: &Value, what: &str) {
+    let message = e["message"].as_str().unwrap_or_default();
+    assert!(message.contains(what), "{what}: {e}");
+}
+
 /// Waits until the server counts no request in flight and the engine
 /// holds no sequence, or panics after `limit`.
 fn settles(server: &TestServer, limit: Duration) {
@@ -108,13 +114,7 @@ fn requests_are_admitted_by_cost_before_they_run() {
         &json!({"prompt": prompts, "n": 128, "max_tokens": 16}),
     )
     .error(400);
-    assert!(
-        e["message"]
-            .as_str()
-            .unwrap()
-            .contains("--max-request-tokens"),
-        "{e}"
-    );
+    names(&e, "--max-request-tokens");
     // A short request whose response would be huge.
     for (path, body) in [
         (
@@ -128,13 +128,7 @@ fn requests_are_admitted_by_cost_before_they_run() {
         ),
     ] {
         let e = post(server.addr, path, &body).error(400);
-        assert!(
-            e["message"]
-                .as_str()
-                .unwrap()
-                .contains("--max-response-bytes"),
-            "{path}: {e}"
-        );
+        names(&e, "--max-response-bytes");
     }
     // More choices than may wait: 429 at once, nothing left reserved.
     let small = start(ServerConfig {
@@ -172,13 +166,7 @@ fn the_queued_prompt_bytes_are_bounded() {
         &json!({"prompt": "a ".repeat(1024), "max_tokens": 1}),
     )
     .error(400);
-    assert!(
-        e["message"]
-            .as_str()
-            .unwrap()
-            .contains("--max-queued-prompt-bytes"),
-        "{e}"
-    );
+    names(&e, "--max-queued-prompt-bytes");
     // Given back: the budget is whole again after each request.
     for _ in 0..3 {
         let r = post(
@@ -208,7 +196,7 @@ fn a_4mib_request_under_a_memory_limit_is_refused_not_fatal() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let addr = server_address(&mut child);
+    let (addr, _) = server_address(&mut child);
     let body = format!(
         "{{\"prompt\": [{}[1]], \"n\": 128, \"max_tokens\": 16}}",
         "[1],".repeat(999_999)
@@ -220,32 +208,9 @@ fn a_4mib_request_under_a_memory_limit_is_refused_not_fatal() {
     let _ = child.kill();
     let _ = child.wait();
     let e = r.error(400);
-    assert!(
-        e["message"]
-            .as_str()
-            .unwrap()
-            .contains("--max-request-tokens"),
-        "{e}"
-    );
+    names(&e, "--max-request-tokens");
     assert_eq!(health.status, 200);
     assert!(alive);
-}
-
-/// The address a `metrale-serve` child prints on stderr.
-fn server_address(child: &mut std::process::Child) -> SocketAddr {
-    use std::io::BufRead;
-    let stderr = child.stderr.take().unwrap();
-    let mut seen = String::new();
-    for line in std::io::BufReader::new(stderr).lines() {
-        let line = line.unwrap();
-        seen.push_str(&line);
-        seen.push('\n');
-        if let Some(a) = line.split("http://").nth(1) {
-            return a.trim().parse().unwrap();
-        }
-    }
-    let _ = child.kill();
-    panic!("the server did not start: {seen}");
 }
 
 /// Reads until the peer closes or `limit` passes; returns what came and

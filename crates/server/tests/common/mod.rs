@@ -311,3 +311,21 @@ pub fn metric(text: &str, series: &str) -> f64 {
         .parse()
         .unwrap()
 }
+
+/// The address a `metrale-serve` child prints on stderr, and the lines it
+/// printed up to it.
+pub fn server_address(child: &mut std::process::Child) -> (SocketAddr, String) {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().unwrap();
+    let mut seen = String::new();
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if let Some(a) = line.split("http://").nth(1) {
+            return (a.trim().parse().unwrap(), seen);
+        }
+    }
+    let _ = child.kill();
+    panic!("the server did not start: {seen}");
+}
