@@ -17,6 +17,13 @@ pub enum WeightsError {
     /// would block or never end, so it is refused before it is opened.
     #[error("{path}: is {kind}, not a regular file (a model file must be a regular file)")]
     NotARegularFile { path: PathBuf, kind: &'static str },
+    /// A file to be created (a temporary file under a predictable name)
+    /// exists already: a link planted there is not followed, and nothing
+    /// there is truncated.
+    #[error(
+        "{path}: already exists; refusing to overwrite it or follow it if it is a link (remove it if it is a leftover)"
+    )]
+    AlreadyExists { path: PathBuf },
     #[error("tensor {name:?} is not in the weight store")]
     NotLoaded { name: String },
     #[error("device error while handling tensor {name:?}: {source}")]

@@ -515,6 +515,7 @@ fn a_streamed_file_is_the_file_written_at_once() {
     assert_eq!(std::fs::read(&path).unwrap(), whole);
 
     // Finishing early is an error naming the first tensor not written.
+    std::fs::remove_file(&path).unwrap();
     let mut s = w.stream(&path).unwrap();
     s.write_tensor(first.name(), first.data).unwrap();
     let e = s.finish().unwrap_err().to_string();
@@ -522,4 +523,49 @@ fn a_streamed_file_is_the_file_written_at_once() {
     // A writer holding bytes cannot stream.
     assert!(sample().stream(&path).is_err());
     let _ = std::fs::remove_file(&path);
+}
+
+/// A stream's file is a temporary one under a guessable name
+/// (`.OUT.tmp-<pid>`): whatever is already at that path (a link planted
+/// there to another file, dangling or not, or any file) is neither
+/// followed nor truncated, and the error says so.
+#[cfg(unix)]
+#[test]
+fn a_stream_creates_its_file_and_never_opens_an_existing_one() {
+    let dir = std::env::temp_dir().join(format!("metrale-stream-link-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let tmp = dir.join(".out.gguf.tmp-1");
+    let mut w = GgufWriter::new();
+    w.add_tensor_info("w", GgmlType::F32, &[2]);
+
+    let absent = dir.join("absent");
+    for target in [&victim, &absent] {
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(target, &tmp).unwrap();
+        let e = w.stream(&tmp).err().expect("an existing path is refused");
+        let e = e.to_string();
+        assert!(
+            e.starts_with(&format!("{}: ", tmp.display())) && e.contains("already exists"),
+            "{e}"
+        );
+    }
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(
+        !absent.exists(),
+        "nothing is created through a dangling link"
+    );
+
+    // A plain file is kept too; once it is gone the stream is written.
+    std::fs::remove_file(&tmp).unwrap();
+    std::fs::write(&tmp, b"left over").unwrap();
+    assert!(w.stream(&tmp).is_err());
+    assert_eq!(std::fs::read(&tmp).unwrap(), b"left over");
+    std::fs::remove_file(&tmp).unwrap();
+    let mut s = w.stream(&tmp).unwrap();
+    s.write_tensor("w", &[0; 8]).unwrap();
+    s.finish().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
 }

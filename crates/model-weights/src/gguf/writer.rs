@@ -99,7 +99,10 @@ impl GgufWriter {
 
     /// Checks everything, creates `path` and writes the header; every
     /// tensor must have been added with [`Self::add_tensor_info`]. The
-    /// returned stream takes their bytes in order.
+    /// returned stream takes their bytes in order. `path` (a temporary file
+    /// under a guessable name, in the output's directory) must not exist:
+    /// whatever is there, a link to another file above all, is refused
+    /// ([`WeightsError::AlreadyExists`]) rather than followed or truncated.
     pub fn stream(&self, path: &Path) -> Result<GgufStream, WeightsError> {
         if let Some(t) = self.tensors.iter().find(|t| t.data.is_some()) {
             return Err(WeightsError::GgufWrite {
@@ -113,7 +116,7 @@ impl GgufWriter {
             path: path.to_path_buf(),
             source,
         };
-        let mut out = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+        let mut out = std::io::BufWriter::new(crate::open::create_new(path)?);
         out.write_all(&header).map_err(io)?;
         let pending = (self.tensors.iter())
             .map(|t| Ok((t.name.clone(), tensor_bytes(t)?)))
