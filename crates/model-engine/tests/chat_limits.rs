@@ -5,52 +5,30 @@
 
 #![cfg(unix)]
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod limited;
+
+use limited::run_limited;
 use metrale_model_engine::chat::{ChatMessage, ChatTemplate, MAX_RENDERED_BYTES};
 use metrale_model_engine::tokenizer::Tokenizer;
 
-/// Set in the child process that runs a test's body.
-const CHILD: &str = "METRALE_CAPPED_CHILD";
-/// The child's address-space limit (KiB, as `ulimit -v` takes it): 2 GiB.
-const CHILD_LIMIT_KIB: u64 = 2 << 20;
-
-/// In the parent, runs the test `name` of this binary again in a child
-/// capped at [`CHILD_LIMIT_KIB`] and asserts that it passed; returns
-/// whether the caller is that child (and should run the body).
-fn in_capped_child(name: &str) -> bool {
-    if std::env::var_os(CHILD).is_some() {
-        return true;
-    }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(format!("ulimit -v {CHILD_LIMIT_KIB} && exec \"$0\" \"$@\""))
-        .arg(exe)
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        // glibc reserves 64 MiB of address space per malloc arena.
-        .env("MALLOC_ARENA_MAX", "2")
-        .output()
-        .expect("the test binary runs again");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "{name} in a child capped at {CHILD_LIMIT_KIB} KiB: {}\n{stdout}\n{stderr}",
-        out.status
-    );
-    false
-}
+/// Long enough for every hostile case on a loaded 2-core machine; a
+/// template that loops without end is killed there.
+const DEADLINE: Duration = Duration::from_secs(120);
 
 /// Templates that ask for gigabytes, one way or another: each is refused
 /// (or renders within the bounds) quickly, in a child that has 2 GiB.
 #[test]
 fn templates_that_ask_for_gigabytes_are_refused() {
-    if !in_capped_child("templates_that_ask_for_gigabytes_are_refused") {
-        return;
-    }
+    run_limited(
+        "templates_that_ask_for_gigabytes_are_refused",
+        DEADLINE,
+        templates_that_ask_for_gigabytes_are_refused_body,
+    );
+}
+
+fn templates_that_ask_for_gigabytes_are_refused_body() {
     // Thirty-six doublings: a list of 2^36 references to one 1 MB string,
     // for the cost of 36 two-item lists.
     let dag = r#"{% set ns = namespace(l=["x" * 1000000]) %}{% for i in range(36) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}"#;
@@ -130,9 +108,14 @@ fn templates_that_ask_for_gigabytes_are_refused() {
 /// no token, and the tokenizer is refused rather than listing them.
 #[test]
 fn a_vocabulary_with_ids_far_past_its_size_is_refused() {
-    if !in_capped_child("a_vocabulary_with_ids_far_past_its_size_is_refused") {
-        return;
-    }
+    run_limited(
+        "a_vocabulary_with_ids_far_past_its_size_is_refused",
+        DEADLINE,
+        a_vocabulary_with_ids_far_past_its_size_is_refused_body,
+    );
+}
+
+fn a_vocabulary_with_ids_far_past_its_size_is_refused_body() {
     let dir = std::env::temp_dir().join(format!("metrale-sparse-vocab-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = serde_json::json!({
