@@ -411,3 +411,30 @@ fn refusals_name_the_problem_and_leave_no_file() {
     let _ = std::fs::remove_dir_all(&src);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The temporary file `.OUT.tmp-<pid>` has a guessable name: a link
+/// planted there (in a shared directory, by someone else) once made
+/// quantize truncate and overwrite the file it pointed to. It is refused,
+/// naming the path, and the link's target is untouched.
+#[cfg(unix)]
+#[test]
+fn a_link_at_the_temporary_path_is_not_followed() {
+    use metrale_model_engine::gguf::export::temp_path;
+    let dir = scratch("planted-link");
+    let victim = dir.join("victim.txt");
+    std::fs::write(&victim, b"someone else's file").unwrap();
+    let out = dir.join("out.gguf");
+    let tmp = temp_path(&out);
+    std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+    let q8 = fixtures().join("gguf/llama/Q8_0.gguf");
+    let e = quantize(&q8, &out, &options(FileType::Q8_0), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(&format!("{}: ", tmp.display())) && e.contains("already exists"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"someone else's file");
+    assert!(!out.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
