@@ -288,3 +288,45 @@ fn experts_over_all_layers_are_bounded() {
         all_refused(&scratch("experts"), &cases);
     });
 }
+
+/// config.json as a FIFO blocked the open until a writer came, and as a
+/// link to `/dev/zero` read until memory ran out; a regular file is read
+/// only up to a bound. Each is refused promptly, naming the file.
+#[cfg(unix)]
+#[test]
+fn special_or_huge_json_files_are_refused_promptly() {
+    use metrale_model_engine::config::json::{MAX_JSON_BYTES, read_json};
+    use metrale_model_engine::config::load_config;
+    let name = "special_or_huge_json_files_are_refused_promptly";
+    run_limited(name, DEADLINE, || {
+        let root = scratch("special");
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let fifo = root.join("fifo");
+        std::fs::create_dir_all(&fifo).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(fifo.join("config.json"))
+            .status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+        let zero = root.join("zero");
+        std::fs::create_dir_all(&zero).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", zero.join("config.json")).unwrap();
+        let huge = root.join("huge");
+        std::fs::create_dir_all(&huge).unwrap();
+        let file = std::fs::File::create(huge.join("config.json")).unwrap();
+        file.set_len(MAX_JSON_BYTES + 1).unwrap();
+        for (dir, words) in [
+            (&fifo, "FIFO"),
+            (&zero, "character device"),
+            (&huge, "larger than"),
+        ] {
+            let path = dir.join("config.json");
+            let e = load_config(dir).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{}: ", path.display())), "{e}");
+            assert!(e.contains(words), "{e}");
+            let e = read_json(&path).unwrap_err().to_string();
+            assert!(e.contains(words), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&root);
+    });
+}

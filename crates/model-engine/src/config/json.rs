@@ -47,14 +47,49 @@ pub fn parse_json(text: &str, path: &Path) -> Result<Map<String, Value>> {
 /// Reads and parses a JSON file that may be absent: `Ok(None)` when it does
 /// not exist, an error naming the file when it cannot be read or parsed.
 pub fn read_json(path: &Path) -> Result<Option<Value>> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => parse_value(&text, path).map(Some),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(EngineError::Config {
-            path: path.to_path_buf(),
-            detail: format!("cannot read: {e}"),
-        }),
+    match read_text(path)? {
+        Some(text) => parse_value(&text, path).map(Some),
+        None => Ok(None),
     }
+}
+
+/// The most bytes a checkpoint's JSON file is read to: config.json is a
+/// few kilobytes, a tokenizer_config.json listing every added token a few
+/// megabytes.
+pub const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// The text of the JSON file `path`, `None` when it does not exist. Only a
+/// regular file is read (a FIFO would block the open, a device would read
+/// without end), and only up to [`MAX_JSON_BYTES`].
+pub fn read_text(path: &Path) -> Result<Option<String>> {
+    use metrale_model_weights::WeightsError;
+    use std::io::Read;
+    let err = |detail: String| EngineError::Config {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let file = match metrale_model_weights::open_regular(path) {
+        Ok(file) => file,
+        Err(WeightsError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(None);
+        }
+        Err(WeightsError::Io { source, .. }) => return Err(err(format!("cannot read: {source}"))),
+        Err(WeightsError::NotARegularFile { kind, .. }) => {
+            return Err(err(format!("is {kind}, not a regular file")));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut text = String::new();
+    (file.take(MAX_JSON_BYTES + 1))
+        .read_to_string(&mut text)
+        .map_err(|e| err(format!("cannot read: {e}")))?;
+    if text.len() as u64 > MAX_JSON_BYTES {
+        return Err(err(format!(
+            "larger than {} MiB, which no checkpoint's JSON file is",
+            MAX_JSON_BYTES >> 20
+        )));
+    }
+    Ok(Some(text))
 }
 
 /// A number as config files write it: a JSON number, `{"__float__": "..."}`,

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use super::ModelConfig;
 use super::ModelType;
-use super::json::{Obj, parse_json};
+use super::json::{Obj, parse_json, read_text};
 use crate::arch;
 use crate::error::{EngineError, Result};
 
@@ -118,15 +118,8 @@ fn quant_method_name(method: &str) -> String {
 }
 
 fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| {
-        let detail = if e.kind() == std::io::ErrorKind::NotFound {
-            "file not found".to_string()
-        } else {
-            format!("cannot read: {e}")
-        };
-        EngineError::Config {
-            path: path.to_path_buf(),
-            detail,
-        }
+    read_text(path)?.ok_or_else(|| EngineError::Config {
+        path: path.to_path_buf(),
+        detail: "file not found".to_string(),
     })
 }
