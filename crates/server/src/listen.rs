@@ -75,8 +75,34 @@ pub fn default_max_connections() -> usize {
     soft.saturating_sub(SPARE_DESCRIPTORS).clamp(16, 4096) as usize
 }
 
+/// Raises the process's soft descriptor limit to its hard limit (at most
+/// 65536), as servers do: a soft limit of 1024 is a shell's default, not
+/// the system's. Returns the soft limit in force.
 #[cfg(unix)]
-fn descriptor_limit() -> Option<u64> {
+pub fn raise_descriptor_limit() -> Option<u64> {
+    let mut limit = rlimit_nofile()?;
+    let wanted = limit.rlim_max.min(65536);
+    if limit.rlim_cur < wanted {
+        let raised = libc::rlimit {
+            rlim_cur: wanted,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads one `rlimit` through a pointer to a
+        // live, properly aligned local; it keeps no reference to it.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit = raised;
+        }
+    }
+    Some(limit.rlim_cur as u64)
+}
+
+#[cfg(not(unix))]
+pub fn raise_descriptor_limit() -> Option<u64> {
+    None
+}
+
+#[cfg(unix)]
+fn rlimit_nofile() -> Option<libc::rlimit> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -84,7 +110,12 @@ fn descriptor_limit() -> Option<u64> {
     // SAFETY: getrlimit writes one `rlimit` through a pointer to a live,
     // properly aligned local; it keeps no reference to it.
     let status = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    (status == 0).then_some(limit.rlim_cur as u64)
+    (status == 0).then_some(limit)
+}
+
+#[cfg(unix)]
+fn descriptor_limit() -> Option<u64> {
+    rlimit_nofile().map(|l| l.rlim_cur as u64)
 }
 
 #[cfg(not(unix))]

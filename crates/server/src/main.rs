@@ -124,7 +124,8 @@ struct LimitArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
     max_body_bytes: Option<usize>,
     /// Most connections served at once; one more is answered 503 (default:
-    /// 4096, or the descriptor limit less 64 when that is lower).
+    /// 4096, or the descriptor limit less 64 when that is lower; the soft
+    /// descriptor limit is first raised to the hard one, at most 65536).
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
     /// Seconds a client has to send a request's headers, counted from the
@@ -284,6 +285,7 @@ fn run(args: Args) -> Result<()> {
         let blocks = ctx.div_ceil(options.model.kv_block_size);
         options.model.kv_blocks = options.model.kv_blocks.max(blocks);
     }
+    metrale_server::listen::raise_descriptor_limit();
     let connections = args.limits.connections()?;
     let body_timeout = seconds("--body-timeout", args.limits.body_timeout)?;
     if args.limits.max_connections == Some(0) {
