@@ -280,7 +280,7 @@ fn check_ref_file(ref_file: &Path, meta: &std::fs::Metadata) -> Result<()> {
         bail!(
             "{}: is {}, not a file holding a commit hash",
             ref_file.display(),
-            file_kind(meta)
+            metrale_model_weights::file_kind(meta.file_type())
         );
     }
     if meta.len() > MAX_REF_BYTES {
@@ -292,31 +292,6 @@ fn check_ref_file(ref_file: &Path, meta: &std::fs::Metadata) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// What a file that is not a regular file is, for error messages.
-fn file_kind(meta: &std::fs::Metadata) -> &'static str {
-    let t = meta.file_type();
-    if t.is_dir() {
-        return "a directory";
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if t.is_fifo() {
-            return "a FIFO (named pipe)";
-        }
-        if t.is_char_device() {
-            return "a character device";
-        }
-        if t.is_block_device() {
-            return "a block device";
-        }
-        if t.is_socket() {
-            return "a socket";
-        }
-    }
-    "not a regular file"
 }
 
 /// A hex string of 40 characters (a git commit).

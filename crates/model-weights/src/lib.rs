@@ -19,5 +19,5 @@ pub use loader::{
     ExpectedTensor, GgufExpected, GgufTransform, LoadProgress, WeightDType, load_gguf,
     load_safetensors, scan_safetensors,
 };
-pub use open::{open_regular, read_regular_to_string};
+pub use open::{file_kind, open_regular, read_regular_to_string};
 pub use weights::{DeviceTensor, WeightStore};

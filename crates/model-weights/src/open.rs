@@ -19,8 +19,9 @@ use std::path::Path;
 
 use crate::error::WeightsError;
 
-/// What kind of file `t` is, in words, for an error message.
-fn kind(t: FileType) -> &'static str {
+/// What kind of file `t` is, in words, for an error message ("a FIFO
+/// (named pipe)", "a character device", ...).
+pub fn file_kind(t: FileType) -> &'static str {
     #[cfg(unix)]
     {
         use std::os::unix::fs::FileTypeExt;
@@ -37,8 +38,12 @@ fn kind(t: FileType) -> &'static str {
             return "a socket";
         }
     }
-    if t.is_dir() {
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
         "a directory"
+    } else if t.is_symlink() {
+        "a symbolic link"
     } else {
         "not a regular file"
     }
@@ -50,7 +55,7 @@ fn check(path: &Path, meta: &Metadata) -> Result<(), WeightsError> {
     }
     Err(WeightsError::NotARegularFile {
         path: path.to_path_buf(),
-        kind: kind(meta.file_type()),
+        kind: file_kind(meta.file_type()),
     })
 }
 

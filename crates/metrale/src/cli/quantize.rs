@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use metrale::engine::gguf::export::{QuantizeEvent, QuantizeOptions, quantize};
+use metrale::weights::file_kind;
 use metrale::weights::gguf::mix::FileType;
 
 #[derive(clap::Args)]
@@ -69,40 +70,9 @@ fn check_output(out: &Path) -> Result<()> {
         Ok(m) => bail!(
             "{}: is {}; quantize writes only a new file or over a regular file",
             out.display(),
-            describe(&m)
+            file_kind(m.file_type())
         ),
     }
-}
-
-/// What a file is, for error messages ("is a FIFO (named pipe)").
-fn describe(m: &std::fs::Metadata) -> &'static str {
-    let t = m.file_type();
-    if t.is_file() {
-        return "a regular file";
-    }
-    if t.is_dir() {
-        return "a directory";
-    }
-    if t.is_symlink() {
-        return "a symbolic link";
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if t.is_fifo() {
-            return "a FIFO (named pipe)";
-        }
-        if t.is_char_device() {
-            return "a character device";
-        }
-        if t.is_block_device() {
-            return "a block device";
-        }
-        if t.is_socket() {
-            return "a socket";
-        }
-    }
-    "not a regular file"
 }
 
 fn parse_type(s: &str) -> Result<FileType, String> {
@@ -121,7 +91,7 @@ pub fn run(args: Args) -> Result<()> {
             "{}: there is already {} there, in the way of the temporary file (left by an \
              interrupted run?); remove it",
             tmp.display(),
-            describe(&m)
+            file_kind(m.file_type())
         );
     }
     let opts = QuantizeOptions {
