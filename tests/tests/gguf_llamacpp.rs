@@ -29,29 +29,6 @@ use metrale_model_weights::loader::WeightDType;
 use metrale_tests::*;
 use safetensors::SafeTensors;
 
-/// (rms, max) of logits − llama.cpp's, per prompt.
-#[derive(Clone, Copy)]
-struct Bound(f64, f32);
-
-/// The same activation quantization: float rounding only.
-const EXACT: Bound = Bound(1e-6, 1e-5);
-/// Activations quantized with other roundings (see the module's doc).
-const ROUNDING: Bound = Bound(2e-2, 8e-2);
-
-/// The bound a file is held to: exact where its matrices are Q4_K or Q6_K
-/// (the fallback file's Q5_0 and Q8_0 rows happen to round alike), but for
-/// the Mamba-2 prefill of mamba2 and Granite: metrale's chunked SSD scan
-/// sums in another order than llama.cpp's token-by-token scan, which moves
-/// an activation across a rounding step now and then (measured: mamba2
-/// prefill 4e-3, its decode 1e-6; granitemoehybrid 3.5e-2).
-fn bound(arch: &str, format: &str) -> Bound {
-    match (arch, format) {
-        ("mamba2" | "granitemoehybrid", _) => ROUNDING,
-        (_, "Q4_K_M" | "Q6_K") => EXACT,
-        _ => ROUNDING,
-    }
-}
-
 fn gguf_dir() -> PathBuf {
     fixture_dir("gguf")
 }
@@ -154,7 +131,7 @@ fn check(arch: &str, format: &str) -> Result<()> {
         eprintln!(
             "{what}: prefill rms {r:.1e} max {d:.1e}; prefill+decode rms {rd:.1e} max {dd:.1e}"
         );
-        let Bound(rms_bound, max_bound) = bound(arch, format);
+        let Bound(rms_bound, max_bound) = gguf_bound(arch, format);
         assert!(
             r <= rms_bound && d <= max_bound,
             "{what}: prefill rms {r}, max {d}"
