@@ -5,16 +5,18 @@
 //! with an error naming config.json and the key; 2^26 experts once made
 //! the Nemotron-H parser build 2^26 names per MoE layer (an abort).
 
+mod common;
 mod limited;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{fixture, small_options};
 use limited::run_limited;
 use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_gpu_runtime::gpu::GpuBackend;
-use metrale_model_engine::model::{ModelOptions, TransformerModel};
+use metrale_model_engine::model::TransformerModel;
 use metrale_model_weights::loader::WeightDType;
 use serde_json::{Map, Value, json};
 
@@ -111,10 +113,6 @@ const ATTENTION: &[&str] = &[
     "head_dim",
 ];
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(name)
-}
-
 /// A copy of the fixture directory `name` under `root`.
 fn copy_fixture(name: &str, root: &Path) -> PathBuf {
     let dir = root.join(name);
@@ -126,21 +124,6 @@ fn copy_fixture(name: &str, root: &Path) -> PathBuf {
         }
     }
     dir
-}
-
-fn options() -> ModelOptions {
-    ModelOptions {
-        kv_block_size: 16,
-        kv_blocks: 4,
-        max_seqs: 2,
-        max_batch_tokens: 16,
-        kv_dtype: None,
-        kv_follows_weights: false,
-        ssm_state_dtype: None,
-        ssm_state_follows_weights: false,
-        cuda_graphs: false,
-        prefix_cache: Default::default(),
-    }
 }
 
 /// One hostile config: a fixture, the keys set in its config.json, the
@@ -174,8 +157,13 @@ fn all_refused(root: &Path, cases: &[Case]) {
         let text = serde_json::to_string_pretty(&Value::Object(map)).unwrap();
         std::fs::write(dir.join("config.json"), text).unwrap();
         let gpu: Arc<dyn GpuBackend> = Arc::new(CpuBackend::with_threads(1));
-        let result =
-            TransformerModel::load(&dir, gpu, options(), WeightDType::AsStored, &mut |_| {});
+        let result = TransformerModel::load(
+            &dir,
+            gpu,
+            small_options(),
+            WeightDType::AsStored,
+            &mut |_| {},
+        );
         let set: Vec<String> = (case.set.iter())
             .map(|(k, v)| format!("{k} = {}", short(&v.to_string(), 30)))
             .collect();

@@ -94,11 +94,6 @@ pub async fn handler(
         max_tokens: max_tokens.unwrap_or(1).max(1) as u64,
         top_logprobs: top,
     })?;
-    if let Err(e) = &state.template {
-        return Err(ApiError::bad(format!(
-            "the model has no usable chat template: {e}"
-        )));
-    }
     let prompt = {
         let state = state.clone();
         off_the_workers(move || render(&state, &messages)).await?

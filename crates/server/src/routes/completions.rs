@@ -46,15 +46,15 @@ pub async fn handler(
     }
     // best_of = n is plain sampling; more would generate candidates and
     // return the best, which this server does not do.
-    let n = request.sampling.n()? as u64;
+    let n = request.sampling.n()?;
     match request.best_of {
-        Some(b) if b > n => {
+        Some(b) if b > n as u64 => {
             return Err(ApiError::bad_param(
                 "best_of",
                 format!("best_of > n is not supported (best_of {b}, n {n})"),
             ));
         }
-        Some(b) if b < n => {
+        Some(b) if b < n as u64 => {
             return Err(ApiError::bad_param(
                 "best_of",
                 format!("best_of must be at least n (best_of {b}, n {n})"),
@@ -72,7 +72,6 @@ pub async fn handler(
             ));
         }
     };
-    let n = request.sampling.n()?;
     // Before any tokenizing: the prompts' bytes from the shared budget,
     // and what the request's shape alone already costs (a token a prompt
     // at least).

@@ -167,20 +167,10 @@ pub async fn require_key(
             Some(_) => None,
         };
         if let Some(message) = refusal {
-            // Read the body first (within the body limit): a connection
-            // whose request body was left unread is closed after the
-            // response, and a keep-alive client (the openai package's)
-            // that sends its next request on it meets a reset instead.
-            let drained = axum::body::to_bytes(request.into_body(), state.config.body_limit)
-                .await
-                .is_ok();
-            let mut response = ApiError::Unauthorized(message).into_response();
-            if !drained {
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            return response;
+            // The body is already read (`read_body` runs first), so the
+            // connection stays usable for a keep-alive client's next
+            // request.
+            return ApiError::Unauthorized(message).into_response();
         }
     }
     next.run(request).await
