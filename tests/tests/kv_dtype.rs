@@ -1,8 +1,9 @@
-//! A bf16 KV cache (the backend-owned layout asked for another dtype):
-//! every fixture architecture with attention, prefill then decode, against
-//! the golden logits and against the f32 cache. The errors are printed (the
-//! note and docs/PERFORMANCE.md quote them); the bound is what rounding keys
-//! and values to bf16 (8 significant bits) may cost on these tiny models.
+//! The narrow KV caches (the backend-owned layout asked for another
+//! dtype), bf16 and f16: every fixture architecture with attention, prefill
+//! then decode, against the golden logits and against the f32 cache. The
+//! errors are printed (docs/ACCURACY.md quotes them); each bound is what
+//! rounding keys and values to that dtype (8 significant bits for bf16, 11
+//! for f16) may cost on these tiny models.
 
 use std::sync::Arc;
 
@@ -16,6 +17,9 @@ use metrale_tests::*;
 
 /// Largest |logits - golden| allowed with a bf16 cache.
 const BF16_KV_TOLERANCE: f32 = 2e-2;
+/// Largest |logits - golden| allowed with an f16 cache: an eighth of
+/// bf16's rounding.
+const F16_KV_TOLERANCE: f32 = 4e-3;
 
 fn load_with(name: &str, kv_dtype: Option<DType>) -> Result<(Arc<CpuBackend>, TransformerModel)> {
     let cpu = Arc::new(CpuBackend::with_threads(2));
@@ -44,54 +48,91 @@ fn prefill_then_decode(model: &TransformerModel, case: &GoldenCase) -> Result<Ve
     Ok(got)
 }
 
-#[test]
-fn a_bf16_kv_cache_stays_close_to_f32_and_golden() -> Result<()> {
+/// What a narrow cache moved on one fixture, against the f32 cache's run.
+struct Moved {
+    vs_golden: f32,
+    vs_f32: f32,
+    argmax_differ: usize,
+    rows: usize,
+}
+
+/// Every fixture with attention with a `dtype` cache, each held to `bound`.
+fn narrow_cache_stays_close(dtype: DType, bound: f32) -> Result<()> {
     for name in MODELS {
-        let (cpu, bf16) = load_with(name, Some(DType::BF16))?;
-        if bf16.config().attention_layers().next().is_none() {
-            bf16.shutdown()?;
+        let (cpu, narrow) = load_with(name, Some(dtype))?;
+        if narrow.config().attention_layers().next().is_none() {
+            narrow.shutdown()?;
             continue;
         }
-        assert_eq!(bf16.kv_cache().dtype(), DType::BF16);
+        assert_eq!(narrow.kv_cache().dtype(), dtype);
         let (_, f32_model) = load_with(name, None)?;
         assert_eq!(
             2 * f32_model.kv_cache().bytes_per_token(),
-            4 * bf16.kv_cache().bytes_per_token(),
-            "{name}: a bf16 token takes half the bytes"
+            4 * narrow.kv_cache().bytes_per_token(),
+            "{name}: a {dtype} token takes half the bytes"
         );
-        let (mut vs_golden, mut vs_f32, mut argmax_differ, mut rows) = (0f32, 0f32, 0, 0);
-        for case in golden(name)? {
-            let got = prefill_then_decode(&bf16, &case)?;
-            let reference = prefill_then_decode(&f32_model, &case)?;
-            vs_golden = vs_golden.max(max_abs_diff(&got, &case.logits));
-            vs_f32 = vs_f32.max(max_abs_diff(&got, &reference));
-            for (a, b) in got.chunks(case.vocab).zip(reference.chunks(case.vocab)) {
-                rows += 1;
-                if argmax(a) != argmax(b) {
-                    argmax_differ += 1;
-                    // Only a near-tie may flip: the f32 cache's best two are
-                    // closer than the bf16 rounding moves a logit (twice).
-                    let gap = b[argmax(b) as usize] - b[argmax(a) as usize];
-                    assert!(
-                        gap <= 2.0 * BF16_KV_TOLERANCE,
-                        "{name}: argmax flipped with a top-2 gap of {gap}"
-                    );
-                }
-            }
-        }
+        let m = compare(name, &narrow, &f32_model, bound)?;
         eprintln!(
-            "{name}: bf16 KV cache: max |Δ| vs golden {vs_golden:.2e}, vs the f32 cache \
-             {vs_f32:.2e}; argmax differs on {argmax_differ} of {rows} rows"
+            "{name}: {dtype} KV cache: max |Δ| vs golden {:.2e}, vs the f32 cache {:.2e}; \
+             argmax differs on {} of {} rows",
+            m.vs_golden, m.vs_f32, m.argmax_differ, m.rows
         );
         assert!(
-            vs_golden <= BF16_KV_TOLERANCE,
-            "{name}: a bf16 KV cache moves the logits by {vs_golden}"
+            m.vs_golden <= bound,
+            "{name}: a {dtype} KV cache moves the logits by {}",
+            m.vs_golden
         );
         f32_model.shutdown()?;
-        bf16.shutdown()?;
+        narrow.shutdown()?;
         assert_eq!(cpu.live_bytes(), 0);
     }
     Ok(())
+}
+
+/// `narrow` against the golden logits and against `f32_model`, every case
+/// prefill then decode; an argmax may flip only at a near-tie.
+fn compare(
+    name: &str,
+    narrow: &TransformerModel,
+    f32_model: &TransformerModel,
+    bound: f32,
+) -> Result<Moved> {
+    let mut m = Moved {
+        vs_golden: 0.0,
+        vs_f32: 0.0,
+        argmax_differ: 0,
+        rows: 0,
+    };
+    for case in golden(name)? {
+        let got = prefill_then_decode(narrow, &case)?;
+        let reference = prefill_then_decode(f32_model, &case)?;
+        m.vs_golden = m.vs_golden.max(max_abs_diff(&got, &case.logits));
+        m.vs_f32 = m.vs_f32.max(max_abs_diff(&got, &reference));
+        for (a, b) in got.chunks(case.vocab).zip(reference.chunks(case.vocab)) {
+            m.rows += 1;
+            if argmax(a) != argmax(b) {
+                m.argmax_differ += 1;
+                // Only a near-tie may flip: the f32 cache's best two are
+                // closer than the rounding moves a logit (twice).
+                let gap = b[argmax(b) as usize] - b[argmax(a) as usize];
+                assert!(
+                    gap <= 2.0 * bound,
+                    "{name}: argmax flipped with a top-2 gap of {gap}"
+                );
+            }
+        }
+    }
+    Ok(m)
+}
+
+#[test]
+fn a_bf16_kv_cache_stays_close_to_f32_and_golden() -> Result<()> {
+    narrow_cache_stays_close(DType::BF16, BF16_KV_TOLERANCE)
+}
+
+#[test]
+fn an_f16_kv_cache_stays_close_to_f32_and_golden() -> Result<()> {
+    narrow_cache_stays_close(DType::F16, F16_KV_TOLERANCE)
 }
 
 #[test]
@@ -100,3 +141,4 @@ fn a_kv_dtype_the_backend_cannot_store_is_refused_at_load() {
     let text = format!("{err:#}");
     assert!(text.contains("i32") && text.contains("KV cache"), "{text}");
 }
+

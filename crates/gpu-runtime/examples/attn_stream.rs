@@ -3,7 +3,7 @@
 //! default: 16 heads over 4 KV heads of 64, blocks of 16), so that every
 //! call finds its cache cold, as it does behind a decode step's weights.
 //! Prints µs per call and GB/s of the cache read, median and best of `R`
-//! sweeps. `D=f32` for an f32 cache (default bf16), `L=1` keeps it warm.
+//! sweeps. `D=f32` or `D=f16` for an f32 or f16 cache (default bf16), `L=1` keeps it warm.
 //!
 //! `cargo build --release -p metrale-gpu-runtime --example attn_stream`,
 //! then `target/release/examples/attn_stream` (`T` threads, default 2;
@@ -34,6 +34,7 @@ fn main() -> Result<()> {
     let (heads, kv_heads, hd, len) = (env("H", 16), env("KVH", 4), env("HD", 64), env("N", 544));
     let dtype = match std::env::var("D").as_deref() {
         Ok("f32") => DType::F32,
+        Ok("f16") => DType::F16,
         _ => DType::BF16,
     };
     let bs = 16;

@@ -1,6 +1,6 @@
 // Causal grouped-query attention over the paged KV cache (see
-// src/ops/dense.rs: KvLayer, and src/ops/step.rs: AttnBatch), f32 or bf16
-// cache, f32 queries and outputs, online softmax in f32.
+// src/ops/dense.rs: KvLayer, and src/ops/step.rs: AttnBatch), f32, bf16 or
+// f16 cache, f32 queries and outputs, online softmax in f32.
 //
 // The host knows an upper bound of the step's query rows (q's length) but
 // not the sequences, so the kernels first find the step's real rows (the
@@ -37,20 +37,22 @@
 // Blocks of a multiple of 8 tokens, head_dim a multiple of 8, both caches
 // 16-byte aligned: tiles are loaded 16 bytes at a time.
 #define FLAG_VEC 4
+#define FLAG_F16 8
 // Loads each thread has in flight at once when staging a tile.
 #define LOADS_IN_FLIGHT 4
 #define NO_BLOCK 0xffffffffu
 #define NEG_INF (-__int_as_float(0x7f800000))
 
-__device__ __forceinline__ float load_kv(const void* p, long long i, int dtype) {
-    return dtype == DT_BF16 ? bf16_to_f32(((const unsigned short*)p)[i]) : ((const float*)p)[i];
+// A 16-bit cache element's bits (bf16 or f16) widened to f32.
+__device__ __forceinline__ float narrow_to_f32(unsigned short b, int dtype) {
+    return dtype == DT_BF16 ? bf16_to_f32(b) : f16_to_f32(b);
 }
 
 // Stages the tile of positions t0..t0 + TILE: keys as ks[d * TILE + tt]
 // (with `do_k`), values as vs[tt * head_dim + d] (with `do_v`). Positions
 // whose block is NO_BLOCK read as 0, and so do the values of positions
 // outside [s0, s1), so that their zero weights never meet a NaN. With
-// `vec`, 16 bytes at a time (a unit of 8 bf16 or 4 f32 values: 8 divides
+// `vec`, 16 bytes at a time (a unit of 8 bf16 or f16, or 4 f32 values: 8 divides
 // the block size, so a unit of keys never crosses a block), LOADS_IN_FLIGHT
 // loads issued before any is used.
 __device__ __forceinline__ void load_tile(float* ks, float* vs, bool do_k, bool do_v,
@@ -69,7 +71,7 @@ __device__ __forceinline__ void load_tile(float* ks, float* vs, bool do_k, bool 
                     const long long off = (t0 + tt) % block_size;
                     const long long i =
                         (((long long)blk * n_kv_heads + kvh) * hd + d) * block_size + off;
-                    val = load_kv(k_cache, i, kv_dtype);
+                    val = load_f32(k_cache, i, kv_dtype);
                 }
                 ks[e] = val;
             }
@@ -84,16 +86,16 @@ __device__ __forceinline__ void load_tile(float* ks, float* vs, bool do_k, bool 
                     const long long off = t % block_size;
                     const long long i =
                         (((long long)blk * block_size + off) * n_kv_heads + kvh) * hd + d;
-                    val = load_kv(v_cache, i, kv_dtype);
+                    val = load_f32(v_cache, i, kv_dtype);
                 }
                 vs[e] = val;
             }
         }
         return;
     }
-    const bool bf16 = kv_dtype == DT_BF16;
-    const int unit = bf16 ? 8 : 4;
-    const int esize = bf16 ? 2 : 4;
+    const bool narrow = kv_dtype != DT_F32;
+    const int unit = narrow ? 8 : 4;
+    const int esize = narrow ? 2 : 4;
     const int k_per_row = TILE / unit;  // units of one key row (one d)
     const int v_per_row = hd / unit;    // units of one value row (one position)
     const int k_units = do_k ? hd * k_per_row : 0;
@@ -140,11 +142,11 @@ __device__ __forceinline__ void load_tile(float* ks, float* vs, bool do_k, bool 
                 dst = vs + (ev / v_per_row) * hd + (ev % v_per_row) * unit;
             }
             const unsigned w[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
-            if (bf16) {
+            if (narrow) {
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
-                    dst[2 * k] = bf16_to_f32((unsigned short)(w[k] & 0xffffu));
-                    dst[2 * k + 1] = bf16_to_f32((unsigned short)(w[k] >> 16));
+                    dst[2 * k] = narrow_to_f32((unsigned short)(w[k] & 0xffffu), kv_dtype);
+                    dst[2 * k + 1] = narrow_to_f32((unsigned short)(w[k] >> 16), kv_dtype);
                 }
             } else {
 #pragma unroll
@@ -214,7 +216,7 @@ extern "C" __global__ void paged_attention(const float* q, const void* k_cache,
     const int group = n_heads / n_kv_heads;
     const int kvh = (blockIdx.y * hpb) / group;
     const int hd = head_dim;
-    const int kv_dtype = (flags & FLAG_BF16) ? DT_BF16 : DT_F32;
+    const int kv_dtype = (flags & FLAG_BF16) ? DT_BF16 : (flags & FLAG_F16) ? DT_F16 : DT_F32;
     const bool separate_kv = (flags & FLAG_SEPARATE_KV) != 0;
     const bool vec = (flags & FLAG_VEC) != 0;
 

@@ -32,6 +32,17 @@ __device__ __forceinline__ float f16_to_f32(unsigned short h) {
     return f;
 }
 
+// f32 to f16 bits, rounded to nearest, ties to even; finite values beyond
+// f16's range held at +-65504 rather than made infinite (a KV cache's
+// rounding: one infinite key would turn its block's scores into NaN); a NaN
+// stays a NaN (the same bits as the CPU backend's `to_f16_saturating`).
+__device__ __forceinline__ unsigned short f32_to_f16_sat(float x) {
+    const float y = x > 65504.0f ? 65504.0f : (x < -65504.0f ? -65504.0f : x);
+    unsigned short h;
+    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(y));
+    return h;
+}
+
 // Element `i` of an f32, bf16 or f16 array, widened to f32.
 __device__ __forceinline__ float load_f32(const void* p, long long i, int dtype) {
     if (dtype == DT_BF16) {

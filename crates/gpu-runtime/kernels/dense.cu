@@ -65,7 +65,8 @@ extern "C" __global__ void rope(float* x, const unsigned* positions, const float
 // Row i of k and v (kv_width = n_kv_heads * head_dim) into cache slot
 // slots[i] = block * block_size + offset: keys transposed within the block
 // ([blocks, kv_width, block_size]), values token-major ([slots, kv_width]);
-// f32 or bf16 (rounded to nearest even). Slots beyond `capacity` are skipped.
+// f32, bf16 or f16 (rounded to nearest even; f16 held within its range).
+// Slots beyond `capacity` are skipped.
 extern "C" __global__ void kv_store(const float* k, const float* v, void* k_cache, void* v_cache,
                                     const unsigned* slots, int n, int kv_width, int block_size,
                                     long long capacity, int cache_dtype) {
@@ -82,6 +83,9 @@ extern "C" __global__ void kv_store(const float* k, const float* v, void* k_cach
         if (cache_dtype == DT_BF16) {
             ((unsigned short*)k_cache)[ki] = f32_to_bf16(k[e]);
             ((unsigned short*)v_cache)[vi] = f32_to_bf16(v[e]);
+        } else if (cache_dtype == DT_F16) {
+            ((unsigned short*)k_cache)[ki] = f32_to_f16_sat(k[e]);
+            ((unsigned short*)v_cache)[vi] = f32_to_f16_sat(v[e]);
         } else {
             ((float*)k_cache)[ki] = k[e];
             ((float*)v_cache)[vi] = v[e];

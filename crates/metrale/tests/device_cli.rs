@@ -308,10 +308,10 @@ fn help_documents_the_flag_and_verbose_logs_the_device() {
 }
 
 #[test]
-fn kv_dtype_bf16_runs_and_unknown_kv_dtypes_are_refused() {
+fn every_kv_dtype_runs_and_unknown_kv_dtypes_are_refused() {
     let fixture = fixture("llama");
     let fixture = fixture.to_str().unwrap();
-    for kv in ["auto", "f32", "bf16"] {
+    for kv in ["auto", "f32", "bf16", "f16"] {
         let out = metrale(&[
             "generate",
             "--model",
@@ -334,6 +334,9 @@ fn kv_dtype_bf16_runs_and_unknown_kv_dtypes_are_refused() {
     let bad = metrale(&["generate", "--kv-dtype", "i8", "hello"]);
     assert_eq!(bad.status.code(), Some(2));
     let err = text(&bad.stderr);
-    assert!(err.contains("--kv-dtype") && err.contains("bf16"), "{err}");
+    assert!(
+        err.contains("--kv-dtype") && err.contains("bf16") && err.contains("f16"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"));
 }

@@ -1,5 +1,5 @@
 //! `ModelOptions::kv_follows_weights` (the CLI's `--kv-dtype auto` under
-//! bf16 arithmetic): the KV cache in bf16 for weights held narrower than
+//! bf16 arithmetic): the KV cache in f16 for weights held narrower than
 //! f32, the backend's default for f32 weights, a dtype asked for outright
 //! untouched. `ModelOptions::ssm_state_follows_weights` (`--ssm-state-dtype
 //! auto`): f32 SSM states for f32 weights, whatever the backend holds by
@@ -20,11 +20,12 @@ fn the_kv_cache_follows_the_weights_when_asked() {
     let config = load_config(&common::fixture("llama")).expect("config");
     // (weights held in, follows the weights, asked for) -> the cache's dtype.
     let cases = [
-        (DType::BF16, true, None, Some(DType::BF16)),
+        (DType::BF16, true, None, Some(DType::F16)),
         (DType::F32, true, None, None),
         (DType::BF16, false, None, None),
         (DType::BF16, true, Some(DType::F32), Some(DType::F32)),
         (DType::F32, false, Some(DType::BF16), Some(DType::BF16)),
+        (DType::F32, true, Some(DType::F16), Some(DType::F16)),
     ];
     for (weights, follows, asked, want) in cases {
         let gpu: Arc<dyn GpuBackend> = Arc::new(CpuBackend::with_threads(1));

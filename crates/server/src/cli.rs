@@ -54,7 +54,7 @@ pub enum StateDType {
 /// `--kv-dtype`: the KV cache's element type.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum KvDType {
-    /// As the weights, under `--dtype auto` or `bf16`: bf16 where they are
+    /// As the weights, under `--dtype auto` or `bf16`: f16 where they are
     /// held in bf16, f16 or quantized, the backend's default (f32 on the
     /// CPU) for f32 weights and under `--dtype f32`.
     #[default]
@@ -62,6 +62,10 @@ pub enum KvDType {
     F32,
     /// Half the bytes per cached token; logits move by up to about 1e-2.
     Bf16,
+    /// Half the bytes per cached token, three more bits than bf16 (the
+    /// cache llama.cpp keeps by default); values beyond ±65504 are held at
+    /// 65504.
+    F16,
 }
 
 impl KvDType {
@@ -71,6 +75,7 @@ impl KvDType {
             KvDType::Auto => None,
             KvDType::F32 => Some(DType::F32),
             KvDType::Bf16 => Some(DType::BF16),
+            KvDType::F16 => Some(DType::F16),
         }
     }
 
@@ -166,5 +171,6 @@ mod tests {
         assert_eq!(KvDType::F32.dtype(), Some(DType::F32));
         assert!(!KvDType::F32.follows_weights(true));
         assert_eq!(KvDType::Bf16.dtype(), Some(DType::BF16));
+        assert_eq!(KvDType::F16.dtype(), Some(DType::F16));
     }
 }

@@ -24,6 +24,10 @@ pub fn le_bytes(v: &[f32], dtype: metrale_core::DType) -> Vec<u8> {
             .iter()
             .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
             .collect(),
+        metrale_core::DType::F16 => v
+            .iter()
+            .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+            .collect(),
         _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
     }
 }

@@ -8,7 +8,7 @@
 struct Desc { unsigned q_start, q_len, kv_len, table_start; };
 
 // `target` small: few or no splits; large: many. `rows_bound` the rows q holds.
-static void test_attn(int n_heads, int n_kv, int hd, int bs, int hpb, bool separate, bool bf16, bool vec, int window,
+static void test_attn(int n_heads, int n_kv, int hd, int bs, int hpb, bool separate, int dtype, bool vec, int window,
                       const std::vector<Desc>& seqs, const std::vector<unsigned>& tables, int rows_bound, int target,
                       unsigned grid_x) {
     const int num_blocks = 12, kvw = n_kv * hd, group = n_heads / n_kv;
@@ -16,7 +16,11 @@ static void test_attn(int n_heads, int n_kv, int hd, int bs, int hpb, bool separ
     std::vector<float> kf = rv(cells, -1, 1), vf = rv(cells, -1, 1);
     std::vector<unsigned short> k16(cells), v16(cells);
     for (size_t i = 0; i < cells; ++i)
-        if (bf16) k16[i] = to_bf16(kf[i]), kf[i] = bf16_to_f32(k16[i]), v16[i] = to_bf16(vf[i]), vf[i] = bf16_to_f32(v16[i]);
+        if (dtype != DT_F32) {
+            const bool b = dtype == DT_BF16;
+            k16[i] = b ? to_bf16(kf[i]) : to_f16(kf[i]), kf[i] = load_f32(k16.data(), i, dtype);
+            v16[i] = b ? to_bf16(vf[i]) : to_f16(vf[i]), vf[i] = load_f32(v16.data(), i, dtype);
+        }
     std::vector<float> q = rv((size_t)rows_bound * n_heads * hd, -1, 1), out((size_t)rows_bound * n_heads * hd, 7.0f);
     // The partials as the host sizes them (split_bounds of
     // src/cuda/attention.rs: the worst case over every row count), then a
@@ -34,10 +38,10 @@ static void test_attn(int n_heads, int n_kv, int hd, int bs, int hpb, bool separ
     std::vector<unsigned> words;
     for (auto d : seqs) words.insert(words.end(), {d.q_start, d.q_len, d.kv_len, d.table_start});
     const float scale = 1.0f / std::sqrt((float)hd);
-    const int flags = (bf16 ? FLAG_BF16 : 0) | (separate ? FLAG_SEPARATE_KV : 0) | (vec ? FLAG_VEC : 0);
+    const int flags = (dtype == DT_BF16 ? FLAG_BF16 : dtype == DT_F16 ? FLAG_F16 : 0) | (separate ? FLAG_SEPARATE_KV : 0) | (vec ? FLAG_VEC : 0);
     const size_t shared = 4 * ((size_t)hpb * hd + (separate ? 2 : 1) * TILE * hd);
-    const void* kp = bf16 ? (const void*)k16.data() : kf.data();
-    const void* vp = bf16 ? (const void*)v16.data() : vf.data();
+    const void* kp = dtype != DT_F32 ? (const void*)k16.data() : kf.data();
+    const void* vp = dtype != DT_F32 ? (const void*)v16.data() : vf.data();
     launch(Dim3{grid_x, (unsigned)(n_heads / hpb), 1}, hpb * 32, shared, [&] {
         paged_attention(q.data(), kp, vp, words.data(), tables.data(), out.data(), partials.data(), seqs.size(), n_kv,
                         hd, bs, scale, window, num_blocks, tables.size(), flags, rows_bound, target);
@@ -87,8 +91,8 @@ static void test_attn(int n_heads, int n_kv, int hd, int bs, int hpb, bool separ
     for (int r = 0; r < rows_bound; ++r)
         if (!done[r])
             for (int i = 0; i < n_heads * hd; ++i) check("attention row of no sequence", out[(size_t)r * n_heads * hd + i], 7, 0);
-    printf("attention heads %d/%d hd %d bs %d hpb %d sep %d bf16 %d vec %d window %d seqs %zu rows %d target %d: %d fails so far\n",
-           n_heads, n_kv, hd, bs, hpb, separate, bf16, vec, window, seqs.size(), rows_bound, target, fails);
+    printf("attention heads %d/%d hd %d bs %d hpb %d sep %d dtype %d vec %d window %d seqs %zu rows %d target %d: %d fails so far\n",
+           n_heads, n_kv, hd, bs, hpb, separate, dtype, vec, window, seqs.size(), rows_bound, target, fails);
 }
 
 int main() {
@@ -97,22 +101,25 @@ int main() {
     const std::vector<Desc> mixed = {{0, 5, 40, 0}, {5, 1, 70, 5}, {6, 0, 3, 0}, {6, 4, 2, 0}};
     const std::vector<unsigned> tab = {3, 0, 7, 1, 5, 2, 9, 4, 11, 6, 8, 10, 3, 1, 0, 2, 4, 6, 8, 10};
     for (int target : {1, 40, 4000}) {
-        test_attn(4, 2, 64, 8, 2, true, false, true, 0, mixed, tab, 7, target, 5);
-        test_attn(4, 1, 40, 8, 4, false, true, true, 0, mixed, tab, 7, target, 2);
+        test_attn(4, 2, 64, 8, 2, true, DT_F32, true, 0, mixed, tab, 7, target, 5);
+        test_attn(4, 1, 40, 8, 4, false, DT_BF16, true, 0, mixed, tab, 7, target, 2);
     }
-    test_attn(2, 2, 24, 6, 1, true, true, false, 0, mixed, tab, 7, 40, 3);
-    test_attn(6, 2, 36, 16, 3, false, false, false, 0, mixed, tab, 7, 4000, 4);
-    test_attn(4, 2, 64, 8, 1, true, false, true, 17, mixed, tab, 7, 40, 5);
-    test_attn(2, 1, 256, 16, 2, false, true, true, 33, mixed, tab, 7, 4000, 3);
+    test_attn(2, 2, 24, 6, 1, true, DT_BF16, false, 0, mixed, tab, 7, 40, 3);
+    test_attn(6, 2, 36, 16, 3, false, DT_F32, false, 0, mixed, tab, 7, 4000, 4);
+    test_attn(4, 2, 64, 8, 1, true, DT_F32, true, 17, mixed, tab, 7, 40, 5);
+    test_attn(2, 1, 256, 16, 2, false, DT_BF16, true, 33, mixed, tab, 7, 4000, 3);
+    // An f16 cache: 16-byte units and element by element.
+    test_attn(4, 1, 40, 8, 4, false, DT_F16, true, 0, mixed, tab, 7, 40, 2);
+    test_attn(2, 2, 24, 6, 1, true, DT_F16, false, 0, mixed, tab, 7, 4000, 3);
     // Decode, many sequences, one long enough for several MIN_SPLIT_CHUNKs.
     const std::vector<Desc> decode = {{0, 1, 300, 0}, {1, 1, 1, 10}, {2, 1, 33, 11}};
     std::vector<unsigned> tab2;
     for (int i = 0; i < 19; ++i) tab2.push_back((i * 5) % 12);
-    test_attn(2, 1, 32, 16, 2, true, false, true, 0, decode, tab2, 3, 4000, 7);
-    test_attn(2, 1, 32, 16, 1, false, true, true, 100, decode, tab2, 4, 60, 2);
+    test_attn(2, 1, 32, 16, 2, true, DT_F32, true, 0, decode, tab2, 3, 4000, 7);
+    test_attn(2, 1, 32, 16, 1, false, DT_BF16, true, 100, decode, tab2, 4, 60, 2);
     // A sequence whose rows run past the rows q holds: those rows are not
     // computed.
-    test_attn(2, 1, 32, 8, 2, true, false, true, 0, {{0, 2, 9, 0}, {2, 4, 30, 2}}, tab, 4, 4000, 3);
+    test_attn(2, 1, 32, 8, 2, true, DT_F32, true, 0, {{0, 2, 9, 0}, {2, 4, 30, 2}}, tab, 4, 4000, 3);
     printf("%s (%d fails)\n", fails ? "FAILED" : "ALL OK", fails);
     return fails != 0;
 }

@@ -59,29 +59,52 @@ static void test_rope(int rows, int heads, int hd, int rot, float scaling) {
         }
 }
 
+// The f16 cache's rounding: nearest even, held within +-65504, NaN kept.
+static unsigned short to_f16_sat(float x) {
+    return to_f16(x > 65504.0f ? 65504.0f : (x < -65504.0f ? -65504.0f : x));
+}
+
 static void test_kv_store(int dtype) {
     const int n = 7, kvw = 12, bs = 4, cap = 20;
     std::vector<float> k = rv(n * kvw, -2, 2), v = rv(n * kvw, -2, 2);
+    // Values past f16's range (held at its largest) and a NaN (kept).
+    k[3] = 1e6f, v[5] = -7e4f, k[kvw + 1] = INFINITY, v[kvw + 2] = NAN;
     std::vector<unsigned> slots = {0, 5, 19, 20, 3, 100, 8};
     const size_t cells = (size_t)(cap / bs) * kvw * bs + 1;
     std::vector<float> kc(cells, 7.0f), vc(cells, 7.0f);
     std::vector<unsigned short> kc16(cells, 0xabcd), vc16(cells, 0xabcd);
-    void* kp = dtype == DT_BF16 ? (void*)kc16.data() : kc.data();
-    void* vp = dtype == DT_BF16 ? (void*)vc16.data() : vc.data();
+    const bool narrow = dtype != DT_F32;
+    void* kp = narrow ? (void*)kc16.data() : kc.data();
+    void* vp = narrow ? (void*)vc16.data() : vc.data();
     launch(Dim3{1, 1, 1}, 32, 0, [&] { kv_store(k.data(), v.data(), kp, vp, slots.data(), n, kvw, bs, cap, dtype); });
-    std::vector<double> wk(cells, dtype == DT_BF16 ? 0xabcd : 7.0), wv = wk;
+    auto held = [&](float x) -> double {
+        return dtype == DT_BF16 ? to_bf16(x) : dtype == DT_F16 ? to_f16_sat(x) : x;
+    };
+    std::vector<double> wk(cells, narrow ? 0xabcd : 7.0), wv = wk;
     for (int i = 0; i < n; ++i) {
         if (slots[i] >= (unsigned)cap) continue;
         const int blk = slots[i] / bs, off = slots[i] % bs;
         for (int c = 0; c < kvw; ++c) {
             const size_t ki = ((size_t)blk * kvw + c) * bs + off, vi = (size_t)slots[i] * kvw + c;
-            wk[ki] = dtype == DT_BF16 ? to_bf16(k[i * kvw + c]) : k[i * kvw + c];
-            wv[vi] = dtype == DT_BF16 ? to_bf16(v[i * kvw + c]) : v[i * kvw + c];
+            wk[ki] = held(k[i * kvw + c]);
+            wv[vi] = held(v[i * kvw + c]);
         }
     }
     for (size_t i = 0; i < cells; ++i) {
-        check("kv_store k", dtype == DT_BF16 ? kc16[i] : kc[i], wk[i], 0);
-        check("kv_store v", dtype == DT_BF16 ? vc16[i] : vc[i], wv[i], 0);
+        // Compared as bits where narrow (a NaN's bits equal themselves).
+        if (narrow) {
+            check("kv_store k", kc16[i], wk[i], 0);
+            check("kv_store v", vc16[i], wv[i], 0);
+        } else {
+            // Exactly as given, infinities and NaNs included.
+            auto same = [](double got, double want) { return got == want || (std::isnan(got) && std::isnan(want)); };
+            check("kv_store k", same(kc[i], wk[i]), 1, 0);
+            check("kv_store v", same(vc[i], wv[i]), 1, 0);
+        }
+    }
+    if (dtype == DT_F16) {
+        check("kv_store f16 saturates", kc16[(0 * kvw + 3) * bs + 0], 0x7bff, 0);
+        check("kv_store f16 saturates", vc16[0 * kvw + 5], 0xfbff, 0);
     }
 }
 
@@ -167,6 +190,7 @@ int main() {
     printf("rope: %d fails so far\n", fails);
     test_kv_store(DT_F32);
     test_kv_store(DT_BF16);
+    test_kv_store(DT_F16);
     printf("kv_store: %d fails so far\n", fails);
     test_elementwise();
     printf("elementwise: %d fails so far\n", fails);

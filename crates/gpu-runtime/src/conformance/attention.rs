@@ -4,8 +4,8 @@
 use metrale_core::{BlockId, DType};
 
 use super::AttnShapes;
-use super::harness::{Cx, Fail, Mem, Outcome, Step, steps};
-use crate::ops::{AttnParams, KvLayer, Op, RopeParams};
+use super::harness::{Cx, Fail, Mem, Outcome, Step, round_to, steps};
+use crate::ops::{AttnParams, KvLayer, KvSpec, Op, RopeParams};
 
 /// The existing attention test's tolerance.
 const ATTN_TOL: f64 = 1e-5;
@@ -148,6 +148,7 @@ fn fill_cache(
     m: &mut Mem<'_>,
     step: &Step,
     a: &AttnShapes,
+    dtype: DType,
     testing: Op,
 ) -> Result<Filled, Fail> {
     let (bs, kv_width) = (cx.shapes.block_size, a.n_kv_heads * a.head_dim);
@@ -168,8 +169,8 @@ fn fill_cache(
         .map(|&n| next.by_ref().take(n).collect())
         .collect();
     let cache = KvLayer {
-        k: m.alloc(DType::F32, blocks * bs * kv_width)?,
-        v: m.alloc(DType::F32, blocks * bs * kv_width)?,
+        k: m.alloc(dtype, blocks * bs * kv_width)?,
+        v: m.alloc(dtype, blocks * bs * kv_width)?,
         block_size: bs,
     };
     let slot = |si: usize, t: usize| (tables[si][t / bs].index() * bs + t % bs) as u32;
@@ -227,16 +228,47 @@ fn fill_cache(
             cx.helper(Op::KvStore, r)?;
         }
     }
+    // What the cache holds: each key and value rounded once to its dtype.
+    let held = |rows: Vec<Vec<Vec<f32>>>| -> Vec<Vec<Vec<f32>>> {
+        rows.into_iter()
+            .map(|seq| seq.iter().map(|r| round_to(r, dtype).0).collect())
+            .collect()
+    };
     Ok(Filled {
         cache,
         tables,
-        keys,
-        values,
+        keys: held(keys),
+        values: held(values),
     })
 }
 
-/// One step's attention over a filled cache, against f64.
-fn attention_case(cx: &mut Cx<'_>, step: &Step, window: Option<usize>, testing: Op) -> Outcome {
+/// The cache dtypes this backend stores ([`GpuBackend::kv_layout`]): f32,
+/// and bf16 and f16 where it offers them.
+///
+/// [`GpuBackend::kv_layout`]: crate::gpu::GpuBackend::kv_layout
+fn cache_dtypes(cx: &Cx<'_>) -> Vec<DType> {
+    [DType::F32, DType::BF16, DType::F16]
+        .into_iter()
+        .filter(|&d| {
+            let spec = KvSpec {
+                kv_width: 8,
+                block_size: cx.shapes.block_size,
+                dtype: Some(d),
+            };
+            cx.gpu.kv_layout(spec).is_ok_and(|l| l.dtype == d)
+        })
+        .collect()
+}
+
+/// One step's attention over a filled cache of `dtype`, against f64 over
+/// the keys and values the cache holds.
+fn attention_case(
+    cx: &mut Cx<'_>,
+    step: &Step,
+    window: Option<usize>,
+    dtype: DType,
+    testing: Op,
+) -> Outcome {
     let a = attn(cx)?;
     let (hd, width) = (a.head_dim, a.n_heads * a.head_dim);
     let p = AttnParams {
@@ -247,7 +279,7 @@ fn attention_case(cx: &mut Cx<'_>, step: &Step, window: Option<usize>, testing: 
         sliding_window: window,
     };
     let mut m = cx.mem();
-    let f = fill_cache(cx, &mut m, step, &a, testing)?;
+    let f = fill_cache(cx, &mut m, step, &a, dtype, testing)?;
     let qv = cx.rng.vec(step.rows * width, -2.0, 2.0);
     let (q, out) = (m.f32s(&qv)?, m.fill(step.rows * width, f32::NAN)?);
     // Sequences with new tokens (an idle one is not in the batch).
@@ -269,7 +301,7 @@ fn attention_case(cx: &mut Cx<'_>, step: &Step, window: Option<usize>, testing: 
     let got = m.down(out)?;
     let want = attention64(&qv, &f.keys, &f.values, step, &p);
     let what = format!(
-        "{}: {} heads over {} of {hd}, blocks of {}, window {window:?}",
+        "{}: {} heads over {} of {hd}, blocks of {}, window {window:?}, {dtype} cache",
         step.name, a.n_heads, a.n_kv_heads, cx.shapes.block_size
     );
     for (r, want) in want.iter().enumerate() {
@@ -282,22 +314,27 @@ fn attention_case(cx: &mut Cx<'_>, step: &Step, window: Option<usize>, testing: 
 }
 
 /// Stores (overwriting noise) read back through attention: decode and
-/// mixed steps.
+/// mixed steps, into every cache dtype the backend stores.
 pub(super) fn kv_store(cx: &mut Cx<'_>) -> Outcome {
-    for step in steps(cx.shapes).iter().take(2) {
-        attention_case(cx, step, None, Op::KvStore)?;
+    for dtype in cache_dtypes(cx) {
+        for step in steps(cx.shapes).iter().take(2) {
+            attention_case(cx, step, None, dtype, Op::KvStore)?;
+        }
     }
     Ok(())
 }
 
-/// Every step, without a window and with the architecture's.
+/// Every step, without a window and with the architecture's, over an f32
+/// cache; every step without a window over each narrower cache.
 pub(super) fn paged_attention(cx: &mut Cx<'_>) -> Outcome {
     let window = attn(cx)?.sliding_window;
-    for step in steps(cx.shapes) {
-        for w in [None, window] {
-            attention_case(cx, &step, w, Op::PagedAttention)?;
-            if window.is_none() {
-                break;
+    for dtype in cache_dtypes(cx) {
+        for step in steps(cx.shapes) {
+            for w in [None, window] {
+                attention_case(cx, &step, w, dtype, Op::PagedAttention)?;
+                if window.is_none() || dtype != DType::F32 {
+                    break;
+                }
             }
         }
     }

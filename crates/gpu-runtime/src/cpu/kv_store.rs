@@ -1,8 +1,8 @@
-//! The paged KV cache's writes: each new token's keys and values into its
+//! The paged KV cache's writes (f32, bf16 or f16): each new token's keys and values into its
 //! slot, in the layout [`KvLayer`] describes (keys transposed within their
 //! block's tiles, values token-major), which `attention` reads.
 
-use half::bf16;
+use half::{bf16, f16};
 use metrale_core::DType;
 
 use super::CpuBackend;
@@ -44,9 +44,22 @@ pub(super) fn kv_store(
             let vc = cpu.write_as::<bf16>(OP, cache.v, &[k, v, cache.k])?;
             store_rows(slots, ks, vs, kc, vc, kv_width, bs, bf16::from_f32);
         }
+        DType::F16 => {
+            let kc = cpu.write_as::<f16>(OP, cache.k, &[k, v])?;
+            let vc = cpu.write_as::<f16>(OP, cache.v, &[k, v, cache.k])?;
+            store_rows(slots, ks, vs, kc, vc, kv_width, bs, to_f16_saturating);
+        }
         dtype => return Err(GpuError::UnsupportedDType { op: OP, dtype }),
     }
     Ok(())
+}
+
+/// `x` rounded to f16 (nearest even), finite values beyond f16's range
+/// (±65504) held at its largest rather than made infinite: one key past the
+/// range would otherwise turn every score of its block into a NaN. NaN
+/// stays NaN. (The CUDA `kv_store` rounds the same way.)
+pub(crate) fn to_f16_saturating(x: f32) -> f16 {
+    f16::from_f32(x.clamp(-f16::MAX.to_f32(), f16::MAX.to_f32()))
 }
 
 /// Row `i` of `ks` / `vs` into slot `slots[i]`: keys transposed within
@@ -75,5 +88,21 @@ fn store_rows<T: Copy>(
         {
             *o = cast(x);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_rounds_to_nearest_and_holds_the_range() {
+        assert_eq!(to_f16_saturating(1.0 + 1.0 / 4096.0), f16::ONE);
+        assert_eq!(to_f16_saturating(-3.25), f16::from_f32(-3.25));
+        assert_eq!(to_f16_saturating(1e6), f16::MAX);
+        assert_eq!(to_f16_saturating(-1e6), f16::MIN);
+        assert_eq!(to_f16_saturating(f32::INFINITY), f16::MAX);
+        assert!(to_f16_saturating(f32::NAN).is_nan());
+        assert_eq!(to_f16_saturating(1e-8), f16::from_f32(1e-8));
     }
 }

@@ -25,7 +25,7 @@ mod vec;
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use half::bf16;
+use half::{bf16, f16};
 use metrale_core::DType;
 
 use dense::need;
@@ -427,6 +427,10 @@ impl Element for bf16 {
     const DTYPE: DType = DType::BF16;
 }
 
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+}
+
 impl GpuBackend for CpuBackend {
     fn name(&self) -> &str {
         "cpu"
@@ -543,11 +547,11 @@ impl GpuBackend for CpuBackend {
         Ok(())
     }
 
-    /// f32 by default (the reference); bf16 on request (half the bytes,
-    /// keys and values rounded once when stored, widened when read).
+    /// f32 by default (the reference); bf16 or f16 on request (half the
+    /// bytes, keys and values rounded once when stored, widened when read).
     fn kv_layout(&self, spec: KvSpec) -> Result<KvLayout> {
         let dtype = spec.dtype.unwrap_or(DType::F32);
-        if !matches!(dtype, DType::F32 | DType::BF16) {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
             return Err(GpuError::UnsupportedDType {
                 op: "kv_layout",
                 dtype,

@@ -2,21 +2,29 @@
 //! with AVX-512 chosen at run time and a portable fallback. The build
 //! targets baseline x86-64, so without these the loops run on SSE2.
 //!
-//! The cache operands (key tiles, value rows) are f32 or bf16 ([`KvElem`]):
-//! a bf16 element is widened as it is loaded, in the register, which is
-//! exact, so a bf16 cache gives the bits its f32 widening would, without a
-//! widened copy (that copy was a third of a decode step's attention).
+//! The cache operands (key tiles, value rows) are f32, bf16 or f16
+//! ([`KvElem`]): a narrow element is widened as it is loaded, in the
+//! register, which is exact, so a narrow cache gives the bits its f32
+//! widening would, without a widened copy (that copy was a third of a
+//! decode step's attention).
 
-use half::bf16;
+use half::{bf16, f16};
 
 use super::gemv::Isa;
 use super::simd::simd_fn;
 
-/// An element of a KV cache: f32 as it is, or bf16, widened to f32 as it is
-/// loaded (exactly: a bf16 is an f32's top half).
+/// How a KV cache element is held (chooses the vector load).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KvKind {
+    F32,
+    Bf16,
+    F16,
+}
+
+/// An element of a KV cache: f32 as it is, or bf16 or f16, widened to f32
+/// as it is loaded (exactly: both are subsets of f32).
 pub(crate) trait KvElem: Copy + Send + Sync + 'static {
-    /// Whether the element is a bf16 (chooses the vector load).
-    const BF16: bool;
+    const KIND: KvKind;
     /// The element as f32, exactly.
     fn to_f32(self) -> f32;
     /// `out = src` as f32 (a vector loop).
@@ -24,7 +32,7 @@ pub(crate) trait KvElem: Copy + Send + Sync + 'static {
 }
 
 impl KvElem for f32 {
-    const BF16: bool = false;
+    const KIND: KvKind = KvKind::F32;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -35,13 +43,26 @@ impl KvElem for f32 {
 }
 
 impl KvElem for bf16 {
-    const BF16: bool = true;
+    const KIND: KvKind = KvKind::Bf16;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f32::from_bits(u32::from(self.to_bits()) << 16)
     }
     fn widen(src: &[bf16], out: &mut [f32]) {
         widen_bf16(src, out)
+    }
+}
+
+impl KvElem for f16 {
+    const KIND: KvKind = KvKind::F16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn widen(src: &[f16], out: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        // F16C's conversions where the CPU has them (`half` asks at run time).
+        src[..out.len()].convert_to_f32_slice(out);
     }
 }
 
@@ -199,22 +220,28 @@ pub(crate) fn axpy_rows_heads<E: KvElem>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::KvElem;
+    use super::{KvElem, KvKind};
 
-    /// 16 elements at `p` as f32 (a bf16 widened in the register).
+    /// 16 elements at `p` as f32 (a bf16 or f16 widened in the register).
     ///
     /// # Safety
     /// AVX-512F; `p` points at 16 readable elements.
     #[target_feature(enable = "avx512f")]
     #[inline]
     unsafe fn load16<E: KvElem>(p: *const E) -> __m512 {
-        if E::BF16 {
-            // SAFETY: the caller's contract (16 bf16: 32 bytes).
-            let h = unsafe { _mm256_loadu_si256(p.cast()) };
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
-        } else {
+        match E::KIND {
+            KvKind::Bf16 => {
+                // SAFETY: the caller's contract (16 bf16: 32 bytes).
+                let h = unsafe { _mm256_loadu_si256(p.cast()) };
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            }
+            KvKind::F16 => {
+                // SAFETY: the caller's contract (16 f16: 32 bytes).
+                // `vcvtph2ps` on 512 bits is AVX-512F.
+                _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.cast()) })
+            }
             // SAFETY: the caller's contract (16 f32).
-            unsafe { _mm512_loadu_ps(p.cast()) }
+            KvKind::F32 => unsafe { _mm512_loadu_ps(p.cast()) },
         }
     }
 
@@ -471,7 +498,8 @@ mod tests {
                     }
                     assert_eq!(os, each, "{isa:?} axpy_rows_heads {n} x {heads}");
                 }
-                bf16_like_widened(isa, &qs, &tile, &v, stride, n);
+                narrow_like_widened(isa, &qs, &tile, &v, stride, n, bf16::from_f32);
+                narrow_like_widened(isa, &qs, &tile, &v, stride, n, f16::from_f32);
                 let mut got = [0f32; TILE_LANES];
                 tile_dot(isa, &a, &tile, &mut got);
                 for (j, g) in got.iter().enumerate() {
@@ -482,19 +510,20 @@ mod tests {
         }
     }
 
-    /// A bf16 tile and bf16 value rows give the bits of their f32 widening,
-    /// in every loop (the widening happens in the register).
-    fn bf16_like_widened(
+    /// A narrow (bf16, f16) tile and value rows give the bits of their f32
+    /// widening, in every loop (the widening happens in the register).
+    fn narrow_like_widened<E: KvElem>(
         isa: Isa,
         qs: &[Vec<f32>],
         tile: &[f32],
         v: &[f32],
         stride: usize,
         n: usize,
+        round: fn(f32) -> E,
     ) {
-        let narrow = |x: &[f32]| -> Vec<bf16> { x.iter().map(|&x| bf16::from_f32(x)).collect() };
+        let narrow = |x: &[f32]| -> Vec<E> { x.iter().map(|&x| round(x)).collect() };
         let (tile16, v16) = (narrow(tile), narrow(v));
-        let widen = |x: &[bf16]| -> Vec<f32> { x.iter().map(|x| x.to_f32()).collect() };
+        let widen = |x: &[E]| -> Vec<f32> { x.iter().map(|x| x.to_f32()).collect() };
         let (tile32, v32) = (widen(&tile16), widen(&v16));
         for heads in 1..=MAX_HEADS {
             let refs: Vec<&[f32]> = qs[..heads].iter().map(|q| &q[..]).collect();
@@ -504,7 +533,7 @@ mod tests {
             );
             tile_dot_heads(isa, &refs, &tile16, &mut from16);
             tile_dot_heads(isa, &refs, &tile32, &mut from32);
-            assert_eq!(from16, from32, "{isa:?} bf16 tile_dot_heads {n} x {heads}");
+            assert_eq!(from16, from32, "{isa:?} {:?} tile_dot_heads {n} x {heads}", E::KIND);
             let ws: Vec<Vec<f32>> = (0..heads)
                 .map(|h| vec![0.5 - h as f32, 0.25, 2.0])
                 .collect();
@@ -513,13 +542,17 @@ mod tests {
             let mut o32 = o16.clone();
             axpy_rows_heads(isa, &mut o16, n, &wrefs, &v16, stride);
             axpy_rows_heads(isa, &mut o32, n, &wrefs, &v32, stride);
-            assert_eq!(o16, o32, "{isa:?} bf16 axpy_rows_heads {n} x {heads}");
+            assert_eq!(o16, o32, "{isa:?} {:?} axpy_rows_heads {n} x {heads}", E::KIND);
         }
         // Lengths not a multiple of 16 take the scalar tail.
         let mut o16 = vec![1.0f32; n];
         let mut o32 = o16.clone();
         axpy(isa, &mut o16, 0.75, &v16);
         axpy(isa, &mut o32, 0.75, &v32);
-        assert_eq!(o16, o32, "{isa:?} bf16 axpy {n}");
+        assert_eq!(o16, o32, "{isa:?} {:?} axpy {n}", E::KIND);
+        // And the widening of a whole slice, as a tile of rows takes it.
+        let mut wide = vec![0f32; v16.len()];
+        E::widen(&v16, &mut wide);
+        assert_eq!(wide, v32, "{:?} widen {n}", E::KIND);
     }
 }

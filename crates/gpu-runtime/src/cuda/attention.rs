@@ -61,7 +61,18 @@ fn cache_code(op: &'static str, cache: &KvLayer) -> Result<i32> {
     match cache.k.dtype() {
         DType::F32 => Ok(0),
         DType::BF16 => Ok(1),
+        DType::F16 => Ok(2),
         dtype => Err(GpuError::UnsupportedDType { op, dtype }),
+    }
+}
+
+/// `paged_attention`'s flag bit for a cache of dtype `code`
+/// ([`cache_code`]): `FLAG_BF16` or `FLAG_F16` of attention.cu.
+fn dtype_flag(code: i32) -> i32 {
+    match code {
+        1 => 1,
+        2 => 8,
+        _ => 0,
     }
 }
 
@@ -300,7 +311,7 @@ pub(super) fn attention_launch(
         && hd.is_multiple_of(8)
         && cache.k.ptr().raw().is_multiple_of(16)
         && cache.v.ptr().raw().is_multiple_of(16);
-    let flags = code | if plan.separate_kv { 2 } else { 0 } | if vec { 4 } else { 0 };
+    let flags = dtype_flag(code) | if plan.separate_kv { 2 } else { 0 } | if vec { 4 } else { 0 };
     let (n_seqs, n_heads) = (int(OP, seqs.n_seqs, "sequences")?, p.n_heads as i32);
     let reduce = (bounds.split_rows > 0).then(|| Launch {
         cfg: LaunchCfg {

@@ -362,7 +362,7 @@ impl GpuBackend for CudaBackend {
 
     fn kv_layout(&self, spec: KvSpec) -> Result<KvLayout> {
         let dtype = spec.dtype.unwrap_or(DType::BF16);
-        if !matches!(dtype, DType::F32 | DType::BF16) {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
             return Err(GpuError::UnsupportedDType {
                 op: "kv_layout",
                 dtype,

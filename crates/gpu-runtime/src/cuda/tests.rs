@@ -279,10 +279,12 @@ fn kv_store_checks() {
     let l = kv_store_launch(k, k, &c, slots, 256).unwrap().unwrap();
     assert_eq!(l.args.8, 160, "capacity in slots");
     assert_eq!(l.args.9, 1);
+    let f16 = kv_store_launch(k, k, &cache(DType::F16, 10, 256, 16), slots, 256);
+    assert_eq!(f16.unwrap().unwrap().args.9, 2, "DT_F16");
     assert!(is_dtype(kv_store_launch(
         k,
         k,
-        &cache(DType::F16, 10, 256, 16),
+        &cache(DType::U32, 10, 256, 16),
         slots,
         256
     )));
@@ -454,6 +456,12 @@ fn attention_launch_shapes() {
         .unwrap()
         .unwrap();
     assert_eq!(a.main.args.15, 4, "f32, one tile, 16-byte units");
+    // An f16 cache: FLAG_F16.
+    let c16 = cache(DType::F16, 64, 256, 16);
+    let a = attention_launch(q, &c16, q, &batch, &p, 132)
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.main.args.15, 8 | 4, "f16, one tile, 16-byte units");
     // Blocks of 12 tokens, or a cache at an odd offset: element by element.
     let c12 = cache(DType::F32, 64, 256, 12);
     let a = attention_launch(q, &c12, q, &batch, &p, 132)
@@ -509,7 +517,7 @@ fn attention_rejects_before_launching() {
     )));
     assert!(is_dtype(attention_launch(
         q,
-        &cache(DType::F16, 4, 1024, 16),
+        &cache(DType::U32, 4, 1024, 16),
         q,
         &batch,
         &p,

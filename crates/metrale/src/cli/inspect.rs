@@ -105,7 +105,7 @@ fn cache_sizes(args: &Args, config: &ModelConfig, narrow_weights: bool) -> Resul
 /// Parameter and byte totals of the weights as stored.
 struct Totals {
     parameters: usize,
-    /// Those held in f32 (`--kv-dtype auto` caches in bf16 where they are
+    /// Those held in f32 (`--kv-dtype auto` caches in f16 where they are
     /// fewer than half, as `ModelOptions::for_weights` does).
     f32_parameters: usize,
     bytes: usize,

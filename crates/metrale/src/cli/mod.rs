@@ -44,16 +44,20 @@ const DEVICE_VALUES: &str = "cpu|auto|cuda[:N]";
 /// `--kv-dtype`: the KV cache's element type.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum KvDType {
-    /// As the weights, under `--dtype auto` or `bf16`: bf16 where they are
-    /// held in bf16, f16 or quantized (as vLLM's `kv_cache_dtype` follows
-    /// the model's dtype, and llama.cpp caches in f16), the backend's
-    /// default (f32 on the CPU) for f32 weights and under `--dtype f32`.
+    /// As the weights, under `--dtype auto` or `bf16`: f16 where they are
+    /// held in bf16, f16 or quantized (as llama.cpp caches in f16), the
+    /// backend's default (f32 on the CPU) for f32 weights and under
+    /// `--dtype f32`.
     #[default]
     Auto,
     F32,
     /// Half the bytes per cached token; logits move by up to about 1e-2
     /// (measured on the fixtures: tests/tests/kv_dtype.rs).
     Bf16,
+    /// Half the bytes per cached token, three more bits than bf16 (the
+    /// cache llama.cpp keeps by default); values beyond ±65504 are held at
+    /// 65504.
+    F16,
 }
 
 impl KvDType {
@@ -63,6 +67,7 @@ impl KvDType {
             KvDType::Auto => None,
             KvDType::F32 => Some(metrale::core::DType::F32),
             KvDType::Bf16 => Some(metrale::core::DType::BF16),
+            KvDType::F16 => Some(metrale::core::DType::F16),
         }
     }
 

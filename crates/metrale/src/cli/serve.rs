@@ -19,7 +19,7 @@ const SERVER: &str = "metrale-serve";
 pub struct Args {
     /// The server's arguments: [-m DIR|ORG/NAME] [--revision REV] [--host 127.0.0.1] [--port
     /// 8000] [--api-key KEY] [--served-model-name NAME] [--device cpu|auto]
-    /// [-t N] [--memory-limit SIZE] [--kv-dtype auto|f32|bf16]
+    /// [-t N] [--memory-limit SIZE] [--kv-dtype auto|f32|bf16|f16]
     /// [--ctx-size N] [--dtype auto|f32|bf16] [--quant TYPE] [--max-seqs N] [--max-waiting N]
     /// [--no-prefix-cache] [--snapshot-interval N] [--snapshot-budget SIZE]
     /// [--max-request-tokens N] [--max-response-bytes SIZE]

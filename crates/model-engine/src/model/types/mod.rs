@@ -39,10 +39,12 @@ pub struct ModelOptions {
     /// The KV cache's element type; `None`: the backend's default (f32 on
     /// the CPU), or see `kv_follows_weights`. See `GpuBackend::kv_layout`.
     pub kv_dtype: Option<DType>,
-    /// With `kv_dtype` `None`: cache in bf16 when most of the weights (by
+    /// With `kv_dtype` `None`: cache in f16 when most of the weights (by
     /// parameters) are held in a narrower type than f32 (bf16, f16 or
-    /// quantized), as vLLM's `kv_cache_dtype = "auto"` takes the model's
-    /// dtype; f32 weights keep the backend's default. Resolved when the
+    /// quantized), as llama.cpp caches in f16 and vLLM's `kv_cache_dtype =
+    /// "auto"` takes a narrow type for a narrow model; f32 weights keep the
+    /// backend's default. f16 rather than bf16: the same bytes, and on the
+    /// fixtures it moves the logits 4 to 10 times less (docs/ACCURACY.md). Resolved when the
     /// weights are loaded ([`ModelOptions::for_weights`]). The CLI's
     /// `--kv-dtype auto` under `--dtype auto|bf16`.
     pub kv_follows_weights: bool,
@@ -87,7 +89,7 @@ impl Default for ModelOptions {
 impl ModelOptions {
     /// These options with [`kv_follows_weights`](Self::kv_follows_weights)
     /// and [`ssm_state_follows_weights`](Self::ssm_state_follows_weights)
-    /// resolved against the weights in `store`: `kv_dtype` bf16 where most
+    /// resolved against the weights in `store`: `kv_dtype` f16 where most
     /// of their parameters are held narrower than f32, `ssm_state_dtype`
     /// f32 where they are not.
     pub fn for_weights(mut self, store: &WeightStore) -> Self {
@@ -107,7 +109,7 @@ impl ModelOptions {
     /// counts them without loading).
     pub fn resolve_follows(&mut self, narrow_weights: bool) {
         if self.kv_dtype.is_none() && self.kv_follows_weights && narrow_weights {
-            self.kv_dtype = Some(DType::BF16);
+            self.kv_dtype = Some(DType::F16);
         }
         if self.ssm_state_dtype.is_none() && self.ssm_state_follows_weights && !narrow_weights {
             self.ssm_state_dtype = Some(DType::F32);
