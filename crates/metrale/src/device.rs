@@ -7,7 +7,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use metrale_gpu_runtime::cpu::{Bf16Kernel, CpuBackend, OpTime};
 #[cfg(feature = "cuda")]
 use metrale_gpu_runtime::cuda::CudaBackend;
@@ -172,6 +172,57 @@ pub struct BackendOptions {
     /// Record the wall time of every op call, read with
     /// [`Backend::take_op_times`].
     pub op_profile: bool,
+    /// The CPU's bf16 kernel, forced (`bench --cpu-kernel`); None: what
+    /// [`CPU_KERNEL_ENV`] names, else the fastest this CPU runs. Opening
+    /// fails when this CPU does not run the kernel.
+    pub cpu_kernel: Option<Bf16Kernel>,
+}
+
+/// The environment variable that forces the CPU's bf16 matmul kernel:
+/// `amx` (Intel AMX tiles), `dot` (AVX512-BF16 dot products, what a Zen 4
+/// host runs) or `fma` (f32 FMAs on the widened weights). Read when a CPU
+/// backend opens; a name that is none of these, or a kernel this CPU does
+/// not run, fails the open. It changes nothing under f32 arithmetic.
+pub const CPU_KERNEL_ENV: &str = "METRALE_CPU_KERNEL";
+
+/// A kernel's name (`amx`, `dot` or `fma`), as [`CPU_KERNEL_ENV`] and
+/// `bench --cpu-kernel` take it.
+pub fn parse_cpu_kernel(name: &str) -> std::result::Result<Bf16Kernel, String> {
+    Bf16Kernel::from_name(name)
+        .ok_or_else(|| format!("unknown CPU kernel {name:?} (use amx, dot or fma)"))
+}
+
+/// The kernel `options` force, else the one [`CPU_KERNEL_ENV`] names;
+/// refused where this CPU does not run it.
+fn forced_cpu_kernel(options: &BackendOptions) -> Result<Option<Bf16Kernel>> {
+    let kernel = match options.cpu_kernel {
+        Some(kernel) => Some(kernel),
+        None => match std::env::var(CPU_KERNEL_ENV) {
+            Ok(name) if !name.trim().is_empty() => Some(
+                parse_cpu_kernel(&name).map_err(|e| anyhow::anyhow!("{CPU_KERNEL_ENV}: {e}"))?,
+            ),
+            _ => None,
+        },
+    };
+    if let Some(kernel) = kernel
+        && !kernel.runs_here()
+    {
+        let runs: Vec<&str> = Bf16Kernel::available_here()
+            .into_iter()
+            .map(|k| k.name())
+            .collect();
+        bail!(
+            "the CPU kernel {} ({}) does not run on this CPU; it runs: {}",
+            kernel.name(),
+            kernel.describe(),
+            if runs.is_empty() {
+                "none (no AVX512-BF16)".to_string()
+            } else {
+                runs.join(", ")
+            }
+        );
+    }
+    Ok(kernel)
 }
 
 /// An opened backend: the [`GpuBackend`] models run on, the device it is,
@@ -338,8 +389,10 @@ pub fn open_backend(device: Device, options: &BackendOptions) -> Result<Backend>
 }
 
 fn open_cpu(options: &BackendOptions) -> Result<Backend> {
+    let kernel = forced_cpu_kernel(options)?;
     let mut cpu = CpuBackend::try_with_threads(options.threads)?
         .with_bf16_dot_products(options.bf16_dot_products)
+        .with_bf16_kernel(kernel)
         .with_bf16_ssm_state(options.bf16_ssm_state)
         .with_op_profile(options.op_profile);
     if let Some(limit) = options.memory_limit {

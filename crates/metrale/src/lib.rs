@@ -69,8 +69,8 @@ pub use bundled::{CACHE_ENV, bundled_model_dir, cache_root, has_bundled_model};
 pub use chat_tokens::ChatTokens;
 mod device;
 pub use device::{
-    Backend, BackendOptions, Device, DeviceInfo, ParseDeviceError, announce_device_choice,
-    open_backend,
+    Backend, BackendOptions, CPU_KERNEL_ENV, Device, DeviceInfo, ParseDeviceError,
+    announce_device_choice, open_backend, parse_cpu_kernel,
 };
 pub use metrale_gpu_runtime::cpu::{Bf16Kernel, OpTime, amx_peak_block};
 mod generate;

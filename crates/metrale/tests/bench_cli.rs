@@ -85,6 +85,49 @@ fn bench_with_bf16_dot_products() {
     assert!(v["bf16_dot_products"].is_boolean());
 }
 
+/// Every kernel this CPU runs, by `bench --cpu-kernel` and by
+/// METRALE_CPU_KERNEL, is the one the report names; one it does not run,
+/// or an unknown name, is refused with the kernels it does run.
+#[test]
+fn the_cpu_kernel_can_be_forced() {
+    let config = tiny_config();
+    let config = config.to_str().unwrap();
+    let run = |env: Option<&str>, args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_metrale"));
+        cmd.args(["bench", "--config", config, "--dtype", "bf16"])
+            .args(["--prompt-len", "20", "--gen-len", "2", "--threads", "1"])
+            .args(["--json", "--no-probe"])
+            .args(args)
+            .env_remove("METRALE_CPU_KERNEL");
+        if let Some(name) = env {
+            cmd.env("METRALE_CPU_KERNEL", name);
+        }
+        cmd.output().expect("running metrale")
+    };
+    let runs_here = metrale::Bf16Kernel::available_here();
+    for name in ["amx", "dot", "fma"] {
+        let kernel = metrale::parse_cpu_kernel(name).expect("a kernel");
+        for out in [run(None, &["--cpu-kernel", name]), run(Some(name), &[])] {
+            let err = String::from_utf8_lossy(&out.stderr).to_string();
+            if runs_here.contains(&kernel) {
+                assert!(out.status.success(), "{name}: {err}");
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+                assert_eq!(v["bf16_kernel"], kernel.describe(), "{name}");
+            } else {
+                assert!(!out.status.success(), "{name} ran on a CPU without it");
+                assert!(err.contains("does not run on this CPU"), "{err}");
+                assert!(!err.contains("panicked"), "{err}");
+            }
+        }
+    }
+    for out in [run(Some("avx9"), &[]), run(None, &["--cpu-kernel", "avx9"])] {
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success());
+        assert!(err.contains("avx9") && err.contains("amx, dot or fma"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
 #[test]
 fn exported_random_checkpoint_loads_and_benches() {
     let dir = std::env::temp_dir().join(format!("metrale-export-{}", std::process::id()));

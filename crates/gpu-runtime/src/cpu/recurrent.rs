@@ -350,6 +350,7 @@ impl CpuBackend {
             // states held in bf16, so that f32 states (an f32 checkpoint
             // under `--dtype auto`) give the f32 bits.
             bf16_dot: self.bf16_dot_products() && narrow_states(seqs),
+            tiles: self.bf16_kernel() == Some(super::Bf16Kernel::Amx),
         };
         let state_len = n_heads * head_dim * d_state;
         let inputs = [x, dt_raw, b, c, a_log, d, dt_bias];

@@ -86,6 +86,12 @@ pub struct Args {
     /// CPU worker threads (0: one per core; at most 4 per core).
     #[arg(short, long, default_value_t = 0)]
     pub threads: usize,
+    /// Force the CPU's bf16 matmul kernel: amx (Intel AMX tiles), dot
+    /// (AVX512-BF16 dot products, what a Zen 4 host runs) or fma (f32 FMAs
+    /// on the widened weights). Default: $METRALE_CPU_KERNEL, else the
+    /// fastest this CPU runs. Refused where the CPU does not run it.
+    #[arg(long, value_name = "amx|dot|fma", value_parser = metrale::parse_cpu_kernel)]
+    pub cpu_kernel: Option<metrale::Bf16Kernel>,
     /// The context the run must fit: --prompt-len plus --gen-len at most
     /// this (default: the model's max_position_embeddings).
     #[arg(long, visible_alias = "max-model-len", value_name = "TOKENS")]
@@ -95,9 +101,10 @@ pub struct Args {
     #[arg(long, value_parser = super::parse_memory)]
     pub memory_limit: Option<usize>,
     /// The KV cache's element type: auto (the default: as the weights under
-    /// `--dtype auto` or `bf16`, bf16 for bf16, f16 or quantized weights;
-    /// else the backend's default, f32 on the CPU), f32, or bf16 (half the
-    /// memory per cached token; logits move by up to about 1e-2).
+    /// `--dtype auto` or `bf16`, f16 for bf16, f16 or quantized weights;
+    /// else the backend's default, f32 on the CPU), f32, bf16 or f16 (half
+    /// the memory per cached token; logits move by up to about 1e-2 with
+    /// bf16, 2e-3 with f16).
     #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
     pub kv_dtype: super::KvDType,
     #[command(flatten)]
@@ -264,6 +271,7 @@ pub fn run(mut args: Args) -> Result<()> {
             bf16_dot_products: args.dtype.bf16_dot_products(),
             bf16_ssm_state: args.dtype.bf16_ssm_state(),
             op_profile: args.profile,
+            cpu_kernel: args.cpu_kernel,
         },
     )?;
     // Host threads (the bandwidth probe reads with as many).

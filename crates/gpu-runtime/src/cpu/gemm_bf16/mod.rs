@@ -164,13 +164,29 @@ impl Kernel {
         }
     }
 
-    /// Every kernel this CPU runs (for tests and benches).
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn all() -> Vec<Kernel> {
+    /// Every kernel this CPU runs.
+    pub fn available_here() -> Vec<Kernel> {
         [Kernel::Dot, Kernel::Fma, Kernel::Amx]
             .into_iter()
             .filter(|k| k.runs_here())
             .collect()
+    }
+
+    /// The kernel's short name, as `METRALE_CPU_KERNEL` and `bench
+    /// --cpu-kernel` spell it: `amx`, `dot` or `fma`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Dot => "dot",
+            Kernel::Fma => "fma",
+            Kernel::Amx => "amx",
+        }
+    }
+
+    /// The kernel of a short name ([`Kernel::name`]), any case.
+    pub fn from_name(name: &str) -> Option<Kernel> {
+        [Kernel::Amx, Kernel::Dot, Kernel::Fma]
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(name.trim()))
     }
 
     /// What the kernel computes, for reports ("bf16 dot products").
@@ -293,8 +309,9 @@ impl OutPtr {
 }
 
 /// `out[i * n + j] = Σ_c bf16(x[i * k + c]) · w[j * k + c]` (f32 sums):
-/// the SSD scan's products, on AMX tiles where the CPU runs them, else with
-/// [`Kernel::Dot`] (never [`Kernel::Fma`]). With `Fma` the scan ran 25%
+/// the SSD scan's products, on AMX tiles with `tiles` where the CPU runs
+/// them (the backend's kernel is [`Kernel::Amx`]), else with [`Kernel::Dot`]
+/// (never [`Kernel::Fma`]). With `Fma` the scan ran 25%
 /// slower on Emerald Rapids, most likely from the microcode assists FMAs
 /// take on subnormals, which its f32 operands (states, inputs weighted by
 /// decays) hold where the decays underflow, and which `vdpbf16ps` and AMX
@@ -302,7 +319,9 @@ impl OutPtr {
 /// AMX against `Dot`, Granite-4.0-H-350M Q4_K_M, 512-token prefill, four
 /// interleaved pairs: `ssd_scan` 356-409 -> 290-361 ms. Returns false,
 /// doing nothing, when the CPU lacks AVX512-BF16.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
+    tiles: bool,
     team: &Team,
     x: &[f32],
     w: &[bf16],
@@ -311,7 +330,7 @@ pub(crate) fn gemm(
     n: usize,
     k: usize,
 ) -> bool {
-    let kernel = if amx_available() {
+    let kernel = if tiles && amx_available() {
         Kernel::Amx
     } else {
         Kernel::Dot

@@ -42,6 +42,9 @@ pub(super) struct Ctx<'a> {
     /// bf16: the chunked form's two state products (entering state · C,
     /// weighted x · B) use them too.
     pub bf16_dot: bool,
+    /// Those products on AMX tiles (the backend's bf16 kernel is
+    /// `Bf16Kernel::Amx`), else with `vdpbf16ps`.
+    pub tiles: bool,
 }
 
 impl Ctx<'_> {
@@ -418,7 +421,7 @@ fn chunked(ctx: &Ctx<'_>, row0: usize, len: usize, state: &mut [f32], ys: &mut [
             let g = ctx.group(h0);
             let s = &state[h0 * hp * n..(h0 + hpt) * hp * n];
             if let Some(c16) = cb.get(2 * g * cap * n..2 * g * cap * n + q * n)
-                && gemm_bf16::gemm(team, s, c16, yt, hpt * hp, q, n)
+                && gemm_bf16::gemm(ctx.tiles, team, s, c16, yt, hpt * hp, q, n)
             {
                 return;
             }
@@ -559,7 +562,7 @@ fn update_state(
     let m = hpt * hp;
     let xw = &scr.xw[..m * q];
     if let Some(bt16) = bt16
-        && gemm_bf16::gemm(team, xw, bt16, &mut scr.upd[..m * n], m, n, q)
+        && gemm_bf16::gemm(ctx.tiles, team, xw, bt16, &mut scr.upd[..m * n], m, n, q)
     {
         for ((sh, uh), &d) in s
             .chunks_mut(hp * n)
