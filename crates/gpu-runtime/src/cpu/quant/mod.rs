@@ -23,7 +23,8 @@
 //! and for `DType::QuantGroups`: matrices of the K-quants that
 //! `pack_matmul_weight` regrouped at load ([`group_rows`]) where this CPU
 //! has decode kernels for a whole group (`zmm.rs`), four rows read as one
-//! stream with one fold and one f32 term for the four. Every other path
+//! stream with one fold and one f32 term for the four. Q8_0 steps of a few
+//! rows (batched decode) take `steps.rs`. Every other path
 //! gathers a grouped matrix's rows back (a row's bytes per weight row and
 //! activation tile), so the products are the same bits either way.
 
@@ -33,9 +34,13 @@ mod matrix;
 mod packed;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
+mod steps;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod zmm;
+#[cfg(target_arch = "x86_64")]
+mod zmm_q8;
 
 #[cfg(test)]
 mod tests;
@@ -377,6 +382,13 @@ pub(crate) fn quant_matmul_with(
         &many
     };
     let threads = team.map_or(1, Team::threads);
+    // A few rows (batched decode) where a kernel takes several weight and
+    // activation rows at once (`steps.rs`).
+    #[cfg(target_arch = "x86_64")]
+    if steps::takes(isa, &w, m) {
+        steps::matmul_steps(isa, team, w, acts, out);
+        return Ok(());
+    }
     #[cfg(target_arch = "x86_64")]
     let n_packed = if isa == QuantIsa::Vnni
         && matches!(ty, GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q8_0)

@@ -88,15 +88,19 @@ pub(super) fn term32(ty: GgmlType, w: &[u8], a: ActRow<'_>, b: usize, sumi: i32)
 pub(super) fn accumulate32(ty: GgmlType, w: &[u8], a: ActRow<'_>, b0: usize, acc: &mut [f32; 4]) {
     let bb = ty.block_bytes();
     for b in b0..w.len() / bb {
-        let wb = &w[b * bb..(b + 1) * bb];
-        let v = block_values(ty, wb);
-        let sumi: i32 = v
-            .iter()
-            .zip(&a.qs[32 * b..32 * b + 32])
-            .map(|(&q, &x)| q * x as i32)
-            .sum();
-        acc[b % 4] += term32(ty, wb, a, b, sumi);
+        accumulate32_block(ty, &w[b * bb..(b + 1) * bb], a, b, acc);
     }
+}
+
+/// Adds block `b` of a row (`wb`, its bytes) to `acc[b % 4]`.
+pub(super) fn accumulate32_block(ty: GgmlType, wb: &[u8], a: ActRow<'_>, b: usize, acc: &mut [f32; 4]) {
+    let v = block_values(ty, wb);
+    let sumi: i32 = v
+        .iter()
+        .zip(&a.qs[32 * b..32 * b + 32])
+        .map(|(&q, &x)| q * x as i32)
+        .sum();
+    acc[b % 4] += term32(ty, wb, a, b, sumi);
 }
 
 #[inline]

@@ -439,8 +439,10 @@ proptest::proptest! {
 fn grouped_matrices_give_the_row_major_bits() {
     let team = Team::new(2);
     for ty in SUPPORTED {
-        let k = if uses_q8_k(ty) { 768 } else { 96 };
-        for n in [1, 3, 4, 6, 9, 19] {
+        // 32-element formats: 3 blocks (a group kernel's tail alone) and 13
+        // (three runs of four blocks, then the tail).
+        let ks: &[usize] = if uses_q8_k(ty) { &[768] } else { &[96, 416] };
+        for (&k, n) in ks.iter().flat_map(|k| [1, 3, 4, 6, 9, 19].map(|n| (k, n))) {
             let w = weights(ty, n, k, 23 + n as u64);
             let mut g = w.clone();
             group_rows(ty, &mut g, n, k).unwrap();

@@ -38,7 +38,7 @@
 //! Q4_K, k = 768, an 85 MB matrix, prototype): 1.25x the one-row kernel;
 //! Granite and Llama Q4_K_M decode 1.16-1.18x (paired medians).
 //!
-//! Session 35 unpacked the Q4_K/Q5_K group's scales and mins for its four
+//! The Q4_K/Q5_K group kernel unpacks the scales and mins of its four
 //! rows at once (one register of the four heads, `scales_mins_k4`'s masks
 //! as vector operations, the min terms two `vpmaddwd`, one fold for the
 //! sums and the min terms): from cache (`examples/quant_stream.rs`, `C=1`,
@@ -287,7 +287,7 @@ pub(super) const G: usize = metrale_core::QUANT_GROUP_ROWS;
 /// The eight i32 sums of `v` (`v[i]`'s eight lanes summed into lane `i`).
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn sums8(v: &[__m256i; 8]) -> __m256i {
+pub(super) fn sums8(v: &[__m256i; 8]) -> __m256i {
     let h0 = _mm256_hadd_epi32(v[0], v[1]);
     let h1 = _mm256_hadd_epi32(v[2], v[3]);
     let h2 = _mm256_hadd_epi32(v[4], v[5]);
