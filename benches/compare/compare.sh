@@ -6,6 +6,14 @@
 #
 #   benches/compare/compare.sh [--threads T] [--prompt-len N] [--gen-len M]
 #                              [--dtype bf16|f32] [--shapes "a b c"] [--repeat R]
+#                              [--no-amx]
+#
+# llama.cpp is built the way a user of this host gets its best: natively
+# (GGML_NATIVE), with AMX where the CPU and kernel run it (ggml's AMX
+# matmuls cover its quantized types). --no-amx builds and runs a second
+# copy without AMX (benches/compare/.venv-noamx), the baseline for metrale
+# with METRALE_CPU_KERNEL=dot (what an AVX-512 host without AMX runs).
+# Every result records llama.cpp's system_info line.
 #
 # With --repeat R each shape runs R rounds (metrale, metrale with bf16 dot
 # products, llama.cpp, in turn) and the report gives medians: on a shared
@@ -17,7 +25,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-THREADS=2 PROMPT=512 GEN=32 DTYPE=bf16 REPEAT=1
+THREADS=2 PROMPT=512 GEN=64 DTYPE=bf16 REPEAT=1 NO_AMX=""
 SHAPES="granite-4.0-h-350m mamba2-370m nemotron-h-400m qwen3-next-400m llama-370m"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -27,34 +35,45 @@ while [ $# -gt 0 ]; do
     --dtype) DTYPE="$2"; shift 2 ;;
     --shapes) SHAPES="$2"; shift 2 ;;
     --repeat) REPEAT="$2"; shift 2 ;;
+    --no-amx) NO_AMX=1; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
 
-VENV="$HERE/.venv" WORK="$HERE/work"
+VENV="$HERE/.venv${NO_AMX:+-noamx}" WORK="$HERE/work"
 mkdir -p "$WORK/models"
 PY="$VENV/bin/python"
 
-# 1. Python side: llama-cpp-python (CPU build with this machine's vector
-#    instructions) and what llama.cpp's converter needs.
+# 1. Python side: llama.cpp's sources (the llama-cpp-python source
+#    distribution: its vendor/llama.cpp has the converter too), then
+#    llama-cpp-python built from them for this machine's vector
+#    instructions (AMX included where the CPU has it, unless --no-amx),
+#    and what the converter needs.
+VERSION=0.3.36
 if [ ! -x "$PY" ]; then python3 -m venv "$VENV"; fi
-# AMX off: virtual machines can advertise AMX in cpuid without granting
-# the tile state, and ggml's AMX matmuls then die on SIGILL (`tilezero`).
-if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
-  NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-  CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'" \
-    "$VENV/bin/pip" install --no-cache-dir --no-binary llama-cpp-python llama-cpp-python
-fi
-"$PY" -c "import gguf, torch, numpy, safetensors, sentencepiece" 2>/dev/null ||
-  "$VENV/bin/pip" install gguf torch numpy safetensors sentencepiece transformers
-# The converter ships in the source distribution (vendor/llama.cpp).
-LLAMA_SRC="$(ls -d "$WORK"/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | head -n 1 || true)"
-if [ -z "$LLAMA_SRC" ]; then
-  VERSION="$("$PY" -c 'import llama_cpp; print(llama_cpp.__version__)')"
+LLAMA_SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
+if [ ! -d "$LLAMA_SRC" ]; then
   "$VENV/bin/pip" download --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$WORK/dl"
   tar xzf "$WORK/dl/llama_cpp_python-$VERSION.tar.gz" -C "$WORK"
-  LLAMA_SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
 fi
+# ggml's AMX matmuls crash (SIGSEGV at ldtilecfg) when built by GCC 12:
+# its _tile_loadconfig declares that the asm reads 8 bytes of the tile
+# config, so the stores of the tiles' shapes are dropped as dead and the
+# config loaded is invalid (llama.cpp issue 20824, fix proposed in pull
+# request 26954). One line makes the whole config an input of an asm first.
+MMQ="$LLAMA_SRC/ggml/src/ggml-cpu/amx/mmq.cpp"
+if ! grep -qF '__asm__ volatile("" : : "m"(tc))' "$MMQ"; then
+  sed -i 's|^    _tile_loadconfig(&tc);|    __asm__ volatile("" : : "m"(tc));\n    _tile_loadconfig(\&tc);|' "$MMQ"
+fi
+if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
+  FLAGS=""
+  [ -n "$NO_AMX" ] && FLAGS="-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'"
+  CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF $FLAGS" \
+    "$VENV/bin/pip" install --no-cache-dir "$WORK/llama_cpp_python-$VERSION"
+fi
+echo "llama.cpp: $("$PY" -c 'from llama_cpp import llama_cpp as L; print(L.llama_print_system_info().decode())')" >&2
+"$PY" -c "import gguf, torch, numpy, safetensors, sentencepiece" 2>/dev/null ||
+  "$VENV/bin/pip" install gguf torch numpy safetensors sentencepiece transformers
 
 # 2. metrale.
 (cd "$ROOT" && cargo build --release -p metrale)

@@ -8,8 +8,13 @@
 #
 #   benches/compare/compare_quant.sh [--threads T] [--prompt-len N] [--gen-len M]
 #        [--shapes "granite-4.0-h-350m llama-370m"] [--quant "bf16 Q8_0 Q4_K_M"]
-#        [--repeat R] [--metrale PATH]
+#        [--repeat R] [--metrale PATH] [--venv DIR] [--cpu-kernel amx|dot|fma]
+#        [--out FILE]
 #
+# --venv: the llama-cpp-python to run (default benches/compare/.venv, the
+# native build with AMX where the CPU has it; compare.sh --no-amx builds
+# .venv-noamx, the same without AMX). --cpu-kernel sets METRALE_CPU_KERNEL
+# for metrale's runs (dot on an AMX host runs what a Zen 4 host runs).
 # "bf16" is the converter's bf16 file itself (metrale's default --dtype auto:
 # bf16 dot products). Needs compare.sh's setup (benches/compare/.venv with
 # llama-cpp-python, and llama.cpp's sources under work/); metrale is built
@@ -19,7 +24,8 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-THREADS=2 PROMPT=512 GEN=32 REPEAT=3 METRALE=""
+THREADS=2 PROMPT=512 GEN=64 REPEAT=3 METRALE="" KERNEL="" OUT=""
+VENV="$HERE/.venv"
 SHAPES="granite-4.0-h-350m llama-370m"
 QUANT="bf16 Q8_0 Q4_K_M"
 while [ $# -gt 0 ]; do
@@ -31,11 +37,14 @@ while [ $# -gt 0 ]; do
     --quant) QUANT="$2"; shift 2 ;;
     --repeat) REPEAT="$2"; shift 2 ;;
     --metrale) METRALE="$2"; shift 2 ;;
+    --venv) VENV="$2"; shift 2 ;;
+    --cpu-kernel) KERNEL="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
 
-VENV="$HERE/.venv" WORK="$HERE/work"
+WORK="$HERE/work"
 PY="$VENV/bin/python"
 mkdir -p "$WORK/models"
 "$PY" -c "import llama_cpp" 2>/dev/null || { echo "no llama-cpp-python in $VENV: run compare.sh once first" >&2; exit 1; }
@@ -63,8 +72,9 @@ for shape in $SHAPES; do
 done
 
 # 2. Rounds: every (shape, type) once per round, both engines back to back.
-OUT="$WORK/quant-results.jsonl"
+OUT="${OUT:-$WORK/quant-results.jsonl}"
 : > "$OUT"
+if [ -n "$KERNEL" ]; then export METRALE_CPU_KERNEL="$KERNEL"; else unset METRALE_CPU_KERNEL; fi
 echo "load before the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for round in $(seq 1 "$REPEAT"); do
   for shape in $SHAPES; do

@@ -51,6 +51,7 @@ def main() -> None:
         r.update({
             "engine": "llama.cpp",
             "llama_cpp_python": llama_cpp.__version__,
+            "system_info": L.llama_print_system_info().decode(errors="replace"),
             "threads": a.threads,
             "batch": b,
             "prompt_len": a.prompt_len,

@@ -71,6 +71,26 @@ def print_table(head, table):
         print("| " + " | ".join(line) + " |")
 
 
+def cpu_model() -> str:
+    """This machine's CPU, as /proc/cpuinfo names it, and whether it has AMX."""
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        return "unknown CPU"
+    name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "unknown CPU")
+    return f"{name}, {'AMX' if 'amx_tile' in info else 'no AMX'}"
+
+
+def print_machine(metrale_runs, llama_runs) -> None:
+    """The machine, metrale's bf16 kernels and llama.cpp's build (each
+    distinct system_info line), as every result must record them."""
+    kernels = sorted({str(m.get("bf16_kernel")) for m in metrale_runs})
+    infos = sorted({l.get("system_info", "(not recorded)").strip() for l in llama_runs})
+    print(f"machine: {cpu_model()}; metrale bf16 kernel: {', '.join(kernels)}")
+    for info in infos:
+        print(f"llama.cpp system_info: {info}")
+
+
 def main() -> None:
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
     by_shape = OrderedDict()
@@ -95,6 +115,7 @@ def main() -> None:
             t = [x for x in ttft if x[0] == shape]
             print(f"  {shape}: {med([x[1] for x in t]):.0f} / {med([x[2] for x in t]):.0f} ms, "
                   f"{med([x[3] for x in t]):.0f} / {med([x[4] for x in t]):.0f} MiB")
+        print_machine([r["metrale"] for r in rows], [r["llama"] for r in rows])
 
 
 if __name__ == "__main__":

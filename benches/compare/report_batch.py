@@ -14,7 +14,7 @@ import math
 import sys
 from collections import OrderedDict
 
-from report import med, print_table, ratio_cell
+from report import med, print_machine, print_table, ratio_cell
 
 
 def by_batch(runs):
@@ -57,7 +57,8 @@ def main() -> None:
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
     by_shape = OrderedDict()
     for r in rows:
-        by_shape.setdefault(r["shape"], []).append(r)
+        key = f'{r["shape"]} {r["format"]}' if r.get("format") else r["shape"]
+        by_shape.setdefault(key, []).append(r)
     head = ("shape", "batch", "rounds", "metrale decode tok/s", "llama.cpp decode tok/s", "ratio",
             "metrale tok/s/seq", "llama.cpp tok/s/seq", "metrale GFLOP/s", "of peak",
             "llama.cpp GFLOP/s", "of peak", "metrale weights GB/s", "of bandwidth")
@@ -74,6 +75,7 @@ def main() -> None:
         print(f"\nprobes (medians over runs, {ms[0]['threads']} threads): bandwidth {med(bw):.1f} GB/s, "
               f"f32 FMA {med(fma):.0f} GFLOP/s, bf16 dot {med(dot):.0f} GFLOP/s{amx_s}; 'of peak' is against the {kind} peak; "
               f"prompt {ms[0]['prompt_len']}, generated {ms[0]['gen_len']} per sequence")
+    print_machine([m for r in rows for m in r["metrale"]], [x for r in rows for x in r["llama"]])
 
 
 if __name__ == "__main__":
