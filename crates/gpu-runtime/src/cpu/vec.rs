@@ -533,7 +533,12 @@ mod tests {
             );
             tile_dot_heads(isa, &refs, &tile16, &mut from16);
             tile_dot_heads(isa, &refs, &tile32, &mut from32);
-            assert_eq!(from16, from32, "{isa:?} {:?} tile_dot_heads {n} x {heads}", E::KIND);
+            assert_eq!(
+                from16,
+                from32,
+                "{isa:?} {:?} tile_dot_heads {n} x {heads}",
+                E::KIND
+            );
             let ws: Vec<Vec<f32>> = (0..heads)
                 .map(|h| vec![0.5 - h as f32, 0.25, 2.0])
                 .collect();
@@ -542,7 +547,12 @@ mod tests {
             let mut o32 = o16.clone();
             axpy_rows_heads(isa, &mut o16, n, &wrefs, &v16, stride);
             axpy_rows_heads(isa, &mut o32, n, &wrefs, &v32, stride);
-            assert_eq!(o16, o32, "{isa:?} {:?} axpy_rows_heads {n} x {heads}", E::KIND);
+            assert_eq!(
+                o16,
+                o32,
+                "{isa:?} {:?} axpy_rows_heads {n} x {heads}",
+                E::KIND
+            );
         }
         // Lengths not a multiple of 16 take the scalar tail.
         let mut o16 = vec![1.0f32; n];

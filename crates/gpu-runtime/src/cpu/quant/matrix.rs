@@ -216,3 +216,31 @@ pub(crate) fn dequantize_grouped_row(ty: GgmlType, data: &[u8], j: usize, out: &
         out.fill(f32::NAN);
     }
 }
+
+impl super::super::CpuBackend {
+    /// `pack_matmul_weight` for quantized weights: the matrix rewritten in
+    /// place into the grouped layout and relabelled
+    /// [`DType::QuantGroups`](metrale_core::DType::QuantGroups), where this
+    /// CPU has a group kernel for its format; `None` (untouched) elsewhere.
+    /// The products are the same bits either way.
+    pub(in crate::cpu) fn group_quant_weight(
+        &self,
+        w: crate::gpu::DeviceSlice,
+        q: metrale_core::QuantFormat,
+        n: usize,
+        k: usize,
+    ) -> Result<Option<crate::gpu::DeviceSlice>> {
+        const OP: &str = "pack_matmul_weight";
+        if !super::groups_pay(q.ggml()) || n < G || Some(w.len()) != n.checked_mul(k) {
+            return Ok(None);
+        }
+        let bytes = self.write(OP, w, &[])?;
+        group_rows(q.ggml(), bytes, n, k)?;
+        let grouped = metrale_core::DType::QuantGroups(q);
+        Ok(Some(crate::gpu::DeviceSlice::new(
+            w.ptr(),
+            grouped,
+            w.len(),
+        )))
+    }
+}

@@ -144,6 +144,46 @@ const PACKED_MIN_ROWS: usize = 8;
 /// once for all of them).
 pub(crate) const MAX_ROWS: usize = 4;
 
+/// `$body` with `$a` (a slice of 1 to [`MAX_ROWS`] activation rows) as an
+/// array reference of its length, `$r` that length as a constant: the
+/// kernels' row counts are const generics.
+macro_rules! by_tile {
+    ($a:expr, |$arr:ident, $r:ident| $body:expr) => {{
+        let a = $a;
+        match a.len() {
+            1 => {
+                const $r: usize = 1;
+                let $arr: &[_; 1] = a.try_into().expect("rows");
+                $body
+            }
+            2 => {
+                const $r: usize = 2;
+                let $arr: &[_; 2] = a.try_into().expect("rows");
+                $body
+            }
+            3 => {
+                const $r: usize = 3;
+                let $arr: &[_; 3] = a.try_into().expect("rows");
+                $body
+            }
+            _ => {
+                const $r: usize = 4;
+                let $arr: &[_; 4] = a.try_into().expect("rows");
+                $body
+            }
+        }
+    }};
+}
+use by_tile;
+
+/// Tasks `0..count` on the team, or in turn on this thread without one.
+fn run_tasks(team: Option<&Team>, count: usize, run: &(dyn Fn(usize) + Sync)) {
+    match team {
+        Some(team) => team.run(count, run),
+        None => (0..count).for_each(run),
+    }
+}
+
 /// `dot(w, a[r])` for `r < R`: one weight row (`w`, whole blocks of `ty`)
 /// with `R` quantized activation rows of as many blocks.
 ///
@@ -436,50 +476,33 @@ pub(crate) fn quant_matmul_with(
                         for i0 in (t0..t1).step_by(MAX_ROWS) {
                             let r = MAX_ROWS.min(t1 - i0);
                             let a = &acts[i0..i0 + r];
-                            macro_rules! go {
-                                ($r:literal) => {{
-                                    let a = a.try_into().expect("rows");
-                                    // SAFETY: `panel` holds nb packed blocks of the
-                                    // weights' format, every activation row nb
-                                    // blocks of the matching one (Q8_K for the
-                                    // K-quants, Q8_0 for Q8_0), and `isa` (VNNI) was
-                                    // detected on this CPU.
-                                    let v = unsafe {
-                                        match ty {
-                                            GgmlType::Q4K => {
-                                                packed::dot_q4_k_panel::<$r>(panel, nb, a)
-                                            }
-                                            GgmlType::Q6K => {
-                                                packed::dot_q6_k_panel::<$r>(panel, nb, a)
-                                            }
-                                            _ => packed::dot_q8_0_panel::<$r>(panel, nb, a),
-                                        }
-                                    };
-                                    for (u, row) in v.iter().enumerate() {
-                                        // SAFETY: `(i0 + u) * n + j0 + NR <= m * n`
-                                        // (checked above; `j0 + NR <= n_packed`);
-                                        // task `t` alone writes columns of groups
-                                        // `g0..g1`.
-                                        unsafe { ptr.write_run((i0 + u) * n + j0, row) };
+                            by_tile!(a, |a, R| {
+                                // SAFETY: `panel` holds nb packed blocks of the
+                                // weights' format, every activation row nb
+                                // blocks of the matching one (Q8_K for the
+                                // K-quants, Q8_0 for Q8_0), and `isa` (VNNI) was
+                                // detected on this CPU.
+                                let v = unsafe {
+                                    match ty {
+                                        GgmlType::Q4K => packed::dot_q4_k_panel::<R>(panel, nb, a),
+                                        GgmlType::Q6K => packed::dot_q6_k_panel::<R>(panel, nb, a),
+                                        _ => packed::dot_q8_0_panel::<R>(panel, nb, a),
                                     }
-                                }};
-                            }
-                            match r {
-                                1 => go!(1),
-                                2 => go!(2),
-                                3 => go!(3),
-                                _ => go!(4),
-                            }
+                                };
+                                for (u, row) in v.iter().enumerate() {
+                                    // SAFETY: `(i0 + u) * n + j0 + NR <= m * n`
+                                    // (checked above; `j0 + NR <= n_packed`);
+                                    // task `t` alone writes columns of groups
+                                    // `g0..g1`.
+                                    unsafe { ptr.write_run((i0 + u) * n + j0, row) };
+                                }
+                            });
                         }
                     }
                 }
             });
         };
-        let count = groups.div_ceil(share);
-        match team {
-            Some(team) => team.run(count, &run),
-            None => (0..count).for_each(run),
-        }
+        run_tasks(team, groups.div_ceil(share), &run);
         if n_packed == n {
             return Ok(());
         }
@@ -557,11 +580,7 @@ pub(crate) fn quant_matmul_with(
             }
         }
     };
-    let count = (n - n_packed).div_ceil(share);
-    match team {
-        Some(team) => team.run(count, &run),
-        None => (0..count).for_each(run),
-    }
+    run_tasks(team, (n - n_packed).div_ceil(share), &run);
     Ok(())
 }
 
@@ -578,33 +597,5 @@ impl super::CpuBackend {
         scratch: &mut QuantScratch,
     ) -> Result<()> {
         quant_matmul(Some(self.team()), x, w, out, m, scratch)
-    }
-}
-
-impl super::CpuBackend {
-    /// `pack_matmul_weight` for quantized weights: the matrix rewritten in
-    /// place into the grouped layout and relabelled
-    /// [`DType::QuantGroups`](metrale_core::DType::QuantGroups), where this
-    /// CPU has a group kernel for its format; `None` (untouched) elsewhere.
-    /// The products are the same bits either way.
-    pub(super) fn group_quant_weight(
-        &self,
-        w: crate::gpu::DeviceSlice,
-        q: metrale_core::QuantFormat,
-        n: usize,
-        k: usize,
-    ) -> Result<Option<crate::gpu::DeviceSlice>> {
-        const OP: &str = "pack_matmul_weight";
-        if !groups_pay(q.ggml()) || n < GROUP || Some(w.len()) != n.checked_mul(k) {
-            return Ok(None);
-        }
-        let bytes = self.write(OP, w, &[])?;
-        group_rows(q.ggml(), bytes, n, k)?;
-        let grouped = metrale_core::DType::QuantGroups(q);
-        Ok(Some(crate::gpu::DeviceSlice::new(
-            w.ptr(),
-            grouped,
-            w.len(),
-        )))
     }
 }

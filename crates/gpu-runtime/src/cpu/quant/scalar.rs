@@ -93,7 +93,13 @@ pub(super) fn accumulate32(ty: GgmlType, w: &[u8], a: ActRow<'_>, b0: usize, acc
 }
 
 /// Adds block `b` of a row (`wb`, its bytes) to `acc[b % 4]`.
-pub(super) fn accumulate32_block(ty: GgmlType, wb: &[u8], a: ActRow<'_>, b: usize, acc: &mut [f32; 4]) {
+pub(super) fn accumulate32_block(
+    ty: GgmlType,
+    wb: &[u8],
+    a: ActRow<'_>,
+    b: usize,
+    acc: &mut [f32; 4],
+) {
     let v = block_values(ty, wb);
     let sumi: i32 = v
         .iter()

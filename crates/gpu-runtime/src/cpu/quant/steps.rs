@@ -16,7 +16,7 @@ use metrale_core::GgmlType;
 use super::super::team::{OutPtr, Team};
 use super::act::ActRow;
 use super::matrix::QuantMatrix;
-use super::{MAX_ROWS, QuantIsa, vec_dot_rows, zmm_q8};
+use super::{MAX_ROWS, QuantIsa, by_tile, run_tasks, vec_dot_rows, zmm_q8};
 
 /// Weight rows a kernel call takes.
 const W: usize = 4;
@@ -80,33 +80,20 @@ pub(super) fn matmul_steps(
                     continue;
                 }
                 let wr: [&[u8]; W] = w.rows_in(j0, &mut buf);
-                macro_rules! go {
-                    ($r:literal) => {{
-                        let a: &[ActRow<'_>; $r] = a.try_into().expect("rows");
-                        // SAFETY: every weight row and activation row holds
-                        // as many whole Q8_0 blocks, and the CPU has AVX-512
-                        // VNNI (the caller's contract).
-                        let v = unsafe { zmm_q8::dot_q8_0_rows::<$r>(&wr, a) };
-                        for (u, row) in v.iter().enumerate() {
-                            // SAFETY: `(i0 + u) * n + j0 + W <= m * n`
-                            // (`j0 + W <= n`); task `t` alone writes the
-                            // columns of runs `g0..g1`.
-                            unsafe { ptr.write_run((i0 + u) * n + j0, row) };
-                        }
-                    }};
-                }
-                match r {
-                    1 => go!(1),
-                    2 => go!(2),
-                    3 => go!(3),
-                    _ => go!(4),
-                }
+                by_tile!(a, |a, R| {
+                    // SAFETY: every weight row and activation row holds as
+                    // many whole Q8_0 blocks, and the CPU has AVX-512 VNNI
+                    // (the caller's contract).
+                    let v = unsafe { zmm_q8::dot_q8_0_rows::<R>(&wr, a) };
+                    for (u, row) in v.iter().enumerate() {
+                        // SAFETY: `(i0 + u) * n + j0 + W <= m * n` (`j0 + W
+                        // <= n`); task `t` alone writes the columns of runs
+                        // `g0..g1`.
+                        unsafe { ptr.write_run((i0 + u) * n + j0, row) };
+                    }
+                });
             }
         }
     };
-    let count = runs.div_ceil(share);
-    match team {
-        Some(team) => team.run(count, &run),
-        None => (0..count).for_each(run),
-    }
+    run_tasks(team, runs.div_ceil(share), &run);
 }
