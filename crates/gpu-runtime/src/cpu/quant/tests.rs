@@ -433,7 +433,7 @@ proptest::proptest! {
 /// Grouped matrices (`group_rows`, what `pack_matmul_weight` makes at load)
 /// give the row-major matrix's bits: decode through the group kernels and
 /// the gathered rows of a ragged last group, prefill through the tiles and
-/// (m ≥ 8 on VNNI) the packed panels, every ISA, with and without a team;
+/// (m ≥ 33 on VNNI) the packed panels, every ISA, with and without a team;
 /// and every row dequantizes to the same values.
 #[test]
 fn grouped_matrices_give_the_row_major_bits() {
@@ -462,7 +462,7 @@ fn grouped_matrices_give_the_row_major_bits() {
                         .all(|(a, b)| a.to_bits() == b.to_bits())
                 );
             }
-            for m in [1, 2, 9] {
+            for m in [1, 2, 9, 40] {
                 let x = values(m * k, 41 + m as u64);
                 let mut s = QuantScratch::new();
                 for isa in QuantIsa::available() {
