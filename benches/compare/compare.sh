@@ -59,8 +59,8 @@ fi
 # ggml's AMX matmuls crash (SIGSEGV at ldtilecfg) when built by GCC 12:
 # its _tile_loadconfig declares that the asm reads 8 bytes of the tile
 # config, so the stores of the tiles' shapes are dropped as dead and the
-# config loaded is invalid (llama.cpp issue 20824, fix proposed in pull
-# request 26954). One line makes the whole config an input of an asm first.
+# config loaded is invalid (ggml-org/llama.cpp#20824, fix proposed in
+# ggml-org/llama.cpp#26954). One line makes the whole config an input of an asm first.
 MMQ="$LLAMA_SRC/ggml/src/ggml-cpu/amx/mmq.cpp"
 if ! grep -qF '__asm__ volatile("" : : "m"(tc))' "$MMQ"; then
   sed -i 's|^    _tile_loadconfig(&tc);|    __asm__ volatile("" : : "m"(tc));\n    _tile_loadconfig(\&tc);|' "$MMQ"

@@ -41,8 +41,8 @@ def summarise(shape, runs):
     roof = [a["roofline_decode_tok_s"] for a in m if a.get("roofline_decode_tok_s")]
     frac = [a["decode_tok_s"] / a["roofline_decode_tok_s"] for a in m if a.get("roofline_decode_tok_s")]
     lfrac = [b["decode_tok_s"] / a["roofline_decode_tok_s"] for a, b in zip(m, l) if a.get("roofline_decode_tok_s")]
-    # The memory floor (weights + recurrent state + KV cache; metrale's
-    # bench since session 31), for both engines against the same bytes.
+    # The memory floor (weights + recurrent state + KV cache, as metrale's
+    # bench counts them), for both engines against the same bytes.
     floor = [(a, b) for a, b in zip(m, l) if a.get("floor_decode_tok_s")]
     ffrac = [a["decode_tok_s"] / a["floor_decode_tok_s"] for a, _ in floor]
     lffrac = [b["decode_tok_s"] / a["floor_decode_tok_s"] for a, b in floor]
