@@ -68,6 +68,7 @@ mod chat_tokens;
 pub use bundled::{CACHE_ENV, bundled_model_dir, cache_root, has_bundled_model};
 pub use chat_tokens::ChatTokens;
 mod device;
+pub mod flags;
 pub use device::{
     Backend, BackendOptions, CPU_KERNEL_ENV, Device, DeviceInfo, ParseDeviceError,
     announce_device_choice, open_backend, parse_cpu_kernel,

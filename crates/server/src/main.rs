@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use metrale::{Device, EngineConfig, Generator, LoadOptions, default_model_dir};
-use metrale_server::cli::{KvDType, PrefixCacheArgs, StateDType, parse_memory};
+use metrale_server::cli::{ArithDType, KvDType, PrefixCacheArgs, StateDType, parse_memory};
 use metrale_server::{AppState, ConnConfig, HostPolicy, Limits, ServerConfig};
 
 /// The blocking pool's size (tokenizing and template rendering).
@@ -74,9 +74,10 @@ struct Args {
     #[arg(long, value_parser = parse_memory)]
     memory_limit: Option<usize>,
     /// The KV cache's element type: auto (the default: as the weights under
-    /// `--dtype auto` or `bf16`, bf16 for bf16, f16 or quantized weights;
-    /// else the backend's default, f32 on the CPU), f32, or bf16 (half the
-    /// memory per cached token; logits move by up to about 1e-2).
+    /// `--dtype auto` or `bf16`, f16 for bf16, f16 or quantized weights;
+    /// else the backend's default, f32 on the CPU), f32, bf16 or f16 (half
+    /// the memory per cached token; logits move by up to about 1e-2 with
+    /// bf16, 2e-3 with f16).
     #[arg(long, value_enum, default_value_t = KvDType::Auto)]
     kv_dtype: KvDType,
     /// How the Mamba-2 and gated-delta layers' running states are held:
@@ -187,13 +188,6 @@ fn seconds(flag: &str, secs: f64) -> Result<Duration> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// `--dtype`: the arithmetic, as the `metrale` subcommands spell it.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum ArithDType {
-    Auto,
-    F32,
-    Bf16,
-}
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
@@ -252,11 +246,7 @@ fn run(args: Args) -> Result<()> {
         threads: args.threads,
         memory_limit: args.memory_limit,
         bf16_dot_products: args.dtype != ArithDType::F32,
-        bf16_ssm_state: match args.ssm_state_dtype {
-            StateDType::Auto => args.dtype != ArithDType::F32,
-            StateDType::F32 => false,
-            StateDType::Bf16 => true,
-        },
+        bf16_ssm_state: args.ssm_state_dtype.is_bf16(args.dtype != ArithDType::F32),
         quant: args.quant,
         ..LoadOptions::default()
     };

@@ -43,9 +43,10 @@ pub struct Args {
     #[arg(long, value_parser = super::parse_memory)]
     pub memory_limit: Option<usize>,
     /// The KV cache's element type: auto (the default: as the weights under
-    /// `--dtype auto` or `bf16`, bf16 for bf16, f16 or quantized weights;
-    /// else the backend's default, f32 on the CPU), f32, or bf16 (half the
-    /// memory per cached token; logits move by up to about 1e-2).
+    /// `--dtype auto` or `bf16`, f16 for bf16, f16 or quantized weights;
+    /// else the backend's default, f32 on the CPU), f32, bf16 or f16 (half
+    /// the memory per cached token; logits move by up to about 1e-2 with
+    /// bf16, 2e-3 with f16).
     #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
     pub kv_dtype: super::KvDType,
     #[command(flatten)]

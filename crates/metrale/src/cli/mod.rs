@@ -20,6 +20,10 @@ use metrale::Device;
 use metrale::engine::model::ModelOptions;
 use metrale::weights::loader::LoadProgress;
 
+pub use metrale::flags::{
+    ArithDType, KvDType, PrefixCacheArgs, StateDType, parse_bytes, parse_memory,
+};
+
 /// `--device`, the same on every subcommand that runs a model.
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct DeviceArgs {
@@ -41,107 +45,6 @@ const DEVICE_VALUES: &str = "cpu|auto";
 #[cfg(feature = "cuda")]
 const DEVICE_VALUES: &str = "cpu|auto|cuda[:N]";
 
-/// `--kv-dtype`: the KV cache's element type.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum KvDType {
-    /// As the weights, under `--dtype auto` or `bf16`: f16 where they are
-    /// held in bf16, f16 or quantized (as llama.cpp caches in f16), the
-    /// backend's default (f32 on the CPU) for f32 weights and under
-    /// `--dtype f32`.
-    #[default]
-    Auto,
-    F32,
-    /// Half the bytes per cached token; logits move by up to about 1e-2
-    /// (measured on the fixtures: tests/tests/kv_dtype.rs).
-    Bf16,
-    /// Half the bytes per cached token, three more bits than bf16 (the
-    /// cache llama.cpp keeps by default); values beyond ±65504 are held at
-    /// 65504.
-    F16,
-}
-
-impl KvDType {
-    /// The cache's dtype asked for outright (None: `auto`).
-    pub fn dtype(self) -> Option<metrale::core::DType> {
-        match self {
-            KvDType::Auto => None,
-            KvDType::F32 => Some(metrale::core::DType::F32),
-            KvDType::Bf16 => Some(metrale::core::DType::BF16),
-            KvDType::F16 => Some(metrale::core::DType::F16),
-        }
-    }
-
-    /// Sets `options`' cache dtype: asked for, or under `auto` and bf16
-    /// arithmetic (`DTypeArgs::bf16_dot_products`) as the weights are held
-    /// (`ModelOptions::kv_follows_weights`).
-    pub fn apply(self, bf16_arithmetic: bool, options: &mut ModelOptions) {
-        options.kv_dtype = self.dtype();
-        options.kv_follows_weights = self == KvDType::Auto && bf16_arithmetic;
-    }
-}
-
-/// `--memory-limit`'s parser: a size such as `8GiB` or `512MiB` (see
-/// [`inspect::parse_bytes`]).
-pub fn parse_memory(text: &str) -> Result<usize, String> {
-    let bytes = inspect::parse_bytes(text).map_err(|e| format!("{e:#}"))?;
-    usize::try_from(bytes).map_err(|_| format!("{text} is more than this machine can address"))
-}
-
-/// The prefix cache's flags, the same on every subcommand that runs a model
-/// (and on `metrale serve`).
-#[derive(clap::Args, Debug, Clone, Copy)]
-pub struct PrefixCacheArgs {
-    /// Turn the prefix cache off: every request prefills its whole prompt
-    /// (by default a prompt starting like an earlier request, such as the
-    /// next turn of a chat, reuses that request's KV blocks and recurrent
-    /// state).
-    #[arg(long)]
-    pub no_prefix_cache: bool,
-    /// Tokens between the snapshots of a running request's recurrent state
-    /// (hybrid and recurrent models); a hit recomputes at most this many
-    /// tokens of its prefix (0: snapshots only where a request ends or a
-    /// match ended). Default: 128.
-    #[arg(long, value_name = "TOKENS")]
-    pub snapshot_interval: Option<usize>,
-    /// The most memory recurrent-state snapshots may take, e.g. 512MiB
-    /// (default: twice the recurrent state of the sequences run at once).
-    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
-    pub snapshot_budget: Option<usize>,
-}
-
-impl PrefixCacheArgs {
-    /// The options the flags give, over the defaults.
-    pub fn options(&self) -> metrale::PrefixCacheOptions {
-        let defaults = metrale::PrefixCacheOptions::default();
-        metrale::PrefixCacheOptions {
-            enabled: !self.no_prefix_cache,
-            snapshot_interval: self.snapshot_interval.unwrap_or(defaults.snapshot_interval),
-            snapshot_budget: self.snapshot_budget.or(defaults.snapshot_budget),
-        }
-    }
-}
-
-/// `--dtype`: the arithmetic, the same on every subcommand that runs a model.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum ArithDType {
-    /// As the weights suggest, as other engines do: bf16 weights multiply
-    /// in the CPU's faster bf16 kernel (bf16 dot products, or f32 FMAs on
-    /// the widened weights where those are faster, as on Intel's cores),
-    /// f32 weights in f32, quantized (GGUF) weights with integer dot
-    /// products on activations quantized per block.
-    #[default]
-    Auto,
-    /// f32 arithmetic wherever the weights allow (exact against the f32
-    /// reference; quantized weights still take integer dot products).
-    F32,
-    /// Matmuls with bf16 weights take the CPU's bf16 kernel where it has
-    /// one (AVX512-BF16): bf16 dot products on activations rounded to bf16,
-    /// as llama.cpp does, or, on CPUs where they are the slower (Intel's
-    /// cores), f32 FMAs on the widened weights; the logits move off the
-    /// f32 reference by more than 1e-4. Weights stored in f32 still
-    /// multiply in f32. Today the same as `auto`.
-    Bf16,
-}
 
 /// `--dtype` (and its old spelling, the hidden `--bf16-dot`).
 #[derive(clap::Args, Debug, Clone, Copy)]
@@ -171,15 +74,6 @@ pub struct DTypeArgs {
     pub ssm_state_dtype: StateDType,
 }
 
-/// `--ssm-state-dtype`.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StateDType {
-    /// As the arithmetic: bf16 unless `--dtype f32` or f32 weights.
-    Auto,
-    F32,
-    Bf16,
-}
-
 impl DTypeArgs {
     /// Whether bf16 dot products are asked for.
     pub fn bf16_dot_products(&self) -> bool {
@@ -203,16 +97,6 @@ impl DTypeArgs {
     }
 }
 
-impl StateDType {
-    /// Whether states are held in bf16, given whether the arithmetic is.
-    pub fn is_bf16(self, bf16_arithmetic: bool) -> bool {
-        match self {
-            StateDType::Auto => bf16_arithmetic,
-            StateDType::F32 => false,
-            StateDType::Bf16 => true,
-        }
-    }
-}
 
 /// `-q`: no progress bars and no summary lines (errors still print).
 static QUIET: AtomicBool = AtomicBool::new(false);
