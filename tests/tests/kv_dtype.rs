@@ -141,4 +141,3 @@ fn a_kv_dtype_the_backend_cannot_store_is_refused_at_load() {
     let text = format!("{err:#}");
     assert!(text.contains("i32") && text.contains("KV cache"), "{text}");
 }
-

@@ -123,7 +123,10 @@ fn the_cpu_kernel_can_be_forced() {
     for out in [run(Some("avx9"), &[]), run(None, &["--cpu-kernel", "avx9"])] {
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         assert!(!out.status.success());
-        assert!(err.contains("avx9") && err.contains("amx, dot or fma"), "{err}");
+        assert!(
+            err.contains("avx9") && err.contains("amx, dot or fma"),
+            "{err}"
+        );
         assert!(!err.contains("panicked"), "{err}");
     }
 }

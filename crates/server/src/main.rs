@@ -188,7 +188,6 @@ fn seconds(flag: &str, secs: f64) -> Result<Duration> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     init_tracing(args.verbose, args.quiet);

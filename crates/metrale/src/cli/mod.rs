@@ -45,7 +45,6 @@ const DEVICE_VALUES: &str = "cpu|auto";
 #[cfg(feature = "cuda")]
 const DEVICE_VALUES: &str = "cpu|auto|cuda[:N]";
 
-
 /// `--dtype` (and its old spelling, the hidden `--bf16-dot`).
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct DTypeArgs {
@@ -96,7 +95,6 @@ impl DTypeArgs {
         options.ssm_state_follows_weights = self.ssm_state_dtype == StateDType::Auto && bf16;
     }
 }
-
 
 /// `-q`: no progress bars and no summary lines (errors still print).
 static QUIET: AtomicBool = AtomicBool::new(false);
