@@ -59,7 +59,8 @@ pub(super) fn kv_store(
 /// range would otherwise turn every score of its block into a NaN. NaN
 /// stays NaN. (The CUDA `kv_store` rounds the same way.)
 pub(crate) fn to_f16_saturating(x: f32) -> f16 {
-    f16::from_f32(x.clamp(-f16::MAX.to_f32(), f16::MAX.to_f32()))
+    const MAX: f32 = f16::MAX.to_f32_const();
+    f16::from_f32(x.clamp(-MAX, MAX))
 }
 
 /// Row `i` of `ks` / `vs` into slot `slots[i]`: keys transposed within

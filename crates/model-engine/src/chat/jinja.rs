@@ -363,6 +363,16 @@ impl std::io::Write for Capped {
     }
 }
 
+/// `, ` before every item of an array or object but the first (Python's
+/// `json.dumps` separator).
+fn item_separator<W: ?Sized + std::io::Write>(writer: &mut W, first: bool) -> std::io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        writer.write_all(b", ")
+    }
+}
+
 /// serde_json formatter with Python's default `json.dumps` separators.
 struct PythonCompact;
 
@@ -372,11 +382,7 @@ impl serde_json::ser::Formatter for PythonCompact {
         writer: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
+        item_separator(writer, first)
     }
 
     fn begin_object_key<W: ?Sized + std::io::Write>(
@@ -384,11 +390,7 @@ impl serde_json::ser::Formatter for PythonCompact {
         writer: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
+        item_separator(writer, first)
     }
 
     fn begin_object_value<W: ?Sized + std::io::Write>(

@@ -148,31 +148,31 @@ const PACKED_MIN_ROWS: usize = 33;
 /// once for all of them).
 pub(crate) const MAX_ROWS: usize = 4;
 
-/// `$body` with `$a` (a slice of 1 to [`MAX_ROWS`] activation rows) as an
-/// array reference of its length, `$r` that length as a constant: the
-/// kernels' row counts are const generics.
+/// `$body` with `$a`'s first rows (a slice of 1 to [`MAX_ROWS`] activation
+/// rows; nothing for none) as an array reference of their count, `$r` that
+/// count as a constant: the kernels' row counts are const generics.
 macro_rules! by_tile {
     ($a:expr, |$arr:ident, $r:ident| $body:expr) => {{
-        let a = $a;
-        match a.len() {
-            1 => {
+        match $a {
+            [] => {}
+            [a0] => {
                 const $r: usize = 1;
-                let $arr: &[_; 1] = a.try_into().expect("rows");
+                let $arr = &[*a0];
                 $body
             }
-            2 => {
+            [a0, a1] => {
                 const $r: usize = 2;
-                let $arr: &[_; 2] = a.try_into().expect("rows");
+                let $arr = &[*a0, *a1];
                 $body
             }
-            3 => {
+            [a0, a1, a2] => {
                 const $r: usize = 3;
-                let $arr: &[_; 3] = a.try_into().expect("rows");
+                let $arr = &[*a0, *a1, *a2];
                 $body
             }
-            _ => {
+            [a0, a1, a2, a3, ..] => {
                 const $r: usize = 4;
-                let $arr: &[_; 4] = a.try_into().expect("rows");
+                let $arr = &[*a0, *a1, *a2, *a3];
                 $body
             }
         }

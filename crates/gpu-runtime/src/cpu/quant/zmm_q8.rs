@@ -146,7 +146,7 @@ pub(super) unsafe fn dot_q8_0_rows<const R: usize>(
             unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().wrapping_add(8 * h), *v) };
         }
         std::array::from_fn(|r| {
-            let mut row: [f32; 4] = lanes[4 * r..4 * r + 4].try_into().expect("four lanes");
+            let mut row: [f32; 4] = std::array::from_fn(|l| lanes[4 * r + l]);
             for b in 4 * quads..nb {
                 let block = &w[r][b * BB..][..BB];
                 scalar::accumulate32_block(metrale_core::GgmlType::Q8_0, block, a[i], b, &mut row);
