@@ -25,9 +25,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Compile crates/gpu-runtime/kernels/*.cu to PTX with NVRTC (from a
-    /// pinned pip wheel) into kernels/ptx/, and generate the typed kernel
-    /// table crates/gpu-runtime/src/cuda/kernels.rs.
+    /// Compile kernels/*.cu to PTX with NVRTC (from a pinned pip wheel)
+    /// into crates/gpu-runtime/ptx/, and generate the typed kernel table
+    /// crates/gpu-runtime/src/cuda/kernels.rs.
     Ptx {
         /// Write nothing; fail when the committed PTX or kernel table differs
         /// from what the sources give.

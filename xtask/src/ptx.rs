@@ -1,5 +1,6 @@
-//! `cargo xtask ptx [--check]`: `crates/gpu-runtime/kernels/*.cu` to PTX with
-//! NVRTC, and the typed kernel table.
+//! `cargo xtask ptx [--check]`: `kernels/*.cu` to PTX with NVRTC, written
+//! into `crates/gpu-runtime/ptx/` where the crate embeds it, and the typed
+//! kernel table.
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +11,10 @@ use crate::nvrtc::Nvrtc;
 use crate::table::{self, Module};
 use crate::tools;
 
-pub const KERNELS_DIR: &str = "crates/gpu-runtime/kernels";
+pub const KERNELS_DIR: &str = "kernels";
+/// Where the PTX goes: inside the crate that embeds it (`include_str!`
+/// stays inside the package, so `cargo package` works).
+pub const PTX_DIR: &str = "crates/gpu-runtime/ptx";
 pub const TABLE: &str = "crates/gpu-runtime/src/cuda/kernels.rs";
 
 /// NVRTC options besides `--include-path`.
@@ -30,7 +34,7 @@ struct Built {
 pub fn run(root: &Path, check: bool) -> Result<()> {
     let dir = root.join(KERNELS_DIR);
     let built = build(root, &dir)?;
-    let out = dir.join("ptx");
+    let out = root.join(PTX_DIR);
     let stale = stale_ptx(&out, &built)?;
     if check {
         return check_against(root, &out, &built, &stale);

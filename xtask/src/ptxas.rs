@@ -7,13 +7,13 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::ptx::{KERNELS_DIR, rel};
+use crate::ptx::{PTX_DIR, rel};
 use crate::tools;
 
 pub const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 
 pub fn run(root: &Path, verbose: bool) -> Result<()> {
-    let dir = root.join(KERNELS_DIR).join("ptx");
+    let dir = root.join(PTX_DIR);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok().map(|e| e.path()))
