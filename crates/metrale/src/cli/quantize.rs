@@ -131,6 +131,9 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(b) = bar.take() {
         b.finish_and_clear();
     }
+    for note in &summary.notes {
+        eprintln!("note: {note}");
+    }
     if !super::quiet() {
         let types: Vec<String> = (summary.types.iter())
             .map(|(t, n)| format!("{n} {}", t.name()))

@@ -60,6 +60,15 @@ fn set(c: &mut Map<String, Value>, key: &str, v: Value) {
 /// f16 element; a quantized row is a whole block, more).
 const EXPERT_BYTES: u64 = 4;
 
+/// Granite's scales: the GGUF key (under the architecture) and the
+/// `config.json` key.
+const GRANITE_SCALES: [(&str, &str); 4] = [
+    ("attention.scale", "attention_multiplier"),
+    ("embedding_scale", "embedding_multiplier"),
+    ("residual_scale", "residual_multiplier"),
+    ("logit_scale", "logits_scaling"),
+];
+
 /// The Hugging Face `config.json` the metadata of `file` describes.
 pub fn config_json(file: &GgufFile) -> Result<Value> {
     let arch = file.architecture()?.to_string();
@@ -295,10 +304,16 @@ pub fn config_json(file: &GgufFile) -> Result<Value> {
             }
             let ffn = u("feed_forward_length")?;
             set(&mut c, "intermediate_size", json!(ffn));
-            // The converter keeps rope for Bamba only (`rope.scaling.finetuned`
-            // is its `use_rope`): Bamba checkpoints carry rope, Granite 4.0-H
-            // none.
-            if file.opt_bool(&k("rope.scaling.finetuned"))? == Some(true) {
+            // llama.cpp's granitehybrid graph applies rope when
+            // `rope.scaling.finetuned` is true or absent. Bamba's converter
+            // writes it true and none of Granite's scales; a Granite file
+            // (4.0-H: finetuned false, no rope) has them.
+            let rope = file.opt_bool(&k("rope.scaling.finetuned"))?.unwrap_or(true);
+            let granite = (GRANITE_SCALES.iter())
+                .map(|(key, _)| *key)
+                .chain(["expert_count", "expert_shared_feed_forward_length"])
+                .any(|key| file.get(&k(key)).is_some());
+            if rope && !granite {
                 let indices: Vec<usize> = (0..layers).filter(|&i| kv[i] > 0).collect();
                 set(&mut c, "attn_layer_indices", json!(indices));
                 "bamba".into()
@@ -308,7 +323,8 @@ pub fn config_json(file: &GgufFile) -> Result<Value> {
                     .map(|&n| if n > 0 { "attention" } else { "mamba" })
                     .collect();
                 set(&mut c, "layer_types", json!(types));
-                set(&mut c, "position_embedding_type", json!("nope"));
+                let positions = if rope { "rope" } else { "nope" };
+                set(&mut c, "position_embedding_type", json!(positions));
                 let experts = opt_u("expert_count")?.unwrap_or(0);
                 fits(file, &k("expert_count"), experts, layers, EXPERT_BYTES)?;
                 set(&mut c, "num_local_experts", json!(experts));
@@ -326,15 +342,21 @@ pub fn config_json(file: &GgufFile) -> Result<Value> {
                     },
                 };
                 set(&mut c, "shared_intermediate_size", json!(shared));
-                for (key, hf) in [
-                    ("attention.scale", "attention_multiplier"),
-                    ("embedding_scale", "embedding_multiplier"),
-                    ("residual_scale", "residual_multiplier"),
-                    ("logit_scale", "logits_scaling"),
-                ] {
+                for (key, hf) in GRANITE_SCALES {
                     if let Some(v) = opt_f(key)? {
                         set(&mut c, hf, json!(v));
                     }
+                }
+                // Without the key llama.cpp scales q·k by head_dim^-0.5,
+                // where transformers' Granite default is 1.
+                if opt_f("attention.scale")?.is_none_or(|v| v == 0.0) {
+                    let heads = u("attention.head_count")?.max(1);
+                    let head_dim = (u("embedding_length")? / heads).max(1);
+                    set(
+                        &mut c,
+                        "attention_multiplier",
+                        json!(1.0 / (head_dim as f64).sqrt()),
+                    );
                 }
                 "granitemoehybrid".into()
             }

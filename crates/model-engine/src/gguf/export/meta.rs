@@ -70,7 +70,7 @@ fn f32v(x: f64) -> GgufValue {
     GgufValue::F32(x as f32)
 }
 
-fn i32_array(v: Vec<u64>) -> GgufValue {
+pub(super) fn i32_array(v: Vec<u64>) -> GgufValue {
     GgufValue::Array(GgufArray::I32(v.into_iter().map(|n| n as i32).collect()))
 }
 

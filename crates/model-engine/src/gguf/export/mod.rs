@@ -18,6 +18,7 @@
 //! `general.size_label` is not written (the converter derives both from
 //! the model card and the parameter count; llama.cpp reads neither).
 
+mod faithful;
 mod meta;
 mod pre_hashes;
 mod tensors;
@@ -54,6 +55,9 @@ use tensors::{HfTensor, check_shape};
 pub(crate) struct Meta {
     arch: String,
     entries: Vec<(String, GgufValue)>,
+    /// Where the file departs from what llama.cpp's converter would write
+    /// ([`faithful`]), for [`QuantizeSummary::notes`].
+    notes: Vec<String>,
 }
 
 impl Meta {
@@ -61,6 +65,10 @@ impl Meta {
     fn put(&mut self, key: &str, v: GgufValue) {
         let key = format!("{}.{key}", self.arch);
         self.put_full(&key, v);
+    }
+
+    fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
     fn put_full(&mut self, key: &str, v: GgufValue) {
@@ -109,6 +117,9 @@ pub struct QuantizeSummary {
     pub bytes: u64,
     /// How many tensors of each type.
     pub types: Vec<(GgmlType, usize)>,
+    /// Where the file departs from what llama.cpp's converter would write,
+    /// so that it runs as the checkpoint does (each says what and why).
+    pub notes: Vec<String>,
 }
 
 enum Src {
@@ -180,6 +191,7 @@ pub fn quantize(
         }
     };
     let mut w = GgufWriter::new();
+    let notes = meta.notes;
     for (k, v) in meta.entries {
         match (k.as_str(), &v) {
             (ALIGNMENT_KEY, GgufValue::U32(a)) => w.set_alignment(*a),
@@ -193,6 +205,7 @@ pub fn quantize(
     let result = write(&w, &plan, &tmp, file.as_ref(), ckpt.as_ref(), progress);
     match result {
         Ok(summary) => {
+            let summary = QuantizeSummary { notes, ..summary };
             std::fs::rename(&tmp, output).map_err(|source| {
                 let _ = std::fs::remove_file(&tmp);
                 EngineError::Weights(metrale_model_weights::WeightsError::Io {
@@ -256,6 +269,7 @@ fn write(
         tensors: plan.len(),
         bytes,
         types,
+        notes: Vec::new(),
     })
 }
 
@@ -418,28 +432,6 @@ fn plan_dir(dir: &Path, opts: &QuantizeOptions) -> Result<(Meta, Vec<Planned>, C
         prefixes,
         path: &config_path,
     };
-    if matches!(
-        config.model_type,
-        ModelType::Bamba | ModelType::GraniteMoeHybrid
-    ) {
-        // The converter reads the layer list its own way (only
-        // `layer_types` entries spelled "attention" are attention layers):
-        // a config it reads otherwise than metrale would give a file whose
-        // metadata and tensors disagree.
-        let theirs = meta::granite_attention_layers(&hp, config.num_layers() as u64)?;
-        let ours: Vec<u64> = (config.layers.iter().enumerate())
-            .filter(|(_, l)| l.mixer == crate::config::MixerKind::Attention)
-            .map(|(i, _)| i as u64)
-            .collect();
-        if theirs != ours {
-            return Err(export_err(
-                &config_path,
-                format!(
-                    "llama.cpp's converter reads the attention layers as {theirs:?}, metrale as {ours:?} (it takes only layer_types entries spelled \"attention\"; spell them \"attention\" / \"mamba\")"
-                ),
-            ));
-        }
-    }
     let outtype = match opts.ftype {
         FileType::F16 => GgmlType::F16,
         FileType::BF16 => GgmlType::BF16,
@@ -453,7 +445,7 @@ fn plan_dir(dir: &Path, opts: &QuantizeOptions) -> Result<(Meta, Vec<Planned>, C
     };
     let mut m = Meta {
         arch: arch.to_string(),
-        entries: Vec::new(),
+        ..Meta::default()
     };
     m.put_full("general.architecture", GgufValue::String(arch.into()));
     m.put_full("general.type", GgufValue::String("model".into()));
@@ -464,6 +456,13 @@ fn plan_dir(dir: &Path, opts: &QuantizeOptions) -> Result<(Meta, Vec<Planned>, C
         .unwrap_or_default();
     m.put_full("general.name", GgufValue::String(name));
     meta::arch_keys(&mut m, config.model_type, &hp, convert_ftype.ftype_id())?;
+    if matches!(
+        config.model_type,
+        ModelType::Bamba | ModelType::GraniteMoeHybrid
+    ) {
+        let theirs = meta::granite_attention_layers(&hp, config.num_layers() as u64)?;
+        faithful::granite_hybrid(&mut m, &config, &hp, &theirs)?;
+    }
     m.put_full("general.quantization_version", GgufValue::U32(2));
     if matches!(config.model_type, ModelType::Llama | ModelType::Mistral)
         && let Ok(text) = std::fs::read_to_string(dir.join("tokenizer_config.json"))
@@ -563,6 +562,7 @@ fn plan_gguf(f: &GgufFile, opts: &QuantizeOptions) -> Result<(Meta, Vec<Planned>
     let mut m = Meta {
         arch: arch.clone(),
         entries: f.metadata().to_vec(),
+        notes: Vec::new(),
     };
     let params = MixParams {
         n_layer: f.get_u32(&format!("{arch}.block_count"))? as usize,

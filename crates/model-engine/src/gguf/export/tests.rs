@@ -30,7 +30,7 @@ fn pre_tokenizer_hash_is_the_converters() {
 fn metadata_keys_keep_their_place_unless_llama_quantize_sets_them() {
     let mut m = Meta {
         arch: "llama".into(),
-        entries: Vec::new(),
+        ..Meta::default()
     };
     m.put("block_count", GgufValue::U32(1));
     m.put_full("general.file_type", GgufValue::U32(0));

@@ -72,6 +72,23 @@ pub fn known_pre_tokenizer(hash: &str) -> Option<&'static str> {
     KNOWN_PRE.iter().find(|(h, _)| *h == hash).map(|(_, n)| *n)
 }
 
+/// `gpt-2` for a tokenizer whose hash llama.cpp's table lacks (its own
+/// vocabulary, as a model trained from scratch has) but whose text
+/// pipeline is GPT-2's to the letter: no normalizer, and one byte-level
+/// pre-tokenizer with GPT-2's split regex and no prefix space. llama.cpp's
+/// `gpt-2` pre-tokenizer splits with that regex too, so the ids are the
+/// same whatever the vocabulary; the hash only names the pipeline for
+/// tokenizers whose vocabulary the table has seen.
+fn gpt2_by_structure(tj: &Map<String, Value>) -> Option<&'static str> {
+    let pre = tj.get("pre_tokenizer")?.as_object()?;
+    let flag = |k: &str| pre.get(k).and_then(Value::as_bool);
+    let gpt2 = pre.get("type").and_then(Value::as_str) == Some("ByteLevel")
+        && flag("add_prefix_space") == Some(false)
+        && flag("use_regex") != Some(false)
+        && tj.get("normalizer").is_none_or(Value::is_null);
+    gpt2.then_some("gpt-2")
+}
+
 /// Adds the tokenizer keys for the checkpoint in `dir` to `m`.
 /// `vocab_size` is the token count to write (the config's, padded as the
 /// family's converter pads it); `pre` overrides the pre-tokenizer name.
@@ -117,7 +134,7 @@ pub(super) fn tokenizer_keys(
         Some(p) => p.to_string(),
         None => {
             let hash = pre_tokenizer_hash(&tokenizer)?;
-            match known_pre_tokenizer(&hash) {
+            match known_pre_tokenizer(&hash).or_else(|| gpt2_by_structure(&tj)) {
                 Some(name) => name.to_string(),
                 None => {
                     return Err(err(
