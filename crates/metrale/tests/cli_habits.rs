@@ -131,6 +131,42 @@ fn a_prompt_is_required_once() {
 }
 
 #[test]
+fn a_mistyped_option_is_an_error_wherever_it_stands() {
+    let model = llama();
+    for args in [
+        &["generate", "-m", &model, "--temprature", "hi"][..],
+        &["generate", "-m", &model, "--temprature"][..],
+        &["generate", "-m", &model, "--temprature", "0.5", "hi"][..],
+        &["generate", "--temprature", "0.5", "-m", &model, "hi"][..],
+    ] {
+        let out = metrale(args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("'--temprature'") && stderr.contains("'--temperature'"),
+            "{args:?}: clap's suggestion: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: nothing generated");
+    }
+    // A prompt that starts with a dash: with -p, or after `--`.
+    let dash = greedy(&["-n", "3", "-p", "-5°C is"], None);
+    let args = [
+        "generate",
+        "--temperature",
+        "0",
+        "-n",
+        "3",
+        "-m",
+        &model,
+        "--",
+        "-5°C is",
+    ];
+    let after = ok(&metrale(&args)).0;
+    assert_eq!(dash, after);
+    assert!(!dash.trim().is_empty());
+}
+
+#[test]
 fn negative_numbers_reach_validation() {
     let model = llama();
     for (flag, value, words) in [

@@ -222,8 +222,9 @@ impl SamplingArgs {
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_flag", "file"])))]
 pub struct Args {
     /// The prompt (its continuation is printed, not the prompt); `-` reads
-    /// it from stdin.
-    #[arg(value_name = "PROMPT", allow_hyphen_values = true)]
+    /// it from stdin. A prompt that starts with a dash goes after `--` or
+    /// with `-p`, so that a mistyped option is an error, not a prompt.
+    #[arg(value_name = "PROMPT")]
     pub prompt: Option<String>,
     /// The prompt, as an option (`-` reads it from stdin).
     #[arg(
