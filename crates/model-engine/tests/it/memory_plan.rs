@@ -1,7 +1,7 @@
 //! The memory plan is what the model allocates, byte for byte, and a model
 //! that does not fit is refused before anything is allocated.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

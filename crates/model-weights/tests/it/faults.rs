@@ -1,7 +1,7 @@
 //! A failure injected at every allocation, and at every copy, of a full
 //! load: always an error, and nothing left on the ledger.
 
-mod common;
+use crate::common;
 
 use common::*;
 use metrale_core::scope::ModelResource;

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-mod limited;
+use crate::limited;
 
 use limited::run_limited;
 use metrale_model_engine::chat::{ChatMessage, ChatTemplate, MAX_RENDERED_BYTES};

@@ -21,10 +21,14 @@ pub const CHILD_ENV: &str = "METRALE_LIMITED_CHILD";
 /// block-count-sized allocation asks.
 pub const ADDRESS_SPACE: u64 = 2 << 30;
 
-/// Runs `body` for the test `name` (its full path in the test binary, as
-/// `--exact` takes it) in a limited child; fails when the child fails,
-/// is killed by a signal (an aborted allocation), or outlives `deadline`.
+/// Runs `body` for the test `name` (its function's name) in a limited
+/// child; fails when the child fails, is killed by a signal (an aborted
+/// allocation), or outlives `deadline`.
 pub fn run_limited(name: &str, deadline: Duration, body: impl FnOnce()) {
+    // libtest runs each test on a thread named by its path in the binary
+    // (`module::name`), which `--exact` takes.
+    let thread = std::thread::current();
+    let name = thread.name().filter(|n| n.ends_with(name)).unwrap_or(name);
     if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
         limit_address_space(ADDRESS_SPACE);
         body();

@@ -1,7 +1,7 @@
 //! A checkpoint split into two shards with an index loads exactly like the
 //! single file it came from.
 
-mod common;
+use crate::common;
 
 use common::*;
 use metrale_core::scope::ModelResource;

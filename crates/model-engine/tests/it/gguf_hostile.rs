@@ -3,8 +3,8 @@
 //! fault, promptly, within a bounded address space (tests/limited), and
 //! `metrale quantize` writes nothing from them.
 
-mod hostile;
-mod limited;
+use crate::hostile;
+use crate::limited;
 
 use std::path::Path;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! silently uses one key, or errors itself). Property tests check the rule
 //! against an oracle per family.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -1,7 +1,7 @@
 //! Randomly mutated safetensors files: the loader returns an error or a
 //! store, never panics, and the ledger is empty once the store is released.
 
-mod common;
+use crate::common;
 
 use common::*;
 use metrale_core::scope::ModelResource;

@@ -22,6 +22,10 @@ fn in_capped_child(name: &str) -> bool {
     if std::env::var_os(CHILD).is_some() {
         return true;
     }
+    // libtest runs each test on a thread named by its path in the binary
+    // (`module::name`), which `--exact` takes.
+    let thread = std::thread::current();
+    let name = thread.name().filter(|n| n.ends_with(name)).unwrap_or(name);
     let exe = std::env::current_exe().expect("the test binary's path");
     let out = Command::new("sh")
         .arg("-c")

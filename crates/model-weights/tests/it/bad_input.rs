@@ -1,7 +1,7 @@
 //! Each kind of broken checkpoint gives its own error, naming the file and
 //! the tensor, and leaves nothing allocated.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

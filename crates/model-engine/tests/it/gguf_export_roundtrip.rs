@@ -23,7 +23,7 @@ use metrale_model_engine::model::{Logits, Step, TransformerModel};
 use metrale_model_weights::gguf::mix::FileType;
 use metrale_model_weights::loader::{WeightDType, WeightFormat};
 
-mod common;
+use crate::common;
 
 /// The fixture families, then the bundled default model.
 const MODELS: [&str; 9] = [

@@ -5,8 +5,8 @@
 //! with an error naming config.json and the key; 2^26 experts once made
 //! the Nemotron-H parser build 2^26 names per MoE layer (an abort).
 
-mod common;
-mod limited;
+use crate::common;
+use crate::limited;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

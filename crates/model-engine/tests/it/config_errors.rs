@@ -1,7 +1,7 @@
 //! Broken configs give clear errors naming the file and the key; mutated
 //! configs never panic, and whatever loads is released completely.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

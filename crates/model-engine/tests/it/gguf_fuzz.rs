@@ -15,8 +15,8 @@
 //! and a deadline (tests/limited), so that an allocation sized by the
 //! metadata aborts it and a loop sized by it times out: both fail the test.
 
-mod hostile;
-mod limited;
+use crate::hostile;
+use crate::limited;
 
 use std::time::Duration;
 

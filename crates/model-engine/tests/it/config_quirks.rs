@@ -1,7 +1,7 @@
 //! The spellings real configs use: older keys, bare non-finite numbers,
 //! left-out defaults, and the per-family options the fixtures do not cover.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -16,7 +16,7 @@ use metrale_model_engine::tokenizer::Tokenizer;
 use metrale_model_weights::gguf::{GgufFile, GgufValue, GgufWriter};
 use metrale_model_weights::loader::WeightDType;
 
-mod common;
+use crate::common;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures"))

@@ -5,7 +5,7 @@
 //! auto`): f32 SSM states for f32 weights, whatever the backend holds by
 //! default.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! `open` forever and `/dev/zero` to be read until memory ran out.
 #![cfg(unix)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;

@@ -19,7 +19,7 @@ use metrale_model_engine::model::{ModelOptions, TransformerModel};
 use metrale_model_weights::gguf::mix::FileType;
 use metrale_model_weights::loader::{WeightDType, WeightFormat};
 
-mod common;
+use crate::common;
 
 fn fixtures() -> PathBuf {
     common::fixture("")

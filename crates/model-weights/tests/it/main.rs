@@ -1,0 +1,14 @@
+//! The integration tests of this crate, one binary: each module was
+//! its own test binary, linked against every dependency again; one
+//! link is most of a cold test build saved (`cargo test --test it
+//! <module>::` runs one module).
+
+mod common;
+mod bad_input;
+mod faults;
+mod fuzz;
+mod gguf_compat;
+mod gguf_fuzz;
+mod sharded;
+mod special_files;
+mod tokenizer_limits;
