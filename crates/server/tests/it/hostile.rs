@@ -3,7 +3,7 @@
 //! size, and the process under a memory limit. Loopback only, every loop
 //! bounded in count and time.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

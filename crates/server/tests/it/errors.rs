@@ -1,7 +1,7 @@
 //! Errors in OpenAI's shape and status, the API key, the body limit, the
 //! waiting-queue bound, /health, /v1/models and /metrics.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

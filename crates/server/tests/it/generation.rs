@@ -3,7 +3,7 @@
 //! non-streamed text and end with [DONE], usage, n, stop strings, seeds,
 //! logprobs, and a client that leaves mid-stream cancelling its request.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

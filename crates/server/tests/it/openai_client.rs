@@ -8,7 +8,7 @@
 //! and not, stop, seed, n, logprobs, usage, and the errors as the client's
 //! exception types (400, 404 `model_not_found`, 401 with an API key).
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@
 //! SSM slots. And the gauges against one request: a hybrid stream holds one
 //! SSM slot and KV blocks until its client leaves.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};

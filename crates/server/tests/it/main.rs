@@ -1,0 +1,12 @@
+//! The integration tests of this crate, one binary: each module was
+//! its own test binary, linked against every dependency again; one
+//! link is most of a cold test build saved (`cargo test --test it
+//! <module>::` runs one module).
+
+mod common;
+mod cli;
+mod errors;
+mod generation;
+mod hostile;
+mod load;
+mod openai_client;
