@@ -64,7 +64,7 @@ pub enum KvDType {
     Auto,
     F32,
     /// Half the bytes per cached token; logits move by up to about 1e-2
-    /// (measured on the fixtures: tests/tests/kv_dtype.rs).
+    /// (measured on the fixtures: tests/tests/it/kv_dtype.rs).
     Bf16,
     /// Half the bytes per cached token, three more bits than bf16 (the
     /// cache llama.cpp keeps by default); values beyond ±65504 are held at
