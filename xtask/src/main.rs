@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod kernel_sig;
+mod msrv;
 mod nvrtc;
 mod ptx;
 mod ptxas;
@@ -55,6 +56,9 @@ enum Task {
     /// Check that `cargo run -p metrale` and `cargo test --workspace`
     /// resolve the same dependency features (crates/workspace-hack).
     Features,
+    /// Check that the declared rust-version is no lower than any locked
+    /// dependency's.
+    Msrv,
 }
 
 fn main() -> std::process::ExitCode {
@@ -83,6 +87,7 @@ fn task(task: Task) -> Result<()> {
             .current_dir(&root)),
         Task::GpuCheck(args) => gpu_check::run(&root, args),
         Task::Features => features::run(&root),
+        Task::Msrv => msrv::run(&root),
         Task::Ci => {
             run(Command::new("cargo")
                 .args(["fmt", "--all", "--", "--check"])

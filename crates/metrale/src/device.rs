@@ -342,8 +342,8 @@ pub fn announce_device_choice(on: bool) {
 
 /// Opens the backend `device` names ([`Device::Auto`]: the best this build
 /// has), with `options`. Logs the device chosen at the info level; in a
-/// build with the `cuda` feature, `auto` also says on stderr which device
-/// it chose and, when it falls back to the CPU, why.
+/// build with the `cuda` feature, `auto` also says on stderr when it chose
+/// a GPU (and why it fell back to the CPU at the info level, `-v`).
 pub fn open_backend(device: Device, options: &BackendOptions) -> Result<Backend> {
     let backend = match device {
         Device::Cpu => open_cpu(options)?,
@@ -368,9 +368,9 @@ pub fn open_backend(device: Device, options: &BackendOptions) -> Result<Backend>
                     backend
                 }
                 Err(e) => {
-                    say(format!(
-                        "metrale: --device auto: running on the CPU ({e:#})"
-                    ));
+                    // The normal case on most machines: said at -v, not
+                    // on every run.
+                    tracing::info!("--device auto: running on the CPU ({e:#})");
                     open_cpu(options)?
                 }
             }

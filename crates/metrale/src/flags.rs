@@ -6,6 +6,13 @@
 
 use crate::{ModelOptions, PrefixCacheOptions};
 
+/// `--device`'s value name in `--help`: what this build accepts (the
+/// library's `cuda` feature decides, whichever binary asks).
+#[cfg(not(feature = "cuda"))]
+pub const DEVICE_VALUES: &str = "cpu|auto";
+#[cfg(feature = "cuda")]
+pub const DEVICE_VALUES: &str = "cpu|auto|cuda[:N]";
+
 /// `--dtype`: the arithmetic, the same on every subcommand that runs a model.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ArithDType {

@@ -31,7 +31,17 @@ pub const MODEL_ENV: &str = "METRALE_MODEL";
 /// once into the cache (see [`crate::bundled_model_dir`]).
 pub fn default_model_dir() -> Result<PathBuf> {
     match std::env::var_os(MODEL_ENV) {
-        Some(dir) if !dir.is_empty() => Ok(PathBuf::from(dir)),
+        Some(dir) if !dir.is_empty() => {
+            let dir = PathBuf::from(dir);
+            if !dir.exists() {
+                anyhow::bail!(
+                    "${MODEL_ENV} is {}, where there is nothing (unset it for the bundled \
+                     model, or give --model)",
+                    dir.display()
+                );
+            }
+            Ok(dir)
+        }
         _ => crate::bundled::bundled_model_dir(),
     }
 }

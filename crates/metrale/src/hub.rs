@@ -187,7 +187,7 @@ fn snapshot(cache: &Path, id: &str, revision: &str) -> Result<PathBuf> {
         direct
     } else {
         let ref_file = repo.join("refs").join(revision);
-        let hash = match read_ref(&ref_file)? {
+        let hash = match read_ref(&ref_file)?.or(short_hash(&snapshots, id, revision)?) {
             Some(hash) => hash,
             None => {
                 let known = list(&repo.join("refs"));
@@ -292,6 +292,29 @@ fn check_ref_file(ref_file: &Path, meta: &std::fs::Metadata) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The one snapshot whose commit hash starts with `revision`, when that is
+/// a shortened hash (7 to 39 hex digits, as `git log --oneline` and the
+/// hub's pages show them); an error when several do.
+fn short_hash(snapshots: &Path, id: &str, revision: &str) -> Result<Option<String>> {
+    let hex = revision.chars().all(|c| c.is_ascii_hexdigit());
+    if !hex || !(7..40).contains(&revision.len()) {
+        return Ok(None);
+    }
+    let lower = revision.to_ascii_lowercase();
+    let matches: Vec<String> = (list(snapshots).into_iter())
+        .filter(|name| is_commit_hash(name) && name.starts_with(&lower))
+        .collect();
+    match matches.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(one.clone())),
+        several => bail!(
+            "revision {revision} of model {id} is ambiguous: snapshots {} all start with it; \
+             give more of the hash",
+            several.join(", ")
+        ),
+    }
 }
 
 /// A hex string of 40 characters (a git commit).

@@ -47,8 +47,10 @@ struct Args {
     /// --model names, else the directory's name).
     #[arg(long)]
     served_model_name: Option<String>,
-    /// Where to run: cpu, or auto.
-    #[arg(long, value_name = "cpu|auto", default_value_t = Device::Auto)]
+    /// Where to run: cpu, auto (the best backend this build has: with the
+    /// `cuda` feature CUDA device 0 when one opens, else the CPU), or
+    /// cuda / cuda:N (needs a build with the `cuda` feature).
+    #[arg(long, value_name = metrale::flags::DEVICE_VALUES, default_value_t = Device::Auto)]
     device: Device,
     /// CPU worker threads (0: one per core).
     #[arg(short, long, default_value_t = 0)]
@@ -221,13 +223,15 @@ fn run(args: Args) -> Result<()> {
         None => default_model_dir()?,
     };
     // A hub id is the model's name, as vLLM serves it (a snapshot
-    // directory's name is a commit hash).
-    let hub_name = args
-        .model
-        .as_ref()
-        .filter(|spec| !spec.exists())
-        .and_then(|spec| spec.to_str())
-        .map(str::to_string);
+    // directory's name is a commit hash); the bundled model is `default`
+    // (its cache directory's name carries a content hash).
+    let bundled =
+        args.model.is_none() && std::env::var_os(metrale::MODEL_ENV).is_none_or(|v| v.is_empty());
+    let hub_name = match &args.model {
+        Some(spec) if !spec.exists() => spec.to_str().map(str::to_string),
+        Some(_) => None,
+        None => bundled.then(|| "default".to_string()),
+    };
     if !dir.join("config.json").is_file()
         && !matches!(
             metrale::engine::gguf::ModelSource::from_path(&dir),

@@ -55,11 +55,12 @@ impl BenchDType {
 }
 
 #[derive(clap::Args)]
-#[command(group(clap::ArgGroup::new("source").required(true).args(["model", "config"])))]
+#[command(group(clap::ArgGroup::new("source").args(["model", "config"])))]
 pub struct Args {
     /// A model: a directory (config.json, *.safetensors), a .safetensors
     /// file in one, a .gguf file (quantized tensors stay quantized), or a
-    /// Hugging Face hub id org/name in the local cache.
+    /// Hugging Face hub id org/name in the local cache. Default (without
+    /// --config): $METRALE_MODEL, else the bundled model.
     #[arg(short, long)]
     pub model: Option<PathBuf>,
     /// The revision of a hub id model: a branch, tag or commit hash
@@ -69,8 +70,12 @@ pub struct Args {
     /// A config.json alone: the model gets seeded random weights.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Prompt tokens per sequence.
-    #[arg(long, default_value_t = 512)]
+    /// Prompt tokens per sequence (default: 512, or what the context leaves
+    /// beside --gen-len where that is less, as on the bundled model).
+    #[arg(long = "prompt-len", id = "prompt_len", value_name = "TOKENS")]
+    pub prompt_len_flag: Option<usize>,
+    /// The prompt length run: `--prompt-len`, else the default.
+    #[arg(skip)]
     pub prompt_len: usize,
     /// Tokens generated per sequence after the prompt.
     #[arg(long, default_value_t = 32)]
@@ -202,6 +207,9 @@ pub fn export_random(args: ExportArgs) -> Result<()> {
     Ok(())
 }
 
+/// `--prompt-len` unless the context is shorter (PERF-TARGETS' prompt).
+const DEFAULT_PROMPT_LEN: usize = 512;
+
 /// The most sequences `bench --batch` runs together.
 const MAX_BATCH: usize = 4096;
 
@@ -249,10 +257,10 @@ fn max_batch(args: &Args) -> usize {
 }
 
 pub fn run(mut args: Args) -> Result<()> {
-    if let Some(spec) = &args.model {
-        args.model = Some(metrale::resolve_model(spec, args.revision.as_deref())?);
+    if args.config.is_none() {
+        let model = super::model_or_default(args.model.as_deref(), args.revision.as_deref())?;
+        args.model = Some(model);
     }
-    let (b, n) = (max_batch(&args), args.prompt_len);
     let config = match (&args.model, &args.config) {
         (Some(dir), _) => metrale::engine::gguf::ModelSource::from_path(dir).config()?,
         (None, Some(path)) => {
@@ -262,6 +270,15 @@ pub fn run(mut args: Args) -> Result<()> {
         }
         (None, None) => bail!("give --model DIR or --config FILE"),
     };
+    args.prompt_len = args.prompt_len_flag.unwrap_or_else(|| {
+        let context = args.ctx_size.unwrap_or(config.max_position_embeddings);
+        match context.checked_sub(args.gen_len) {
+            Some(room) if room > 0 => DEFAULT_PROMPT_LEN.min(room),
+            // Let check_sizes say why nothing fits.
+            _ => DEFAULT_PROMPT_LEN,
+        }
+    });
+    let (b, n) = (max_batch(&args), args.prompt_len);
     let kv_blocks = check_sizes(&args, &config, ModelOptions::default().kv_block_size)?;
     let backend = open_backend(
         args.device.device,

@@ -7,8 +7,8 @@
 //! its memory freed; the part already shown stays in the conversation) and
 //! the session goes on; at the prompt of a terminal it says how to leave,
 //! and with stdin that is not a terminal it ends the process. Ctrl-D (end
-//! of input) or `/exit` leaves; `/reset` forgets the conversation after a
-//! confirmation (`y`) read from the next line.
+//! of input) or `/exit` leaves; `/reset` forgets the conversation, on a
+//! terminal after a confirmation (`y`) read from the next line.
 //!
 //! A message that gets no reply (a line that is not UTF-8, or a turn that
 //! fails, such as a message longer than the context) is reported on stderr
@@ -119,10 +119,14 @@ fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
             "" => continue,
             "/exit" | "/quit" => break,
             "/reset" => {
-                if interactive {
+                // Asked on a terminal only: piped input's next line is a
+                // message, not an answer.
+                let answer = if interactive {
                     eprint!("forget the conversation? [y/N] ");
-                }
-                let answer = lines.read(&mut input)?;
+                    lines.read(&mut input)?
+                } else {
+                    Some("yes".to_string())
+                };
                 let yes = answer
                     .as_deref()
                     .is_some_and(|a| matches!(a.trim().to_ascii_lowercase().as_str(), "y" | "yes"));

@@ -213,7 +213,14 @@ impl SamplingArgs {
         params.frequency_penalty = self.frequency_penalty;
         params.stop = self.stop.clone();
         params.ignore_eos = self.ignore_eos;
-        params.validate()?;
+        // The engine's wording is a server's ("invalid request"); here the
+        // flags are at fault.
+        params.validate().map_err(|e| match e {
+            metrale::engine::EngineError::Request(why) => {
+                anyhow::anyhow!("invalid sampling flags: {why}")
+            }
+            e => e.into(),
+        })?;
         Ok(params)
     }
 }

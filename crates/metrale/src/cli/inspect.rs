@@ -17,7 +17,11 @@ use metrale_model_weights::loader::{WeightDType, load_gguf, scan_safetensors};
 pub struct Args {
     /// The model: a directory (config.json, *.safetensors), a .safetensors
     /// file in one, a .gguf file, or a Hugging Face hub id org/name in the
-    /// local cache.
+    /// local cache. Default: $METRALE_MODEL, else the bundled model.
+    #[arg(value_name = "MODEL")]
+    pub model: Option<PathBuf>,
+    /// The model `model` names, resolved.
+    #[arg(skip)]
     pub model_dir: PathBuf,
     /// The revision of a hub id model: a branch, tag or commit hash
     /// (default: main).
@@ -115,7 +119,7 @@ struct Totals {
 }
 
 pub fn run(mut args: Args) -> Result<()> {
-    args.model_dir = metrale::resolve_model(&args.model_dir, args.revision.as_deref())?;
+    args.model_dir = super::model_or_default(args.model.as_deref(), args.revision.as_deref())?;
     let free_budget = args
         .memory
         .as_deref()

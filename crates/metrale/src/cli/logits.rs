@@ -11,9 +11,13 @@ use safetensors::tensor::{Dtype, TensorView};
 #[derive(clap::Args)]
 pub struct Args {
     /// The model: a directory, a .safetensors file in one, or a Hugging
-    /// Face hub id org/name in the local cache.
+    /// Face hub id org/name in the local cache. Default: $METRALE_MODEL,
+    /// else the bundled model.
     #[arg(short, long)]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
+    /// The model `--model` names, resolved.
+    #[arg(skip)]
+    pub model_dir: PathBuf,
     /// The revision of a hub id model: a branch, tag or commit hash
     /// (default: main).
     #[arg(long, value_name = "REV")]
@@ -54,7 +58,7 @@ pub struct Args {
 }
 
 pub fn run(mut args: Args) -> Result<()> {
-    args.model = metrale::resolve_model(&args.model, args.revision.as_deref())?;
+    args.model_dir = super::model_or_default(args.model.as_deref(), args.revision.as_deref())?;
     if let Some(p) = args.decode_from
         && p > args.ids.len()
     {
@@ -64,7 +68,7 @@ pub fn run(mut args: Args) -> Result<()> {
         );
     }
     if let Some(ctx) = args.ctx_size {
-        super::generate::check_ctx_size(ctx, &args.model)?;
+        super::generate::check_ctx_size(ctx, &args.model_dir)?;
         if args.ids.len() > ctx {
             bail!(
                 "{} ids are more than the context of {ctx} positions (--ctx-size)",
@@ -87,8 +91,8 @@ pub fn run(mut args: Args) -> Result<()> {
     args.dtype.apply(args.kv_dtype, &mut options.model);
     options.model.cuda_graphs = !args.device.no_cuda_graphs;
     options.model.prefix_cache = args.prefix.options();
-    tracing::debug!("loading {} with {options:?}", args.model.display());
-    let model = Model::load(&args.model, &options, &mut super::load_progress())?;
+    tracing::debug!("loading {} with {options:?}", args.model_dir.display());
+    let model = Model::load(&args.model_dir, &options, &mut super::load_progress())?;
     let vocab = model.engine().config().vocab_size;
     let logits = model.logits(&args.ids, args.decode_from);
     let shutdown = model.shutdown();
@@ -97,7 +101,9 @@ pub fn run(mut args: Args) -> Result<()> {
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     let view = TensorView::new(Dtype::F32, vec![args.ids.len(), vocab], &bytes)?;
     let tensors: HashMap<String, TensorView<'_>> = HashMap::from([("logits".to_string(), view)]);
-    safetensors::serialize_to_file(&tensors, None, &args.out)
-        .with_context(|| format!("writing {}", args.out.display()))?;
+    // Written as any file the user makes (the umask's permissions):
+    // serialize_to_file goes through a 0600 temporary file.
+    let file = safetensors::serialize(&tensors, None)?;
+    std::fs::write(&args.out, file).with_context(|| format!("writing {}", args.out.display()))?;
     Ok(())
 }

@@ -24,13 +24,26 @@ pub use metrale::flags::{
     ArithDType, KvDType, PrefixCacheArgs, StateDType, parse_bytes, parse_memory,
 };
 
+/// The model a subcommand names (resolved: a directory, a file, or a hub
+/// id in the local cache), else `$METRALE_MODEL`, else the bundled one, as
+/// `generate`, `chat` and `serve` choose.
+pub fn model_or_default(
+    spec: Option<&std::path::Path>,
+    revision: Option<&str>,
+) -> anyhow::Result<std::path::PathBuf> {
+    match spec {
+        Some(spec) => metrale::resolve_model(spec, revision),
+        None => metrale::default_model_dir(),
+    }
+}
+
 /// `--device`, the same on every subcommand that runs a model.
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct DeviceArgs {
     /// Where to run: cpu, auto (the best backend this build has: with the
     /// `cuda` feature CUDA device 0 when one opens, else the CPU), or
     /// cuda / cuda:N (needs a build with the `cuda` feature).
-    #[arg(long, value_name = DEVICE_VALUES, default_value_t = Device::Auto)]
+    #[arg(long, value_name = metrale::flags::DEVICE_VALUES, default_value_t = Device::Auto)]
     pub device: Device,
     /// Run every decode step eagerly instead of replaying it as a captured
     /// CUDA graph (graphs are on by default on a CUDA device; the CPU
@@ -38,12 +51,6 @@ pub struct DeviceArgs {
     #[arg(long)]
     pub no_cuda_graphs: bool,
 }
-
-/// `--device`'s value name in `--help`.
-#[cfg(not(feature = "cuda"))]
-const DEVICE_VALUES: &str = "cpu|auto";
-#[cfg(feature = "cuda")]
-const DEVICE_VALUES: &str = "cpu|auto|cuda[:N]";
 
 /// `--dtype` (and its old spelling, the hidden `--bf16-dot`).
 #[derive(clap::Args, Debug, Clone, Copy)]

@@ -18,7 +18,7 @@ const SERVER: &str = "metrale-serve";
 #[command(disable_help_flag = true)]
 pub struct Args {
     /// The server's arguments: [-m DIR|ORG/NAME] [--revision REV] [--host 127.0.0.1] [--port
-    /// 8000] [--api-key KEY] [--served-model-name NAME] [--device cpu|auto]
+    /// 8000] [--api-key KEY] [--served-model-name NAME] [--device DEVICE]
     /// [-t N] [--memory-limit SIZE] [--kv-dtype auto|f32|bf16|f16]
     /// [--ctx-size N] [--dtype auto|f32|bf16] [--quant TYPE] [--max-seqs N] [--max-waiting N]
     /// [--no-prefix-cache] [--snapshot-interval N] [--snapshot-budget SIZE]

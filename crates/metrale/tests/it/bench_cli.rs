@@ -262,13 +262,31 @@ fn bench_shared_prefix_times_misses_and_hits() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Without --model or --config, bench runs the bundled model, as
+/// generate does; the default 512-token prompt shrinks to what its
+/// 512-position context leaves beside --gen-len.
 #[test]
-fn bench_needs_a_model_or_a_config() {
+fn bench_defaults_to_the_bundled_model() {
+    let v = bench_json(&["--json", "--no-probe", "--threads", "1", "--gen-len", "8"]);
+    assert_eq!(v["prompt_len"], 504, "{v}");
+    assert!(
+        v["model"]
+            .as_str()
+            .is_some_and(|m| m.contains("default-model")),
+        "{v}"
+    );
+    // An explicit --prompt-len is taken as given (and refused when it does
+    // not fit).
     let out = Command::new(env!("CARGO_BIN_EXE_metrale"))
-        .args(["bench", "--json"])
+        .args(["bench", "--json", "--prompt-len", "512", "--gen-len", "8"])
+        .env_remove("METRALE_MODEL")
         .output()
         .expect("running metrale");
-    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--prompt-len 512 plus --gen-len 8"),
+        "{stderr}"
+    );
 }
 
 #[test]

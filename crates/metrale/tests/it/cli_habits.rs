@@ -605,3 +605,29 @@ fn loading_shows_a_bar_on_a_terminal_for_every_subcommand_that_loads() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// inspect and logits run the bundled model without --model, as generate
+/// does; a $METRALE_MODEL that names nothing is refused naming the
+/// variable.
+#[test]
+fn every_model_subcommand_falls_back_to_the_default_model() {
+    let cache = std::env::temp_dir().join(format!("metrale-fallback-{}", std::process::id()));
+    let cache_env = ("METRALE_CACHE_DIR", cache.to_str().unwrap());
+    let out = run(&["inspect", "--no-load"], None, &[cache_env]);
+    assert!(ok(&out).0.contains("granitemoehybrid"));
+    let file = cache.join("logits.safetensors");
+    let out = run(
+        &["logits", "--ids", "1,2", "--out", file.to_str().unwrap()],
+        None,
+        &[cache_env],
+    );
+    ok(&out);
+    assert!(file.is_file());
+    let out = run(
+        &["generate", "hi"],
+        None,
+        &[cache_env, ("METRALE_MODEL", "/nonexistent/model")],
+    );
+    clean_error(&out, &["$METRALE_MODEL", "/nonexistent/model"]);
+    let _ = std::fs::remove_dir_all(&cache);
+}

@@ -252,17 +252,29 @@ fn cuda_without_a_gpu_fails_clearly() {
     );
 }
 
-/// `auto` without a GPU runs on the CPU and says so on stderr, with the
-/// reason, at the default log level.
+/// `auto` without a GPU runs on the CPU, the normal case on most
+/// machines: nothing about CUDA at the default log level, the reason at
+/// `-v`.
 #[cfg(feature = "cuda")]
 #[test]
-fn auto_falls_back_to_the_cpu_saying_so() {
+fn auto_falls_back_to_the_cpu_saying_why_at_v() {
     if gpu_present() {
         return;
     }
     let out = generate("auto");
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("CUDA"), "{stderr}");
+    let verbose = metrale(&[
+        "-v",
+        "generate",
+        "--device",
+        "auto",
+        "--max-tokens",
+        "2",
+        "hi",
+    ]);
+    let stderr = text(&verbose.stderr);
     assert!(
         stderr.contains("--device auto: running on the CPU (cannot open CUDA device 0"),
         "{stderr}"

@@ -72,6 +72,15 @@ fn logits_match_golden_in_prefill_and_decode() -> Result<()> {
                 "{}",
                 String::from_utf8_lossy(&result.stderr)
             );
+            // As any file the user makes: the umask's permissions, not a
+            // temporary file's 0600.
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = std::fs::metadata(&out)?.permissions().mode() & 0o777;
+                assert_ne!(mode, 0o600, "{}", out.display());
+                assert!(mode & 0o044 != 0, "{mode:o}");
+            }
             let bytes = std::fs::read(&out)?;
             let st = SafeTensors::deserialize(&bytes)?;
             let (shape, got) = tensor_f32(&st, "logits")?;

@@ -114,6 +114,19 @@ fn a_hub_id_resolves_to_its_snapshot_by_ref_or_commit() {
     assert_eq!(found, v1);
     let found = resolve_model_in(Path::new("org/tiny"), Some(HASH_V1), Some(&cache)).unwrap();
     assert_eq!(found, v1);
+    // A shortened hash, as `git log --oneline` and the hub show it.
+    let found = resolve_model_in(Path::new("org/tiny"), Some(&HASH_V1[..7]), Some(&cache)).unwrap();
+    assert_eq!(found, v1);
+    let short = HASH_MAIN[..10].to_ascii_uppercase();
+    let found = resolve_model_in(Path::new("org/tiny"), Some(&short), Some(&cache)).unwrap();
+    assert_eq!(found, main);
+    // Two snapshots sharing the prefix: ambiguous, both named.
+    let twin = format!("{}ffffffff", &HASH_MAIN[..32]);
+    cache_model(&cache, "org/tiny", "llama", &twin, &[]);
+    let e = resolve_model_in(Path::new("org/tiny"), Some(&HASH_MAIN[..8]), Some(&cache))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ambiguous") && e.contains(&twin), "{e}");
 }
 
 #[test]

@@ -3,13 +3,11 @@
 //! link is most of a cold test build saved (`cargo test --test it
 //! <module>::` runs one module).
 
-mod common;
-mod hostile;
-mod limited;
 mod caches_follow_weights;
 mod chat;
 mod chat_limits;
 mod chat_spans;
+mod common;
 mod config_errors;
 mod config_fixtures;
 mod config_hostile;
@@ -22,6 +20,8 @@ mod gguf_export;
 mod gguf_export_roundtrip;
 mod gguf_fuzz;
 mod gguf_hostile;
+mod hostile;
+mod limited;
 mod load_faults;
 mod memory_plan;
 mod quant_on_load;

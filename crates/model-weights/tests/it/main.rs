@@ -3,8 +3,8 @@
 //! link is most of a cold test build saved (`cargo test --test it
 //! <module>::` runs one module).
 
-mod common;
 mod bad_input;
+mod common;
 mod faults;
 mod fuzz;
 mod gguf_compat;

@@ -74,3 +74,28 @@ fn a_bad_ctx_size_is_one_clean_error() {
         "{stderr}"
     );
 }
+
+/// Without --model the bundled model is served as `default`, not under
+/// its cache directory's hashed name.
+#[test]
+fn the_bundled_model_is_served_as_default() {
+    let cache = std::env::temp_dir().join(format!("metrale-serve-cache-{}", std::process::id()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_metrale-serve"))
+        .args(["--port", "0", "-t", "1"])
+        .env_remove("RUST_LOG")
+        .env_remove("METRALE_MODEL")
+        .env("METRALE_CACHE_DIR", &cache)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("metrale-serve runs");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = lines
+        .find_map(|l| l.ok().filter(|l| l.contains("on http://")))
+        .unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&cache);
+    assert!(line.contains("(model `default`"), "{line:?}");
+}

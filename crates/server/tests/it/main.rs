@@ -3,8 +3,8 @@
 //! link is most of a cold test build saved (`cargo test --test it
 //! <module>::` runs one module).
 
-mod common;
 mod cli;
+mod common;
 mod errors;
 mod generation;
 mod hostile;
