@@ -174,7 +174,7 @@ pub fn teardown_engine(cpu: &CpuBackend, engine: Engine) -> Result<()> {
 
 /// How close metrale's logits on a llama.cpp GGUF file are held to
 /// llama.cpp's on the same file: (rms, max) of the difference. Why the
-/// formats differ is in `tests/tests/it/gguf_llamacpp.rs`'s doc.
+/// formats differ is in `tests/tests/workspace/gguf_llamacpp.rs`'s doc.
 #[derive(Clone, Copy)]
 pub struct Bound(pub f64, pub f32);
 

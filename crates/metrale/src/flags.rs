@@ -22,9 +22,13 @@ pub enum ArithDType {
     /// f32 weights in f32, quantized (GGUF) weights with integer dot
     /// products on activations quantized per block.
     #[default]
+    #[value(
+        help = "as the weights suggest: bf16 weights in the CPU's bf16 kernel, f32 in f32, quantized ones in integer dot products"
+    )]
     Auto,
     /// f32 arithmetic wherever the weights allow (exact against the f32
     /// reference; quantized weights still take integer dot products).
+    #[value(help = "f32 wherever the weights allow (exact)")]
     F32,
     /// Matmuls with bf16 weights take the CPU's bf16 kernel where it has
     /// one (AVX512-BF16): bf16 dot products on activations rounded to bf16,
@@ -32,6 +36,7 @@ pub enum ArithDType {
     /// cores), f32 FMAs on the widened weights; the logits move off the
     /// f32 reference by more than 1e-4. Weights stored in f32 still
     /// multiply in f32. Today the same as `auto`.
+    #[value(help = "bf16 weights in the CPU's bf16 kernel (today the same as auto)")]
     Bf16,
 }
 
@@ -41,11 +46,14 @@ pub enum StateDType {
     /// As the arithmetic: bf16 unless `--dtype f32` or most of the weights
     /// are f32 (`ModelOptions::ssm_state_follows_weights`).
     #[default]
+    #[value(help = "bf16, unless --dtype f32 or most of the weights are f32")]
     Auto,
     /// Exact.
+    #[value(help = "exact")]
     F32,
     /// Half the state's memory and decode traffic; logits move by up to a
     /// few 1e-3 (the CPU backend only).
+    #[value(help = "half the memory and decode traffic; logits move by a few 1e-3 (CPU only)")]
     Bf16,
 }
 
@@ -68,14 +76,22 @@ pub enum KvDType {
     /// backend's default (f32 on the CPU) for f32 weights and under
     /// `--dtype f32`.
     #[default]
+    #[value(
+        help = "f16 for bf16, f16 or quantized weights; f32 for f32 weights or under --dtype f32"
+    )]
     Auto,
+    #[value(help = "exact")]
     F32,
     /// Half the bytes per cached token; logits move by up to about 1e-2
-    /// (measured on the fixtures: tests/tests/it/kv_dtype.rs).
+    /// (measured on the fixtures: tests/tests/workspace/kv_dtype.rs).
+    #[value(help = "half the memory per cached token; logits move by up to about 1e-2")]
     Bf16,
     /// Half the bytes per cached token, three more bits than bf16 (the
     /// cache llama.cpp keeps by default); values beyond ±65504 are held at
     /// 65504.
+    #[value(
+        help = "half the memory, three more mantissa bits than bf16 (llama.cpp's default); values held within ±65504"
+    )]
     F16,
 }
 

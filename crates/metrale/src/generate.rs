@@ -50,6 +50,8 @@ pub fn default_model_dir() -> Result<PathBuf> {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Timings {
     pub prompt_tokens: usize,
+    /// Prompt tokens the prefix cache saved computing (not prefilled).
+    pub cached_tokens: usize,
     pub generated_tokens: usize,
     /// From the request's submission to its first generated token (queueing
     /// and prefill).
@@ -59,9 +61,13 @@ pub struct Timings {
 }
 
 impl Timings {
-    /// Prompt tokens per second of the time to the first token.
+    /// Prompt tokens prefilled per second of the time to the first token
+    /// (those the prefix cache saved are not counted: they took no time).
     pub fn prompt_tokens_per_s(&self) -> f64 {
-        per_second(self.prompt_tokens, self.time_to_first_token)
+        per_second(
+            self.prompt_tokens.saturating_sub(self.cached_tokens),
+            self.time_to_first_token,
+        )
     }
 
     /// Tokens per second after the first (the decode rate).
@@ -74,8 +80,12 @@ impl Timings {
 
     /// One line for people: counts, rates and time to first token.
     pub fn summary(&self) -> String {
+        let cached = match self.cached_tokens {
+            0 => String::new(),
+            n => format!(" ({n} cached)"),
+        };
         format!(
-            "prompt: {} tokens, {:.1} tokens/s | generated: {} tokens, {:.1} tokens/s | time to first token: {:.1} ms",
+            "prompt: {} tokens{cached}, {:.1} tokens/s | generated: {} tokens, {:.1} tokens/s | time to first token: {:.1} ms",
             self.prompt_tokens,
             self.prompt_tokens_per_s(),
             self.generated_tokens,
@@ -398,6 +408,7 @@ impl Tracker {
         let total = self.start.elapsed();
         Timings {
             prompt_tokens: self.prompt_tokens,
+            cached_tokens: 0,
             generated_tokens: self.tokens.len(),
             time_to_first_token: self.first.map_or(total, |f| f - self.start),
             total,
@@ -429,7 +440,10 @@ impl Tracker {
             Event::Finished { reason, usage, .. } => Ok(StreamEvent::Finished {
                 reason,
                 usage,
-                timings: self.timings(),
+                timings: Timings {
+                    cached_tokens: usage.cached_tokens,
+                    ..self.timings()
+                },
             }),
             Event::Error { id, message } => Err(anyhow!("{id}: {message}")),
         }

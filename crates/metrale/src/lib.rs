@@ -93,6 +93,9 @@ pub use hub::{
     DEFAULT_REVISION, hub_cache_dir, hub_cache_dir_from, is_hub_id, resolve_model, resolve_model_in,
 };
 mod runner;
+/// The OpenAI-compatible HTTP server (`metrale serve`).
+#[cfg(feature = "server")]
+pub mod server;
 pub use runner::{CancelOnDrop, EventSink, GeneratorHandle, RequestStream};
 
 use metrale_gpu_runtime::gpu::GpuBackend;

@@ -46,8 +46,8 @@ enum Command {
     /// and the session goes on; the exit status is then 1 at the end, else 0 (a reply stopped
     /// with Ctrl-C counts as a reply).
     Chat(cli::chat::Args),
-    /// Serve the model over an OpenAI-compatible HTTP API (runs `metrale-serve`; `metrale serve
-    /// --help` lists its options).
+    /// Serve the model over an OpenAI-compatible HTTP API (`metrale serve --help` lists its
+    /// options).
     Serve(cli::serve::Args),
     /// Write a GGUF file llama.cpp loads (f32/f16/bf16, or quantized: q8_0, q4_k_m, ...) from a
     /// checkpoint directory or a float GGUF file.
@@ -56,7 +56,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    cli::init_tracing(cli.verbose, cli.quiet);
+    // The server sets up its own logging, from its flags and these.
+    if !matches!(cli.command, Command::Serve(_)) {
+        cli::init_tracing(cli.verbose, cli.quiet);
+    }
     let result = match cli.command {
         Command::Inspect(args) => cli::inspect::run(args),
         Command::Logits(args) => cli::logits::run(args),
@@ -64,7 +67,7 @@ fn main() -> ExitCode {
         Command::ExportRandom(args) => cli::bench::export_random(args),
         Command::Generate(args) => cli::generate::run(args),
         Command::Chat(args) => cli::chat::run(args),
-        Command::Serve(args) => cli::serve::run(args),
+        Command::Serve(args) => cli::serve::run(args, cli.verbose, cli.quiet),
         Command::Quantize(args) => cli::quantize::run(args),
     };
     match result {

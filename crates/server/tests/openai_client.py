@@ -1,6 +1,6 @@
 """Drives a running metrale server with the official `openai` Python client.
 
-Run by crates/server/tests/it/openai_client.rs, which starts the servers,
+Run by crates/server/tests/server/openai_client.rs, which starts the servers,
 computes the expected greedy texts with the metrale library and passes
 everything in a JSON file:
 

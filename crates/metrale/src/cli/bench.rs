@@ -105,11 +105,7 @@ pub struct Args {
     /// host and its cgroup have available); checked before loading.
     #[arg(long, value_parser = super::parse_memory)]
     pub memory_limit: Option<usize>,
-    /// The KV cache's element type: auto (the default: as the weights under
-    /// `--dtype auto` or `bf16`, f16 for bf16, f16 or quantized weights;
-    /// else the backend's default, f32 on the CPU), f32, bf16 or f16 (half
-    /// the memory per cached token; logits move by up to about 1e-2 with
-    /// bf16, 2e-3 with f16).
+    /// The KV cache's element type (docs/ACCURACY.md measures each).
     #[arg(long, value_enum, default_value_t = super::KvDType::Auto)]
     pub kv_dtype: super::KvDType,
     #[command(flatten)]

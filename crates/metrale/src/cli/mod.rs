@@ -55,8 +55,7 @@ pub struct DeviceArgs {
 /// `--dtype` (and its old spelling, the hidden `--bf16-dot`).
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct DTypeArgs {
-    /// The arithmetic: auto (the default: as the weights suggest; bf16
-    /// weights take the CPU's bf16 kernel), f32 (exact), or bf16.
+    /// The arithmetic (docs/ACCURACY.md measures each choice).
     #[arg(long, value_enum, default_value_t = ArithDType::Auto)]
     pub dtype: ArithDType,
     /// The old spelling of `--dtype bf16`.
@@ -68,14 +67,8 @@ pub struct DTypeArgs {
     /// q4_k_s, q5_k_s. Quantized weights run on the CPU.
     #[arg(long, value_parser = metrale::FileType::parse_quantized, value_name = "TYPE")]
     pub quant: Option<metrale::FileType>,
-    /// How the Mamba-2 and gated-delta layers' running states are held:
-    /// auto (the default: as the arithmetic, bf16 under `--dtype auto` or
-    /// `bf16` unless most of the weights are f32, f32 under `--dtype f32`,
-    /// as vLLM's `mamba_ssm_cache_dtype` follows the model's dtype), f32
-    /// (exact), or bf16 (half their memory
-    /// and decode traffic; the logits move by up to a few 1e-3, a tenth of
-    /// what bf16 dot products move them, docs/ACCURACY.md). The CPU backend
-    /// only.
+    /// How the Mamba-2 and gated-delta layers' running states are held
+    /// (docs/ACCURACY.md measures each).
     #[arg(long, value_enum, default_value_t = StateDType::Auto)]
     pub ssm_state_dtype: StateDType,
 }

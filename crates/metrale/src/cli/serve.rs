@@ -1,18 +1,8 @@
-//! `metrale serve`: runs `metrale-serve`, the OpenAI-compatible HTTP server
-//! of the `metrale-server` crate, with the same arguments.
-//!
-//! The server is its own binary because `metrale-server` depends on this
-//! package's library: this package depending on it back would be a cycle
-//! between packages, which Cargo refuses. `cargo build` of the workspace
-//! builds both binaries side by side; `metrale serve` looks for
-//! `metrale-serve` next to its own executable, then on `PATH`.
+//! `metrale serve`: the OpenAI-compatible HTTP server of the library's
+//! `server` module, in this process, with the arguments after `serve`
+//! (`metrale-serve` of the metrale-server package runs the same).
 
-use std::path::PathBuf;
-use std::process::Command;
-
-use anyhow::{Context, Result};
-
-const SERVER: &str = "metrale-serve";
+use anyhow::Result;
 
 #[derive(clap::Args, Debug)]
 #[command(disable_help_flag = true)]
@@ -30,37 +20,21 @@ pub struct Args {
     pub args: Vec<String>,
 }
 
-fn server_path() -> PathBuf {
-    let name = format!("{SERVER}{}", std::env::consts::EXE_SUFFIX);
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join(&name)))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from(name))
-}
-
-pub fn run(args: Args) -> Result<()> {
-    let path = server_path();
-    let mut command = Command::new(&path);
-    command.args(&args.args);
-    #[cfg(unix)]
-    {
-        // The server takes this process's place (and its signals: SIGINT
-        // and SIGTERM shut it down gracefully).
-        use std::os::unix::process::CommandExt;
-        let e = command.exec();
-        Err::<(), _>(e).with_context(|| not_found(&path))
+/// Runs the server with the arguments after `serve`, and `metrale`'s own
+/// `-v` / `-q` (given before `serve`) passed on.
+pub fn run(args: Args, verbose: u8, quiet: bool) -> Result<()> {
+    // The server's own command line: its exit status is this process's (a
+    // usage error exits inside, as clap does).
+    let global = (0..verbose)
+        .map(|_| "-v".to_string())
+        .chain(quiet.then(|| "-q".to_string()));
+    let argv = std::iter::once("metrale serve".to_string())
+        .chain(global)
+        .chain(args.args);
+    let status = metrale::server::cli::main(argv);
+    if status == std::process::ExitCode::SUCCESS {
+        Ok(())
+    } else {
+        std::process::exit(1)
     }
-    #[cfg(not(unix))]
-    {
-        let status = command.status().with_context(|| not_found(&path))?;
-        std::process::exit(status.code().unwrap_or(1));
-    }
-}
-
-fn not_found(path: &std::path::Path) -> String {
-    format!(
-        "running {} (build it with `cargo build -p metrale-server`, or put {SERVER} on PATH)",
-        path.display()
-    )
 }

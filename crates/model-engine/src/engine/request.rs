@@ -23,6 +23,9 @@ impl fmt::Display for RequestId {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens the prefix cache saved computing when the request
+    /// started (OpenAI's `prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: usize,
 }
 
 /// What a step reports, per request, in the order it happened.
@@ -93,6 +96,10 @@ pub(crate) struct Request {
     /// snapshot it started from: its recurrent state is snapshotted there,
     /// so the next request sharing the prefix starts at the match's end.
     pub snapshot_at: Option<usize>,
+    /// Prompt tokens a cached prefix saved at the request's first start
+    /// (a restart after a preemption may reuse what its first run
+    /// computed, which saved nothing).
+    pub cached_tokens: Option<usize>,
 }
 
 /// What accepting a sampled token produced.
@@ -125,6 +132,7 @@ impl Request {
             text,
             seq: None,
             snapshot_at: None,
+            cached_tokens: None,
         })
     }
 
@@ -152,6 +160,7 @@ impl Request {
         Usage {
             prompt_tokens: self.prompt_len,
             completion_tokens: self.generated(),
+            cached_tokens: self.cached_tokens.unwrap_or(0),
         }
     }
 

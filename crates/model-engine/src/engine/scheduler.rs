@@ -237,6 +237,7 @@ impl Engine {
         };
         let hit = self.model.reuse_prefix(seq, &r.tokens)?;
         self.stats.prefix_hit_tokens += hit.tokens as u64;
+        r.cached_tokens.get_or_insert(hit.tokens.min(r.prompt_len));
         self.stats.prefix_recomputed_tokens += (hit.matched - hit.tokens) as u64;
         // Snapshot where the match ended, so the next request sharing this
         // prefix starts there.

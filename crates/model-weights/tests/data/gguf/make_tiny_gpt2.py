@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes tiny_gpt2.gguf and tiny_gpt2_tokenizer.json, the fixtures of
-crates/model-weights/tests/it/gguf_compat.rs: a GGUF file written by llama.cpp's
+crates/model-weights/tests/weights/gguf_compat.rs: a GGUF file written by llama.cpp's
 own gguf-py (not by metrale's writer), with metadata of every value type, a
 few tensors (f32, f16, q8_0, i32) and a small byte-level BPE vocabulary
 trained here, whose tokenizer.json is the reference the tokenizer rebuilt

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes tiny_llama.gguf and tiny_llama_expected.json, the fixtures of the
-SentencePiece test in crates/model-weights/tests/it/gguf_compat.rs.
+SentencePiece test in crates/model-weights/tests/weights/gguf_compat.rs.
 
 A tiny SentencePiece BPE model is trained here with Llama's settings
 (identity normalization, no whitespace collapsing, a dummy prefix, byte

@@ -5,7 +5,7 @@
 //! submission to its first token (queued in the engine or being prefilled)
 //! and runs from then to its end (the 429 bound counts these waiting
 //! requests). `metrale_sequences_running` / `metrale_sequences_waiting`
-//! are the engine's ([`EngineGauges`](metrale::engine::engine::EngineGauges)):
+//! are the engine's ([`EngineGauges`](crate::engine::engine::EngineGauges)):
 //! requests holding a sequence, and requests queued for memory; with
 //! `metrale_kv_blocks_in_use` and `metrale_ssm_slots_in_use` (and their
 //! `_total` capacities) as of the engine's last step, queueing or cancel.
@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
-use metrale::engine::engine::GaugeValues;
+use crate::engine::engine::GaugeValues;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const TTFT_BUCKETS: &[f64] = &[

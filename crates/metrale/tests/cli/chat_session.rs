@@ -62,6 +62,28 @@ fn reset_from_a_pipe_starts_over_without_eating_a_line() {
     );
 }
 
+/// The second turn prefills only what is new: its summary says how many
+/// prompt tokens the prefix cache held, and its prompt rate counts only
+/// the tokens it prefilled.
+#[test]
+fn a_turn_says_what_the_prefix_cache_held() {
+    let out = chat(&["-n", "4", "--temperature", "0"], "hello\nhello again\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let summaries: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("prompt: "))
+        .collect();
+    assert_eq!(summaries.len(), 2, "{stderr}");
+    assert!(!summaries[0].contains("cached"), "{}", summaries[0]);
+    let cached: usize = (summaries[1].split(" (").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no cached count: {}", summaries[1]));
+    let counts = prompt_counts(&stderr);
+    assert!(cached > 0 && cached < counts[1], "{cached} of {counts:?}");
+}
+
 #[test]
 fn exit_leaves() {
     let out = chat(&["-n", "3"], "hello\n/exit\nhello again\n");

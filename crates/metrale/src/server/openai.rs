@@ -1,11 +1,11 @@
 //! OpenAI's request and response types (the parts this server speaks), and
 //! the mapping of a request's sampling fields onto [`SamplingParams`].
 
-use metrale::{Finish, GenerationDefaults, SamplingOverrides, SamplingParams, Usage};
+use crate::{Finish, GenerationDefaults, SamplingOverrides, SamplingParams, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::error::ApiError;
+use crate::server::error::ApiError;
 
 /// A string or a list of strings (`stop`).
 #[derive(Clone, Debug, Deserialize)]
@@ -208,7 +208,7 @@ pub struct CompletionRequest {
     pub prompt: Prompt,
     #[serde(flatten)]
     pub sampling: Sampling,
-    /// Only 0 (or absent) for now; see [`crate::routes::completions`].
+    /// Only 0 (or absent) for now; see [`crate::server::routes::completions`].
     pub logprobs: Option<u64>,
     #[serde(default)]
     pub echo: bool,
@@ -261,6 +261,14 @@ pub struct UsageInfo {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details`: the prompt tokens the prefix cache saved
+/// computing, as OpenAI and vLLM report them.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
 }
 
 impl UsageInfo {
@@ -268,6 +276,7 @@ impl UsageInfo {
         self.prompt_tokens += usage.prompt_tokens;
         self.completion_tokens += usage.completion_tokens;
         self.total_tokens = self.prompt_tokens + self.completion_tokens;
+        self.prompt_tokens_details.cached_tokens += usage.cached_tokens;
     }
 }
 

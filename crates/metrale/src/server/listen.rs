@@ -18,7 +18,7 @@
 //!   connection left is closed. A second signal closes them at once.
 //!
 //! The request body's own timeout is the router's
-//! ([`ServerConfig::body_timeout`](crate::ServerConfig::body_timeout)).
+//! ([`ServerConfig::body_timeout`](crate::server::ServerConfig::body_timeout)).
 
 use std::future::Future;
 use std::io;

@@ -8,20 +8,20 @@
 
 use std::sync::Arc;
 
+use crate::Finish;
+use crate::engine::sampling::MAX_TOP_LOGPROBS;
 use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
-use metrale::Finish;
-use metrale::engine::sampling::MAX_TOP_LOGPROBS;
 use serde_json::{Value, json};
 
 use super::admit;
-use crate::admission::Cost;
-use crate::error::ApiError;
-use crate::openai::{CompletionRequest, Prompt, Sampling, UsageInfo, finish_reason};
-use crate::sse::{Choice, Events, Format, TokenLogprob};
-use crate::state::{AppState, off_the_workers, unix_now};
+use crate::server::admission::Cost;
+use crate::server::error::ApiError;
+use crate::server::openai::{CompletionRequest, Prompt, Sampling, UsageInfo, finish_reason};
+use crate::server::sse::{Choice, Events, Format, TokenLogprob};
+use crate::server::state::{AppState, off_the_workers, unix_now};
 
 /// OpenAI's default `max_tokens` for completions.
 pub const DEFAULT_MAX_TOKENS: usize = 16;
@@ -124,7 +124,7 @@ pub async fn handler(
         tokenizer: state.tokenizer().clone(),
     };
     let format = Completions {
-        id: format!("cmpl-{}", crate::next_id()),
+        id: format!("cmpl-{}", crate::server::next_id()),
         created: unix_now(),
         model: state.model_name.clone(),
     };

@@ -1,6 +1,6 @@
 //! The integration tests of this crate, one binary: each module was
 //! its own test binary, linked against every dependency again; one
-//! link is most of a cold test build saved (`cargo test --test it
+//! link is most of a cold test build saved (`cargo test --test cli
 //! <module>::` runs one module).
 
 mod bench_cli;

@@ -1,11 +1,11 @@
 //! The server's one error type, answered in OpenAI's JSON shape:
 //! `{"error": {"message", "type", "param", "code"}}` with a matching status.
 
+use crate::engine::EngineError;
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use metrale::engine::EngineError;
 use serde_json::json;
 
 /// Everything a request can fail with.
@@ -31,7 +31,7 @@ pub enum ApiError {
     #[error("{0}")]
     TooLarge(String),
     /// 400: the request would cost more than one of the server's
-    /// per-request limits allows ([`Limits`](crate::admission::Limits)).
+    /// per-request limits allows ([`Limits`](crate::server::admission::Limits)).
     #[error("{message}")]
     OverLimit {
         /// The command-line option that sets the limit.

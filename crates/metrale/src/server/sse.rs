@@ -6,15 +6,15 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use crate::engine::tokenizer::Tokenizer;
+use crate::{Finish, StreamEvent};
 use axum::response::sse::{Event, Sse};
 use futures_util::Stream;
-use metrale::engine::tokenizer::Tokenizer;
-use metrale::{Finish, StreamEvent};
 use serde_json::Value;
 
-use crate::error::ApiError;
-use crate::openai::UsageInfo;
-use crate::state::Submitted;
+use crate::server::error::ApiError;
+use crate::server::openai::UsageInfo;
+use crate::server::state::Submitted;
 
 /// One generated token with its log-probability under the model (the
 /// log-softmax of the raw logits) and, when asked, the most likely tokens
@@ -277,7 +277,7 @@ fn data(value: &Value) -> Event {
 
 /// Adds a choice's usage: its completion tokens, and its prompt's tokens
 /// once per prompt (for the first of its `n` choices).
-fn add_usage(total: &mut UsageInfo, usage: &metrale::Usage, index: usize, n: usize) {
+fn add_usage(total: &mut UsageInfo, usage: &crate::Usage, index: usize, n: usize) {
     let mut u = *usage;
     if !index.is_multiple_of(n.max(1)) {
         u.prompt_tokens = 0;

@@ -1,7 +1,7 @@
 //! `metrale quantize`: writes a file metrale itself then runs, prints a
 //! summary, and fails cleanly (one message naming the file and the tensor,
 //! no partial output) on bad input. What the files hold is checked against
-//! llama.cpp in crates/model-engine/tests/it/gguf_export.rs.
+//! llama.cpp in crates/model-engine/tests/engine/gguf_export.rs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -15,13 +15,13 @@
 //!   has its first token, or has ended.
 //!
 //! The number of requests waiting (`--max-waiting`, 429) is counted in
-//! [`Metrics`](crate::metrics::Metrics) and checked for all the choices of
+//! [`Metrics`](crate::server::metrics::Metrics) and checked for all the choices of
 //! a request at once, before any is submitted.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::error::ApiError;
+use crate::server::error::ApiError;
 
 /// What one reported token or alternative is taken to cost in a response:
 /// a chat reply's log-probability entry (`{"token", "logprob", "bytes",

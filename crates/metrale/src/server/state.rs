@@ -7,15 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use metrale::engine::chat::ChatTemplate;
-use metrale::engine::engine::EngineGauges;
-use metrale::engine::tokenizer::Tokenizer;
-use metrale::{CancelOnDrop, EventSink, Generator, GeneratorHandle, SamplingParams, StreamEvent};
+use crate::engine::chat::ChatTemplate;
+use crate::engine::engine::EngineGauges;
+use crate::engine::tokenizer::Tokenizer;
+use crate::{CancelOnDrop, EventSink, Generator, GeneratorHandle, SamplingParams, StreamEvent};
 use tokio::sync::mpsc;
 
-use crate::admission::{Limits, PromptBudget, PromptBytes};
-use crate::error::ApiError;
-use crate::metrics::Metrics;
+use crate::server::admission::{Limits, PromptBudget, PromptBytes};
+use crate::server::error::ApiError;
+use crate::server::metrics::Metrics;
 
 /// How the server runs.
 #[derive(Clone, Debug)]

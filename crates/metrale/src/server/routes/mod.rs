@@ -6,6 +6,7 @@ pub mod completions;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
+use crate::SamplingParams;
 use axum::Json;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
@@ -13,12 +14,11 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
 use http_body_util::BodyExt;
-use metrale::SamplingParams;
 use serde_json::json;
 
-use crate::admission::Cost;
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::server::admission::Cost;
+use crate::server::error::ApiError;
+use crate::server::state::AppState;
 
 /// `GET /v1/models`: the one model served.
 pub async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
@@ -56,7 +56,7 @@ pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 }
 
 /// 403 unless the Host header names a host the server answers for
-/// ([`HostPolicy`](crate::HostPolicy)).
+/// ([`HostPolicy`](crate::server::HostPolicy)).
 pub async fn check_host(
     State(state): State<Arc<AppState>>,
     request: Request,
@@ -120,7 +120,7 @@ fn close(response: &mut Response) {
 }
 
 /// 400 when a request, its prompts tokenized and its sampling resolved,
-/// costs more than the server's [`Limits`](crate::Limits) allow.
+/// costs more than the server's [`Limits`](crate::server::Limits) allow.
 pub(crate) fn admit(
     state: &AppState,
     prompts: &[Vec<u32>],

@@ -32,6 +32,71 @@ fn source_root() -> PathBuf {
         .expect("source root")
 }
 
+/// The installed binary alone serves (no `metrale-serve` beside it or on
+/// PATH): `metrale serve` answers /health and a completion, and stops on
+/// SIGTERM; `metrale -v serve` passes -v on.
+#[cfg(unix)]
+#[test]
+fn an_installed_binary_serves() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let root = scratch("serve");
+    let (bin_dir, home) = (root.join("bin"), root.join("home"));
+    for dir in [&bin_dir, &home] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let installed = bin_dir.join("metrale");
+    std::fs::copy(env!("CARGO_BIN_EXE_metrale"), &installed).expect("copy the binary");
+    let mut child = Command::new(&installed)
+        .args(["-v", "serve", "--port", "0", "-t", "1"])
+        .current_dir(&root)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", &home)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("metrale serve runs");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+            let _ = child.kill();
+            panic!("metrale serve ended before listening: {seen}");
+        }
+        seen.push_str(&line);
+        if let Some(at) = line.find("on http://") {
+            break line[at + "on http://".len()..].trim().to_string();
+        }
+    };
+    // -v reached the server: its info lines were logged.
+    assert!(seen.contains("INFO"), "{seen}");
+    let request = |body: &str| {
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+        let req = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let reply = request(r#"{"prompt": "Nothing is", "max_tokens": 4, "temperature": 0}"#);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("\"model\":\"default\""), "{reply}");
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 #[test]
 fn an_installed_binary_runs_its_default_model_from_anywhere_offline() {
     let root = scratch("bin");

@@ -5,7 +5,7 @@
 //! `[{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]`: the
 //! sampled token's log-probability under the model (log-softmax of the raw
 //! logits) and the `top_logprobs` (at most 20) most likely tokens. `bytes`
-//! are the token's own ([`token_bytes`](crate::sse::token_bytes)): for a
+//! are the token's own ([`token_bytes`](crate::server::sse::token_bytes)): for a
 //! token that is part of a UTF-8 character, whose `token` text shows
 //! U+FFFD, they are the bytes it stands for.
 //! `tools` / `functions` (and their
@@ -13,22 +13,22 @@
 
 use std::sync::Arc;
 
-use metrale::engine::sampling::MAX_TOP_LOGPROBS;
+use crate::engine::sampling::MAX_TOP_LOGPROBS;
 
+use crate::engine::chat::max_rendered_bytes;
+use crate::{ChatMessage, Finish, encode_chat};
 use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::response::{IntoResponse, Response};
-use metrale::engine::chat::max_rendered_bytes;
-use metrale::{ChatMessage, Finish, encode_chat};
 use serde_json::{Value, json};
 
 use super::admit;
-use crate::admission::Cost;
-use crate::error::ApiError;
-use crate::openai::{ChatRequest, Content, Sampling, UsageInfo, finish_reason};
-use crate::sse::{Choice, Events, Format, TokenLogprob};
-use crate::state::{AppState, off_the_workers, unix_now};
+use crate::server::admission::Cost;
+use crate::server::error::ApiError;
+use crate::server::openai::{ChatRequest, Content, Sampling, UsageInfo, finish_reason};
+use crate::server::sse::{Choice, Events, Format, TokenLogprob};
+use crate::server::state::{AppState, off_the_workers, unix_now};
 
 pub async fn handler(
     State(state): State<Arc<AppState>>,
@@ -120,7 +120,7 @@ pub async fn handler(
         tokenizer: state.tokenizer().clone(),
     };
     let format = Chat {
-        id: format!("chatcmpl-{}", crate::next_id()),
+        id: format!("chatcmpl-{}", crate::server::next_id()),
         created: unix_now(),
         model: state.model_name.clone(),
         include_usage: sampling.include_usage(),
