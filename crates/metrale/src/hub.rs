@@ -162,6 +162,32 @@ fn local(spec: &Path) -> Result<PathBuf> {
     }
 }
 
+/// The model a command names (`spec`, resolved by [`resolve_model`] at
+/// `revision`), else `$METRALE_MODEL`, else the bundled one
+/// ([`crate::default_model_dir`]): what every subcommand and the server
+/// load. Refused, naming where it looked, unless it holds a `config.json`
+/// or is a GGUF file.
+pub fn model_dir(spec: Option<&Path>, revision: Option<&str>) -> Result<PathBuf> {
+    let dir = match spec {
+        Some(spec) => resolve_model(spec, revision)?,
+        None => crate::default_model_dir()?,
+    };
+    let gguf = matches!(
+        crate::engine::gguf::ModelSource::from_path(&dir),
+        crate::engine::gguf::ModelSource::Gguf(_)
+    );
+    if !dir.join("config.json").is_file() && !gguf {
+        bail!(
+            "no model at {}: no {} there, nor is it a GGUF file (give --model DIR or \
+             FILE.gguf, or set {})",
+            dir.display(),
+            dir.join("config.json").display(),
+            crate::MODEL_ENV
+        );
+    }
+    Ok(dir)
+}
+
 /// The snapshot directory of `id` at `revision` in `cache`.
 fn snapshot(cache: &Path, id: &str, revision: &str) -> Result<PathBuf> {
     let repo = cache.join(format!("models--{}", id.replace('/', "--")));

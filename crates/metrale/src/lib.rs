@@ -90,8 +90,11 @@ pub use metrale_model_weights::gguf::mix::FileType;
 pub use metrale_model_weights::loader::{LoadProgress, WeightDType, WeightFormat};
 mod hub;
 pub use hub::{
-    DEFAULT_REVISION, hub_cache_dir, hub_cache_dir_from, is_hub_id, resolve_model, resolve_model_in,
+    DEFAULT_REVISION, hub_cache_dir, hub_cache_dir_from, is_hub_id, model_dir, resolve_model,
+    resolve_model_in,
 };
+mod report;
+pub use report::format_error;
 mod runner;
 /// The OpenAI-compatible HTTP server (`metrale serve`).
 #[cfg(feature = "server")]

@@ -254,7 +254,7 @@ fn max_batch(args: &Args) -> usize {
 
 pub fn run(mut args: Args) -> Result<()> {
     if args.config.is_none() {
-        let model = super::model_or_default(args.model.as_deref(), args.revision.as_deref())?;
+        let model = metrale::model_dir(args.model.as_deref(), args.revision.as_deref())?;
         args.model = Some(model);
     }
     let config = match (&args.model, &args.config) {

@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use metrale::{
     EngineConfig, Generator, LoadOptions, SamplingOverrides, SamplingParams, StreamEvent, Timings,
-    default_model_dir,
 };
 use metrale_model_engine::sampling::Finish;
 
@@ -49,22 +48,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// Loads the model for one conversation at a time.
     pub fn load(&self) -> Result<Generator> {
-        let dir = match &self.model {
-            Some(spec) => metrale::resolve_model(spec, self.revision.as_deref())?,
-            None => default_model_dir()?,
-        };
-        if !dir.join("config.json").is_file()
-            && !matches!(
-                metrale::engine::gguf::ModelSource::from_path(&dir),
-                metrale::engine::gguf::ModelSource::Gguf(_)
-            )
-        {
-            anyhow::bail!(
-                "no model at {} (give --model DIR or FILE.gguf, or set {})",
-                dir.display(),
-                metrale::MODEL_ENV
-            );
-        }
+        let dir = metrale::model_dir(self.model.as_deref(), self.revision.as_deref())?;
         let mut options = LoadOptions {
             device: self.device.device,
             threads: self.threads,

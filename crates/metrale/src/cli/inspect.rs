@@ -119,7 +119,7 @@ struct Totals {
 }
 
 pub fn run(mut args: Args) -> Result<()> {
-    args.model_dir = super::model_or_default(args.model.as_deref(), args.revision.as_deref())?;
+    args.model_dir = metrale::model_dir(args.model.as_deref(), args.revision.as_deref())?;
     let free_budget = args
         .memory
         .as_deref()

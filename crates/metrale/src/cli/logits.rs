@@ -54,7 +54,7 @@ pub struct Args {
 }
 
 pub fn run(mut args: Args) -> Result<()> {
-    args.model_dir = super::model_or_default(args.model.as_deref(), args.revision.as_deref())?;
+    args.model_dir = metrale::model_dir(args.model.as_deref(), args.revision.as_deref())?;
     if let Some(p) = args.decode_from
         && p > args.ids.len()
     {

@@ -24,19 +24,6 @@ pub use metrale::flags::{
     ArithDType, KvDType, PrefixCacheArgs, StateDType, parse_bytes, parse_memory,
 };
 
-/// The model a subcommand names (resolved: a directory, a file, or a hub
-/// id in the local cache), else `$METRALE_MODEL`, else the bundled one, as
-/// `generate`, `chat` and `serve` choose.
-pub fn model_or_default(
-    spec: Option<&std::path::Path>,
-    revision: Option<&str>,
-) -> anyhow::Result<std::path::PathBuf> {
-    match spec {
-        Some(spec) => metrale::resolve_model(spec, revision),
-        None => metrale::default_model_dir(),
-    }
-}
-
 /// `--device`, the same on every subcommand that runs a model.
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct DeviceArgs {
@@ -164,42 +151,4 @@ pub fn init_tracing(verbose: u8, quiet: bool) {
         .try_init();
 }
 
-/// An error for people: its messages from the outermost in, joined by
-/// ": ", leaving out a cause whose text the message before it already
-/// holds (a context that repeats its source). Never a backtrace.
-pub fn format_error(error: &anyhow::Error) -> String {
-    let mut out = String::new();
-    let mut last = String::new();
-    for cause in error.chain() {
-        let text = cause.to_string();
-        if text.is_empty() || last.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-        last = text;
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::format_error;
-    use anyhow::Context;
-
-    #[test]
-    fn format_error_joins_the_chain_without_repeats() {
-        let e = Err::<(), _>(std::io::Error::other("no such file x.json"))
-            .context("reading x.json: no such file x.json")
-            .context("loading model")
-            .unwrap_err();
-        assert_eq!(
-            format_error(&e),
-            "loading model: reading x.json: no such file x.json"
-        );
-        let e = anyhow::anyhow!("a").context("b");
-        assert_eq!(format_error(&e), "b: a");
-    }
-}
+pub use metrale::format_error;

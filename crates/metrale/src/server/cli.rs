@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::flags::{ArithDType, KvDType, PrefixCacheArgs, StateDType, parse_memory};
 use crate::server::{AppState, ConnConfig, HostPolicy, Limits, ServerConfig};
-use crate::{Device, EngineConfig, Generator, LoadOptions, default_model_dir};
+use crate::{Device, EngineConfig, Generator, LoadOptions};
 use anyhow::{Context, Result};
 use clap::Parser;
 
@@ -195,32 +195,14 @@ where
     match run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            // One line, never a backtrace, a context that repeats its
-            // source said once.
-            let mut line = String::new();
-            let mut last = String::new();
-            for cause in e.chain() {
-                let text = cause.to_string();
-                if text.is_empty() || last.contains(&text) {
-                    continue;
-                }
-                if !line.is_empty() {
-                    line.push_str(": ");
-                }
-                line.push_str(&text);
-                last = text;
-            }
-            eprintln!("error: {line}");
+            eprintln!("error: {}", crate::format_error(&e));
             std::process::ExitCode::FAILURE
         }
     }
 }
 
 fn run(args: Args) -> Result<()> {
-    let dir = match &args.model {
-        Some(spec) => crate::resolve_model(spec, args.revision.as_deref())?,
-        None => default_model_dir()?,
-    };
+    let dir = crate::model_dir(args.model.as_deref(), args.revision.as_deref())?;
     // A hub id is the model's name, as vLLM serves it (a snapshot
     // directory's name is a commit hash); the bundled model is `default`
     // (its cache directory's name carries a content hash).
@@ -231,18 +213,6 @@ fn run(args: Args) -> Result<()> {
         Some(_) => None,
         None => bundled.then(|| "default".to_string()),
     };
-    if !dir.join("config.json").is_file()
-        && !matches!(
-            crate::engine::gguf::ModelSource::from_path(&dir),
-            crate::engine::gguf::ModelSource::Gguf(_)
-        )
-    {
-        anyhow::bail!(
-            "no model at {} (give --model DIR or FILE.gguf, or set {})",
-            dir.display(),
-            crate::MODEL_ENV
-        );
-    }
     let mut options = LoadOptions {
         device: args.device,
         threads: args.threads,

@@ -17,12 +17,26 @@ fn llama() -> String {
     .to_string()
 }
 
-/// Starts the server on a free port; returns its banner line, then stops it.
+/// Starts the server on the llama fixture on a free port; returns its
+/// banner line, then stops it.
 fn banner(args: &[&str]) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_metrale-serve"))
-        .args(["-m", &llama(), "--port", "0", "-t", "1"])
+    let mut all = vec!["-m".to_string(), llama()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    banner_with(&all, &[])
+}
+
+/// Starts the server with `args` and `env` on a free port; returns its
+/// banner line, then stops it.
+fn banner_with(args: &[String], env: &[(&str, &std::path::Path)]) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_metrale-serve"));
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut child = command
         .args(args)
+        .args(["--port", "0", "-t", "1"])
         .env_remove("RUST_LOG")
+        .env_remove("METRALE_MODEL")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -80,22 +94,7 @@ fn a_bad_ctx_size_is_one_clean_error() {
 #[test]
 fn the_bundled_model_is_served_as_default() {
     let cache = std::env::temp_dir().join(format!("metrale-serve-cache-{}", std::process::id()));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_metrale-serve"))
-        .args(["--port", "0", "-t", "1"])
-        .env_remove("RUST_LOG")
-        .env_remove("METRALE_MODEL")
-        .env("METRALE_CACHE_DIR", &cache)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("metrale-serve runs");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let line = lines
-        .find_map(|l| l.ok().filter(|l| l.contains("on http://")))
-        .unwrap_or_default();
-    let _ = child.kill();
-    let _ = child.wait();
+    let line = banner_with(&[], &[("METRALE_CACHE_DIR", &cache)]);
     let _ = std::fs::remove_dir_all(&cache);
     assert!(line.contains("(model `default`"), "{line:?}");
 }
