@@ -18,6 +18,10 @@ pub enum ApiError {
         param: Option<&'static str>,
         code: Option<&'static str>,
     },
+    /// 400: a request field that would change the output and that this
+    /// server does not honour ([`fields`](crate::server::fields)).
+    #[error("{name} is not supported: {why}")]
+    UnsupportedField { name: String, why: &'static str },
     /// 404: a `model` this server does not serve.
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
@@ -87,7 +91,9 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::BadRequest { .. } | Self::OverLimit { .. } => StatusCode::BAD_REQUEST,
+            Self::BadRequest { .. } | Self::OverLimit { .. } | Self::UnsupportedField { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::HostNotAllowed(_) => StatusCode::FORBIDDEN,
             Self::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -104,6 +110,11 @@ impl ApiError {
     pub fn body(&self) -> serde_json::Value {
         let (kind, param, code) = match self {
             Self::BadRequest { param, code, .. } => ("invalid_request_error", *param, *code),
+            Self::UnsupportedField { name, .. } => (
+                "invalid_request_error",
+                Some(name.as_str()),
+                Some("unsupported_field"),
+            ),
             Self::ModelNotFound(_) => (
                 "invalid_request_error",
                 Some("model"),

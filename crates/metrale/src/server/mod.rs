@@ -22,6 +22,7 @@
 pub mod admission;
 pub mod cli;
 pub mod error;
+pub mod fields;
 pub mod listen;
 pub mod metrics;
 pub mod openai;

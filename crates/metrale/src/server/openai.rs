@@ -48,6 +48,9 @@ pub struct Sampling {
     /// vLLM's extension: token ids that end generation.
     #[serde(default)]
     pub stop_token_ids: Vec<u32>,
+    /// vLLM's extension: special tokens in the text (default: left out).
+    pub skip_special_tokens: Option<bool>,
+    /// A label: who asked. No effect.
     pub user: Option<String>,
 }
 
@@ -125,6 +128,7 @@ impl Sampling {
             ignore_eos: self.ignore_eos,
             logprobs,
             top_logprobs,
+            skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             ..d
         };
         if let Err(e) = params.validate() {
@@ -214,6 +218,9 @@ pub struct CompletionRequest {
     pub echo: bool,
     pub suffix: Option<String>,
     pub best_of: Option<u64>,
+    /// Every field not declared above ([`fields::check`](crate::server::fields::check)).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 /// A message's content: text, or a list of parts of which only text parts
@@ -253,6 +260,9 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     pub functions: Option<Value>,
     pub function_call: Option<Value>,
+    /// Every field not declared above ([`fields::check`](crate::server::fields::check)).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 /// `usage`.

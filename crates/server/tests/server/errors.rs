@@ -103,6 +103,49 @@ fn bad_requests_are_openai_shaped() {
         let r = post(server.addr, "/v1/completions", &body);
         assert_eq!(r.status, 200, "{body}: {}", r.body);
     }
+
+    // Nothing that would change the reply is silently dropped: a JSON
+    // format, a logit bias, template arguments are refused naming the
+    // field; their inert values, labels and fields nobody defines pass.
+    let chat = |extra: serde_json::Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        post(server.addr, "/v1/chat/completions", &body)
+    };
+    for (extra, param) in [
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (json!({"logit_bias": {"5": 10}}), "logit_bias"),
+        (
+            json!({"chat_template_kwargs": {"enable_thinking": false}}),
+            "chat_template_kwargs",
+        ),
+        (json!({"guided_json": {"type": "object"}}), "guided_json"),
+        (json!({"min_tokens": 3}), "min_tokens"),
+    ] {
+        let e = chat(extra.clone()).error(400);
+        assert_eq!(e["param"], param, "{extra}: {e}");
+        assert_eq!(e["code"], "unsupported_field", "{extra}: {e}");
+    }
+    for extra in [
+        json!({"response_format": {"type": "text"}, "logit_bias": {}, "min_tokens": 0}),
+        json!({"user": "u", "metadata": {"k": "v"}, "store": false, "service_tier": "auto"}),
+        json!({"x_gateway_trace_id": "abc", "skip_special_tokens": false}),
+    ] {
+        let r = chat(extra.clone());
+        assert_eq!(r.status, 200, "{extra}: {}", r.body);
+    }
+    let e = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"prompt": "x", "response_format": {"type": "json_object"}}),
+    )
+    .error(400);
+    assert_eq!(e["param"], "response_format", "{e}");
 }
 
 #[test]

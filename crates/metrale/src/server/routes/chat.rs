@@ -36,6 +36,7 @@ pub async fn handler(
 ) -> Result<Response, ApiError> {
     let Json(request) = body?;
     state.check_model(request.model.as_deref())?;
+    crate::server::fields::check(crate::server::fields::Route::Chat, &request.extra)?;
     for (name, value) in [
         ("tools", &request.tools),
         ("tool_choice", &request.tool_choice),

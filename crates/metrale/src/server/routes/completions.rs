@@ -32,6 +32,7 @@ pub async fn handler(
 ) -> Result<Response, ApiError> {
     let Json(request) = body?;
     state.check_model(request.model.as_deref())?;
+    crate::server::fields::check(crate::server::fields::Route::Completions, &request.extra)?;
     if request.echo {
         return Err(ApiError::bad_param(
             "echo",

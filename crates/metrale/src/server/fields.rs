@@ -1,0 +1,214 @@
+//! The rule for every request field, so that nothing is silently ignored.
+//!
+//! A field the request types declare is honoured (or refused by its route
+//! with a reason, as `echo` and `tools` are). Every other field lands in
+//! the request's `extra` map and is judged here:
+//!
+//! - a field that changes the output (its format, content, sampling or
+//!   length) and that this server does not honour is refused with a 400
+//!   naming it, unless its value is the one that changes nothing
+//!   (`response_format: {"type": "text"}`, `logit_bias: {}`, `min_tokens:
+//!   0`, `null`): a client that parses the reply must never get free text
+//!   it did not ask for;
+//! - a field that only labels a request (`metadata`, `store: false`,
+//!   `service_tier`, ...) is accepted and has no effect;
+//! - a field neither OpenAI nor vLLM defines is accepted and logged at the
+//!   debug level (gateways add fields of their own).
+//!
+//! `docs/SERVER.md` lists every field and its rule.
+
+use serde_json::{Map, Value};
+
+use crate::server::error::ApiError;
+
+/// Which endpoint a request came to (a few fields exist on one only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    Completions,
+    Chat,
+}
+
+/// What happens to a field.
+enum Rule {
+    /// Accepted; it labels the request and changes nothing.
+    Label,
+    /// Refused unless `inert` holds of its value (the value that changes
+    /// nothing); `why` completes "`name` is not supported: ".
+    Refuse {
+        inert: fn(&Value) -> bool,
+        why: &'static str,
+    },
+}
+
+fn never(_: &Value) -> bool {
+    false
+}
+
+fn is_false(v: &Value) -> bool {
+    v == &Value::Bool(false)
+}
+
+fn is_true(v: &Value) -> bool {
+    v == &Value::Bool(true)
+}
+
+fn is_zero(v: &Value) -> bool {
+    v.as_f64() == Some(0.0)
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::String(s) => s.is_empty(),
+        _ => false,
+    }
+}
+
+/// `{"type": "text"}`: plain text, what the server gives anyway.
+fn is_text_format(v: &Value) -> bool {
+    v.get("type").and_then(Value::as_str) == Some("text")
+}
+
+/// `["text"]`.
+fn text_only(v: &Value) -> bool {
+    v.as_array()
+        .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text")))
+}
+
+const STRUCTURED: &str = "structured outputs are not supported by this server yet";
+const TOKEN_SETS: &str = "this server has no token bias or token sets yet";
+const TEMPLATE: &str = "this server renders the model's own chat template as it is";
+
+/// The rule for `name` on `route`, if OpenAI or vLLM define the field.
+fn rule(route: Route, name: &str) -> Option<Rule> {
+    use Rule::{Label, Refuse};
+    let refuse = |inert: fn(&Value) -> bool, why: &'static str| Some(Refuse { inert, why });
+    match name {
+        // Labels: who asked, what for, how to bill or schedule it.
+        "metadata" | "service_tier" | "priority" | "request_id" | "cache_salt"
+        | "safety_identifier" | "prompt_cache_key" => Some(Label),
+        "store" => refuse(is_false, "this server stores no completions"),
+        // OpenAI's predicted outputs speed a reply up; they never change it.
+        "prediction" => Some(Label),
+        // Only meaningful with tools, which the chat route refuses.
+        "parallel_tool_calls" if route == Route::Chat => Some(Label),
+        // Output format and structure.
+        "response_format" => refuse(is_text_format, STRUCTURED),
+        "guided_json"
+        | "guided_regex"
+        | "guided_choice"
+        | "guided_grammar"
+        | "structured_outputs"
+        | "guided_decoding_backend"
+        | "guided_whitespace_pattern" => refuse(never, STRUCTURED),
+        // Token-level control.
+        "logit_bias" | "bad_words" | "allowed_token_ids" | "logits_processors" => {
+            refuse(is_empty, TOKEN_SETS)
+        }
+        "min_tokens" => refuse(
+            is_zero,
+            "a minimum length is not enforced by this server yet",
+        ),
+        "include_stop_str_in_output" => refuse(is_false, "stop strings are never returned"),
+        "spaces_between_special_tokens" => refuse(
+            is_true,
+            "special tokens are decoded as the tokenizer joins them",
+        ),
+        "prompt_logprobs" | "return_tokens_as_token_ids" | "truncate_prompt_tokens" => {
+            refuse(never, "not supported by this server yet")
+        }
+        "use_beam_search" => refuse(is_false, "this server samples; it has no beam search"),
+        "length_penalty" => refuse(never, "this server has no beam search"),
+        // The chat template and what reaches it.
+        "chat_template" | "chat_template_kwargs" | "documents" | "mm_processor_kwargs"
+            if route == Route::Chat =>
+        {
+            refuse(is_empty, TEMPLATE)
+        }
+        "add_generation_prompt" if route == Route::Chat => refuse(is_true, TEMPLATE),
+        "continue_final_message" if route == Route::Chat => refuse(is_false, TEMPLATE),
+        "echo" if route == Route::Chat => refuse(is_false, "the prompt is never repeated"),
+        "reasoning_effort" | "web_search_options" | "audio" if route == Route::Chat => {
+            refuse(never, "not supported by this server")
+        }
+        "modalities" if route == Route::Chat => refuse(text_only, "this server writes text only"),
+        _ => None,
+    }
+}
+
+/// Refuses the first field of `extra` (those the request types do not
+/// declare) that would change the output and is not honoured; logs the
+/// unknown ones.
+pub fn check(route: Route, extra: &Map<String, Value>) -> Result<(), ApiError> {
+    for (name, value) in extra {
+        match rule(route, name) {
+            Some(Rule::Refuse { inert, why }) if !value.is_null() && !inert(value) => {
+                return Err(ApiError::UnsupportedField {
+                    name: name.clone(),
+                    why,
+                });
+            }
+            Some(_) => {}
+            None => tracing::debug!("request field {name:?} is not one this server knows; ignored"),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn fields(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn output_changing_fields_are_refused_unless_inert() {
+        let chat = |v| check(Route::Chat, &fields(v));
+        for bad in [
+            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "json_schema", "json_schema": {}}}),
+            json!({"guided_json": {"type": "object"}}),
+            json!({"logit_bias": {"50256": -100}}),
+            json!({"min_tokens": 4}),
+            json!({"chat_template_kwargs": {"enable_thinking": false}}),
+            json!({"add_generation_prompt": false}),
+            json!({"store": true}),
+            json!({"modalities": ["text", "audio"]}),
+        ] {
+            let e = chat(bad.clone()).expect_err("refused");
+            let name = bad.as_object().unwrap().keys().next().unwrap().clone();
+            assert!(e.to_string().contains(&name), "{e}");
+        }
+        for fine in [
+            json!({"response_format": {"type": "text"}}),
+            json!({"logit_bias": {}, "min_tokens": 0, "store": false, "echo": false}),
+            json!({"response_format": null, "metadata": {"a": "b"}, "service_tier": "auto"}),
+            json!({"add_generation_prompt": true, "modalities": ["text"]}),
+            json!({"x_gateway_trace": "abc"}),
+        ] {
+            chat(fine.clone()).unwrap_or_else(|e| panic!("{fine}: {e}"));
+        }
+        // The declared fields (the flattened sampling ones too) never reach
+        // `extra`: only what no request type declares is judged here.
+        let req: crate::server::openai::ChatRequest = serde_json::from_value(json!({
+            "messages": [], "temperature": 0.5, "top_k": 3, "logprobs": true,
+            "skip_special_tokens": false, "metadata": {}
+        }))
+        .unwrap();
+        assert_eq!(req.extra.keys().collect::<Vec<_>>(), ["metadata"]);
+        // Chat-only fields are unknown to completions: accepted, logged.
+        check(Route::Completions, &fields(json!({"chat_template": "x"}))).unwrap();
+        assert!(
+            check(
+                Route::Completions,
+                &fields(json!({"response_format": {"type": "json_object"}}))
+            )
+            .is_err()
+        );
+    }
+}
