@@ -20,6 +20,7 @@
 use serde_json::{Map, Value};
 
 use crate::server::error::ApiError;
+use crate::server::openai::{Content, Message};
 
 /// Which endpoint a request came to (a few fields exist on one only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,6 +152,38 @@ pub fn check(route: Route, extra: &Map<String, Value>) -> Result<(), ApiError> {
             }
             Some(_) => {}
             None => tracing::debug!("request field {name:?} is not one this server knows; ignored"),
+        }
+    }
+    Ok(())
+}
+
+/// Refuses what a chat message holds that the conversation would lose:
+/// a content part other than text (an image, audio, a file), or a tool
+/// call or result (no tool calling yet). `name` is a label.
+pub fn check_message(index: usize, message: &Message) -> Result<(), ApiError> {
+    if let Some(Content::Parts(parts)) = &message.content
+        && let Some((j, part)) = parts.iter().enumerate().find(|(_, p)| p.kind != "text")
+    {
+        return Err(ApiError::UnsupportedField {
+            name: format!("messages[{index}].content[{j}]"),
+            why: if part.kind.is_empty() {
+                "a part without a type"
+            } else {
+                "this server reads text parts only"
+            },
+        });
+    }
+    for (name, value) in &message.extra {
+        match name.as_str() {
+            "name" => {}
+            _ if value.is_null() || is_empty(value) => {}
+            "tool_calls" | "tool_call_id" | "function_call" => {
+                return Err(ApiError::UnsupportedField {
+                    name: format!("messages[{index}].{name}"),
+                    why: "tool calling is not supported by this server yet",
+                });
+            }
+            _ => tracing::debug!("message field {name:?} is not one this server knows; ignored"),
         }
     }
     Ok(())

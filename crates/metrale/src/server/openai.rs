@@ -243,6 +243,9 @@ pub struct ContentPart {
 pub struct Message {
     pub role: String,
     pub content: Option<Content>,
+    /// Every other field of the message ([`fields::check_message`](crate::server::fields::check_message)).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 /// `POST /v1/chat/completions`.

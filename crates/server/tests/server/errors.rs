@@ -146,6 +146,20 @@ fn bad_requests_are_openai_shaped() {
     )
     .error(400);
     assert_eq!(e["param"], "response_format", "{e}");
+    // A message's image, or a tool call in the history, is refused where
+    // it stands, never dropped; a participant's `name` is a label.
+    let image = json!([{"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]);
+    let e = chat(json!({"messages": [{"role": "user", "content": image}]})).error(400);
+    assert_eq!(e["param"], "messages[0].content[1]", "{e}");
+    let call =
+        json!([{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]);
+    let history = json!([{"role": "user", "content": "hi"},
+        {"role": "assistant", "content": null, "tool_calls": call}]);
+    let e = chat(json!({"messages": history})).error(400);
+    assert_eq!(e["param"], "messages[1].tool_calls", "{e}");
+    let named = json!([{"role": "user", "content": "hi", "name": "ada"}]);
+    assert_eq!(chat(json!({"messages": named})).status, 200);
 }
 
 #[test]

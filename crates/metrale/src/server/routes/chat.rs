@@ -72,6 +72,9 @@ pub async fn handler(
             "messages must not be empty",
         ));
     }
+    for (i, m) in request.messages.iter().enumerate() {
+        crate::server::fields::check_message(i, m)?;
+    }
     let n = request.sampling.n()?;
     let messages = request
         .messages
