@@ -4,8 +4,9 @@
 //! request waits behind another's lock).
 //!
 //! Routes: `POST /v1/completions`, `POST /v1/chat/completions` (both
-//! streamed as server-sent events or not), `GET /v1/models`, `GET /health`,
-//! `GET /metrics`. Errors come in OpenAI's JSON shape ([`ApiError`]).
+//! streamed as server-sent events or not), `GET /v1/models`, `POST
+//! /tokenize` and `POST /detokenize` (vLLM's), `GET /health`, `GET
+//! /metrics`. Errors come in OpenAI's JSON shape ([`ApiError`]).
 //!
 //! In the `metrale` package behind its `server` feature (on by default),
 //! so that the one installed binary serves: `metrale serve` runs
@@ -53,6 +54,8 @@ pub fn api_routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/v1/completions", post(routes::completions::handler))
         .route("/v1/chat/completions", post(routes::chat::handler))
         .route("/v1/models", get(routes::models))
+        .route("/tokenize", post(routes::tokens::tokenize))
+        .route("/detokenize", post(routes::tokens::detokenize))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             routes::require_key,

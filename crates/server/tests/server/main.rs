@@ -10,3 +10,4 @@ mod generation;
 mod hostile;
 mod load;
 mod openai_client;
+mod tokens;

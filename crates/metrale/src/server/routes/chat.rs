@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use super::admit;
 use crate::server::admission::Cost;
 use crate::server::error::ApiError;
-use crate::server::openai::{ChatRequest, Content, Sampling, UsageInfo, finish_reason};
+use crate::server::openai::{ChatRequest, Content, Message, Sampling, UsageInfo, finish_reason};
 use crate::server::sse::{Choice, Events, Format, TokenLogprob};
 use crate::server::state::{AppState, off_the_workers, unix_now};
 
@@ -72,15 +72,8 @@ pub async fn handler(
             "messages must not be empty",
         ));
     }
-    for (i, m) in request.messages.iter().enumerate() {
-        crate::server::fields::check_message(i, m)?;
-    }
     let n = request.sampling.n()?;
-    let messages = request
-        .messages
-        .iter()
-        .map(|m| ChatMessage::new(m.role.as_str(), text_of(m.content.as_ref())))
-        .collect::<Vec<_>>();
+    let messages = messages_of(&request.messages)?;
     // Before rendering: the messages' bytes from the shared budget, and
     // what the request's shape alone already costs.
     let bytes = messages
@@ -143,7 +136,7 @@ pub async fn handler(
 /// control tokens, a special token typed inside a message is tokenized as
 /// text ([`encode_chat`]). A rendering longer than the context could hold
 /// is refused before it is tokenized.
-fn render(state: &AppState, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+pub(super) fn render(state: &AppState, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
     let template = state
         .template
         .as_ref()
@@ -154,6 +147,20 @@ fn render(state: &AppState, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiErr
 }
 
 /// A message's text: its string, or its text parts joined.
+/// The request's messages as the template takes them, each checked
+/// ([`check_message`](crate::server::fields::check_message)).
+pub(super) fn messages_of(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        crate::server::fields::check_message(i, m)?;
+        out.push(ChatMessage::new(
+            m.role.as_str(),
+            text_of(m.content.as_ref()),
+        ));
+    }
+    Ok(out)
+}
+
 fn text_of(content: Option<&Content>) -> String {
     match content {
         None => String::new(),

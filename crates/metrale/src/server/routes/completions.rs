@@ -138,7 +138,7 @@ pub async fn handler(
     }
 }
 
-fn encode(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
+pub(super) fn encode(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
     state
         .tokenizer()
         .encode(text, true)

@@ -2,6 +2,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod tokens;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
