@@ -19,7 +19,7 @@ const BLOCKING_THREADS: usize = 8;
     name = "metrale serve",
     bin_name = "metrale serve",
     version,
-    about = "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)"
+    about = "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics)"
 )]
 struct Args {
     /// Model: a directory (config.json, *.safetensors, tokenizer.json), a
