@@ -127,7 +127,6 @@ fn rule(route: Route, name: &str) -> Option<Rule> {
         {
             refuse(is_empty, TEMPLATE)
         }
-        "add_generation_prompt" if route == Route::Chat => refuse(is_true, TEMPLATE),
         "continue_final_message" if route == Route::Chat => refuse(is_false, TEMPLATE),
         "echo" if route == Route::Chat => refuse(is_false, "the prompt is never repeated"),
         "reasoning_effort" | "web_search_options" | "audio" if route == Route::Chat => {
@@ -209,7 +208,6 @@ mod tests {
             json!({"logit_bias": {"50256": -100}}),
             json!({"min_tokens": 4}),
             json!({"chat_template_kwargs": {"enable_thinking": false}}),
-            json!({"add_generation_prompt": false}),
             json!({"store": true}),
             json!({"modalities": ["text", "audio"]}),
         ] {
@@ -221,7 +219,7 @@ mod tests {
             json!({"response_format": {"type": "text"}}),
             json!({"logit_bias": {}, "min_tokens": 0, "store": false, "echo": false}),
             json!({"response_format": null, "metadata": {"a": "b"}, "service_tier": "auto"}),
-            json!({"add_generation_prompt": true, "modalities": ["text"]}),
+            json!({"modalities": ["text"]}),
             json!({"x_gateway_trace": "abc"}),
         ] {
             chat(fine.clone()).unwrap_or_else(|e| panic!("{fine}: {e}"));

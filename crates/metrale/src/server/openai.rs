@@ -263,6 +263,9 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     pub functions: Option<Value>,
     pub function_call: Option<Value>,
+    /// vLLM's: whether the template opens the assistant's turn (default
+    /// true; false renders the conversation as it stands).
+    pub add_generation_prompt: Option<bool>,
     /// Every field not declared above ([`fields::check`](crate::server::fields::check)).
     #[serde(flatten)]
     pub extra: serde_json::Map<String, Value>,

@@ -35,6 +35,22 @@ fn tokenize_gives_the_ids_the_routes_run() {
     )
     .json();
     assert_eq!(c["usage"]["prompt_tokens"], t["count"], "{t} {c}");
+    // Without the assistant's opening: the conversation as it stands, a
+    // prefix of the ids with it.
+    let closed = tokenize(json!({"messages": messages, "add_generation_prompt": false}));
+    let (open_ids, closed_ids) = (
+        t["tokens"].as_array().unwrap(),
+        closed["tokens"].as_array().unwrap(),
+    );
+    assert!(closed_ids.len() < open_ids.len(), "{closed} {t}");
+    assert_eq!(open_ids[..closed_ids.len()], closed_ids[..], "{closed} {t}");
+    let c2 = post(
+        server.addr,
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 1, "add_generation_prompt": false}),
+    )
+    .json();
+    assert_eq!(c2["usage"]["prompt_tokens"], closed["count"], "{c2}");
     // Back to text.
     let d = post(server.addr, "/detokenize", &json!({"tokens": ids})).json();
     assert!(

@@ -93,7 +93,8 @@ pub async fn handler(
     })?;
     let prompt = {
         let state = state.clone();
-        off_the_workers(move || render(&state, &messages)).await?
+        let open = request.add_generation_prompt.unwrap_or(true);
+        off_the_workers(move || render(&state, &messages, open)).await?
     };
     let sampling = &request.sampling;
     let defaults = state.handle.defaults();
@@ -132,18 +133,29 @@ pub async fn handler(
 }
 
 /// The conversation rendered by the model's chat template, ready for the
-/// assistant's reply, and tokenized: the template's own text keeps its
+/// assistant's reply (`add_generation_prompt`; else as it stands), and
+/// tokenized: the template's own text keeps its
 /// control tokens, a special token typed inside a message is tokenized as
 /// text ([`encode_chat`]). A rendering longer than the context could hold
 /// is refused before it is tokenized.
-pub(super) fn render(state: &AppState, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+pub(super) fn render(
+    state: &AppState,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>, ApiError> {
     let template = state
         .template
         .as_ref()
         .map_err(|e| ApiError::bad(format!("the model has no usable chat template: {e}")))?;
     let most = max_rendered_bytes(state.context_limit);
-    encode_chat(template, state.tokenizer(), messages, true, most)
-        .map_err(|e| ApiError::bad_param("messages", format!("rendering the conversation: {e:#}")))
+    encode_chat(
+        template,
+        state.tokenizer(),
+        messages,
+        add_generation_prompt,
+        most,
+    )
+    .map_err(|e| ApiError::bad_param("messages", format!("rendering the conversation: {e:#}")))
 }
 
 /// A message's text: its string, or its text parts joined.

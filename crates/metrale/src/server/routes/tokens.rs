@@ -27,6 +27,8 @@ pub struct TokenizeRequest {
     /// as `/v1/completions` encodes. A conversation's special tokens are
     /// its template's.
     add_special_tokens: Option<bool>,
+    /// For messages (default true): the template opens the assistant's turn.
+    add_generation_prompt: Option<bool>,
     /// Each id's text beside it (`token_strs`).
     #[serde(default)]
     return_token_strs: bool,
@@ -75,7 +77,8 @@ pub async fn tokenize(
                     ));
                 }
                 let messages = super::chat::messages_of(&messages)?;
-                off_the_workers(move || super::chat::render(&state, &messages)).await?
+                let open = request.add_generation_prompt.unwrap_or(true);
+                off_the_workers(move || super::chat::render(&state, &messages, open)).await?
             }
             _ => {
                 return Err(ApiError::bad(
