@@ -282,12 +282,18 @@ impl Tokenizer {
     /// tokenizer cannot decode (past its vocabulary, or a hole) is an
     /// error.
     pub fn token_text(&self, id: u32) -> Result<String> {
-        if id as usize >= self.vocab_size || self.holes.binary_search(&id).is_ok() {
+        if !self.can_decode(id) {
             return Err(EngineError::Tokenizer(format!(
                 "token id {id} is not in the vocabulary"
             )));
         }
         self.decode(&[id])
+    }
+
+    /// Whether `id` is one the tokenizer can decode: below its vocabulary
+    /// size and not a hole in it.
+    pub fn can_decode(&self, id: u32) -> bool {
+        (id as usize) < self.vocab_size && self.holes.binary_search(&id).is_err()
     }
 
     /// The ids that end generation (see the module docs for their sources).

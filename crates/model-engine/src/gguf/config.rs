@@ -61,8 +61,8 @@ fn set(c: &mut Map<String, Value>, key: &str, v: Value) {
 const EXPERT_BYTES: u64 = 4;
 
 /// Granite's scales: the GGUF key (under the architecture) and the
-/// `config.json` key.
-const GRANITE_SCALES: [(&str, &str); 4] = [
+/// `config.json` key (the export writes them from the same table).
+pub(crate) const GRANITE_SCALES: [(&str, &str); 4] = [
     ("attention.scale", "attention_multiplier"),
     ("embedding_scale", "embedding_multiplier"),
     ("residual_scale", "residual_multiplier"),

@@ -15,7 +15,7 @@
 //!   by gen_quantized.py there), in llama-quantize's order, with the
 //!   metadata keys it changed.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use metrale_model_engine::gguf::export::{QuantizeOptions, quantize};
 use metrale_model_weights::gguf::mix::FileType;
@@ -43,6 +43,26 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// A scratch copy of fixture `model` as llama.cpp's converter reads it:
+/// its weights and generation/tokenizer configs, the shared byte-level BPE
+/// tokenizer.json the converter accepts, and `config` as its config.json.
+pub(crate) fn fixture_for_export(model: &str, dir: &Path, config: &Path) {
+    let f = fixtures();
+    for n in [
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(f.join(model).join(n), dir.join(n)).unwrap();
+    }
+    std::fs::copy(
+        f.join("gguf-bf16/tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::copy(config, dir.join("config.json")).unwrap();
+}
+
 /// The directory llama.cpp's converter read for `model`.
 fn converter_input(model: &str, test: &str) -> PathBuf {
     let f = fixtures();
@@ -66,25 +86,13 @@ fn converter_input(model: &str, test: &str) -> PathBuf {
         std::fs::write(dir.join("config.json"), text).unwrap();
         return dir;
     }
-    for n in [
-        "model.safetensors",
-        "generation_config.json",
-        "tokenizer_config.json",
-    ] {
-        std::fs::copy(f.join(model).join(n), dir.join(n)).unwrap();
-    }
-    std::fs::copy(
-        f.join("gguf-bf16/tokenizer.json"),
-        dir.join("tokenizer.json"),
-    )
-    .unwrap();
     let special = f.join(format!("gguf-bf16/configs/{model}.json"));
     let config = if special.exists() {
         special
     } else {
         f.join(model).join("config.json")
     };
-    std::fs::copy(config, dir.join("config.json")).unwrap();
+    fixture_for_export(model, &dir, &config);
     dir
 }
 

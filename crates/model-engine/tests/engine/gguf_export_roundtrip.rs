@@ -54,24 +54,12 @@ fn converter_input(model: &str, test: &str) -> PathBuf {
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let f = common::fixture("");
-    for n in [
-        "model.safetensors",
-        "generation_config.json",
-        "tokenizer_config.json",
-        "config.json",
-    ] {
-        std::fs::copy(f.join(model).join(n), dir.join(n)).unwrap();
-    }
-    if model == "nemotron_h" {
-        let config = f.join("gguf-bf16/configs/nemotron_h.json");
-        std::fs::copy(config, dir.join("config.json")).unwrap();
-    }
-    std::fs::copy(
-        f.join("gguf-bf16/tokenizer.json"),
-        dir.join("tokenizer.json"),
-    )
-    .unwrap();
+    let config = if model == "nemotron_h" {
+        common::fixture("gguf-bf16/configs/nemotron_h.json")
+    } else {
+        common::fixture(model).join("config.json")
+    };
+    super::gguf_export::fixture_for_export(model, &dir, &config);
     dir
 }
 

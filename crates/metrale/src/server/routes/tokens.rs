@@ -112,7 +112,7 @@ pub async fn detokenize(
     state.check_model(request.model.as_deref())?;
     fields::check(Route::Completions, &request.extra)?;
     let tokenizer = state.tokenizer();
-    if let Some(bad) = (request.tokens.iter()).find(|&&id| tokenizer.token_text(id).is_err()) {
+    if let Some(bad) = (request.tokens.iter()).find(|&&id| !tokenizer.can_decode(id)) {
         return Err(ApiError::bad_param(
             "tokens",
             format!("token id {bad} is not in the vocabulary"),

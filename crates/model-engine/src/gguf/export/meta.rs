@@ -392,12 +392,7 @@ fn granite_hybrid(
     };
     text_model(m, &base)?;
     llama_tail(m, &base, file_type)?;
-    for (key, hf) in [
-        ("attention.scale", "attention_multiplier"),
-        ("embedding_scale", "embedding_multiplier"),
-        ("residual_scale", "residual_multiplier"),
-        ("logit_scale", "logits_scaling"),
-    ] {
+    for (key, hf) in crate::gguf::config::GRANITE_SCALES {
         // Python truthiness: a zero multiplier is not written.
         if let Some(v) = hp.get(hf).and_then(Value::as_f64).filter(|v| *v != 0.0) {
             m.put(key, f32v(v));
