@@ -94,7 +94,7 @@ impl CpuBackend {
         if let Some(w) = quant {
             let team = (m > 1 || w.bytes() >= GEMV_SERIAL_ELEMENTS).then(|| self.team());
             let mut scratch = self.quant_scratch.lock();
-            return super::quant::quant_matmul(team, xs, w, o, m, &mut scratch);
+            return super::quant::quant_matmul(team, xs, w, o, m, &mut scratch, self.int8_tiles());
         }
         // Small ones run on the calling thread alone, without the team.
         if let Some(w) = self.bf16_operand(ws, n, k)? {

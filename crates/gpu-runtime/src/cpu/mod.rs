@@ -5,6 +5,8 @@
 //! and [`CpuBackend::write`], the one place host pointers are made from device
 //! addresses; they check that the range lies inside a live allocation first.
 
+#[cfg(target_arch = "x86_64")]
+mod amx_os;
 mod attention;
 mod dense;
 mod elementwise;

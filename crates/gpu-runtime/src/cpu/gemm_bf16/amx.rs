@@ -15,15 +15,13 @@
 //! instruction, whatever `m`. So a row's sums are bitwise the same alone or
 //! among others (the tests check it on this hardware).
 //!
-//! The tile registers are per thread state the kernel must ask Linux for
-//! (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, once per process) and configure per
-//! thread ([`Tiles`]); the compiler never uses them, so they hold their
-//! values between `asm!` blocks.
+//! What the CPU and OS grant, and the per-thread tile configuration, are
+//! `cpu/amx_os.rs`'s.
 
 use std::arch::asm;
-use std::sync::OnceLock;
 
 use super::{Lookahead, NR};
+use crate::cpu::amx_os;
 
 /// Rows of a tile, and pairs of `k` per tile (64 bytes a row).
 pub(super) const TILE: usize = 16;
@@ -34,100 +32,19 @@ const PANEL_STRIDE: usize = NR * 4;
 /// Bytes of one chunk of a panel: `TILE` pairs of its `NR` columns.
 const CHUNK_BYTES: usize = TILE * PANEL_STRIDE;
 
-/// Whether this CPU and OS run AMX-BF16 tiles for this process: CPUID's
-/// AMX-TILE and AMX-BF16, the OS's tile state enabled in XCR0, and Linux
-/// granting the process the tile data (asked once, here).
+/// Whether this CPU and OS run AMX-BF16 tiles for this process.
 pub(super) fn available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(detect)
+    amx_os::available(amx_os::Unit::Bf16)
 }
 
-fn detect() -> bool {
-    use std::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv};
-    // CPUID.1:ECX.OSXSAVE (bit 27): XGETBV is usable.
-    if __cpuid(1).ecx & (1 << 27) == 0 || __cpuid(0).eax < 7 {
-        return false;
-    }
-    let edx = __cpuid_count(7, 0).edx;
-    let (amx_bf16, amx_tile) = (edx & (1 << 22) != 0, edx & (1 << 24) != 0);
-    if !(amx_bf16 && amx_tile) {
-        return false;
-    }
-    // SAFETY: OSXSAVE is set (checked above), so XGETBV runs.
-    let xcr0 = unsafe { _xgetbv(0) };
-    const XTILE: u64 = (1 << 17) | (1 << 18); // XTILECFG, XTILEDATA
-    if xcr0 & XTILE != XTILE {
-        return false;
-    }
-    let granted = request_tile_data();
-    if !granted {
-        // A thread's signal stack too small for the tile state (ENOSPC), or
-        // a kernel without AMX support: the other kernels serve.
-        tracing::info!(
-            "the CPU has AMX tiles but the OS did not grant them; bf16 matmuls use AVX-512"
-        );
-    }
-    granted
-}
-
-/// Asks Linux for the tile data state (`ARCH_REQ_XCOMP_PERM`), then reads
-/// the permission back (`ARCH_GET_XCOMP_PERM`).
-#[cfg(target_os = "linux")]
-fn request_tile_data() -> bool {
-    const ARCH_GET_XCOMP_PERM: libc::c_long = 0x1022;
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: `arch_prctl` with these codes takes a feature number, or a
-    // pointer to a u64 it writes; `perm` outlives the call.
-    unsafe {
-        if libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        ) != 0
-        {
-            return false;
-        }
-        let mut perm: u64 = 0;
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_GET_XCOMP_PERM,
-            &mut perm as *mut u64,
-        ) == 0
-            && perm & (1 << XFEATURE_XTILEDATA) != 0
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn request_tile_data() -> bool {
-    false
-}
-
-/// The 64-byte tile configuration (palette 1): eight tiles of 64-byte
-/// rows; the weight tiles (6, 7) of 16 rows, the activation (4, 5) and
-/// output tiles (0-3) of `rows`.
-#[repr(C, align(64))]
-struct Config([u8; 64]);
-
-impl Config {
-    fn new(rows: u8) -> Config {
-        let mut c = [0u8; 64];
-        c[0] = 1; // palette
-        for t in 0..8 {
-            c[16 + 2 * t] = 64; // bytes per row (u16, little-endian)
-            c[48 + t] = if t >= 6 { TILE as u8 } else { rows };
-        }
-        Config(c)
-    }
-}
-
-/// This thread's tile registers, configured for [`tile`] while alive and
-/// released (back to their initial state, which context switches then
-/// need not save) when dropped.
+/// This thread's tile registers, configured for [`tile`]: the weight
+/// tiles (6, 7) of 16 rows, the activation (4, 5) and output tiles (0-3)
+/// of `rows`, all of 64-byte rows.
 pub(super) struct Tiles {
     /// Rows of the activation and output tiles (16, or fewer for a product
     /// of fewer rows).
     rows: usize,
+    _tiles: amx_os::Tiles,
 }
 
 impl Tiles {
@@ -141,18 +58,17 @@ impl Tiles {
     /// [`available`] must have returned true.
     pub(super) unsafe fn configure(m: usize) -> Tiles {
         let rows = m.clamp(1, TILE);
-        let config = Config::new(rows as u8);
-        // SAFETY: AMX is available and permitted (the caller's contract);
-        // `config` is a valid 64-byte palette-1 configuration.
-        unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack)) };
-        Tiles { rows }
-    }
-}
-
-impl Drop for Tiles {
-    fn drop(&mut self) {
-        // SAFETY: tiles were configured by `configure`, so AMX is available.
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        let shapes = std::array::from_fn(|t| {
+            let r = if t >= 6 { TILE } else { rows };
+            (r as u8, 64)
+        });
+        // SAFETY: AMX-BF16 is available (the caller's contract); every
+        // shape is at most 16 rows of 64 bytes.
+        let tiles = unsafe { amx_os::Tiles::configure(&amx_os::Config::new(shapes)) };
+        Tiles {
+            rows,
+            _tiles: tiles,
+        }
     }
 }
 

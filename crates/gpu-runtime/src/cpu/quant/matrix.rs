@@ -106,6 +106,18 @@ impl<'a> QuantMatrix<'a> {
         self.grouped
     }
 
+    /// Bytes between rows of the row-major layout.
+    pub(super) fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// Rows `j0..j0 + count` as one run of row-major blocks; None when
+    /// grouped.
+    pub(super) fn row_run(&self, j0: usize, count: usize) -> Option<&'a [u8]> {
+        let rb = self.row_bytes;
+        (!self.grouped).then(|| &self.data[j0 * rb..(j0 + count) * rb])
+    }
+
     /// Group `g`'s bytes (rows `G·g..`) and its row count, in the grouped
     /// layout.
     pub(super) fn group(&self, g: usize) -> (&'a [u8], usize) {

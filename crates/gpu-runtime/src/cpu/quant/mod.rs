@@ -36,6 +36,8 @@ mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod steps;
 #[cfg(target_arch = "x86_64")]
+mod tiles_q8;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod zmm;
@@ -365,13 +367,27 @@ pub(crate) fn quant_matmul(
     out: &mut [f32],
     m: usize,
     scratch: &mut QuantScratch,
+    tiles: bool,
 ) -> Result<()> {
-    quant_matmul_with(QuantIsa::detect(), team, x, w, out, m, scratch)
+    quant_matmul_with(QuantIsa::detect(), tiles, team, x, w, out, m, scratch)
 }
 
-/// [`quant_matmul`] with a chosen ISA (one of [`QuantIsa::available`]).
+/// Whether this CPU and OS run the AMX-INT8 tiles that [`quant_matmul`]
+/// takes for Q8_0 weights where allowed (`tiles_q8.rs`): the same bits as
+/// the other kernels, faster.
+pub fn int8_tiles_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return tiles_q8::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// [`quant_matmul`] with a chosen ISA (one of [`QuantIsa::available`]),
+/// and AMX-INT8 tiles allowed or not (used where the CPU has them).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn quant_matmul_with(
     isa: QuantIsa,
+    tiles: bool,
     team: Option<&Team>,
     x: &[f32],
     w: QuantMatrix<'_>,
@@ -426,15 +442,33 @@ pub(crate) fn quant_matmul_with(
         &many
     };
     let threads = team.map_or(1, Team::threads);
+    // Q8_0 on AMX-INT8 tiles, 32 weight rows a panel: the rows past the
+    // last whole panel take the paths below.
+    #[cfg(target_arch = "x86_64")]
+    let n_tiled = if tiles_q8::takes(isa, tiles, &w, m) {
+        tiles_q8::matmul(team, w, acts, out)
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let n_tiled = {
+        let _ = tiles;
+        0
+    };
+    if n_tiled == n {
+        return Ok(());
+    }
     // A few rows (batched decode) where a kernel takes several weight and
     // activation rows at once (`steps.rs`).
     #[cfg(target_arch = "x86_64")]
-    if steps::takes(isa, &w, m) {
+    if n_tiled == 0 && steps::takes(isa, &w, m) {
         steps::matmul_steps(isa, team, w, acts, out);
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
-    let n_packed = if isa == QuantIsa::Vnni
+    let n_packed = if n_tiled > 0 {
+        n_tiled
+    } else if isa == QuantIsa::Vnni
         && matches!(ty, GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q8_0)
         && m >= PACKED_MIN_ROWS
     {
@@ -443,10 +477,10 @@ pub(crate) fn quant_matmul_with(
         0
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let n_packed = 0;
+    let n_packed = n_tiled;
     let tile = (ACT_TILE_BYTES / k.max(1)).max(MAX_ROWS) / MAX_ROWS * MAX_ROWS;
     #[cfg(target_arch = "x86_64")]
-    if n_packed > 0 {
+    if n_packed > 0 && n_tiled == 0 {
         let groups = n_packed / packed::NR;
         // Compute-bound: eight shares a thread whatever the matrix's size,
         // so that a thread held up (the host's other work, a slower core)
@@ -600,6 +634,14 @@ impl super::CpuBackend {
         m: usize,
         scratch: &mut QuantScratch,
     ) -> Result<()> {
-        quant_matmul(Some(self.team()), x, w, out, m, scratch)
+        quant_matmul(Some(self.team()), x, w, out, m, scratch, self.int8_tiles())
+    }
+
+    /// Whether Q8_0 products may take AMX-INT8 tiles: unless a bf16 kernel
+    /// other than AMX was asked for ([`Self::with_bf16_kernel`]: the
+    /// `METRALE_CPU_KERNEL` switch, which so turns AMX off throughout).
+    /// The bits are the same either way; only the speed differs.
+    pub fn int8_tiles(&self) -> bool {
+        self.bf16_kernel.is_none_or(|k| k == super::Bf16Kernel::Amx) && int8_tiles_available()
     }
 }

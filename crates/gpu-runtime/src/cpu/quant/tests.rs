@@ -274,7 +274,7 @@ fn decode_rows_give_the_portable_bits() {
             for isa in QuantIsa::available() {
                 for team in [None, Some(&team)] {
                     let mut out = vec![0f32; n];
-                    quant_matmul_with(isa, team, &x, wm, &mut out, 1, &mut s).unwrap();
+                    quant_matmul_with(isa, false, team, &x, wm, &mut out, 1, &mut s).unwrap();
                     let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
                     assert_eq!(got, want, "{ty} k={k} {isa:?} team {}", team.is_some());
                 }
@@ -339,10 +339,10 @@ fn rows_do_not_depend_on_m_or_threads() {
         let x = values(m * k, 13);
         let mut s = QuantScratch::new();
         let mut all = vec![0f32; m * n];
-        quant_matmul(Some(&team), &x, wm, &mut all, m, &mut s).unwrap();
+        quant_matmul(Some(&team), &x, wm, &mut all, m, &mut s, true).unwrap();
         for i in 0..m {
             let mut one = vec![0f32; n];
-            quant_matmul(None, &x[i * k..(i + 1) * k], wm, &mut one, 1, &mut s).unwrap();
+            quant_matmul(None, &x[i * k..(i + 1) * k], wm, &mut one, 1, &mut s, true).unwrap();
             let a: Vec<u32> = all[i * n..(i + 1) * n]
                 .iter()
                 .map(|v| v.to_bits())
@@ -352,7 +352,7 @@ fn rows_do_not_depend_on_m_or_threads() {
         }
         for isa in QuantIsa::available() {
             let mut one = vec![0f32; m * n];
-            quant_matmul_with(isa, Some(&team), &x, wm, &mut one, m, &mut s).unwrap();
+            quant_matmul_with(isa, false, Some(&team), &x, wm, &mut one, m, &mut s).unwrap();
             assert_eq!(one, all, "{ty} {isa:?}");
         }
     }
@@ -375,10 +375,10 @@ fn tiled_prefill_rows_match_single_rows() {
         let x = values(m * k, 17);
         let mut s = QuantScratch::new();
         let mut all = vec![0f32; m * n];
-        quant_matmul(Some(&team), &x, wm, &mut all, m, &mut s).unwrap();
+        quant_matmul(Some(&team), &x, wm, &mut all, m, &mut s, true).unwrap();
         for i in 0..m {
             let mut one = vec![0f32; n];
-            quant_matmul(None, &x[i * k..(i + 1) * k], wm, &mut one, 1, &mut s).unwrap();
+            quant_matmul(None, &x[i * k..(i + 1) * k], wm, &mut one, 1, &mut s, true).unwrap();
             let a: Vec<u32> = all[i * n..(i + 1) * n]
                 .iter()
                 .map(|v| v.to_bits())
@@ -386,6 +386,39 @@ fn tiled_prefill_rows_match_single_rows() {
             let b: Vec<u32> = one.iter().map(|v| v.to_bits()).collect();
             assert_eq!(a, b, "{ty} row {i}");
         }
+    }
+}
+
+/// Q8_0 on AMX-INT8 tiles (`tiles_q8.rs`): two panels of 32 weight rows
+/// and five rows left to the other paths, an odd block count (the two tile
+/// sets alternate, the four accumulators ragged), activation rows from the
+/// fewest the tiles take to three groups and a ragged one: every product
+/// the bits of the tiles-off path, and of the one-row product.
+#[test]
+fn q8_0_tiles_give_the_row_bits() {
+    if !int8_tiles_available() {
+        eprintln!(
+            "q8_0_tiles_give_the_row_bits: this CPU or OS has no AMX-INT8; the tiles are untested here"
+        );
+        return;
+    }
+    let team = Team::new(3);
+    let (ty, n, k) = (GgmlType::Q8_0, 69, 32 * 37);
+    let w = weights(ty, n, k, 23);
+    let wm = QuantMatrix::new(ty, &w, n, k).unwrap();
+    let mut s = QuantScratch::new();
+    for m in [4, 5, 16, 17, 33, 64, 70] {
+        let x = values(m * k, 29 + m as u64);
+        let (mut tiled, mut plain) = (vec![0f32; m * n], vec![0f32; m * n]);
+        let isa = QuantIsa::Vnni;
+        quant_matmul_with(isa, true, Some(&team), &x, wm, &mut tiled, m, &mut s).unwrap();
+        quant_matmul_with(isa, false, Some(&team), &x, wm, &mut plain, m, &mut s).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&tiled), bits(&plain), "m = {m}");
+        let i = m - 1;
+        let mut one = vec![0f32; n];
+        quant_matmul(None, &x[i * k..(i + 1) * k], wm, &mut one, 1, &mut s, false).unwrap();
+        assert_eq!(bits(&tiled[i * n..]), bits(&one), "m = {m}, last row alone");
     }
 }
 
@@ -399,10 +432,10 @@ fn bad_shapes_are_errors() {
     let wm = QuantMatrix::new(GgmlType::Q8_0, &w, 2, 32).unwrap();
     let mut out = vec![0f32; 1];
     let mut s = QuantScratch::new();
-    assert!(quant_matmul(None, &[0.0; 32], wm, &mut out, 1, &mut s).is_err());
+    assert!(quant_matmul(None, &[0.0; 32], wm, &mut out, 1, &mut s, true).is_err());
     let mut out = vec![0f32; 2];
-    assert!(quant_matmul(None, &[0.0; 31], wm, &mut out, 1, &mut s).is_err());
-    assert!(quant_matmul(None, &[1.0; 32], wm, &mut out, 1, &mut s).is_ok());
+    assert!(quant_matmul(None, &[0.0; 31], wm, &mut out, 1, &mut s, true).is_err());
+    assert!(quant_matmul(None, &[1.0; 32], wm, &mut out, 1, &mut s, true).is_ok());
 }
 
 proptest::proptest! {
@@ -468,8 +501,8 @@ fn grouped_matrices_give_the_row_major_bits() {
                 for isa in QuantIsa::available() {
                     for team in [None, Some(&team)] {
                         let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
-                        quant_matmul_with(isa, team, &x, rm, &mut want, m, &mut s).unwrap();
-                        quant_matmul_with(isa, team, &x, gm, &mut got, m, &mut s).unwrap();
+                        quant_matmul_with(isa, false, team, &x, rm, &mut want, m, &mut s).unwrap();
+                        quant_matmul_with(isa, false, team, &x, gm, &mut got, m, &mut s).unwrap();
                         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                         assert_eq!(bits(&got), bits(&want), "{ty} n={n} m={m} {isa:?}");
                     }
