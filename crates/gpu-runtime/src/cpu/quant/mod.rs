@@ -23,10 +23,12 @@
 //! and for `DType::QuantGroups`: matrices of the K-quants that
 //! `pack_matmul_weight` regrouped at load ([`group_rows`]) where this CPU
 //! has decode kernels for a whole group (`zmm.rs`), four rows read as one
-//! stream with one fold and one f32 term for the four. Q8_0 steps of a few
-//! rows (batched decode) take `steps.rs`. Every other path
-//! gathers a grouped matrix's rows back (a row's bytes per weight row and
-//! activation tile), so the products are the same bits either way.
+//! stream with one fold and one f32 term for the four. Where the CPU has
+//! AMX-INT8, Q8_0, Q4_K and Q6_K products of 8 or more activation rows
+//! take its tiles (`tiles/`); elsewhere Q8_0 steps of a few rows (batched
+//! decode) take `steps.rs`. Every other path gathers a grouped matrix's
+//! rows back (a row's bytes per weight row and activation tile), so the
+//! products are the same bits either way.
 
 mod act;
 mod matrix;
@@ -36,7 +38,7 @@ mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod steps;
 #[cfg(target_arch = "x86_64")]
-mod tiles_q8;
+mod tiles;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
@@ -373,11 +375,11 @@ pub(crate) fn quant_matmul(
 }
 
 /// Whether this CPU and OS run the AMX-INT8 tiles that [`quant_matmul`]
-/// takes for Q8_0 weights where allowed (`tiles_q8.rs`): the same bits as
-/// the other kernels, faster.
+/// takes for Q8_0, Q4_K and Q6_K weights and 8 or more activation rows
+/// where allowed (`tiles/`): the same bits as the other kernels, faster.
 pub fn int8_tiles_available() -> bool {
     #[cfg(target_arch = "x86_64")]
-    return tiles_q8::available();
+    return tiles::available();
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
@@ -442,11 +444,11 @@ pub(crate) fn quant_matmul_with(
         &many
     };
     let threads = team.map_or(1, Team::threads);
-    // Q8_0 on AMX-INT8 tiles, 32 weight rows a panel: the rows past the
-    // last whole panel take the paths below.
+    // Q8_0, Q4_K and Q6_K on AMX-INT8 tiles, 32 weight rows a panel: the
+    // rows past the last whole panel take the paths below.
     #[cfg(target_arch = "x86_64")]
-    let n_tiled = if tiles_q8::takes(isa, tiles, &w, m) {
-        tiles_q8::matmul(team, w, acts, out)
+    let n_tiled = if tiles::takes(isa, tiles, &w, m) {
+        tiles::matmul(team, w, acts, out)
     } else {
         0
     };

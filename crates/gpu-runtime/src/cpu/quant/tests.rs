@@ -389,36 +389,54 @@ fn tiled_prefill_rows_match_single_rows() {
     }
 }
 
-/// Q8_0 on AMX-INT8 tiles (`tiles_q8.rs`): two panels of 32 weight rows
-/// and five rows left to the other paths, an odd block count (the two tile
-/// sets alternate, the four accumulators ragged), activation rows from the
-/// fewest the tiles take to three groups and a ragged one: every product
-/// the bits of the tiles-off path, and of the one-row product.
+/// Q8_0, Q4_K and Q6_K on AMX-INT8 tiles (`tiles/`): two panels of 32
+/// weight rows and five rows left to the other paths; 5 super-blocks (a
+/// ragged slice of the K-quants' unpacking; 40 Q8_0 blocks) and 37 Q8_0
+/// blocks (the tile sets and accumulators ragged); the K-quants also
+/// grouped as at load; activation rows from the fewest the tiles take to
+/// three groups and a ragged one: every product the bits of the
+/// tiles-off path, and of the one-row product.
 #[test]
-fn q8_0_tiles_give_the_row_bits() {
+fn tiles_give_the_row_bits() {
     if !int8_tiles_available() {
         eprintln!(
-            "q8_0_tiles_give_the_row_bits: this CPU or OS has no AMX-INT8; the tiles are untested here"
+            "tiles_give_the_row_bits: this CPU or OS has no AMX-INT8; the tiles are untested here"
         );
         return;
     }
     let team = Team::new(3);
-    let (ty, n, k) = (GgmlType::Q8_0, 69, 32 * 37);
-    let w = weights(ty, n, k, 23);
-    let wm = QuantMatrix::new(ty, &w, n, k).unwrap();
-    let mut s = QuantScratch::new();
-    for m in [4, 5, 16, 17, 33, 64, 70] {
-        let x = values(m * k, 29 + m as u64);
-        let (mut tiled, mut plain) = (vec![0f32; m * n], vec![0f32; m * n]);
-        let isa = QuantIsa::Vnni;
-        quant_matmul_with(isa, true, Some(&team), &x, wm, &mut tiled, m, &mut s).unwrap();
-        quant_matmul_with(isa, false, Some(&team), &x, wm, &mut plain, m, &mut s).unwrap();
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&tiled), bits(&plain), "m = {m}");
-        let i = m - 1;
-        let mut one = vec![0f32; n];
-        quant_matmul(None, &x[i * k..(i + 1) * k], wm, &mut one, 1, &mut s, false).unwrap();
-        assert_eq!(bits(&tiled[i * n..]), bits(&one), "m = {m}, last row alone");
+    let n = 69;
+    let cases = [
+        (GgmlType::Q8_0, 32 * 37, false),
+        (GgmlType::Q8_0, 256 * 5, false),
+        (GgmlType::Q4K, 256 * 5, false),
+        (GgmlType::Q4K, 256 * 5, true),
+        (GgmlType::Q6K, 256 * 5, false),
+        (GgmlType::Q6K, 256 * 5, true),
+    ];
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for (ty, k, grouped) in cases {
+        let mut w = weights(ty, n, k, 23);
+        let wm = if grouped {
+            group_rows(ty, &mut w, n, k).unwrap();
+            QuantMatrix::grouped(ty, &w, n, k).unwrap()
+        } else {
+            QuantMatrix::new(ty, &w, n, k).unwrap()
+        };
+        let mut s = QuantScratch::new();
+        for m in [8, 16, 17, 33, 64, 70] {
+            let x = values(m * k, 29 + m as u64);
+            let (mut tiled, mut plain) = (vec![0f32; m * n], vec![0f32; m * n]);
+            let isa = QuantIsa::Vnni;
+            quant_matmul_with(isa, true, Some(&team), &x, wm, &mut tiled, m, &mut s).unwrap();
+            quant_matmul_with(isa, false, Some(&team), &x, wm, &mut plain, m, &mut s).unwrap();
+            let case = format!("{ty} k = {k}, grouped {grouped}, m = {m}");
+            assert_eq!(bits(&tiled), bits(&plain), "{case}");
+            let i = m - 1;
+            let mut one = vec![0f32; n];
+            quant_matmul(None, &x[i * k..(i + 1) * k], wm, &mut one, 1, &mut s, false).unwrap();
+            assert_eq!(bits(&tiled[i * n..]), bits(&one), "{case}, last row alone");
+        }
     }
 }
 

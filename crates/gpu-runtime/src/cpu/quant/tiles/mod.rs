@@ -1,0 +1,322 @@
+//! Products of several activation rows (prefill, batched decode steps)
+//! on Intel AMX-INT8 tiles (`tdpbssd`, Sapphire Rapids and later), for
+//! Q8_0 (`q8_0.rs`), Q4_K and Q6_K (`k_quants.rs`) weights.
+//!
+//! The weights are the A tiles: 16 weight rows' sub-block of 32 (or 16)
+//! signed quants, 16 rows of 32 (16) bytes. Q8_0's are loaded in place,
+//! out of the file's blocks; the K-quants' are unpacked per call, a slice
+//! of a panel at a time, into a buffer that stays in L1. The activations
+//! are the B tile, regrouped once per call into the layout the instruction
+//! wants (row `c` of a sub-block: quants `4c..4c + 4` of 16 activation
+//! rows side by side); they are few beside the weights. One `tdpbssd`
+//! makes a sub-block's 16 × 16 integer sums, exact in i32.
+//!
+//! The scales then follow `scalar.rs` to the bit, one weight row per
+//! register with the activation rows in its lanes: a row's result is the
+//! same bits as on every other path, whatever `m`. That per-sub-block
+//! work, not the tiles, bounds the kernels. The sums reach the vector
+//! registers through memory (`tilestored`), and a vector load that meets a
+//! tile store still in flight waits for it to retire: read one sub-block
+//! at a time after its store, each was a round trip (45 multiply-adds a
+//! cycle). So a chunk of sub-blocks' sums is stored while the previous
+//! chunk's, stored a chunk earlier, is read, two buffers taking turns.
+
+use std::arch::asm;
+
+use metrale_core::GgmlType;
+
+use super::act::ActRow;
+use super::matrix::QuantMatrix;
+use super::{QuantIsa, run_tasks};
+use crate::cpu::amx_os;
+use crate::cpu::team::Team;
+
+mod k_quants;
+mod q8_0;
+
+/// Weight rows per panel: two A tiles.
+const WR: usize = 32;
+/// Activation rows per B tile: its 16 i32 columns.
+const AR: usize = 16;
+
+/// Fewest activation rows the tiles take for weights of type `ty` (a
+/// tile of 16 holds fewer as zeros, and the K-quants are unpacked per
+/// call). `examples/quant_rows`, 2 threads, 1024x4096 and 3072x768,
+/// against the other kernels: Q8_0 4 rows 0.60-0.71x, 6 rows 1.08x, 8 rows
+/// 1.16-1.47x, 16 rows 2.1-2.6x; Q4_K 8 rows 0.89x, 10 rows 1.16x, 16 rows
+/// 1.77x; Q6_K 12 rows 0.99-1.17x, 14 rows 1.19x, 16 rows 1.35-1.55x; at
+/// 512 rows (prefill) 1.05-1.38x.
+fn min_rows(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q8_0 => 8,
+        GgmlType::Q4K => 10,
+        _ => 14,
+    }
+}
+
+/// Whether this CPU and OS run AMX-INT8 tiles for this process.
+pub(crate) fn available() -> bool {
+    amx_os::available(amx_os::Unit::Int8)
+}
+
+/// Whether [`matmul`] takes `m` activation rows of `w`: Q8_0 in GGUF's
+/// row layout, Q4_K or Q6_K in either layout, at least one panel of rows,
+/// tiles allowed and available.
+pub(super) fn takes(isa: QuantIsa, tiles: bool, w: &QuantMatrix<'_>, m: usize) -> bool {
+    let format = match w.ty() {
+        GgmlType::Q8_0 => !w.is_grouped(),
+        GgmlType::Q4K | GgmlType::Q6K => true,
+        _ => false,
+    };
+    tiles
+        && format
+        && isa == QuantIsa::Vnni
+        && w.rows() >= WR
+        && m >= min_rows(w.ty())
+        && available()
+}
+
+/// `out[i * n + j] = dot(acts[i], w[j])` for the weight rows `j < n / WR
+/// · WR`, which it returns; the rest are the caller's. The bits of
+/// `scalar.rs`.
+///
+/// `w` and the rows as [`takes`] says; every activation row quantized as
+/// `w`'s type wants and as long as a weight row, `out` at least
+/// `acts.len() · n` floats (`quant_matmul_with` checks both).
+pub(super) fn matmul(
+    team: Option<&Team>,
+    w: QuantMatrix<'_>,
+    acts: &[ActRow<'_>],
+    out: &mut [f32],
+) -> usize {
+    if w.ty() == GgmlType::Q8_0 {
+        q8_0::matmul(team, w, acts, out)
+    } else {
+        k_quants::matmul(team, w, acts, out)
+    }
+}
+
+/// Panels per task: prefill is compute-bound, eight shares a thread, so
+/// that a thread held up leaves the others little to wait for; a step
+/// streams its weights, shares of 1 MiB or more, as `quant_matmul_with`'s.
+fn share(team: Option<&Team>, w: &QuantMatrix<'_>, m: usize) -> usize {
+    let threads = team.map_or(1, Team::threads);
+    let per_thread = if m > 64 {
+        8
+    } else {
+        (w.bytes() >> 20).clamp(1, 8)
+    };
+    (w.rows() / WR).div_ceil(threads * per_thread).max(1)
+}
+
+/// The tile shapes for sub-blocks of `kb` quants: sums 0-3 of 16 rows of
+/// 16 i32 (two sets of two), weights 4 and 5 of 16 rows of `kb` quants,
+/// activations 6 of `kb / 4` rows of 64 bytes.
+fn config(kb: usize) -> amx_os::Config {
+    let (sums, weights, acts) = ((16, 64), (16, kb as u16), ((kb / 4) as u8, 64));
+    amx_os::Config::new([sums, sums, sums, sums, weights, weights, acts, (0, 0)])
+}
+
+/// Integer sums as stored: per sub-block of a chunk, weight rows `0..WR`
+/// of 16 activation rows each (two tiles).
+#[repr(C, align(64))]
+struct Sums<const N: usize>([[[i32; AR]; WR]; N]);
+
+impl<const N: usize> Sums<N> {
+    /// Two buffers, zeroed, on the heap.
+    fn pair() -> Box<[Sums<N>; 2]> {
+        Box::new([Sums([[[0; AR]; WR]; N]), Sums([[[0; AR]; WR]; N])])
+    }
+}
+
+/// Sub-blocks `0..count` of a chunk into `out`, each one's products
+/// issued before the previous one's are stored, the two tile sets
+/// alternating. `at(u)` is sub-block `u`'s weights (16 rows `stride`
+/// bytes apart, the second 16 from `second`) and its B tile.
+///
+/// # Safety
+/// The tiles hold [`config`] for the sub-blocks' width, and every `at(u)`
+/// is readable as [`products`] says.
+#[inline(always)]
+unsafe fn chunk_sums<const N: usize>(
+    count: usize,
+    at: impl Fn(usize) -> Operands,
+    out: &mut Sums<N>,
+) {
+    for u in 0..count {
+        // SAFETY: the caller's contract.
+        unsafe { products(at(u), u % 2) };
+        if u > 0 {
+            // SAFETY: as above; `out.0[u - 1]` is 32 rows of 64 bytes.
+            unsafe { store((u - 1) % 2, &mut out.0[u - 1]) };
+        }
+    }
+    if count > 0 {
+        // SAFETY: as above.
+        unsafe { store((count - 1) % 2, &mut out.0[count - 1]) };
+    }
+}
+
+/// Where one sub-block's tiles load from.
+#[derive(Clone, Copy)]
+struct Operands {
+    /// Weight rows 0-15, `stride` bytes apart, and rows 16-31.
+    first: *const u8,
+    second: *const u8,
+    stride: usize,
+    /// The B tile: rows of 64 bytes, contiguous.
+    acts: *const i8,
+}
+
+/// A sub-block's products into tile set `set` (tiles 0, 1 or 2, 3): the
+/// panel's two halves of 16 weight rows times the group's B tile.
+///
+/// # Safety
+/// The tiles hold [`config`] for the sub-block's width; 16 rows of that
+/// width `stride` apart from `first` and from `second`, and the B tile,
+/// are readable.
+#[inline(always)]
+unsafe fn products(at: Operands, set: usize) {
+    let Operands {
+        first,
+        second,
+        stride,
+        acts,
+    } = at;
+    // SAFETY: the caller's contract.
+    unsafe {
+        if set == 0 {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tileloadd tmm4, [{wa} + {rb} * 1]",
+                "tileloadd tmm5, [{wb} + {rb} * 1]",
+                "tileloadd tmm6, [{bt} + {s} * 1]",
+                "tdpbssd tmm0, tmm4, tmm6",
+                "tdpbssd tmm1, tmm5, tmm6",
+                wa = in(reg) first, wb = in(reg) second, rb = in(reg) stride,
+                bt = in(reg) acts, s = in(reg) 64usize,
+                options(nostack, readonly)
+            );
+        } else {
+            asm!(
+                "tilezero tmm2",
+                "tilezero tmm3",
+                "tileloadd tmm4, [{wa} + {rb} * 1]",
+                "tileloadd tmm5, [{wb} + {rb} * 1]",
+                "tileloadd tmm6, [{bt} + {s} * 1]",
+                "tdpbssd tmm2, tmm4, tmm6",
+                "tdpbssd tmm3, tmm5, tmm6",
+                wa = in(reg) first, wb = in(reg) second, rb = in(reg) stride,
+                bt = in(reg) acts, s = in(reg) 64usize,
+                options(nostack, readonly)
+            );
+        }
+    }
+}
+
+/// Tile set `set`'s sums into `out` (weight rows 0-15 from tile 0 or 2,
+/// 16-31 from 1 or 3).
+///
+/// # Safety
+/// The tiles hold a [`config`].
+#[inline(always)]
+unsafe fn store(set: usize, out: &mut [[i32; AR]; WR]) {
+    let o = out.as_mut_ptr().cast::<u8>();
+    // SAFETY: `out` is 32 rows of 64 bytes; each tile stores 16 of them.
+    unsafe {
+        if set == 0 {
+            asm!(
+                "tilestored [{o} + {s} * 1], tmm0",
+                "tilestored [{o} + {s} * 1 + 1024], tmm1",
+                o = in(reg) o, s = in(reg) 64usize,
+                options(nostack)
+            );
+        } else {
+            asm!(
+                "tilestored [{o} + {s} * 1], tmm2",
+                "tilestored [{o} + {s} * 1 + 1024], tmm3",
+                o = in(reg) o, s = in(reg) 64usize,
+                options(nostack)
+            );
+        }
+    }
+}
+
+/// The activation rows as B tiles of `kb`-wide sub-blocks, and their
+/// scales: per group of `AR` rows (the last padded with zero quants),
+/// sub-block `s`'s tile at `q[s * kb * AR..]`, its row `c` at `c * 64`
+/// holding row `t`'s quants `4c..4c + 4` at `4t`; then `scales(rows, f,
+/// i)` fills the group's `fn_` f32 and `in_` i32 words (zeroed first).
+/// The groups spread over the team: alone, a 512-row prompt's regrouping
+/// was a tenth of the product's time.
+fn regroup(
+    team: Option<&Team>,
+    acts: &[ActRow<'_>],
+    kb: usize,
+    q: &mut Vec<i8>,
+    (f, fn_): (&mut Vec<f32>, usize),
+    (i, in_): (&mut Vec<i32>, usize),
+    scales: &FillScales<'_>,
+) {
+    let (groups, k) = (
+        acts.len().div_ceil(AR),
+        acts.first().map_or(0, |a| a.qs.len()),
+    );
+    let qn = k * AR;
+    q.resize(groups * qn, 0);
+    f.resize(groups * fn_, 0.0);
+    i.resize(groups * in_, 0);
+    let dst = GroupsOut(q.as_mut_ptr(), f.as_mut_ptr(), i.as_mut_ptr());
+    let run = |g: usize| {
+        // SAFETY: group `g`'s ranges are inside the arrays (sized above),
+        // and task `g` alone writes them.
+        let (qg, fg, ig) = unsafe { dst.group(g, qn, fn_, in_) };
+        qg.fill(0);
+        fg.fill(0.0);
+        ig.fill(0);
+        let rows = &acts[g * AR..(g * AR + AR).min(acts.len())];
+        for (t, a) in rows.iter().enumerate() {
+            for (s, sub) in a.qs.chunks_exact(kb).enumerate() {
+                let tile = &mut qg[s * kb * AR..(s + 1) * kb * AR];
+                for (c, four) in sub.chunks_exact(4).enumerate() {
+                    tile[c * 64 + 4 * t..c * 64 + 4 * t + 4].copy_from_slice(four);
+                }
+            }
+        }
+        scales(rows, fg, ig);
+    };
+    run_tasks(team.filter(|_| groups > 1), groups, &run);
+}
+
+/// What [`regroup`] calls per group: its rows, its f32 and i32 words.
+type FillScales<'a> = dyn Fn(&[ActRow<'_>], &mut [f32], &mut [i32]) + Sync + 'a;
+
+/// One group's quants, f32 and i32 words, as [`regroup`]'s tasks write them.
+type GroupSlices<'a> = (&'a mut [i8], &'a mut [f32], &'a mut [i32]);
+
+/// Where [`regroup`]'s tasks write: disjoint groups of the arrays.
+#[derive(Clone, Copy)]
+struct GroupsOut(*mut i8, *mut f32, *mut i32);
+// SAFETY: each task writes its own group's ranges only (see `regroup`).
+unsafe impl Send for GroupsOut {}
+unsafe impl Sync for GroupsOut {}
+
+impl GroupsOut {
+    /// Group `g`'s ranges: `qn` quants, `fn_` and `in_` words.
+    ///
+    /// # Safety
+    /// They must lie inside the arrays, and no other live reference may
+    /// touch them.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn group(&self, g: usize, qn: usize, fn_: usize, in_: usize) -> GroupSlices<'_> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.0.add(g * qn), qn),
+                std::slice::from_raw_parts_mut(self.1.add(g * fn_), fn_),
+                std::slice::from_raw_parts_mut(self.2.add(g * in_), in_),
+            )
+        }
+    }
+}
