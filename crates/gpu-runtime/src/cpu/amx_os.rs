@@ -1,7 +1,7 @@
 //! What Intel AMX (Advanced Matrix Extensions) this CPU and OS give the
 //! process, and the per-thread tile configuration every AMX kernel loads.
-//! Shared by the bf16 GEMM (`gemm_bf16/amx.rs`, `tdpbf16ps`) and the Q8_0
-//! products (`quant/tiles_q8.rs`, `tdpbssd`).
+//! Shared by the bf16 GEMM (`gemm_bf16/amx.rs`, `tdpbf16ps`) and the
+//! quantized products (`quant/tiles/`, `tdpbssd`).
 //!
 //! The tile registers are per thread state the kernels must ask Linux for
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, once per process) and configure per

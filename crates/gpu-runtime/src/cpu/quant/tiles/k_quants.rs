@@ -1,14 +1,26 @@
 //! Q4_K and Q6_K on the tiles: super-blocks of 256 quants in sub-blocks
 //! of 32 (Q4_K: eight, 6-bit scales and mins) or 16 (Q6_K: sixteen, i8
-//! scales). Per call, a slice of a panel's rows is unpacked to one byte a
-//! quant in the A tiles' layout (Q4_K's 0..15; Q6_K's `q − 32`, signed, so
-//! no offset term), the integer scales beside. The sub-blocks' sums are
-//! scaled and added in i32 (exact in any order), and each super-block's
-//! term is made in f32 as `scalar.rs` makes it, into one accumulator per
-//! row in block order: Q4_K `(d_a · d)·isum − (d_a · dmin)·imin` with
-//! `imin = Σ_j min_j · Σ a` from the activations' sums, Q6_K `(d_a ·
-//! d)·isum`.
+//! scales).
+//!
+//! A super-block's integer sum `isum = Σ_j sc_j · Σ_{i in j} q_i·a_i` is
+//! taken by the tiles whole, the sub-block scales folded into the
+//! weights: each scale is split into base-8 digits (Q4_K's `0..64` into
+//! two in `0..8`; Q6_K's `-128..128` into three in `-3..=4`), and pass `p`
+//! multiplies `q_i · digit_p(sc_j)` (at most 105, or -128..=124 for Q6_K's
+//! `q − 32`: bytes) by the activations over all 256 quants, four
+//! `tdpbssd` of 64. `isum = Σ_p 8^p · sum_p`, exact in i32. So a
+//! super-block stores two or three tiles of sums per 16 weight rows, where
+//! one tile per sub-block took eight or sixteen, and the vector work is a
+//! few shifts and adds per row, not a multiply per sub-block.
+//!
+//! Per call, a slice of a panel's rows is unpacked into the passes'
+//! quants (one `vpshufb` of a digit's table per 32 quants); each
+//! super-block's term is then made in f32 as `scalar.rs` makes it, into
+//! one accumulator per row in block order: Q4_K `(d_a · d)·isum − (d_a ·
+//! dmin)·imin` with `imin = Σ_j min_j · Σ a` from the activations' sums,
+//! Q6_K `(d_a · d)·isum`.
 
+use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -18,15 +30,12 @@ use super::super::act::ActRow;
 use super::super::matrix::QuantMatrix;
 use super::super::run_tasks;
 use super::super::scalar::{f16_at, scales_mins_k4};
-use super::{AR, Operands, Sums, WR, chunk_sums, config, regroup, share};
+use super::{AR, WR, regroup, share};
 use crate::cpu::amx_os;
 use crate::cpu::team::{OutPtr, Team};
 
-/// Sub-blocks whose sums are stored before the integer work reads them.
-const CHUNK: usize = 4;
-/// Super-blocks of a panel unpacked at a time: 32 rows of 2 × 256 quants,
-/// 16 KiB, beside the two 8 KiB buffers of sums in L1.
-const SLICE: usize = 2;
+/// Most passes (Q6_K's three digits).
+const PASSES: usize = 3;
 
 /// What differs between the two formats.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -36,17 +45,12 @@ enum Format {
 }
 
 impl Format {
-    /// Quants per sub-block.
-    fn width(self) -> usize {
+    /// Digits of a sub-block scale: tile passes per super-block.
+    fn passes(self) -> usize {
         match self {
-            Format::Q4K => 32,
-            Format::Q6K => 16,
+            Format::Q4K => 2,
+            Format::Q6K => 3,
         }
-    }
-
-    /// Sub-blocks per super-block.
-    fn subs(self) -> usize {
-        256 / self.width()
     }
 
     /// Bytes of a super-block.
@@ -58,15 +62,15 @@ impl Format {
     }
 }
 
-/// A slice of a panel, unpacked: per super-block `s` of the slice,
-/// sub-block `j` and row `r`, the quants at `((s · subs + j) · WR + r) ·
-/// width` and the scale at `(s · subs + j) · WR + r`; per super-block and
-/// row, `d` and (Q4_K) `dmin`, and the mins as i16 pairs `(min_2p,
-/// min_2p+1)` at `(s · 4 + p) · WR + r`.
+/// One super-block of a panel's rows, unpacked: per pass `p` and row `r`,
+/// the 256 quants times their sub-blocks' digit `p` at `(p · WR + r) ·
+/// 256`; per row `d` and (Q4_K) `dmin`, and the mins as i16 pairs
+/// `(min_2p, min_2p+1)` at `p · WR + r`. A pass of 32 rows is 8 KiB: the
+/// super-block stays in L1 while every group's tiles pass it (two
+/// super-blocks at a time, 48 KiB, were read from L2 at half the speed).
 #[derive(Default)]
 struct Unpacked {
     quants: Vec<i8>,
-    scales: Vec<i32>,
     mins: Vec<i32>,
     d: Vec<f32>,
     dmin: Vec<f32>,
@@ -75,6 +79,11 @@ struct Unpacked {
 /// Per weight row of a panel, its accumulator (activation rows in the
 /// lanes).
 type Acc = [__m512; WR];
+
+/// One super-block's sums as stored: per pass, per half of the panel, 16
+/// weight rows of 16 activation rows.
+#[repr(C, align(64))]
+struct BlockSums([[[[i32; AR]; 16]; 2]; PASSES]);
 
 thread_local! {
     /// The activations regrouped for the B tiles (quants; per super-block
@@ -86,6 +95,12 @@ thread_local! {
     /// layout, and its accumulators per group, per pool thread.
     static PANEL: RefCell<(Unpacked, Vec<u8>, Vec<Acc>)> =
         RefCell::new((Unpacked::default(), Vec::new(), Vec::new()));
+}
+
+/// The tile shapes: sums 0-5 (two halves of up to three passes), weights
+/// 6 and activations 7, all 16 rows of 64 bytes.
+fn config() -> amx_os::Config {
+    amx_os::Config::new([(16, 64); 8])
 }
 
 /// [`super::matmul`] for Q4_K and Q6_K weights, either layout.
@@ -121,7 +136,7 @@ pub(super) fn matmul(
         regroup(
             team,
             acts,
-            f.width(),
+            64,
             q,
             (fw, nsb * AR),
             (iw, nsb * pair_words),
@@ -131,9 +146,12 @@ pub(super) fn matmul(
         let run = |t: usize| {
             let (p0, p1) = (t * share, ((t + 1) * share).min(panels));
             // SAFETY: `takes` found AMX-INT8 available; `config`'s shapes
-            // are within 16 rows of 64 bytes.
-            let _tiles = unsafe { amx_os::Tiles::configure(&config(f.width())) };
-            let mut sums = Sums::<CHUNK>::pair();
+            // are 16 rows of 64 bytes.
+            let _tiles = unsafe { amx_os::Tiles::configure(&config()) };
+            let mut sums = Box::new([
+                BlockSums([[[[0; AR]; 16]; 2]; PASSES]),
+                BlockSums([[[[0; AR]; 16]; 2]; PASSES]),
+            ]);
             PANEL.with_borrow_mut(|(un, gathered, accs)| {
                 for p in p0..p1 {
                     let j0 = p * WR;
@@ -141,21 +159,18 @@ pub(super) fn matmul(
                     accs.clear();
                     // SAFETY: all-zero bits are f32 zeros.
                     accs.resize(groups, unsafe { std::mem::zeroed() });
-                    for s0 in (0..nsb).step_by(SLICE) {
-                        let s1 = (s0 + SLICE).min(nsb);
-                        unpack(f, &rows, (s0, s1), un);
-                        for (g, acc) in accs.iter_mut().enumerate() {
-                            let group = Group {
-                                bq: &q[g * nsb * 256 * AR..][s0 * 256 * AR..],
-                                da: &fw[g * nsb * AR..][s0 * AR..],
-                                pairs: &iw[g * nsb * pair_words..][s0 * pair_words..],
-                            };
-                            // SAFETY: this thread's tiles hold the format's
-                            // config; `un` holds the slice's s1 - s0
-                            // super-blocks, `group` as many of every
-                            // array; `takes` means VNNI, so AVX-512 F/BW.
-                            unsafe { superblocks(f, un, group, s1 - s0, acc, &mut sums) };
-                        }
+                    for sb in 0..nsb {
+                        // SAFETY: `takes` means VNNI, so AVX2.
+                        unsafe { unpack(f, &rows, sb, un) };
+                        let group = |g: usize| Group {
+                            bq: &q[(g * nsb + sb) * 256 * AR..][..256 * AR],
+                            da: &fw[(g * nsb + sb) * AR..][..AR],
+                            pairs: &iw[(g * nsb + sb) * pair_words..][..pair_words],
+                        };
+                        // SAFETY: this thread's tiles hold `config`; `un`
+                        // holds the super-block, `group(g)` its share of
+                        // every array; AVX-512 F/BW (VNNI).
+                        unsafe { groups_pass(f, un, groups, &group, accs, &mut sums) };
                     }
                     for (g, acc) in accs.iter().enumerate() {
                         let mut v = [[0f32; AR]; WR];
@@ -179,92 +194,141 @@ pub(super) fn matmul(
     panels * WR
 }
 
-/// Super-blocks `s0..s1` of the panel's rows into `un` (see [`Unpacked`]).
-fn unpack(f: Format, rows: &[&[u8]; WR], (s0, s1): (usize, usize), un: &mut Unpacked) {
-    let (ns, subs) = (s1 - s0, f.subs());
-    un.quants.resize(ns * 256 * WR, 0);
-    un.scales.resize(ns * subs * WR, 0);
-    un.d.resize(ns * WR, 0.0);
+/// Base-8 digits of a Q6_K scale, each in `-3..=4` (so that `(q − 32) ·
+/// digit` is a byte): `sc = d0 + 8·d1 + 64·d2`.
+fn digits_q6_k(sc: i32) -> [i32; 3] {
+    let d0 = (sc + 3).rem_euclid(8) - 3;
+    let r1 = (sc - d0) / 8;
+    let d1 = (r1 + 3).rem_euclid(8) - 3;
+    [d0, d1, (r1 - d1) / 8]
+}
+
+/// `vpshufb` tables: row `i` maps `x` in `0..16` to `x · (lo + i)` (or,
+/// with `high`, `y` in `0..4` to `(16y − 32) · (lo + i)`: Q6_K's two high
+/// bits and its offset), as bytes.
+const fn tables(lo: i32, high: bool) -> [[i8; 16]; 8] {
+    let mut t = [[0i8; 16]; 8];
+    let mut i = 0;
+    while i < 8 {
+        let mut x = 0;
+        while x < 16 {
+            let v = if high {
+                (16 * x - 32) * (lo + i as i32)
+            } else {
+                x * (lo + i as i32)
+            };
+            if !high || x < 4 {
+                t[i][x as usize] = v as i8;
+            }
+            x += 1;
+        }
+        i += 1;
+    }
+    t
+}
+
+/// Q4_K's quants times a digit in `0..8`.
+const TIMES_Q4: [[i8; 16]; 8] = tables(0, false);
+/// Q6_K's low four bits, and its high two less the offset, times a digit
+/// in `-3..=4` (row `digit + 3`).
+const TIMES_Q6_LOW: [[i8; 16]; 8] = tables(-3, false);
+const TIMES_Q6_HIGH: [[i8; 16]; 8] = tables(-3, true);
+
+/// Two tables as the two lanes of a `vpshufb` (`lo` the low lane).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn lanes(lo: &[i8; 16], hi: &[i8; 16]) -> __m256i {
+    // SAFETY: 16 bytes each; AVX2 (the caller's contract).
+    unsafe { _mm256_loadu2_m128i(hi.as_ptr().cast(), lo.as_ptr().cast()) }
+}
+
+/// Super-block `sb` of the panel's rows into `un` (see [`Unpacked`]).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[target_feature(enable = "avx2")]
+unsafe fn unpack(f: Format, rows: &[&[u8]; WR], sb: usize, un: &mut Unpacked) {
+    un.quants.resize(PASSES * WR * 256, 0);
+    un.d.resize(WR, 0.0);
     if f == Format::Q4K {
-        un.mins.resize(ns * 4 * WR, 0);
-        un.dmin.resize(ns * WR, 0.0);
+        un.mins.resize(4 * WR, 0);
+        un.dmin.resize(WR, 0.0);
     }
     let bb = f.block_bytes();
     for (r, row) in rows.iter().enumerate() {
-        for s in 0..ns {
-            let blk = &row[(s0 + s) * bb..(s0 + s + 1) * bb];
-            let at = (s * subs * WR + r) * f.width();
-            // SAFETY: `blk` is a whole super-block, and sub-block j's
-            // quants of row r, `(j · WR + r) · width` past `at`, are inside
-            // `un.quants` (sized above); `takes` means VNNI, so AVX2.
-            unsafe {
-                match f {
-                    Format::Q4K => unpack_q4_k(blk, un.quants[at..].as_mut_ptr()),
-                    Format::Q6K => unpack_q6_k(blk, un.quants[at..].as_mut_ptr()),
+        let blk = &row[sb * bb..(sb + 1) * bb];
+        let out: [*mut i8; PASSES] =
+            std::array::from_fn(|p| un.quants.as_mut_ptr().wrapping_add((p * WR + r) * 256));
+        match f {
+            Format::Q4K => {
+                let (sc, mn) = scales_mins_k4(blk);
+                // SAFETY: `blk` is a whole super-block; every pass's 256
+                // bytes of row r are inside `un.quants` (sized above); AVX2
+                // (this function's).
+                unsafe { unpack_q4_k(blk, &sc, &out) };
+                for p in 0..4 {
+                    un.mins[p * WR + r] = (mn[2 * p] as i32) | ((mn[2 * p + 1] as i32) << 16);
                 }
+                un.d[r] = f16_at(blk, 0);
+                un.dmin[r] = f16_at(blk, 2);
             }
-            match f {
-                Format::Q4K => {
-                    let (sc, mn) = scales_mins_k4(blk);
-                    for (j, &sc) in sc.iter().enumerate() {
-                        un.scales[(s * 8 + j) * WR + r] = sc as i32;
-                    }
-                    for p in 0..4 {
-                        let pair = (mn[2 * p] as i32) | ((mn[2 * p + 1] as i32) << 16);
-                        un.mins[(s * 4 + p) * WR + r] = pair;
-                    }
-                    un.d[s * WR + r] = f16_at(blk, 0);
-                    un.dmin[s * WR + r] = f16_at(blk, 2);
-                }
-                Format::Q6K => {
-                    for j in 0..16 {
-                        un.scales[(s * 16 + j) * WR + r] = blk[192 + j] as i8 as i32;
-                    }
-                    un.d[s * WR + r] = f16_at(blk, 208);
-                }
+            Format::Q6K => {
+                // SAFETY: as above.
+                unsafe { unpack_q6_k(blk, &out) };
+                un.d[r] = f16_at(blk, 208);
             }
         }
     }
 }
 
-/// A Q4_K super-block's quants, one byte each: sub-block `j` (the low
-/// nibbles of bytes `32·(j/2)..` for even j, the high for odd) to the 32
-/// bytes at `out + j · WR · 32`.
+/// A Q4_K super-block's passes: sub-block `j` (the low nibbles of bytes
+/// `32·(j/2)..` for even j, the high for odd) times `sc_j % 8` to
+/// `out[0] + 32j`, times `sc_j / 8` to `out[1] + 32j`.
 ///
 /// # Safety
-/// `blk` is 144 bytes; the eight destinations are writable; AVX2.
+/// `blk` is 144 bytes; 256 bytes from `out[0]` and `out[1]` are writable;
+/// AVX2.
 #[target_feature(enable = "avx2")]
-unsafe fn unpack_q4_k(blk: &[u8], out: *mut i8) {
+unsafe fn unpack_q4_k(blk: &[u8], sc: &[u8; 8], out: &[*mut i8; PASSES]) {
     assert!(blk.len() >= 144);
     let mask = _mm256_set1_epi8(0x0F);
+    // SAFETY: AVX2 (this function's).
+    let times = |d: u8| unsafe { lanes(&TIMES_Q4[d as usize], &TIMES_Q4[d as usize]) };
     for c in 0..4 {
         // SAFETY: bytes 16 + 32c.. + 32 are inside `blk` (asserted); the
         // stores as the caller's contract says.
         unsafe {
             let v = _mm256_loadu_si256(blk[16 + 32 * c..].as_ptr().cast());
-            let lo = _mm256_and_si256(v, mask);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-            _mm256_storeu_si256(out.add(2 * c * WR * 32).cast(), lo);
-            _mm256_storeu_si256(out.add((2 * c + 1) * WR * 32).cast(), hi);
+            let q = [
+                _mm256_and_si256(v, mask),
+                _mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
+            ];
+            for (h, q) in q.into_iter().enumerate() {
+                let j = 2 * c + h;
+                for (p, out) in out.iter().take(2).enumerate() {
+                    let digit = if p == 0 { sc[j] % 8 } else { sc[j] / 8 };
+                    let v = _mm256_shuffle_epi8(times(digit), q);
+                    _mm256_storeu_si256(out.add(32 * j).cast(), v);
+                }
+            }
         }
     }
 }
 
-/// A Q6_K super-block's quants minus 32, one byte each: element `e =
-/// 128h + 32k + l` (the low nibble of `ql[64h + 32(k % 2) + l]` for k < 2,
-/// else the high; bits 2k, 2k + 1 of `qh[32h + l]` above it) to sub-block
-/// `e / 16`'s 16 bytes at `out + (e / 16) · WR · 16`.
+/// A Q6_K super-block's passes: element `e = 128h + 32k + l` (the low
+/// nibble of `ql[64h + 32(k % 2) + l]` for k < 2, else the high; bits 2k,
+/// 2k + 1 of `qh[32h + l]` above it), minus 32, times digit `p` of its
+/// sub-block's scale (`e / 16`) to `out[p] + e`.
 ///
 /// # Safety
-/// `blk` is 210 bytes; the sixteen destinations are writable; AVX2.
+/// `blk` is 210 bytes; 256 bytes from every `out[p]` are writable; AVX2.
 #[target_feature(enable = "avx2")]
-unsafe fn unpack_q6_k(blk: &[u8], out: *mut i8) {
+unsafe fn unpack_q6_k(blk: &[u8], out: &[*mut i8; PASSES]) {
     assert!(blk.len() >= 210);
-    let (mask4, mask2, bias) = (
-        _mm256_set1_epi8(0x0F),
-        _mm256_set1_epi8(3),
-        _mm256_set1_epi8(32),
-    );
+    let (mask4, mask2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+    let digits: [[i32; 3]; 16] = std::array::from_fn(|j| digits_q6_k(blk[192 + j] as i8 as i32));
     for h in 0..2 {
         // SAFETY: bytes 128 + 32h.. + 32 and 64h.. + 64 are inside `blk`
         // (asserted); the stores as the caller's contract says.
@@ -283,14 +347,19 @@ unsafe fn unpack_q6_k(blk: &[u8], out: *mut i8) {
                     2 => _mm256_srli_epi16(qh, 4),
                     _ => _mm256_srli_epi16(qh, 6),
                 };
-                let hi = _mm256_slli_epi16(_mm256_and_si256(shifted, mask2), 4);
-                let q = _mm256_sub_epi8(_mm256_or_si256(lo, hi), bias);
+                let hi = _mm256_and_si256(shifted, mask2);
+                // Sub-blocks j (lane 0) and j + 1 (lane 1).
                 let j = 8 * h + 2 * k;
-                _mm_storeu_si128(out.add(j * WR * 16).cast(), _mm256_castsi256_si128(q));
-                _mm_storeu_si128(
-                    out.add((j + 1) * WR * 16).cast(),
-                    _mm256_extracti128_si256(q, 1),
-                );
+                for (p, out) in out.iter().enumerate() {
+                    let (d0, d1) = ((digits[j][p] + 3) as usize, (digits[j + 1][p] + 3) as usize);
+                    let low = lanes(&TIMES_Q6_LOW[d0], &TIMES_Q6_LOW[d1]);
+                    let high = lanes(&TIMES_Q6_HIGH[d0], &TIMES_Q6_HIGH[d1]);
+                    let v = _mm256_add_epi8(
+                        _mm256_shuffle_epi8(low, lo),
+                        _mm256_shuffle_epi8(high, hi),
+                    );
+                    _mm256_storeu_si256(out.add(128 * h + 32 * k).cast(), v);
+                }
             }
         }
     }
@@ -305,111 +374,174 @@ struct Group<'a> {
     pairs: &'a [i32],
 }
 
-/// Adds the slice's `ns` super-blocks of one group to `acc`, in block
-/// order.
+/// Adds the unpacked super-block to every group's accumulators: each
+/// group's sums stored while the previous group's, stored a group
+/// earlier, are read (a load meeting a tile store in flight waits for it
+/// to retire).
 ///
 /// # Safety
-/// This thread's tiles hold `config(f.width())`; `un` and `g` hold `ns`
-/// super-blocks; the CPU has AVX-512 F/BW.
+/// This thread's tiles hold [`config`]; `un` holds one super-block, every
+/// `group(g)` its share of the activations; the CPU has AVX-512 F/BW.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn superblocks(
+unsafe fn groups_pass<'a>(
     f: Format,
     un: &Unpacked,
-    g: Group<'_>,
-    ns: usize,
-    acc: &mut Acc,
-    sums: &mut [Sums<CHUNK>; 2],
+    groups: usize,
+    group: &dyn Fn(usize) -> Group<'a>,
+    accs: &mut [Acc],
+    sums: &mut [BlockSums; 2],
 ) {
-    let (width, subs) = (f.width(), f.subs());
-    let per_block = subs / CHUNK;
-    let chunks = ns * per_block;
-    assert!(un.quants.len() >= ns * 256 * WR && g.bq.len() >= ns * 256 * AR);
-    assert!(un.scales.len() >= ns * subs * WR && un.d.len() >= ns * WR && g.da.len() >= ns * AR);
+    assert!(un.quants.len() >= PASSES * WR * 256 && un.d.len() >= WR && accs.len() >= groups);
     if f == Format::Q4K {
-        assert!(un.mins.len() >= ns * 4 * WR && un.dmin.len() >= ns * WR);
-        assert!(g.pairs.len() >= ns * 4 * AR);
+        assert!(un.mins.len() >= 4 * WR && un.dmin.len() >= WR);
     }
-    let (a, b) = (un.quants.as_ptr().cast::<u8>(), g.bq.as_ptr());
-    let at = |c: usize| {
-        move |u: usize| {
-            let sub = c * CHUNK + u;
-            let first = a.wrapping_add(sub * WR * width);
-            Operands {
-                first,
-                second: first.wrapping_add(16 * width),
-                stride: width,
-                acts: b.wrapping_add(sub * width * AR),
+    for g in 0..groups + 1 {
+        if g < groups {
+            let b = group(g).bq;
+            assert!(b.len() >= 256 * AR);
+            // SAFETY: the super-block's passes and the group's B tiles are
+            // inside `un.quants` and `b` (asserted); `sums[g % 2]` is
+            // aligned.
+            unsafe {
+                products(un.quants.as_ptr(), b.as_ptr(), f.passes());
+                store(&mut sums[g % 2], f.passes());
             }
         }
-    };
-    let mut isum = [_mm512_setzero_si512(); WR];
-    // SAFETY (both calls): every chunk's sub-blocks are inside `un` and
-    // `g.bq` (asserted above).
-    unsafe { chunk_sums(CHUNK, at(0), &mut sums[0]) };
-    for c in 0..chunks {
-        if c + 1 < chunks {
-            // SAFETY: as above.
-            unsafe { chunk_sums(CHUNK, at(c + 1), &mut sums[(c + 1) % 2]) };
-        }
-        let s = &sums[c % 2].0;
-        let sc = &un.scales[c * CHUNK * WR..][..CHUNK * WR];
-        for (r, isum) in isum.iter_mut().enumerate() {
-            let mut v = if c % per_block == 0 {
-                _mm512_setzero_si512()
-            } else {
-                *isum
-            };
-            for u in 0..CHUNK {
-                // SAFETY: `s[u][r]` is 16 i32.
-                let sumi = unsafe { _mm512_loadu_si512(s[u][r].as_ptr().cast()) };
-                let scaled = _mm512_mullo_epi32(sumi, _mm512_set1_epi32(sc[u * WR + r]));
-                v = _mm512_add_epi32(v, scaled);
-            }
-            *isum = v;
-        }
-        if (c + 1) % per_block == 0 {
-            // SAFETY: AVX-512 F/BW (this function's); super-block c /
-            // per_block is inside every array (asserted above).
-            unsafe { terms(f, un, g, c / per_block, &isum, acc) };
+        if g > 0 {
+            let prev = group(g - 1);
+            assert!(
+                prev.da.len() >= AR
+                    && prev.pairs.len() >= if f == Format::Q4K { 4 * AR } else { 0 }
+            );
+            // SAFETY: AVX-512 F/BW (this function's); the arrays hold the
+            // super-block (asserted).
+            unsafe { terms(f, un, prev, &sums[(g - 1) % 2], &mut accs[g - 1]) };
         }
     }
 }
 
-/// Super-block `s`'s terms into `acc`, as `scalar::term_k` and
-/// `term_q6_k` make them, lane by lane.
+/// One super-block's sums into tiles `3h + p` (half `h` of the panel, pass
+/// `p`): per 64 quants, the group's B tile (7) times each pass's weights
+/// (6, 16 rows of 64 bytes, 256 bytes apart).
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW; super-block `s` is inside `un`'s and `g`'s
-/// arrays.
+/// The tiles hold [`config`]; `a` holds the super-block's `PASSES` passes
+/// of `WR` rows of 256 bytes, `b` its four B tiles of 1 KiB.
 #[inline(always)]
-unsafe fn terms(
-    f: Format,
-    un: &Unpacked,
-    g: Group<'_>,
-    s: usize,
-    isum: &[__m512i; WR],
-    acc: &mut Acc,
-) {
-    // SAFETY: `g.da[s * AR..]` holds AR = 16 f32, `g.pairs[(s * 4 + p) *
-    // AR..]` 16 i32 (the caller's contract).
+unsafe fn products(a: *const i8, b: *const i8, passes: usize) {
+    // SAFETY (throughout): the caller's contract; tile zeroing touches no
+    // memory.
     unsafe {
-        let da = _mm512_loadu_ps(g.da[s * AR..][..AR].as_ptr());
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "tilezero tmm4",
+            "tilezero tmm5",
+            options(nostack, nomem)
+        );
+        for kc in 0..4 {
+            asm!(
+                "tileloadd tmm7, [{b} + {s} * 1]",
+                b = in(reg) b.wrapping_add(kc * 64 * AR), s = in(reg) 64usize,
+                options(nostack, readonly)
+            );
+            for h in 0..2 {
+                for p in 0..passes {
+                    let w = a.wrapping_add(((p * WR) + 16 * h) * 256 + 64 * kc);
+                    macro_rules! tdp {
+                        ($c:literal) => {
+                            asm!(
+                                "tileloadd tmm6, [{w} + {s} * 1]",
+                                concat!("tdpbssd tmm", $c, ", tmm6, tmm7"),
+                                w = in(reg) w, s = in(reg) 256usize,
+                                options(nostack, readonly)
+                            )
+                        };
+                    }
+                    match 3 * h + p {
+                        0 => tdp!(0),
+                        1 => tdp!(1),
+                        2 => tdp!(2),
+                        3 => tdp!(3),
+                        4 => tdp!(4),
+                        _ => tdp!(5),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Tiles `3h + p` into `out.0[p][h]`.
+///
+/// # Safety
+/// The tiles hold [`config`].
+#[inline(always)]
+unsafe fn store(out: &mut BlockSums, passes: usize) {
+    for p in 0..passes {
+        for h in 0..2 {
+            let o = out.0[p][h].as_mut_ptr().cast::<u8>();
+            macro_rules! st {
+                ($c:literal) => {
+                    asm!(
+                        concat!("tilestored [{o} + {s} * 1], tmm", $c),
+                        o = in(reg) o, s = in(reg) 64usize,
+                        options(nostack)
+                    )
+                };
+            }
+            // SAFETY: `out.0[p][h]` is 16 rows of 64 bytes.
+            unsafe {
+                match 3 * h + p {
+                    0 => st!(0),
+                    1 => st!(1),
+                    2 => st!(2),
+                    3 => st!(3),
+                    4 => st!(4),
+                    _ => st!(5),
+                }
+            }
+        }
+    }
+}
+
+/// The unpacked super-block's terms for one group into `acc`, as
+/// `scalar::term_k` and `term_q6_k` make them, lane by lane, from its
+/// passes' sums.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW; `g.da` holds 16 scales and (Q4_K) `g.pairs`
+/// 64 words.
+#[inline(always)]
+unsafe fn terms(f: Format, un: &Unpacked, g: Group<'_>, sums: &BlockSums, acc: &mut Acc) {
+    // SAFETY: `g.da` holds AR = 16 f32, `g.pairs[p * AR..]` 16 i32, each
+    // `sums.0[p][h][r]` 16 i32 (the caller's contract).
+    unsafe {
+        let da = _mm512_loadu_ps(g.da[..AR].as_ptr());
         let bp: [__m512i; 4] = match f {
-            Format::Q4K => std::array::from_fn(|p| {
-                _mm512_loadu_si512(g.pairs[(s * 4 + p) * AR..][..AR].as_ptr().cast())
-            }),
+            Format::Q4K => {
+                std::array::from_fn(|p| _mm512_loadu_si512(g.pairs[p * AR..][..AR].as_ptr().cast()))
+            }
             Format::Q6K => [_mm512_setzero_si512(); 4],
         };
-        for (r, (acc, &isum)) in acc.iter_mut().zip(isum).enumerate() {
-            let dd = _mm512_mul_ps(da, _mm512_set1_ps(un.d[s * WR + r]));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let sum = |p: usize| _mm512_loadu_si512(sums.0[p][r / 16][r % 16].as_ptr().cast());
+            // isum = Σ_p 8^p · sum_p.
+            let mut isum = _mm512_add_epi32(sum(0), _mm512_slli_epi32(sum(1), 3));
+            if f == Format::Q6K {
+                isum = _mm512_add_epi32(isum, _mm512_slli_epi32(sum(2), 6));
+            }
+            let dd = _mm512_mul_ps(da, _mm512_set1_ps(un.d[r]));
             let mut t = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(isum));
             if f == Format::Q4K {
                 let mut imin = _mm512_setzero_si512();
                 for (p, &bp) in bp.iter().enumerate() {
-                    let mins = _mm512_set1_epi32(un.mins[(s * 4 + p) * WR + r]);
+                    let mins = _mm512_set1_epi32(un.mins[p * WR + r]);
                     imin = _mm512_add_epi32(imin, _mm512_madd_epi16(mins, bp));
                 }
-                let dm = _mm512_mul_ps(da, _mm512_set1_ps(un.dmin[s * WR + r]));
+                let dm = _mm512_mul_ps(da, _mm512_set1_ps(un.dmin[r]));
                 t = _mm512_sub_ps(t, _mm512_mul_ps(dm, _mm512_cvtepi32_ps(imin)));
             }
             *acc = _mm512_add_ps(*acc, t);

@@ -2,24 +2,23 @@
 //! on Intel AMX-INT8 tiles (`tdpbssd`, Sapphire Rapids and later), for
 //! Q8_0 (`q8_0.rs`), Q4_K and Q6_K (`k_quants.rs`) weights.
 //!
-//! The weights are the A tiles: 16 weight rows' sub-block of 32 (or 16)
-//! signed quants, 16 rows of 32 (16) bytes. Q8_0's are loaded in place,
-//! out of the file's blocks; the K-quants' are unpacked per call, a slice
-//! of a panel at a time, into a buffer that stays in L1. The activations
-//! are the B tile, regrouped once per call into the layout the instruction
-//! wants (row `c` of a sub-block: quants `4c..4c + 4` of 16 activation
+//! The weights are the A tiles: 16 weight rows' quants, 16 rows of up to
+//! 64 bytes. Q8_0's are loaded in place, 32 at a time out of the file's
+//! blocks; the K-quants' are unpacked per call, a super-block of a panel
+//! at a time, with their sub-block scales folded in (`k_quants.rs`). The
+//! activations are the B tile, regrouped once per call into the layout
+//! the instruction wants (row `c`: quants `4c..4c + 4` of 16 activation
 //! rows side by side); they are few beside the weights. One `tdpbssd`
-//! makes a sub-block's 16 × 16 integer sums, exact in i32.
+//! makes 16 × 16 integer sums, exact in i32.
 //!
 //! The scales then follow `scalar.rs` to the bit, one weight row per
 //! register with the activation rows in its lanes: a row's result is the
-//! same bits as on every other path, whatever `m`. That per-sub-block
-//! work, not the tiles, bounds the kernels. The sums reach the vector
-//! registers through memory (`tilestored`), and a vector load that meets a
-//! tile store still in flight waits for it to retire: read one sub-block
-//! at a time after its store, each was a round trip (45 multiply-adds a
-//! cycle). So a chunk of sub-blocks' sums is stored while the previous
-//! chunk's, stored a chunk earlier, is read, two buffers taking turns.
+//! same bits as on every other path, whatever `m`. The sums reach the
+//! vector registers through memory (`tilestored`), and a vector load that
+//! meets a tile store still in flight waits for it to retire: read right
+//! after its store, each block was a round trip (45 multiply-adds a
+//! cycle). So one buffer of sums is stored while the other, stored a step
+//! earlier, is read.
 
 use std::arch::asm;
 
@@ -43,14 +42,15 @@ const AR: usize = 16;
 /// tile of 16 holds fewer as zeros, and the K-quants are unpacked per
 /// call). `examples/quant_rows`, 2 threads, 1024x4096 and 3072x768,
 /// against the other kernels: Q8_0 4 rows 0.60-0.71x, 6 rows 1.08x, 8 rows
-/// 1.16-1.47x, 16 rows 2.1-2.6x; Q4_K 8 rows 0.89x, 10 rows 1.16x, 16 rows
-/// 1.77x; Q6_K 12 rows 0.99-1.17x, 14 rows 1.19x, 16 rows 1.35-1.55x; at
-/// 512 rows (prefill) 1.05-1.38x.
+/// 1.16-1.47x, 16 rows 2.1-2.6x; Q4_K 8 rows 1.01x, 10 rows 1.19x, 16 rows
+/// 1.73-1.79x; Q6_K 16 rows 0.93-1.15x, 24 rows 1.08-1.28x, 32 rows
+/// 1.41-1.69x; at 512 rows (prefill) Q8_0 1.2-1.4x, Q4_K 1.0-1.4x, Q6_K
+/// 1.1-1.8x.
 fn min_rows(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q8_0 => 8,
         GgmlType::Q4K => 10,
-        _ => 14,
+        _ => 24,
     }
 }
 
