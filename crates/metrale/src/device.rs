@@ -284,6 +284,13 @@ impl Backend {
         self.cpu.as_ref().and_then(|cpu| cpu.bf16_kernel())
     }
 
+    /// Whether the CPU's products of quantized weights take AMX-INT8 tiles
+    /// for prefill and batched steps (false off the CPU, without AMX, or
+    /// with a bf16 kernel other than AMX forced).
+    pub fn int8_tiles(&self) -> bool {
+        self.cpu.as_ref().is_some_and(|cpu| cpu.int8_tiles())
+    }
+
     /// Per-op call counts and wall times since the last call, largest first
     /// (empty unless [`BackendOptions::op_profile`] was on); None on a
     /// backend that cannot profile its ops.

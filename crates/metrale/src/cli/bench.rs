@@ -298,6 +298,7 @@ pub fn run(mut args: Args) -> Result<()> {
     let device_info = backend.device_info();
     let bf16_dot = backend.bf16_dot_products();
     let bf16_kernel = backend.bf16_kernel();
+    let int8_tiles = backend.int8_tiles();
     let gpu = backend.gpu().clone();
     let prompt_tokens = args
         .shared_prefix
@@ -447,6 +448,7 @@ pub fn run(mut args: Args) -> Result<()> {
             report.cache = cache;
             report.bf16_dot = bf16_dot;
             report.bf16_kernel = bf16_kernel;
+            report.int8_tiles = int8_tiles;
             report.bf16_state = args.dtype.bf16_ssm_state();
             report.compute = compute;
             report.device = backend.device();

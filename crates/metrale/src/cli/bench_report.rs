@@ -83,6 +83,9 @@ pub(super) struct Report {
     pub(super) bf16_dot: bool,
     /// The CPU's bf16 kernel where bf16 arithmetic is on.
     pub(super) bf16_kernel: Option<metrale::Bf16Kernel>,
+    /// Whether quantized weights' prefill and batched steps took AMX-INT8
+    /// tiles.
+    pub(super) int8_tiles: bool,
     /// Whether the recurrent states were held in bf16.
     pub(super) bf16_state: bool,
     /// On a backend with graphs: whether decode graphs were on, and their counters.
@@ -129,6 +132,7 @@ impl Report {
             cache: None,
             bf16_dot: false,
             bf16_kernel: None,
+            int8_tiles: false,
             bf16_state: false,
             graphs: None,
             ops: [
@@ -197,6 +201,19 @@ impl Report {
 
     /// How the recurrent states were held: None for a model without them
     /// (or whose cache sizes are unknown).
+    /// How prefill multiplies quantized weights, for a model of them on the
+    /// CPU (decode's one row takes integer dot products either way).
+    fn quant_kernel(&self) -> Option<&'static str> {
+        let quant = matches!(self.dtype, DType::Quant(_) | DType::QuantGroups(_));
+        (quant && self.device_info.is_none()).then(|| {
+            if self.int8_tiles {
+                "int8 AMX tiles"
+            } else {
+                "int8 dot products"
+            }
+        })
+    }
+
     fn state_dtype(&self) -> Option<&'static str> {
         let has_state = self.cache.is_some_and(|c| c.state_per_seq > 0);
         has_state.then_some(if self.bf16_state { "bf16" } else { "f32" })
@@ -247,6 +264,7 @@ impl Report {
             "weight_dtype": self.dtype.name(),
             "bf16_dot_products": self.bf16_dot,
             "bf16_kernel": self.bf16_kernel.map(|k| k.describe()),
+            "quant_kernel": self.quant_kernel(),
             "ssm_state_dtype": self.state_dtype(),
             "kv_dtype": self.kv_dtype(),
             "threads": self.threads,
@@ -382,7 +400,9 @@ impl Report {
             "run          {}, {threads}batch {}, prompt {} tokens, {} generated; load {:.2} s",
             self.device, self.batch, self.prompt_len, self.gen_len, self.load_s
         ));
-        let math = if let Some(kernel) = self.bf16_kernel {
+        let math = if let Some(kernel) = self.quant_kernel() {
+            kernel
+        } else if let Some(kernel) = self.bf16_kernel {
             kernel.describe()
         } else if self.bf16_dot {
             "bf16 dot products"
@@ -574,6 +594,28 @@ mod tests {
         r.bf16_dot = false;
         r.bf16_kernel = None;
         assert!(r.batch_line().contains("100 GFLOP/s f32 FMA peak"));
+    }
+
+    #[test]
+    fn quantized_weights_name_their_prefill_kernel() {
+        let mut r = report(None, None);
+        assert!(r.text().contains("f32 arithmetic"), "{}", r.text());
+        assert!(r.json()["quant_kernel"].is_null());
+        let q4 = metrale_core::QuantFormat::new(metrale_core::GgmlType::Q4K).unwrap();
+        r.dtype = DType::QuantGroups(q4);
+        assert!(
+            r.text().contains("(int8 dot products arithmetic"),
+            "{}",
+            r.text()
+        );
+        r.int8_tiles = true;
+        r.bf16_kernel = Some(metrale::Bf16Kernel::Amx);
+        assert!(
+            r.text().contains("(int8 AMX tiles arithmetic"),
+            "{}",
+            r.text()
+        );
+        assert_eq!(r.json()["quant_kernel"], "int8 AMX tiles");
     }
 
     #[test]
