@@ -89,7 +89,7 @@ thread_local! {
     /// The activations regrouped for the B tiles (quants; per super-block
     /// the scales, and Q4_K's sums of 32 as i16 pairs), on the calling
     /// thread, reused.
-    static ACTS: RefCell<(Vec<i8>, Vec<f32>, Vec<i32>)> =
+    static ACTS: RefCell<(Vec<u32>, Vec<f32>, Vec<i32>)> =
         const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
     /// A panel's unpacked slice, its rows gathered from the grouped
     /// layout, and its accumulators per group, per pool thread.
@@ -163,7 +163,7 @@ pub(super) fn matmul(
                         // SAFETY: `takes` means VNNI, so AVX2.
                         unsafe { unpack(f, &rows, sb, un) };
                         let group = |g: usize| Group {
-                            bq: &q[(g * nsb + sb) * 256 * AR..][..256 * AR],
+                            bq: &q[(g * nsb + sb) * 64 * AR..][..64 * AR],
                             da: &fw[(g * nsb + sb) * AR..][..AR],
                             pairs: &iw[(g * nsb + sb) * pair_words..][..pair_words],
                         };
@@ -369,7 +369,7 @@ unsafe fn unpack_q6_k(blk: &[u8], out: &[*mut i8; PASSES]) {
 /// scales and (Q4_K) sums of 32 as i16 pairs.
 #[derive(Clone, Copy)]
 struct Group<'a> {
-    bq: &'a [i8],
+    bq: &'a [u32],
     da: &'a [f32],
     pairs: &'a [i32],
 }
@@ -398,12 +398,12 @@ unsafe fn groups_pass<'a>(
     for g in 0..groups + 1 {
         if g < groups {
             let b = group(g).bq;
-            assert!(b.len() >= 256 * AR);
+            assert!(b.len() >= 64 * AR);
             // SAFETY: the super-block's passes and the group's B tiles are
             // inside `un.quants` and `b` (asserted); `sums[g % 2]` is
             // aligned.
             unsafe {
-                products(un.quants.as_ptr(), b.as_ptr(), f.passes());
+                products(un.quants.as_ptr(), b.as_ptr().cast(), f.passes());
                 store(&mut sums[g % 2], f.passes());
             }
         }

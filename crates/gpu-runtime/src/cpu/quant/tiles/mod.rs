@@ -245,16 +245,16 @@ unsafe fn store(set: usize, out: &mut [[i32; AR]; WR]) {
 
 /// The activation rows as B tiles of `kb`-wide sub-blocks, and their
 /// scales: per group of `AR` rows (the last padded with zero quants),
-/// sub-block `s`'s tile at `q[s * kb * AR..]`, its row `c` at `c * 64`
-/// holding row `t`'s quants `4c..4c + 4` at `4t`; then `scales(rows, f,
-/// i)` fills the group's `fn_` f32 and `in_` i32 words (zeroed first).
+/// sub-block `s`'s tile at word `s · kb / 4 · AR` of `q`, its row `c`
+/// holding row `t`'s quants `4c..4c + 4` in word `c · AR + t`; then
+/// `scales(rows, f, i)` fills the group's `fn_` f32 and `in_` i32 words.
 /// The groups spread over the team: alone, a 512-row prompt's regrouping
 /// was a tenth of the product's time.
 fn regroup(
     team: Option<&Team>,
     acts: &[ActRow<'_>],
     kb: usize,
-    q: &mut Vec<i8>,
+    q: &mut Vec<u32>,
     (f, fn_): (&mut Vec<f32>, usize),
     (i, in_): (&mut Vec<i32>, usize),
     scales: &FillScales<'_>,
@@ -263,7 +263,7 @@ fn regroup(
         acts.len().div_ceil(AR),
         acts.first().map_or(0, |a| a.qs.len()),
     );
-    let qn = k * AR;
+    let qn = k / 4 * AR;
     q.resize(groups * qn, 0);
     f.resize(groups * fn_, 0.0);
     i.resize(groups * in_, 0);
@@ -272,15 +272,24 @@ fn regroup(
         // SAFETY: group `g`'s ranges are inside the arrays (sized above),
         // and task `g` alone writes them.
         let (qg, fg, ig) = unsafe { dst.group(g, qn, fn_, in_) };
-        qg.fill(0);
-        fg.fill(0.0);
-        ig.fill(0);
         let rows = &acts[g * AR..(g * AR + AR).min(acts.len())];
+        if rows.len() < AR {
+            // The missing rows' quants and scales as zeros (a full group
+            // writes every word).
+            qg.fill(0);
+            fg.fill(0.0);
+            ig.fill(0);
+        }
         for (t, a) in rows.iter().enumerate() {
             for (s, sub) in a.qs.chunks_exact(kb).enumerate() {
-                let tile = &mut qg[s * kb * AR..(s + 1) * kb * AR];
+                let tile = &mut qg[s * kb / 4 * AR..(s + 1) * kb / 4 * AR];
                 for (c, four) in sub.chunks_exact(4).enumerate() {
-                    tile[c * 64 + 4 * t..c * 64 + 4 * t + 4].copy_from_slice(four);
+                    tile[c * AR + t] = u32::from_le_bytes([
+                        four[0] as u8,
+                        four[1] as u8,
+                        four[2] as u8,
+                        four[3] as u8,
+                    ]);
                 }
             }
         }
@@ -293,11 +302,11 @@ fn regroup(
 type FillScales<'a> = dyn Fn(&[ActRow<'_>], &mut [f32], &mut [i32]) + Sync + 'a;
 
 /// One group's quants, f32 and i32 words, as [`regroup`]'s tasks write them.
-type GroupSlices<'a> = (&'a mut [i8], &'a mut [f32], &'a mut [i32]);
+type GroupSlices<'a> = (&'a mut [u32], &'a mut [f32], &'a mut [i32]);
 
 /// Where [`regroup`]'s tasks write: disjoint groups of the arrays.
 #[derive(Clone, Copy)]
-struct GroupsOut(*mut i8, *mut f32, *mut i32);
+struct GroupsOut(*mut u32, *mut f32, *mut i32);
 // SAFETY: each task writes its own group's ranges only (see `regroup`).
 unsafe impl Send for GroupsOut {}
 unsafe impl Sync for GroupsOut {}

@@ -17,8 +17,8 @@ use super::{AR, Operands, Sums, WR, chunk_sums, config, regroup, share};
 use crate::cpu::amx_os;
 use crate::cpu::team::{OutPtr, Team};
 
-/// Bytes of one block's B tile: 8 rows of `AR` groups of four quants.
-const B_TILE: usize = 32 * AR;
+/// Words of one block's B tile: 8 rows of `AR` groups of four quants.
+const B_TILE: usize = 8 * AR;
 /// Bytes of a Q8_0 block: the f16 scale, then 32 quants.
 const BLOCK: usize = 34;
 /// Blocks whose sums are stored before the f32 work reads them: the four
@@ -37,7 +37,7 @@ type Acc = [[__m512; CHUNK]; WR];
 thread_local! {
     /// The activations regrouped for the B tiles (quants, scales), on the
     /// calling thread, reused.
-    static ACTS: RefCell<(Vec<i8>, Vec<f32>, Vec<i32>)> =
+    static ACTS: RefCell<(Vec<u32>, Vec<f32>, Vec<i32>)> =
         const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
     /// A panel's weight scales as f32, `[block][row]`, and its
     /// accumulators per group, per pool thread.
@@ -147,7 +147,7 @@ struct Panel<'a> {
 #[target_feature(enable = "avx512f")]
 unsafe fn blocks(
     Panel { rows, rb, dw }: Panel<'_>,
-    (bq, da): (&[i8], &[f32]),
+    (bq, da): (&[u32], &[f32]),
     (lo, hi): (usize, usize),
     acc: &mut Acc,
     sums: &mut [Sums<CHUNK>; 2],
@@ -163,7 +163,7 @@ unsafe fn blocks(
                 first,
                 second: first.wrapping_add(16 * rb),
                 stride: rb,
-                acts: bt.wrapping_add((b0 + u) * B_TILE),
+                acts: bt.wrapping_add((b0 + u) * B_TILE).cast(),
             }
         }
     };
