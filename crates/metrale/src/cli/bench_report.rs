@@ -205,13 +205,12 @@ impl Report {
     /// CPU (decode's one row takes integer dot products either way).
     fn quant_kernel(&self) -> Option<&'static str> {
         let quant = matches!(self.dtype, DType::Quant(_) | DType::QuantGroups(_));
-        (quant && self.device_info.is_none()).then(|| {
-            if self.int8_tiles {
-                "int8 AMX tiles"
-            } else {
-                "int8 dot products"
-            }
-        })
+        let kernel = if self.int8_tiles {
+            "int8 AMX tiles"
+        } else {
+            "int8 dot products"
+        };
+        (quant && self.device_info.is_none()).then_some(kernel)
     }
 
     fn state_dtype(&self) -> Option<&'static str> {
