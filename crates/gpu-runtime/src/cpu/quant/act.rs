@@ -293,10 +293,15 @@ pub(super) unsafe fn q8_0_avx512(x: &[f32], qs: &mut [i8]) -> (f32, i32) {
 unsafe fn q8_k_avx512(x: &[f32], qs: &mut [i8], bsums: &mut [i16]) -> f32 {
     use std::arch::x86_64::*;
     assert!(x.len() >= 256 && qs.len() >= 256 && bsums.len() >= 16);
-    // SAFETY: 16 vectors of 16 floats inside `x` (asserted).
-    let v: [__m512; 16] =
-        std::array::from_fn(|i| unsafe { _mm512_loadu_ps(x.as_ptr().add(16 * i)) });
-    let abs: [__m512; 16] = v.map(|vi| _mm512_abs_ps(vi));
+    // Plain index loops: `array::map` and `from_fn` with intrinsics inside
+    // their closures stayed calls (outside this function's features), a
+    // fifth of the quantizing's time.
+    let (mut v, mut abs) = ([_mm512_setzero_ps(); 16], [_mm512_setzero_ps(); 16]);
+    for i in 0..16 {
+        // SAFETY: 16 vectors of 16 floats inside `x` (asserted).
+        v[i] = unsafe { _mm512_loadu_ps(x.as_ptr().add(16 * i)) };
+        abs[i] = _mm512_abs_ps(v[i]);
+    }
     // `_mm512_max_ps(a, b)` gives `b` where `a` is NaN: NaNs skipped.
     let amax = _mm512_reduce_max_ps(
         abs.iter()
