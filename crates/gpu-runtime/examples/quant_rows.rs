@@ -5,6 +5,7 @@
 //! `cargo build --release -p metrale-gpu-runtime --example quant_rows`,
 //! then `T=2 N=1024 K=4096 M=4,16,64,512 target/release/examples/quant_rows`.
 
+use std::io::Write;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -51,12 +52,14 @@ fn main() -> Result<()> {
                 }
             }
             let gf = |s: f64| 2.0 * (m * n * k) as f64 / s / 1e9;
-            println!(
+            // An error, not a panic, when the reader goes away (`| head`).
+            writeln!(
+                std::io::stdout(),
                 "{ty:>5} m={m:<4} {n}x{k}: tiles {:7.1} GFLOP/s, off {:7.1} ({:.2}x)",
                 gf(best[0]),
                 gf(best[1]),
                 best[1] / best[0]
-            );
+            )?;
         }
     }
     Ok(())

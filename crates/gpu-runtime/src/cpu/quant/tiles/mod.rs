@@ -183,34 +183,28 @@ unsafe fn products(at: Operands, set: usize) {
         stride,
         acts,
     } = at;
+    macro_rules! into {
+        ($c0:literal, $c1:literal) => {
+            asm!(
+                concat!("tilezero tmm", $c0),
+                concat!("tilezero tmm", $c1),
+                "tileloadd tmm4, [{wa} + {rb} * 1]",
+                "tileloadd tmm5, [{wb} + {rb} * 1]",
+                "tileloadd tmm6, [{bt} + {s} * 1]",
+                concat!("tdpbssd tmm", $c0, ", tmm4, tmm6"),
+                concat!("tdpbssd tmm", $c1, ", tmm5, tmm6"),
+                wa = in(reg) first, wb = in(reg) second, rb = in(reg) stride,
+                bt = in(reg) acts, s = in(reg) 64usize,
+                options(nostack, readonly)
+            )
+        };
+    }
     // SAFETY: the caller's contract.
     unsafe {
         if set == 0 {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tileloadd tmm4, [{wa} + {rb} * 1]",
-                "tileloadd tmm5, [{wb} + {rb} * 1]",
-                "tileloadd tmm6, [{bt} + {s} * 1]",
-                "tdpbssd tmm0, tmm4, tmm6",
-                "tdpbssd tmm1, tmm5, tmm6",
-                wa = in(reg) first, wb = in(reg) second, rb = in(reg) stride,
-                bt = in(reg) acts, s = in(reg) 64usize,
-                options(nostack, readonly)
-            );
+            into!(0, 1);
         } else {
-            asm!(
-                "tilezero tmm2",
-                "tilezero tmm3",
-                "tileloadd tmm4, [{wa} + {rb} * 1]",
-                "tileloadd tmm5, [{wb} + {rb} * 1]",
-                "tileloadd tmm6, [{bt} + {s} * 1]",
-                "tdpbssd tmm2, tmm4, tmm6",
-                "tdpbssd tmm3, tmm5, tmm6",
-                wa = in(reg) first, wb = in(reg) second, rb = in(reg) stride,
-                bt = in(reg) acts, s = in(reg) 64usize,
-                options(nostack, readonly)
-            );
+            into!(2, 3);
         }
     }
 }
@@ -223,22 +217,22 @@ unsafe fn products(at: Operands, set: usize) {
 #[inline(always)]
 unsafe fn store(set: usize, out: &mut [[i32; AR]; WR]) {
     let o = out.as_mut_ptr().cast::<u8>();
+    macro_rules! from {
+        ($c0:literal, $c1:literal) => {
+            asm!(
+                concat!("tilestored [{o} + {s} * 1], tmm", $c0),
+                concat!("tilestored [{o} + {s} * 1 + 1024], tmm", $c1),
+                o = in(reg) o, s = in(reg) 64usize,
+                options(nostack)
+            )
+        };
+    }
     // SAFETY: `out` is 32 rows of 64 bytes; each tile stores 16 of them.
     unsafe {
         if set == 0 {
-            asm!(
-                "tilestored [{o} + {s} * 1], tmm0",
-                "tilestored [{o} + {s} * 1 + 1024], tmm1",
-                o = in(reg) o, s = in(reg) 64usize,
-                options(nostack)
-            );
+            from!(0, 1);
         } else {
-            asm!(
-                "tilestored [{o} + {s} * 1], tmm2",
-                "tilestored [{o} + {s} * 1 + 1024], tmm3",
-                o = in(reg) o, s = in(reg) 64usize,
-                options(nostack)
-            );
+            from!(2, 3);
         }
     }
 }
