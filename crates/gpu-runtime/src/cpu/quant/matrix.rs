@@ -111,6 +111,14 @@ impl<'a> QuantMatrix<'a> {
         self.row_bytes
     }
 
+    /// The bytes that hold rows `j0..j0 + count`, in either layout (`j0`
+    /// and `count` multiples of the group's rows when grouped): what to
+    /// prefetch for them.
+    pub(super) fn span_of_rows(&self, j0: usize, count: usize) -> &'a [u8] {
+        let rb = self.row_bytes;
+        &self.data[j0 * rb..((j0 + count) * rb).min(self.data.len())]
+    }
+
     /// Rows `j0..j0 + count` as one run of row-major blocks; None when
     /// grouped.
     pub(super) fn row_run(&self, j0: usize, count: usize) -> Option<&'a [u8]> {

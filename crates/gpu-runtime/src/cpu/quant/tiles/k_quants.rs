@@ -155,6 +155,11 @@ pub(super) fn matmul(
             PANEL.with_borrow_mut(|(un, gathered, accs)| {
                 for p in p0..p1 {
                     let j0 = p * WR;
+                    if p + 1 < p1 {
+                        // The next panel into L2 while this one is worked
+                        // (as `q8_0.rs` does).
+                        super::prefetch_l2(w.span_of_rows(j0 + WR, WR));
+                    }
                     let rows: [&[u8]; WR] = w.rows_in(j0, gathered);
                     accs.clear();
                     // SAFETY: all-zero bits are f32 zeros.

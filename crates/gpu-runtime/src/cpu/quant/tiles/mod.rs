@@ -109,6 +109,15 @@ fn share(team: Option<&Team>, w: &QuantMatrix<'_>, m: usize) -> usize {
     (w.rows() / WR).div_ceil(threads * per_thread).max(1)
 }
 
+/// Asks for `bytes` in L2, a touch per 64-byte line.
+fn prefetch_l2(bytes: &[u8]) {
+    use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch never faults; the address is inside `bytes`.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
+    }
+}
+
 /// The tile shapes for sub-blocks of `kb` quants: sums 0-3 of 16 rows of
 /// 16 i32 (two sets of two), weights 4 and 5 of 16 rows of `kb` quants,
 /// activations 6 of `kb / 4` rows of 64 bytes.
