@@ -111,6 +111,16 @@ impl<'a> QuantMatrix<'a> {
         self.row_bytes
     }
 
+    /// Block `b` of row `j`, in either layout (no copy).
+    pub(super) fn block(&self, j: usize, b: usize) -> &'a [u8] {
+        let bb = self.ty.block_bytes();
+        if !self.grouped {
+            return &self.data[j * self.row_bytes + b * bb..][..bb];
+        }
+        let (group, w) = self.group(j / G);
+        &group[block_at(w, j % G, b, bb)..][..bb]
+    }
+
     /// The bytes that hold rows `j0..j0 + count`, in either layout (`j0`
     /// and `count` multiples of the group's rows when grouped): what to
     /// prefetch for them.

@@ -58,14 +58,6 @@ impl Format {
             Format::Q6K => 3,
         }
     }
-
-    /// Bytes of a super-block.
-    fn block_bytes(self) -> usize {
-        match self {
-            Format::Q4K => 144,
-            Format::Q6K => 210,
-        }
-    }
 }
 
 /// One super-block of a panel's rows, unpacked: per pass `p` and row `r`,
@@ -97,10 +89,9 @@ thread_local! {
     /// thread, reused.
     static ACTS: RefCell<(Vec<u32>, Vec<f32>, Vec<i32>)> =
         const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
-    /// A panel's unpacked slice, its rows gathered from the grouped
-    /// layout, and its accumulators per group, per pool thread.
-    static PANEL: RefCell<(Unpacked, Vec<u8>, Vec<Acc>)> =
-        RefCell::new((Unpacked::default(), Vec::new(), Vec::new()));
+    /// A panel's unpacked super-block and its accumulators per group, per
+    /// pool thread.
+    static PANEL: RefCell<(Unpacked, Vec<Acc>)> = RefCell::new((Unpacked::default(), Vec::new()));
 }
 
 /// The tile shapes: sums 0-5 (two halves of up to three passes), weights
@@ -158,7 +149,7 @@ pub(super) fn matmul(
                 BlockSums([[[[0; AR]; 16]; 2]; PASSES]),
                 BlockSums([[[[0; AR]; 16]; 2]; PASSES]),
             ]);
-            PANEL.with_borrow_mut(|(un, gathered, accs)| {
+            PANEL.with_borrow_mut(|(un, accs)| {
                 for p in p0..p1 {
                     let j0 = p * WR;
                     if p + 1 < p1 {
@@ -166,13 +157,12 @@ pub(super) fn matmul(
                         // (as `q8_0.rs` does).
                         super::prefetch_l2(w.span_of_rows(j0 + WR, WR));
                     }
-                    let rows: [&[u8]; WR] = w.rows_in(j0, gathered);
                     accs.clear();
                     // SAFETY: all-zero bits are f32 zeros.
                     accs.resize(groups, unsafe { std::mem::zeroed() });
                     for sb in 0..nsb {
                         // SAFETY: `takes` means VNNI, so AVX2.
-                        unsafe { unpack(f, &rows, sb, un) };
+                        unsafe { unpack(f, &w, j0, sb, un) };
                         let group = |g: usize| Group {
                             bq: &q[(g * nsb + sb) * 64 * AR..][..64 * AR],
                             da: &fw[(g * nsb + sb) * AR..][..AR],
@@ -255,21 +245,21 @@ unsafe fn lanes(lo: &[i8; 16], hi: &[i8; 16]) -> __m256i {
     unsafe { _mm256_loadu2_m128i(hi.as_ptr().cast(), lo.as_ptr().cast()) }
 }
 
-/// Super-block `sb` of the panel's rows into `un` (see [`Unpacked`]).
+/// Super-block `sb` of the panel's rows (`j0..j0 + WR` of `w`, read in
+/// place in either layout) into `un` (see [`Unpacked`]).
 ///
 /// # Safety
 /// The CPU has AVX2.
 #[target_feature(enable = "avx2")]
-unsafe fn unpack(f: Format, rows: &[&[u8]; WR], sb: usize, un: &mut Unpacked) {
+unsafe fn unpack(f: Format, w: &QuantMatrix<'_>, j0: usize, sb: usize, un: &mut Unpacked) {
     un.quants.resize(PASSES * WR * 256, 0);
     un.d.resize(WR, 0.0);
     if f == Format::Q4K {
         un.mins.resize(4 * WR, 0);
         un.dmin.resize(WR, 0.0);
     }
-    let bb = f.block_bytes();
-    for (r, row) in rows.iter().enumerate() {
-        let blk = &row[sb * bb..(sb + 1) * bb];
+    for r in 0..WR {
+        let blk = w.block(j0 + r, sb);
         let out: [*mut i8; PASSES] =
             std::array::from_fn(|p| un.quants.as_mut_ptr().wrapping_add((p * WR + r) * 256));
         match f {
