@@ -28,7 +28,7 @@ fn main() -> Result<()> {
     let on = CpuBackend::with_threads(threads);
     let off = CpuBackend::with_threads(threads).with_bf16_kernel(Some(Bf16Kernel::Dot));
     let mut scratch = QuantScratch::new();
-    for ty in [GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
         let rb = ty
             .row_bytes(k)
             .ok_or_else(|| anyhow::anyhow!("k = {k} is not whole {ty} blocks"))?;

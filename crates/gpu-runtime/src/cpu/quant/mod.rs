@@ -24,7 +24,7 @@
 //! `pack_matmul_weight` regrouped at load ([`group_rows`]) where this CPU
 //! has decode kernels for a whole group (`zmm.rs`), four rows read as one
 //! stream with one fold and one f32 term for the four. Where the CPU has
-//! AMX-INT8, Q8_0, Q4_K and Q6_K products of 8 or more activation rows
+//! AMX-INT8, Q8_0 and K-quant products of 8 or more activation rows
 //! take its tiles (`tiles/`); elsewhere Q8_0 steps of a few rows (batched
 //! decode) take `steps.rs`. Every other path gathers a grouped matrix's
 //! rows back (a row's bytes per weight row and activation tile), so the
@@ -375,7 +375,7 @@ pub(crate) fn quant_matmul(
 }
 
 /// Whether this CPU and OS run the AMX-INT8 tiles that [`quant_matmul`]
-/// takes for Q8_0, Q4_K and Q6_K weights and 8 or more activation rows
+/// takes for Q8_0, Q4_K, Q5_K and Q6_K weights and 8 or more activation rows
 /// where allowed (`tiles/`): the same bits as the other kernels, faster.
 pub fn int8_tiles_available() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -444,7 +444,7 @@ pub(crate) fn quant_matmul_with(
         &many
     };
     let threads = team.map_or(1, Team::threads);
-    // Q8_0, Q4_K and Q6_K on AMX-INT8 tiles, 32 weight rows a panel: the
+    // Q8_0 and the K-quants on AMX-INT8 tiles, 32 weight rows a panel: the
     // rows past the last whole panel take the paths below.
     #[cfg(target_arch = "x86_64")]
     let n_tiled = if tiles::takes(isa, tiles, &w, m) {

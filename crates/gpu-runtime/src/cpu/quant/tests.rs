@@ -411,6 +411,8 @@ fn tiles_give_the_row_bits() {
         (GgmlType::Q8_0, 256 * 5, false),
         (GgmlType::Q4K, 256 * 5, false),
         (GgmlType::Q4K, 256 * 5, true),
+        (GgmlType::Q5K, 256 * 5, false),
+        (GgmlType::Q5K, 256 * 5, true),
         (GgmlType::Q6K, 256 * 5, false),
         (GgmlType::Q6K, 256 * 5, true),
     ];

@@ -1,14 +1,15 @@
-//! Q4_K and Q6_K on the tiles: super-blocks of 256 quants in sub-blocks
-//! of 32 (Q4_K: eight, 6-bit scales and mins) or 16 (Q6_K: sixteen, i8
-//! scales).
+//! Q4_K, Q5_K and Q6_K on the tiles: super-blocks of 256 quants in
+//! sub-blocks of 32 (Q4_K, Q5_K: eight, 6-bit scales and mins) or 16
+//! (Q6_K: sixteen, i8 scales).
 //!
 //! A super-block's integer sum `isum = Σ_j sc_j · Σ_{i in j} q_i·a_i` is
 //! taken by the tiles whole, the sub-block scales folded into the
-//! weights: each scale is split into base-8 digits (Q4_K's `0..64` into
-//! two in `0..8`; Q6_K's `-128..128` into three in `-3..=4`), and pass `p`
-//! multiplies `q_i · digit_p(sc_j)` (at most 105, or -128..=124 for Q6_K's
-//! `q − 32`: bytes) by the activations over all 256 quants, four
-//! `tdpbssd` of 64. `isum = Σ_p 8^p · sum_p`, exact in i32. So a
+//! weights: each scale is split into base-8 digits (Q4_K's and Q5_K's
+//! `0..64` into two in `0..8`; Q6_K's `-128..128` into three in `-3..=4`),
+//! and pass `p` multiplies `q_i · digit_p(sc_j)` (at most 105, or 217
+//! for Q5_K, as unsigned bytes: `tdpbusd`; -128..=124 for Q6_K's `q −
+//! 32`: `tdpbssd`) by the activations over all 256 quants, four tile
+//! products of 64. `isum = Σ_p 8^p · sum_p`, exact in i32. So a
 //! super-block stores two or three tiles of sums per 16 weight rows, where
 //! one tile per sub-block took eight or sixteen, and the vector work is a
 //! few shifts and adds per row, not a multiply per sub-block.
@@ -47,6 +48,7 @@ const PASSES: usize = 3;
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Format {
     Q4K,
+    Q5K,
     Q6K,
 }
 
@@ -54,9 +56,14 @@ impl Format {
     /// Digits of a sub-block scale: tile passes per super-block.
     fn passes(self) -> usize {
         match self {
-            Format::Q4K => 2,
+            Format::Q4K | Format::Q5K => 2,
             Format::Q6K => 3,
         }
+    }
+
+    /// Whether the format has mins (a `dmin · imin` term).
+    fn mins(self) -> bool {
+        self != Format::Q6K
     }
 }
 
@@ -100,23 +107,23 @@ fn config() -> amx_os::Config {
     amx_os::Config::new([(16, 64); 8])
 }
 
-/// [`super::matmul`] for Q4_K and Q6_K weights, either layout.
+/// [`super::matmul`] for Q4_K, Q5_K and Q6_K weights, either layout.
 pub(super) fn matmul(
     team: Option<&Team>,
     w: QuantMatrix<'_>,
     acts: &[ActRow<'_>],
     out: &mut [f32],
 ) -> usize {
-    let f = if w.ty() == GgmlType::Q4K {
-        Format::Q4K
-    } else {
-        Format::Q6K
+    let f = match w.ty() {
+        GgmlType::Q4K => Format::Q4K,
+        GgmlType::Q5K => Format::Q5K,
+        _ => Format::Q6K,
     };
     let (n, nsb, m) = (w.rows(), w.cols() / 256, acts.len());
     let (panels, groups) = (n / WR, m.div_ceil(AR));
     let share = share(team, &w, m);
     let ptr = OutPtr::new(out);
-    let pair_words = if f == Format::Q4K { 4 * AR } else { 0 };
+    let pair_words = if f.mins() { 4 * AR } else { 0 };
     ACTS.with_borrow_mut(|(q, fw, iw)| {
         let scales = |rows: &[ActRow<'_>], fw: &mut [f32], iw: &mut [i32]| {
             for (t, a) in rows.iter().enumerate() {
@@ -228,8 +235,22 @@ const fn tables(lo: i32, high: bool) -> [[i8; 16]; 8] {
     t
 }
 
-/// Q4_K's quants times a digit in `0..8`.
+/// Q4_K's quants times a digit in `0..8` (as unsigned bytes).
 const TIMES_Q4: [[i8; 16]; 8] = tables(0, false);
+/// Q5_K's fifth bit (`x` in `0..2`) as `16 · x · digit`, a digit in
+/// `0..8` (as unsigned bytes).
+const TIMES_16: [[i8; 16]; 8] = times_sixteen();
+
+/// [`TIMES_16`].
+const fn times_sixteen() -> [[i8; 16]; 8] {
+    let mut t = [[0i8; 16]; 8];
+    let mut d = 0;
+    while d < 8 {
+        t[d][1] = (16 * d) as u8 as i8;
+        d += 1;
+    }
+    t
+}
 /// Q6_K's low four bits, and its high two less the offset, times a digit
 /// in `-3..=4` (row `digit + 3`).
 const TIMES_Q6_LOW: [[i8; 16]; 8] = tables(-3, false);
@@ -254,7 +275,7 @@ unsafe fn lanes(lo: &[i8; 16], hi: &[i8; 16]) -> __m256i {
 unsafe fn unpack(f: Format, w: &QuantMatrix<'_>, j0: usize, sb: usize, un: &mut Unpacked) {
     un.quants.resize(PASSES * WR * 256, 0);
     un.d.resize(WR, 0.0);
-    if f == Format::Q4K {
+    if f.mins() {
         un.mins.resize(4 * WR, 0);
         un.dmin.resize(WR, 0.0);
     }
@@ -263,12 +284,12 @@ unsafe fn unpack(f: Format, w: &QuantMatrix<'_>, j0: usize, sb: usize, un: &mut 
         let out: [*mut i8; PASSES] =
             std::array::from_fn(|p| un.quants.as_mut_ptr().wrapping_add((p * WR + r) * 256));
         match f {
-            Format::Q4K => {
+            Format::Q4K | Format::Q5K => {
                 let (sc, mn) = scales_mins_k4(blk);
                 // SAFETY: `blk` is a whole super-block; every pass's 256
                 // bytes of row r are inside `un.quants` (sized above); AVX2
                 // (this function's).
-                unsafe { unpack_q4_k(blk, &sc, &out) };
+                unsafe { unpack_q45_k(f == Format::Q5K, blk, &sc, &out) };
                 for p in 0..4 {
                     un.mins[p * WR + r] = (mn[2 * p] as i32) | ((mn[2 * p + 1] as i32) << 16);
                 }
@@ -284,33 +305,46 @@ unsafe fn unpack(f: Format, w: &QuantMatrix<'_>, j0: usize, sb: usize, un: &mut 
     }
 }
 
-/// A Q4_K super-block's passes: sub-block `j` (the low nibbles of bytes
-/// `32·(j/2)..` for even j, the high for odd) times `sc_j % 8` to
+/// A Q4_K or Q5_K super-block's passes, as unsigned bytes: sub-block `j`
+/// (the low nibbles of bytes `32·(j/2)..` of the quants for even j, the
+/// high for odd; Q5_K's bit j of `qh[l]` as 16 above) times `sc_j % 8` to
 /// `out[0] + 32j`, times `sc_j / 8` to `out[1] + 32j`.
 ///
 /// # Safety
-/// `blk` is 144 bytes; 256 bytes from `out[0]` and `out[1]` are writable;
-/// AVX2.
+/// `blk` is a whole super-block (144 or 176 bytes); 256 bytes from
+/// `out[0]` and `out[1]` are writable; AVX2.
 #[target_feature(enable = "avx2")]
-unsafe fn unpack_q4_k(blk: &[u8], sc: &[u8; 8], out: &[*mut i8; PASSES]) {
-    assert!(blk.len() >= 144);
-    let mask = _mm256_set1_epi8(0x0F);
-    // SAFETY: AVX2 (this function's).
+unsafe fn unpack_q45_k(q5: bool, blk: &[u8], sc: &[u8; 8], out: &[*mut i8; PASSES]) {
+    let qs = if q5 { 48 } else { 16 };
+    assert!(blk.len() >= qs + 128);
+    let (mask, one) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(1));
+    // SAFETY (both): AVX2 (this function's).
     let times = |d: u8| unsafe { lanes(&TIMES_Q4[d as usize], &TIMES_Q4[d as usize]) };
+    let sixteen = |d: u8| unsafe { lanes(&TIMES_16[d as usize], &TIMES_16[d as usize]) };
+    // SAFETY: bytes 16..48 are inside `blk` (a Q5_K block; asserted).
+    let qh = q5.then(|| unsafe { _mm256_loadu_si256(blk[16..].as_ptr().cast()) });
     for c in 0..4 {
-        // SAFETY: bytes 16 + 32c.. + 32 are inside `blk` (asserted); the
+        // SAFETY: bytes qs + 32c.. + 32 are inside `blk` (asserted); the
         // stores as the caller's contract says.
         unsafe {
-            let v = _mm256_loadu_si256(blk[16 + 32 * c..].as_ptr().cast());
+            let v = _mm256_loadu_si256(blk[qs + 32 * c..].as_ptr().cast());
             let q = [
                 _mm256_and_si256(v, mask),
                 _mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
             ];
             for (h, q) in q.into_iter().enumerate() {
                 let j = 2 * c + h;
+                // Q5_K's fifth bit of each quant, 0 or 1 a byte.
+                let high = qh.map(|qh| {
+                    let shift = _mm_cvtsi32_si128(j as i32);
+                    _mm256_and_si256(_mm256_srl_epi16(qh, shift), one)
+                });
                 for (p, out) in out.iter().take(2).enumerate() {
                     let digit = if p == 0 { sc[j] % 8 } else { sc[j] / 8 };
-                    let v = _mm256_shuffle_epi8(times(digit), q);
+                    let mut v = _mm256_shuffle_epi8(times(digit), q);
+                    if let Some(high) = high {
+                        v = _mm256_add_epi8(v, _mm256_shuffle_epi8(sixteen(digit), high));
+                    }
                     _mm256_storeu_si256(out.add(32 * j).cast(), v);
                 }
             }
@@ -393,7 +427,7 @@ unsafe fn groups_pass<'a>(
     sums: &mut [BlockSums; 2],
 ) {
     assert!(un.quants.len() >= PASSES * WR * 256 && un.d.len() >= WR && accs.len() >= groups);
-    if f == Format::Q4K {
+    if f.mins() {
         assert!(un.mins.len() >= 4 * WR && un.dmin.len() >= WR);
     }
     for g in 0..groups + 1 {
@@ -404,16 +438,13 @@ unsafe fn groups_pass<'a>(
             // inside `un.quants` and `b` (asserted); `sums[g % 2]` is
             // aligned.
             unsafe {
-                products(un.quants.as_ptr(), b.as_ptr().cast(), f.passes());
+                products(un.quants.as_ptr(), b.as_ptr().cast(), f.passes(), f.mins());
                 store(&mut sums[g % 2], f.passes());
             }
         }
         if g > 0 {
             let prev = group(g - 1);
-            assert!(
-                prev.da.len() >= AR
-                    && prev.pairs.len() >= if f == Format::Q4K { 4 * AR } else { 0 }
-            );
+            assert!(prev.da.len() >= AR && prev.pairs.len() >= if f.mins() { 4 * AR } else { 0 });
             // SAFETY: AVX-512 F/BW (this function's); the arrays hold the
             // super-block (asserted).
             unsafe { terms(f, un, prev, &sums[(g - 1) % 2], &mut accs[g - 1]) };
@@ -425,11 +456,14 @@ unsafe fn groups_pass<'a>(
 /// `p`): per 64 quants, the group's B tile (7) times each pass's weights
 /// (6, 16 rows of 64 bytes, 256 bytes apart).
 ///
+/// `unsigned`: the weights' bytes are unsigned (`tdpbusd`), else signed
+/// (`tdpbssd`).
+///
 /// # Safety
 /// The tiles hold [`config`]; `a` holds the super-block's `PASSES` passes
 /// of `WR` rows of 256 bytes, `b` its four B tiles of 1 KiB.
 #[inline(always)]
-unsafe fn products(a: *const i8, b: *const i8, passes: usize) {
+unsafe fn products(a: *const i8, b: *const i8, passes: usize, unsigned: bool) {
     // SAFETY (throughout): the caller's contract; tile zeroing touches no
     // memory.
     unsafe {
@@ -452,22 +486,26 @@ unsafe fn products(a: *const i8, b: *const i8, passes: usize) {
                 for p in 0..passes {
                     let w = a.wrapping_add(((p * WR) + 16 * h) * 256 + 64 * kc);
                     macro_rules! tdp {
-                        ($c:literal) => {
+                        ($op:literal, $c:literal) => {
                             asm!(
                                 "tileloadd tmm6, [{w} + {s} * 1]",
-                                concat!("tdpbssd tmm", $c, ", tmm6, tmm7"),
+                                concat!($op, " tmm", $c, ", tmm6, tmm7"),
                                 w = in(reg) w, s = in(reg) 256usize,
                                 options(nostack, readonly)
                             )
                         };
                     }
-                    match 3 * h + p {
-                        0 => tdp!(0),
-                        1 => tdp!(1),
-                        2 => tdp!(2),
-                        3 => tdp!(3),
-                        4 => tdp!(4),
-                        _ => tdp!(5),
+                    match (unsigned, 3 * h + p) {
+                        (true, 0) => tdp!("tdpbusd", 0),
+                        (true, 1) => tdp!("tdpbusd", 1),
+                        (true, 3) => tdp!("tdpbusd", 3),
+                        (true, _) => tdp!("tdpbusd", 4),
+                        (false, 0) => tdp!("tdpbssd", 0),
+                        (false, 1) => tdp!("tdpbssd", 1),
+                        (false, 2) => tdp!("tdpbssd", 2),
+                        (false, 3) => tdp!("tdpbssd", 3),
+                        (false, 4) => tdp!("tdpbssd", 4),
+                        (false, _) => tdp!("tdpbssd", 5),
                     }
                 }
             }
@@ -521,12 +559,14 @@ unsafe fn terms(f: Format, un: &Unpacked, g: Group<'_>, sums: &BlockSums, acc: &
     // `sums.0[p][h][r]` 16 i32 (the caller's contract).
     unsafe {
         let da = _mm512_loadu_ps(g.da[..AR].as_ptr());
-        let bp: [__m512i; 4] = match f {
-            Format::Q4K => {
-                std::array::from_fn(|p| _mm512_loadu_si512(g.pairs[p * AR..][..AR].as_ptr().cast()))
+        let mut bp = [_mm512_setzero_si512(); 4];
+        if f.mins() {
+            // (A loop, not `array::from_fn`: an intrinsic in a closure can
+            // stay a call in the dev profile.)
+            for (p, bp) in bp.iter_mut().enumerate() {
+                *bp = _mm512_loadu_si512(g.pairs[p * AR..][..AR].as_ptr().cast());
             }
-            Format::Q6K => [_mm512_setzero_si512(); 4],
-        };
+        }
         for (r, acc) in acc.iter_mut().enumerate() {
             let sum = |p: usize| _mm512_loadu_si512(sums.0[p][r / 16][r % 16].as_ptr().cast());
             // isum = Σ_p 8^p · sum_p.
@@ -536,7 +576,7 @@ unsafe fn terms(f: Format, un: &Unpacked, g: Group<'_>, sums: &BlockSums, acc: &
             }
             let dd = _mm512_mul_ps(da, _mm512_set1_ps(un.d[r]));
             let mut t = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(isum));
-            if f == Format::Q4K {
+            if f.mins() {
                 let mut imin = _mm512_setzero_si512();
                 for (p, &bp) in bp.iter().enumerate() {
                     let mins = _mm512_set1_epi32(un.mins[p * WR + r]);

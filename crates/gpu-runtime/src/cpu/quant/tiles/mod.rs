@@ -1,6 +1,6 @@
 //! Products of several activation rows (prefill, batched decode steps)
 //! on Intel AMX-INT8 tiles (`tdpbssd`, Sapphire Rapids and later), for
-//! Q8_0 (`q8_0.rs`), Q4_K and Q6_K (`k_quants.rs`) weights.
+//! Q8_0 (`q8_0.rs`), Q4_K, Q5_K and Q6_K (`k_quants.rs`) weights.
 //!
 //! The weights are the A tiles: 16 weight rows' quants, 16 rows of up to
 //! 64 bytes. Q8_0's are loaded in place, 32 at a time out of the file's
@@ -43,13 +43,13 @@ const AR: usize = 16;
 /// call). `examples/quant_rows`, 2 threads, 1024x4096 and 3072x768,
 /// against the other kernels: Q8_0 4 rows 0.60-0.71x, 6 rows 1.08x, 8 rows
 /// 1.16-1.47x, 16 rows 2.1-2.6x; Q4_K 8 rows 1.01x, 10 rows 1.19x, 16 rows
-/// 1.73-1.79x; Q6_K 16 rows 0.93-1.15x, 24 rows 1.08-1.28x, 32 rows
-/// 1.41-1.69x; at 512 rows (prefill) Q8_0 1.2-1.4x, Q4_K 1.0-1.4x, Q6_K
-/// 1.1-1.8x.
+/// 1.73-1.79x; Q5_K as Q4_K; Q6_K 16 rows 0.93-1.15x, 24 rows
+/// 1.08-1.28x, 32 rows 1.41-1.69x; at 512 rows (prefill) Q8_0 1.2-1.4x,
+/// Q4_K 1.0-1.4x, Q5_K 4.2x (it has no VNNI panels), Q6_K 1.1-1.8x.
 fn min_rows(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q8_0 => 8,
-        GgmlType::Q4K => 10,
+        GgmlType::Q4K | GgmlType::Q5K => 10,
         _ => 24,
     }
 }
@@ -60,12 +60,12 @@ pub(crate) fn available() -> bool {
 }
 
 /// Whether [`matmul`] takes `m` activation rows of `w`: Q8_0 in GGUF's
-/// row layout, Q4_K or Q6_K in either layout, at least one panel of rows,
+/// row layout, Q4_K, Q5_K or Q6_K in either layout, at least one panel of rows,
 /// tiles allowed and available.
 pub(super) fn takes(isa: QuantIsa, tiles: bool, w: &QuantMatrix<'_>, m: usize) -> bool {
     let format = match w.ty() {
         GgmlType::Q8_0 => !w.is_grouped(),
-        GgmlType::Q4K | GgmlType::Q6K => true,
+        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => true,
         _ => false,
     };
     tiles
