@@ -468,9 +468,8 @@ pub(crate) fn quant_matmul_with(
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
-    let n_packed = if n_tiled > 0 {
-        n_tiled
-    } else if isa == QuantIsa::Vnni
+    let n_packed = if n_tiled == 0
+        && isa == QuantIsa::Vnni
         && matches!(ty, GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q8_0)
         && m >= PACKED_MIN_ROWS
     {
@@ -479,10 +478,10 @@ pub(crate) fn quant_matmul_with(
         0
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let n_packed = n_tiled;
+    let n_packed = 0;
     let tile = (ACT_TILE_BYTES / k.max(1)).max(MAX_ROWS) / MAX_ROWS * MAX_ROWS;
     #[cfg(target_arch = "x86_64")]
-    if n_packed > 0 && n_tiled == 0 {
+    if n_packed > 0 {
         let groups = n_packed / packed::NR;
         // Compute-bound: eight shares a thread whatever the matrix's size,
         // so that a thread held up (the host's other work, a slower core)
@@ -551,7 +550,9 @@ pub(crate) fn quant_matmul_with(
     // small one), but about 1 MiB of weights or more each, as `gemv.rs`
     // found short streams cost bandwidth; whole groups when grouped.
     let per_thread = (w.bytes() >> 20).clamp(1, 8);
-    let share = (n - n_packed).div_ceil(threads * per_thread).max(1);
+    // Past the rows the tiles or the panels took (at most one of them ran).
+    let n_done = n_tiled.max(n_packed);
+    let share = (n - n_done).div_ceil(threads * per_thread).max(1);
     let share = if w.is_grouped() {
         share.next_multiple_of(GROUP)
     } else {
@@ -571,7 +572,7 @@ pub(crate) fn quant_matmul_with(
         None
     };
     let run = |t: usize| {
-        let (j0, j1) = (n_packed + t * share, (n_packed + (t + 1) * share).min(n));
+        let (j0, j1) = (n_done + t * share, (n_done + (t + 1) * share).min(n));
         // Rows gathered from the grouped layout (else unused).
         let mut buf = Vec::new();
         if let [a] = acts {
@@ -620,7 +621,7 @@ pub(crate) fn quant_matmul_with(
             }
         }
     };
-    run_tasks(team, (n - n_packed).div_ceil(share), &run);
+    run_tasks(team, (n - n_done).div_ceil(share), &run);
     Ok(())
 }
 

@@ -5,13 +5,14 @@
 //! row length apart; nothing is repacked, so a step of a few rows reads
 //! each weight byte once, as decode does.
 
+use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::super::act::ActRow;
 use super::super::matrix::QuantMatrix;
 use super::super::run_tasks;
-use super::{AR, Operands, Sums, WR, chunk_sums, config, regroup, share};
+use super::{AR, WR, regroup, share};
 use crate::cpu::amx_os;
 use crate::cpu::team::{OutPtr, Team};
 
@@ -69,8 +70,8 @@ pub(super) fn matmul(
             let (p0, p1) = (t * share, ((t + 1) * share).min(panels));
             // SAFETY: `takes` found AMX-INT8 available; `config`'s shapes
             // are within 16 rows of 64 bytes.
-            let _tiles = unsafe { amx_os::Tiles::configure(&config(32)) };
-            let mut sums = Sums::<CHUNK>::pair();
+            let _tiles = unsafe { amx_os::Tiles::configure(&config()) };
+            let mut sums = Sums::pair();
             PANEL.with_borrow_mut(|(dw, accs)| {
                 dw.resize(nb * WR, 0.0);
                 for p in p0..p1 {
@@ -99,7 +100,7 @@ pub(super) fn matmul(
                         let hi = (lo + SLICE).min(nb);
                         for (g, acc) in accs.iter_mut().enumerate() {
                             let (bq, da) = (&q[g * nb * B_TILE..], &d[g * nb * AR..]);
-                            // SAFETY: this thread's tiles hold `config(32)`;
+                            // SAFETY: this thread's tiles hold `config()`;
                             // `rows` is WR rows of nb blocks `rb` apart,
                             // `bq` nb B tiles, `dw` and `da` nb blocks'
                             // scales; `takes` means VNNI, so AVX-512 F.
@@ -149,6 +150,129 @@ unsafe fn weight_scales(rows: &[u8], rb: usize, nb: usize, dw: &mut [f32]) {
     }
 }
 
+/// The tile shapes: sums 0-3 of 16 rows of 16 i32 (two sets of two),
+/// weights 4 and 5 of 16 rows of a block's 32 quants, activations 6 of 8
+/// rows of 64 bytes.
+fn config() -> amx_os::Config {
+    let (sums, weights, acts) = ((16, 64), (16, 32), (8, 64));
+    amx_os::Config::new([sums, sums, sums, sums, weights, weights, acts, (0, 0)])
+}
+
+/// Integer sums as stored: per block of a chunk, weight rows `0..WR` of
+/// 16 activation rows each (two tiles).
+#[repr(C, align(64))]
+struct Sums([[[i32; AR]; WR]; CHUNK]);
+
+impl Sums {
+    /// Two buffers, zeroed, on the heap.
+    fn pair() -> Box<[Sums; 2]> {
+        Box::new([Sums([[[0; AR]; WR]; CHUNK]), Sums([[[0; AR]; WR]; CHUNK])])
+    }
+}
+
+/// Blocks `0..count` of a chunk into `out`, each one's products issued
+/// before the previous one's are stored, the two tile sets alternating.
+/// `at(u)` is block `u`'s weights (16 rows `stride` bytes apart, the
+/// second 16 from `second`) and its B tile.
+///
+/// # Safety
+/// The tiles hold [`config`], and every `at(u)` is readable as
+/// [`products`] says.
+#[inline(always)]
+unsafe fn chunk_sums(count: usize, at: impl Fn(usize) -> Operands, out: &mut Sums) {
+    for u in 0..count {
+        // SAFETY: the caller's contract.
+        unsafe { products(at(u), u % 2) };
+        if u > 0 {
+            // SAFETY: as above; `out.0[u - 1]` is 32 rows of 64 bytes.
+            unsafe { store((u - 1) % 2, &mut out.0[u - 1]) };
+        }
+    }
+    if count > 0 {
+        // SAFETY: as above.
+        unsafe { store((count - 1) % 2, &mut out.0[count - 1]) };
+    }
+}
+
+/// Where one block's tiles load from.
+#[derive(Clone, Copy)]
+struct Operands {
+    /// Weight rows 0-15, `stride` bytes apart, and rows 16-31.
+    first: *const u8,
+    second: *const u8,
+    stride: usize,
+    /// The B tile: rows of 64 bytes, contiguous.
+    acts: *const i8,
+}
+
+/// A block's products into tile set `set` (tiles 0, 1 or 2, 3): the
+/// panel's two halves of 16 weight rows times the group's B tile.
+///
+/// # Safety
+/// The tiles hold [`config`]; 16 rows of 32 quants `stride` apart from
+/// `first` and from `second`, and the B tile, are readable.
+#[inline(always)]
+unsafe fn products(at: Operands, set: usize) {
+    let Operands {
+        first,
+        second,
+        stride,
+        acts,
+    } = at;
+    macro_rules! into {
+        ($c0:literal, $c1:literal) => {
+            asm!(
+                concat!("tilezero tmm", $c0),
+                concat!("tilezero tmm", $c1),
+                "tileloadd tmm4, [{wa} + {rb} * 1]",
+                "tileloadd tmm5, [{wb} + {rb} * 1]",
+                "tileloadd tmm6, [{bt} + {s} * 1]",
+                concat!("tdpbssd tmm", $c0, ", tmm4, tmm6"),
+                concat!("tdpbssd tmm", $c1, ", tmm5, tmm6"),
+                wa = in(reg) first, wb = in(reg) second, rb = in(reg) stride,
+                bt = in(reg) acts, s = in(reg) 64usize,
+                options(nostack, readonly)
+            )
+        };
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        if set == 0 {
+            into!(0, 1);
+        } else {
+            into!(2, 3);
+        }
+    }
+}
+
+/// Tile set `set`'s sums into `out` (weight rows 0-15 from tile 0 or 2,
+/// 16-31 from 1 or 3).
+///
+/// # Safety
+/// The tiles hold [`config`].
+#[inline(always)]
+unsafe fn store(set: usize, out: &mut [[i32; AR]; WR]) {
+    let o = out.as_mut_ptr().cast::<u8>();
+    macro_rules! from {
+        ($c0:literal, $c1:literal) => {
+            asm!(
+                concat!("tilestored [{o} + {s} * 1], tmm", $c0),
+                concat!("tilestored [{o} + {s} * 1 + 1024], tmm", $c1),
+                o = in(reg) o, s = in(reg) 64usize,
+                options(nostack)
+            )
+        };
+    }
+    // SAFETY: `out` is 32 rows of 64 bytes; each tile stores 16 of them.
+    unsafe {
+        if set == 0 {
+            from!(0, 1);
+        } else {
+            from!(2, 3);
+        }
+    }
+}
+
 /// A panel's weights: `WR` rows of Q8_0 blocks `rb` bytes apart, and
 /// their scales as f32 (`[block][row]`).
 #[derive(Clone, Copy)]
@@ -163,7 +287,7 @@ struct Panel<'a> {
 /// accumulator `b % 4`.
 ///
 /// # Safety
-/// This thread's tiles hold `config(32)`; `rows` holds `hi` blocks or more
+/// This thread's tiles hold `config()`; `rows` holds `hi` blocks or more
 /// of each row, `bq` `hi` B tiles, `da` `hi · AR` scales and `dw` `hi ·
 /// WR`; the CPU has AVX-512 F.
 #[target_feature(enable = "avx512f")]
@@ -172,7 +296,7 @@ unsafe fn blocks(
     (bq, da): (&[u32], &[f32]),
     (lo, hi): (usize, usize),
     acc: &mut Acc,
-    sums: &mut [Sums<CHUNK>; 2],
+    sums: &mut [Sums; 2],
 ) {
     assert!(lo.is_multiple_of(CHUNK) && lo < hi);
     assert!(rows.len() >= WR * rb && bq.len() >= hi * B_TILE && rb >= hi * BLOCK);
