@@ -13,7 +13,7 @@ use metrale_model_weights::loader::WeightDType;
 use safetensors::SafeTensors;
 
 /// The fixture model folders with golden logits.
-pub const MODELS: [&str; 8] = [
+pub const MODELS: [&str; 10] = [
     "llama",
     "qwen3",
     "mamba2",
@@ -22,6 +22,8 @@ pub const MODELS: [&str; 8] = [
     "granitemoehybrid",
     "qwen3_next",
     "nemotron_h_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
 ];
 
 /// Largest |logits - golden| the fixtures' README allows on the CPU.

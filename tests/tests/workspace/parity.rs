@@ -109,3 +109,13 @@ fn qwen3_next_matches_golden() -> Result<()> {
 fn nemotron_h_moe_matches_golden() -> Result<()> {
     check_model("nemotron_h_moe")
 }
+
+#[test]
+fn qwen3_5_matches_golden() -> Result<()> {
+    check_model("qwen3_5")
+}
+
+#[test]
+fn qwen3_5_moe_matches_golden() -> Result<()> {
+    check_model("qwen3_5_moe")
+}

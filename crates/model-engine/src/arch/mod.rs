@@ -9,6 +9,7 @@
 //! | `nemotron_h.rs` | `nemotron_h` |
 //! | `granite_hybrid.rs` | `granitemoehybrid` |
 //! | `qwen3_next.rs` | `qwen3_next` |
+//! | `qwen3_5.rs` | `qwen3_5`, `qwen3_5_moe` (and their `_text` language models) |
 //!
 //! Each file holds the family's raw config (both spellings accepted), its
 //! validation into a [`ModelConfig`] with derived sizes, and one table (a
@@ -32,6 +33,7 @@ pub(crate) mod granite_hybrid;
 pub(crate) mod llama;
 pub(crate) mod mamba2;
 pub(crate) mod nemotron_h;
+pub(crate) mod qwen3_5;
 pub(crate) mod qwen3_next;
 
 use metrale_core::DType;
@@ -55,6 +57,7 @@ pub(crate) fn build(model_type: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
         ModelType::NemotronH => nemotron_h::build(o)?,
         ModelType::GraniteMoeHybrid => granite_hybrid::build(o)?,
         ModelType::Qwen3Next => qwen3_next::build(o)?,
+        ModelType::Qwen35 | ModelType::Qwen35Moe => qwen3_5::build(model_type, o)?,
     };
     if config.layers.is_empty() {
         return Err(o.err("the model has no layers"));
@@ -168,6 +171,7 @@ impl Common {
             moe: None,
             names,
             layers: Vec::new(),
+            aside: Vec::new(),
             warnings: self.warnings.clone(),
         }
     }

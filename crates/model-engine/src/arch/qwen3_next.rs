@@ -35,9 +35,9 @@ use crate::config::json::Obj;
 use crate::config::limits;
 use crate::config::rope::{RopeDefaults, parse_rope};
 use crate::config::{
-    Activation, AttentionConfig, DeltaNetConfig, DeltaNetNames, ExpertNames, FfnKind, FfnNames,
-    LayerNames, LayerPlan, MixerKind, MixerNames, MlpConfig, ModelConfig, ModelNames, ModelType,
-    MoeConfig, MoeNames, Routing,
+    Activation, AttentionConfig, DeltaNetConfig, DeltaNetNames, DeltaProjNames, ExpertNames,
+    FfnKind, FfnNames, LayerNames, LayerPlan, MixerKind, MixerNames, MlpConfig, ModelConfig,
+    ModelNames, ModelType, MoeConfig, MoeNames, Routing,
 };
 use crate::error::Result;
 
@@ -62,47 +62,7 @@ impl RawQwen3Next {
         let mut common = Common::read(o)?;
         require_act(o, &["hidden_act"], &["silu"], "silu")?;
         let num_layers = super::num_layers(o, &["num_hidden_layers"])?;
-        let interval = o.size_or(&["full_attention_interval"], 4)?;
-        let from_interval: Vec<MixerKind> = (0..num_layers)
-            .map(|i| {
-                if (i + 1) % interval == 0 {
-                    MixerKind::Attention
-                } else {
-                    MixerKind::GatedDeltaNet
-                }
-            })
-            .collect();
-        let mixers = match o.opt_str_list(&["layer_types"])? {
-            None => from_interval,
-            Some((key, types)) => {
-                check_layer_count(o, key, types.len())?;
-                let mixers = types
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| match *t {
-                        "linear_attention" => Ok(MixerKind::GatedDeltaNet),
-                        "full_attention" | "attention" => Ok(MixerKind::Attention),
-                        other => Err(unknown_layer_type(
-                            o,
-                            key,
-                            i,
-                            other,
-                            &["linear_attention", "full_attention"],
-                        )),
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                // transformers ignores the interval when the list is given.
-                if o.get(&["full_attention_interval"]).is_some() {
-                    check_same_layers(
-                        o,
-                        (key, &mixers),
-                        ("full_attention_interval", &from_interval),
-                        mixer_name,
-                    )?;
-                }
-                mixers
-            }
-        };
+        let mixers = layer_mixers(o, num_layers)?;
         let mlp_only_layers =
             layer_indices(o, "mlp_only_layers", num_layers, &mut common.warnings)?;
         let num_experts = o.count_or_zero(&["num_experts"], 512, limits::EXPERTS)?;
@@ -136,50 +96,8 @@ impl RawQwen3Next {
 
 pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
     let raw = RawQwen3Next::read(o)?;
-    let attention = if raw.mixers.contains(&MixerKind::Attention) {
-        let (n_heads, n_kv_heads, head_dim) =
-            attention_heads(o, raw.common.hidden_size, Some(256))?;
-        let bias = o.bool_or(&["attention_bias"], false)?;
-        let defaults = RopeDefaults {
-            partial_rotary_factor: 0.25,
-            ..RopeDefaults::default()
-        };
-        Some(AttentionConfig {
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            rope: Some(parse_rope(o, head_dim, defaults)?),
-            scale: (head_dim as f32).powf(-0.5),
-            qk_norm: true,
-            output_gate: true,
-            qkv_bias: bias,
-            o_bias: bias,
-        })
-    } else {
-        None
-    };
-    let deltanet = if raw.mixers.contains(&MixerKind::GatedDeltaNet) {
-        let d = DeltaNetConfig {
-            n_k_heads: o.count_or(&["linear_num_key_heads"], 16, limits::HEADS)?,
-            n_v_heads: o.count_or(&["linear_num_value_heads"], 32, limits::HEADS)?,
-            k_head_dim: o.count_or(&["linear_key_head_dim"], 128, limits::HEAD_DIM)?,
-            v_head_dim: o.count_or(&["linear_value_head_dim"], 128, limits::HEAD_DIM)?,
-            conv_kernel: o.count_or(&["linear_conv_kernel_dim"], 4, limits::CONV_KERNEL)?,
-            norm_eps: raw.rms_norm_eps,
-        };
-        if !d.n_v_heads.is_multiple_of(d.n_k_heads) {
-            return Err(o.err(format!(
-                "linear_num_value_heads ({}) is not a multiple of linear_num_key_heads ({})",
-                d.n_v_heads, d.n_k_heads
-            )));
-        }
-        if d.conv_kernel < 2 {
-            return Err(o.err("key `linear_conv_kernel_dim` must be at least 2"));
-        }
-        Some(d)
-    } else {
-        None
-    };
+    let attention = gated_attention(o, &raw.mixers, raw.common.hidden_size)?;
+    let deltanet = deltanet(o, &raw.mixers, raw.rms_norm_eps)?;
     let ffns: Vec<FfnKind> = (0..raw.mixers.len())
         .map(|i| {
             if raw.is_moe(i) {
@@ -239,7 +157,111 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
             activation: Activation::SwiGlu,
         });
     }
+    // The published checkpoints hold MTP layers; the config does not count them.
+    config.aside = vec![super::qwen3_5::mtp_aside(&config, 0, FfnKind::Moe)];
     Ok(config)
+}
+
+/// The layers' mixers: `layer_types`, else every `full_attention_interval`-th
+/// (default 4th) layer attention and the others DeltaNet; both given must
+/// agree (transformers ignores the interval when the list is given).
+pub(super) fn layer_mixers(o: &Obj<'_>, num_layers: usize) -> Result<Vec<MixerKind>> {
+    let interval = o.size_or(&["full_attention_interval"], 4)?;
+    let from_interval: Vec<MixerKind> = (0..num_layers)
+        .map(|i| {
+            if (i + 1) % interval == 0 {
+                MixerKind::Attention
+            } else {
+                MixerKind::GatedDeltaNet
+            }
+        })
+        .collect();
+    let Some((key, types)) = o.opt_str_list(&["layer_types"])? else {
+        return Ok(from_interval);
+    };
+    check_layer_count(o, key, types.len())?;
+    let mixers = types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match *t {
+            "linear_attention" => Ok(MixerKind::GatedDeltaNet),
+            "full_attention" | "attention" => Ok(MixerKind::Attention),
+            other => Err(unknown_layer_type(
+                o,
+                key,
+                i,
+                other,
+                &["linear_attention", "full_attention"],
+            )),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if o.get(&["full_attention_interval"]).is_some() {
+        check_same_layers(
+            o,
+            (key, &mixers),
+            ("full_attention_interval", &from_interval),
+            mixer_name,
+        )?;
+    }
+    Ok(mixers)
+}
+
+/// The gated full attention (query and output gate from `q_proj`, q/k
+/// norms, a quarter of each head rotated by default), when a layer has it.
+pub(super) fn gated_attention(
+    o: &Obj<'_>,
+    mixers: &[MixerKind],
+    hidden: usize,
+) -> Result<Option<AttentionConfig>> {
+    if !mixers.contains(&MixerKind::Attention) {
+        return Ok(None);
+    }
+    let (n_heads, n_kv_heads, head_dim) = attention_heads(o, hidden, Some(256))?;
+    let bias = o.bool_or(&["attention_bias"], false)?;
+    let defaults = RopeDefaults {
+        partial_rotary_factor: 0.25,
+        ..RopeDefaults::default()
+    };
+    Ok(Some(AttentionConfig {
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        rope: Some(parse_rope(o, head_dim, defaults)?),
+        scale: (head_dim as f32).powf(-0.5),
+        qk_norm: true,
+        output_gate: true,
+        qkv_bias: bias,
+        o_bias: bias,
+    }))
+}
+
+/// The gated DeltaNet's shape (`linear_*` keys), when a layer has it.
+pub(super) fn deltanet(
+    o: &Obj<'_>,
+    mixers: &[MixerKind],
+    norm_eps: f32,
+) -> Result<Option<DeltaNetConfig>> {
+    if !mixers.contains(&MixerKind::GatedDeltaNet) {
+        return Ok(None);
+    }
+    let d = DeltaNetConfig {
+        n_k_heads: o.count_or(&["linear_num_key_heads"], 16, limits::HEADS)?,
+        n_v_heads: o.count_or(&["linear_num_value_heads"], 32, limits::HEADS)?,
+        k_head_dim: o.count_or(&["linear_key_head_dim"], 128, limits::HEAD_DIM)?,
+        v_head_dim: o.count_or(&["linear_value_head_dim"], 128, limits::HEAD_DIM)?,
+        conv_kernel: o.count_or(&["linear_conv_kernel_dim"], 4, limits::CONV_KERNEL)?,
+        norm_eps,
+    };
+    if !d.n_v_heads.is_multiple_of(d.n_k_heads) {
+        return Err(o.err(format!(
+            "linear_num_value_heads ({}) is not a multiple of linear_num_key_heads ({})",
+            d.n_v_heads, d.n_k_heads
+        )));
+    }
+    if d.conv_kernel < 2 {
+        return Err(o.err("key `linear_conv_kernel_dim` must be at least 2"));
+    }
+    Ok(Some(d))
 }
 
 /// The family's tensor-name table.
@@ -258,8 +280,10 @@ fn layer_names(
         _ => {
             let l = format!("{p}.linear_attn");
             MixerNames::GatedDeltaNet(DeltaNetNames {
-                in_proj_qkvz: format!("{l}.in_proj_qkvz.weight"),
-                in_proj_ba: format!("{l}.in_proj_ba.weight"),
+                proj: DeltaProjNames::Grouped {
+                    qkvz: format!("{l}.in_proj_qkvz.weight"),
+                    ba: format!("{l}.in_proj_ba.weight"),
+                },
                 conv_weight: format!("{l}.conv1d.weight"),
                 dt_bias: format!("{l}.dt_bias"),
                 a_log: format!("{l}.A_log"),

@@ -192,6 +192,12 @@ impl<'a> Obj<'a> {
         ))
     }
 
+    /// `key` as messages name it: with the path of this nested object
+    /// (`text_config.tie_word_embeddings`).
+    pub fn key_name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
     /// Whether `key` is present at all (even as `null`).
     pub fn has(&self, key: &str) -> bool {
         self.map.contains_key(key)
@@ -463,6 +469,7 @@ fn key_prefix(key: &str) -> &'static str {
     match key {
         "rope_parameters" => "rope_parameters.",
         "rope_scaling" => "rope_scaling.",
+        "text_config" => "text_config.",
         _ => "",
     }
 }

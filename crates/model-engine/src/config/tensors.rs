@@ -2,8 +2,8 @@
 //! a linear layer's weight is `[out, in]`).
 
 use super::{
-    AttentionNames, DeltaNetNames, ExpertNames, FfnNames, LayerNames, MambaNames, MixerNames,
-    MlpNames, ModelConfig, MoeNames, TensorSpec, bias_of,
+    AttentionNames, DeltaNetNames, DeltaProjNames, ExpertNames, FfnNames, LayerNames, MambaNames,
+    MixerNames, MlpNames, ModelConfig, MoeNames, TensorSpec, bias_of,
 };
 
 impl ModelConfig {
@@ -27,6 +27,19 @@ impl ModelConfig {
         if let Some(head) = &self.names.lm_head {
             push(head, vec![self.vocab_size, h]);
         }
+        out
+    }
+
+    /// The tensors of one layer named by `names` (with this config's
+    /// shapes), such as a multi-token prediction layer's.
+    pub fn layer_specs(&self, names: &LayerNames) -> Vec<TensorSpec> {
+        let mut out = Vec::new();
+        self.layer_tensors(names, &mut |name: &str, shape: Vec<usize>| {
+            out.push(TensorSpec {
+                name: name.to_string(),
+                shape,
+            })
+        });
         out
     }
 
@@ -112,11 +125,18 @@ impl ModelConfig {
     fn deltanet_tensors(&self, n: &DeltaNetNames, push: &mut impl FnMut(&str, Vec<usize>)) {
         let Some(d) = &self.deltanet else { return };
         let h = self.hidden_size;
-        push(
-            &n.in_proj_qkvz,
-            vec![2 * d.key_dim() + 2 * d.value_dim(), h],
-        );
-        push(&n.in_proj_ba, vec![2 * d.n_v_heads, h]);
+        match &n.proj {
+            DeltaProjNames::Grouped { qkvz, ba } => {
+                push(qkvz, vec![d.conv_dim() + d.value_dim(), h]);
+                push(ba, vec![2 * d.n_v_heads, h]);
+            }
+            DeltaProjNames::Split { qkv, z, b, a } => {
+                push(qkv, vec![d.conv_dim(), h]);
+                push(z, vec![d.value_dim(), h]);
+                push(b, vec![d.n_v_heads, h]);
+                push(a, vec![d.n_v_heads, h]);
+            }
+        }
         push(&n.conv_weight, vec![d.conv_dim(), 1, d.conv_kernel]);
         push(&n.dt_bias, vec![d.n_v_heads]);
         push(&n.a_log, vec![d.n_v_heads]);

@@ -14,10 +14,14 @@ pub enum ModelType {
     NemotronH,
     GraniteMoeHybrid,
     Qwen3Next,
+    /// Qwen3.5 / Qwen3.6 dense; `qwen3_5_text` is its language model alone.
+    Qwen35,
+    /// Qwen3.5 / Qwen3.6 MoE; `qwen3_5_moe_text` is its language model alone.
+    Qwen35Moe,
 }
 
 impl ModelType {
-    pub const ALL: [ModelType; 9] = [
+    pub const ALL: [ModelType; 11] = [
         ModelType::Llama,
         ModelType::Qwen2,
         ModelType::Qwen3,
@@ -27,6 +31,8 @@ impl ModelType {
         ModelType::NemotronH,
         ModelType::GraniteMoeHybrid,
         ModelType::Qwen3Next,
+        ModelType::Qwen35,
+        ModelType::Qwen35Moe,
     ];
 
     /// The `model_type` string of config.json.
@@ -41,10 +47,19 @@ impl ModelType {
             ModelType::NemotronH => "nemotron_h",
             ModelType::GraniteMoeHybrid => "granitemoehybrid",
             ModelType::Qwen3Next => "qwen3_next",
+            ModelType::Qwen35 => "qwen3_5",
+            ModelType::Qwen35Moe => "qwen3_5_moe",
         }
     }
 
+    /// The type of a `model_type` string; the text models of the
+    /// vision-language wrappers (`qwen3_5_text`) are their family's.
     pub fn from_model_type(s: &str) -> Option<Self> {
+        let s = match s {
+            "qwen3_5_text" => "qwen3_5",
+            "qwen3_5_moe_text" => "qwen3_5_moe",
+            s => s,
+        };
         Self::ALL.into_iter().find(|t| t.as_str() == s)
     }
 }
@@ -329,10 +344,25 @@ pub struct MambaNames {
     pub out_proj_bias: Option<String>,
 }
 
+/// How a gated DeltaNet's input projections are stored.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DeltaProjNames {
+    /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, rows grouped per key
+    /// head (`[q, k, v, z]` and `[b, a]` of each).
+    Grouped { qkvz: String, ba: String },
+    /// Qwen3.5: `in_proj_qkv` (q, k and v of all heads, the conv's channel
+    /// order), `in_proj_z`, `in_proj_b` and `in_proj_a`.
+    Split {
+        qkv: String,
+        z: String,
+        b: String,
+        a: String,
+    },
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeltaNetNames {
-    pub in_proj_qkvz: String,
-    pub in_proj_ba: String,
+    pub proj: DeltaProjNames,
     pub conv_weight: String,
     pub dt_bias: String,
     pub a_log: String,
@@ -382,6 +412,25 @@ pub struct TensorSpec {
     pub shape: Vec<usize>,
 }
 
+/// Weights a checkpoint holds beside the language model that are not
+/// loaded: reported once at load (not tensor by tensor), the `expected`
+/// ones checked against the checkpoint's headers, listed apart by
+/// `inspect`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AsideWeights {
+    /// What they are ("vision tower", "multi-token prediction layers").
+    pub what: &'static str,
+    /// Their tensors' name prefixes.
+    pub prefixes: Vec<String>,
+    /// Why they are not loaded.
+    pub why: &'static str,
+    /// The tensors the config says they hold, with shapes (empty: whatever
+    /// is under the prefixes).
+    pub expected: Vec<TensorSpec>,
+    /// Whether the notice is a warning: the user loses something (images).
+    pub warn: bool,
+}
+
 /// A validated model configuration with its layer plan.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -411,6 +460,8 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
     pub names: ModelNames,
     pub layers: Vec<LayerPlan>,
+    /// Weights beside the language model that are not loaded.
+    pub aside: Vec<AsideWeights>,
     /// What the user should know about config.json that does not stop the
     /// load, each naming the file (a stale `num_hidden_layers` that
     /// transformers ignores, a key transformers ignores, a layer index listed

@@ -344,6 +344,12 @@ fn table(c: &ModelConfig) -> Result<&'static GgufTable> {
         ModelType::GraniteMoeHybrid if c.moe.is_some() => &arch::granite_hybrid::GGUF_MOE,
         ModelType::GraniteMoeHybrid => &arch::granite_hybrid::GGUF_DENSE,
         ModelType::Qwen3Next => &arch::qwen3_next::GGUF,
+        ModelType::Qwen35 | ModelType::Qwen35Moe => {
+            return Err(EngineError::Internal(format!(
+                "GGUF files of {} are not read yet",
+                c.model_type.as_str()
+            )));
+        }
     })
 }
 

@@ -7,7 +7,7 @@ use metrale_core::scope::ModelResource;
 use metrale_gpu_runtime::gpu::GpuBackend;
 use metrale_model_weights::loader::{
     ExpectedTensor, LoadProgress, StoredDType, WeightFormat, device_dtype, load_gguf,
-    load_safetensors,
+    load_safetensors_with,
 };
 use metrale_model_weights::weights::WeightStore;
 
@@ -44,7 +44,15 @@ impl TransformerModel {
             format,
             gpu.as_ref(),
         )?;
-        let store = load_safetensors(model_dir, &expected, gpu.as_ref(), format.dtype, progress)?;
+        let aside = crate::loader::set_aside(&config);
+        let store = load_safetensors_with(
+            model_dir,
+            &expected,
+            &aside,
+            gpu.as_ref(),
+            format.dtype,
+            progress,
+        )?;
         Self::assemble(gpu, config, options, store)
     }
 

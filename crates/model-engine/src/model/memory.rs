@@ -8,7 +8,7 @@ use metrale_core::DType;
 use metrale_gpu_runtime::gpu::GpuBackend;
 
 use super::types::{ModelOptions, arena_plan, kv_spec, recurrent_state_shapes};
-use crate::config::{FfnNames, MixerKind, MixerNames, ModelConfig, TensorSpec};
+use crate::config::{DeltaProjNames, FfnNames, MixerKind, MixerNames, ModelConfig, TensorSpec};
 use crate::error::{EngineError, Result};
 
 /// Bytes per owner. Sizes saturate instead of overflowing, so an absurd
@@ -151,8 +151,10 @@ fn derived_tensors(config: &ModelConfig) -> Vec<String> {
                 names.extend(a.q_bias.clone());
             }
             (MixerNames::GatedDeltaNet(d), MixerKind::GatedDeltaNet) => {
-                names.push(d.in_proj_qkvz.clone());
-                names.push(d.in_proj_ba.clone());
+                if let DeltaProjNames::Grouped { qkvz, ba } = &d.proj {
+                    names.push(qkvz.clone());
+                    names.push(ba.clone());
+                }
             }
             _ => {}
         }

@@ -330,6 +330,48 @@ fn deltanet(
     state_layer: usize,
     layer: usize,
 ) -> Result<DeltaWeights> {
+    let (cd, vd, nv) = (d.conv_dim(), d.value_dim(), d.n_v_heads);
+    let [qkv, z, b, a] = match &n.proj {
+        DeltaProjNames::Grouped { qkvz, ba } => {
+            let (qkvz, ba) = grouped_projections(r, derived, d, (qkvz, ba), h, layer)?;
+            [
+                qkvz.rows(0, cd)?,
+                qkvz.rows(cd, vd)?,
+                ba.rows(0, nv)?,
+                ba.rows(nv, nv)?,
+            ]
+        }
+        DeltaProjNames::Split { qkv, z, b, a } => [
+            r.linear(qkv, None, cd, h)?,
+            r.linear(z, None, vd, h)?,
+            r.linear(b, None, nv, h)?,
+            r.linear(a, None, nv, h)?,
+        ],
+    };
+    Ok(DeltaWeights {
+        qkv,
+        z,
+        b,
+        a,
+        conv_w: r.any_shape(&n.conv_weight, d.conv_dim() * d.conv_kernel)?,
+        dt_bias: r.vector(&n.dt_bias, d.n_v_heads)?,
+        a_log: r.vector(&n.a_log, d.n_v_heads)?,
+        norm: r.vector(&n.norm, d.v_head_dim)?,
+        out_proj: r.linear(&n.out_proj, None, h, d.value_dim())?,
+        state_layer,
+    })
+}
+
+/// Qwen3-Next's `in_proj_qkvz` and `in_proj_ba`, their rows permuted from
+/// per-key-head groups to `[q; k; v; z]` and `[b; a]`, each over all heads.
+fn grouped_projections(
+    r: &mut Resolver<'_>,
+    derived: &mut DerivedWeights,
+    d: &DeltaNetConfig,
+    (qkvz_name, ba_name): (&str, &str),
+    h: usize,
+    layer: usize,
+) -> Result<(Linear, Linear)> {
     let (nk, dk, dv) = (d.n_k_heads, d.k_head_dim, d.v_head_dim);
     let ratio = d.n_v_heads / nk.max(1);
     // HF groups in_proj_qkvz per key head as [q(dk), k(dk), v(ratio*dv), z(ratio*dv)].
@@ -347,7 +389,7 @@ fn deltanet(
         })
         .collect();
     let gpu = r.gpu;
-    let raw = r.raw_linear(&n.in_proj_qkvz, None, nk * group, h)?;
+    let raw = r.raw_linear(qkvz_name, None, nk * group, h)?;
     let qkvz = Linear {
         w: derived_matrix(
             derived,
@@ -366,7 +408,7 @@ fn deltanet(
             (0..nk).flat_map(move |g| (0..ratio).map(move |c| g * 2 * ratio + half * ratio + c))
         })
         .collect();
-    let raw_ba = r.raw_linear(&n.in_proj_ba, None, 2 * d.n_v_heads, h)?;
+    let raw_ba = r.raw_linear(ba_name, None, 2 * d.n_v_heads, h)?;
     let ba = Linear {
         w: derived_matrix(
             derived,
@@ -379,16 +421,7 @@ fn deltanet(
         )?,
         ..raw_ba
     };
-    Ok(DeltaWeights {
-        qkvz,
-        ba,
-        conv_w: r.any_shape(&n.conv_weight, d.conv_dim() * d.conv_kernel)?,
-        dt_bias: r.vector(&n.dt_bias, d.n_v_heads)?,
-        a_log: r.vector(&n.a_log, d.n_v_heads)?,
-        norm: r.vector(&n.norm, dv)?,
-        out_proj: r.linear(&n.out_proj, None, h, d.value_dim())?,
-        state_layer,
-    })
+    Ok((qkvz, ba))
 }
 
 fn moe(

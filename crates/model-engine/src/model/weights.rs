@@ -87,10 +87,13 @@ pub(crate) struct MambaWeights {
 
 #[derive(Clone, Debug)]
 pub(crate) struct DeltaWeights {
-    /// Rows permuted to `[q; k; v; z]`, each over all heads.
-    pub qkvz: Linear,
-    /// Rows permuted to `[b; a]`.
-    pub ba: Linear,
+    /// q, k and v of all heads, in the conv's channel order.
+    pub qkv: Linear,
+    /// The output gate, all heads.
+    pub z: Linear,
+    /// The write strength (through a sigmoid) and the decay input, one per value head.
+    pub b: Linear,
+    pub a: Linear,
     pub conv_w: DeviceSlice,
     pub dt_bias: DeviceSlice,
     pub a_log: DeviceSlice,

@@ -13,6 +13,7 @@ mod config_fixtures;
 mod config_hostile;
 mod config_layer_keys;
 mod config_quirks;
+mod config_qwen3_5;
 mod conformance;
 mod device_faults;
 mod gguf;

@@ -8,6 +8,7 @@
 //! for and uploaded, one owned allocation per tensor, all on the backend's
 //! ledger. If anything fails, everything allocated so far is freed.
 
+mod aside;
 mod checkpoint;
 mod convert;
 mod gguf;
@@ -21,6 +22,7 @@ use std::path::{Path, PathBuf};
 use metrale_core::quant::GgmlType;
 use metrale_gpu_runtime::gpu::GpuBackend;
 
+pub use aside::SetAside;
 pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE, quantized};
 pub use convert::{WeightDType, WeightFormat, convert, widen};
 pub use gguf::{GgufExpected, GgufTransform, RowRun, device_dtype, load_gguf};
@@ -71,6 +73,9 @@ pub enum LoadProgress {
     /// (a tensor in the checkpoint that the model does not use; the engine
     /// sends its config's warnings this way too).
     Warning(String),
+    /// Something worth knowing that is not a problem (a part of the
+    /// checkpoint set aside as expected, [`SetAside`]).
+    Notice(String),
     /// Every tensor is on the device.
     Done { tensors: usize, bytes: u64 },
 }
@@ -100,6 +105,19 @@ pub fn scan_safetensors(dir: &Path) -> Result<Vec<StoredTensor>, WeightsError> {
 pub fn load_safetensors(
     dir: &Path,
     expected: &[ExpectedTensor],
+    gpu: &dyn GpuBackend,
+    policy: WeightDType,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<WeightStore, WeightsError> {
+    load_safetensors_with(dir, expected, &[], gpu, policy, progress)
+}
+
+/// [`load_safetensors`], with parts of the checkpoint that are not loaded
+/// (`aside`): each reported once ([`SetAside`]), not tensor by tensor.
+pub fn load_safetensors_with(
+    dir: &Path,
+    expected: &[ExpectedTensor],
+    aside: &[SetAside],
     gpu: &dyn GpuBackend,
     policy: WeightDType,
     progress: &mut dyn FnMut(LoadProgress),
@@ -146,9 +164,19 @@ pub fn load_safetensors(
         };
         plan.push((file, entry, dtype, target));
     }
+    let aside = aside::report(&checkpoint, &seen, aside);
+    for (warn, message) in aside.messages {
+        if warn {
+            tracing::warn!("{message}");
+            progress(LoadProgress::Warning(message));
+        } else {
+            tracing::info!("{message}");
+            progress(LoadProgress::Notice(message));
+        }
+    }
     let mut extra: Vec<(&Path, &str)> = checkpoint
         .entries()
-        .filter(|(_, t)| !seen.contains(t.name.as_str()))
+        .filter(|(_, t)| !seen.contains(t.name.as_str()) && !aside.names.contains(&t.name))
         .map(|(f, t)| (f.path.as_path(), t.name.as_str()))
         .collect();
     extra.sort();

@@ -163,9 +163,8 @@ pub(super) fn mamba(cx: &Cx<'_>, w: &MambaWeights) -> Result<()> {
     cx.linear(normed, &w.out_proj, cx.s.mixed, t)
 }
 
-/// Gated DeltaNet: in_proj_qkvz / in_proj_ba (rows pre-permuted to
-/// contiguous parts); conv1d+SiLU over q|k|v; the gated delta rule; gated
-/// RMSNorm per head with z; out_proj.
+/// Gated DeltaNet: the q|k|v, z, b and a projections; conv1d+SiLU over
+/// q|k|v; the gated delta rule; gated RMSNorm per head with z; out_proj.
 pub(super) fn deltanet(cx: &Cx<'_>, w: &DeltaWeights) -> Result<()> {
     let gpu = cx.gpu;
     let d = cx
@@ -176,7 +175,6 @@ pub(super) fn deltanet(cx: &Cx<'_>, w: &DeltaWeights) -> Result<()> {
         .ok_or_else(|| EngineError::Internal("DeltaNet layer without its config".into()))?;
     let t = cx.batch.tokens;
     let (kd, vd, cd, nv) = (d.key_dim(), d.value_dim(), d.conv_dim(), d.n_v_heads);
-    let width = cd + vd;
     let DeltaRegs {
         normed,
         mixed,
@@ -191,11 +189,10 @@ pub(super) fn deltanet(cx: &Cx<'_>, w: &DeltaWeights) -> Result<()> {
     let cut = |s: DeviceSlice, n: usize| s.slice(0, n).map_err(dev("deltanet scratch"));
     let seqs = &cx.batch.meta.recurrent;
     // The projections' parts straight into their buffers (no split copies).
-    debug_assert_eq!(w.qkvz.n, width);
-    cx.linear(cx.s.normed, &w.qkvz.rows(0, cd)?, mixed, t)?;
-    cx.linear(cx.s.normed, &w.qkvz.rows(cd, vd)?, z, t)?;
-    cx.linear(cx.s.normed, &w.ba.rows(0, nv)?, b, t)?;
-    cx.linear(cx.s.normed, &w.ba.rows(nv, nv)?, a, t)?;
+    cx.linear(cx.s.normed, &w.qkv, mixed, t)?;
+    cx.linear(cx.s.normed, &w.z, z, t)?;
+    cx.linear(cx.s.normed, &w.b, b, t)?;
+    cx.linear(cx.s.normed, &w.a, a, t)?;
     gpu.causal_conv1d(
         cut(mixed, t * cd)?,
         w.conv_w,

@@ -89,6 +89,7 @@ fn hybrid_config() -> ModelConfig {
                 sliding_window: None,
             },
         ],
+        aside: Vec::new(),
         warnings: Vec::new(),
     }
 }

@@ -8,7 +8,7 @@ use metrale_model_engine::EngineError;
 use metrale_model_engine::config::parse_config;
 use serde_json::{Map, Value};
 
-pub const FIXTURES: [&str; 7] = [
+pub const FIXTURES: [&str; 9] = [
     "llama",
     "qwen3",
     "mamba2",
@@ -16,6 +16,8 @@ pub const FIXTURES: [&str; 7] = [
     "nemotron_h",
     "granitemoehybrid",
     "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
 ];
 
 pub fn fixture(name: &str) -> PathBuf {
