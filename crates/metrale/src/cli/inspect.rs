@@ -162,8 +162,47 @@ pub fn run(mut args: Args) -> Result<()> {
         })?;
         budget = Some(free as u64);
     }
-    print!("{}", report(&args, &config, &totals, &sizes, budget));
+    let mut text = report(&args, &config, &totals, &sizes, budget);
+    if let Some(aside) = aside_line(&args, &config, has_weights && !gguf) {
+        // After the parameters: counted apart from them.
+        let at = text.find("\nweights").map_or(text.len(), |i| i + 1);
+        text.insert_str(at, &format!("{:<18}{aside}\n", "not loaded"));
+    }
+    print!("{text}");
     Ok(())
+}
+
+/// The parts of the checkpoint the model sets aside (a vision tower, MTP
+/// layers), each with its parameters: from the config where it describes
+/// them, else from the checkpoint's headers (`headers`: there are some).
+fn aside_line(args: &Args, c: &ModelConfig, headers: bool) -> Option<String> {
+    let stored = headers
+        .then(|| scan_safetensors(&args.model_dir).ok())
+        .flatten()
+        .unwrap_or_default();
+    let parts: Vec<String> = c
+        .aside
+        .iter()
+        .filter_map(|part| {
+            let prefixes = part.prefixes.join(", ");
+            if !part.expected.is_empty() {
+                let n: usize = part
+                    .expected
+                    .iter()
+                    .map(|t| t.shape.iter().product::<usize>())
+                    .sum();
+                return Some(format!("{} ({prefixes}) {}", part.what, human_count(n)));
+            }
+            let held = stored
+                .iter()
+                .filter(|t| part.prefixes.iter().any(|p| t.name.starts_with(p.as_str())));
+            let (count, n) = held.fold((0, 0), |(k, n), t| {
+                (k + 1, n + t.shape.iter().product::<usize>())
+            });
+            (count > 0).then(|| format!("{} ({prefixes}) {}", part.what, human_count(n)))
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// Loads every weight onto the backend of `--device` (checking the whole

@@ -5,7 +5,9 @@
 //! model of each, reduced in depth and in widths that leave every layer's
 //! semantics alone, runs a `generate` step through the CLI.
 //!
-//! The reduction, the same for every config (and printed per config):
+//! The reduction, the same for every config (and printed per config; a
+//! vision-language wrapper's `text_config`, where the language model's
+//! settings are):
 //! - depth: the shortest prefix of the layers holding every layer kind of
 //!   the plan (at least two layers), every per-layer list cut to it;
 //! - `hidden_size` to 256, with the head sizes it used to imply written out
@@ -312,7 +314,11 @@ fn check_generate(name: &str, dir: &Path, keep: usize, scratch: &Path) -> Result
     let full_text = std::fs::read_to_string(dir.join("config.json"))?;
     let full = parse_config(&full_text, &dir.join("config.json"))?;
     let mut map = read_config(&dir.join("config.json"))?;
-    let changed = reduce(&mut map, keep, full.mamba.is_some())?;
+    // A vision-language wrapper keeps the language model under `text_config`.
+    let changed = match map.get_mut("text_config") {
+        Some(Value::Object(text)) => reduce(text, keep, full.mamba.is_some())?,
+        _ => reduce(&mut map, keep, full.mamba.is_some())?,
+    };
     let text = config_text(&map)?;
     let work = scratch.join(name);
     std::fs::create_dir_all(&work)?;
