@@ -36,13 +36,17 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : lo
 // oldest first, at states + slot * per_slot); then SiLU when `silu`. Added
 // in the CPU's order: bias, then the taps oldest first. The state is read
 // only here; `conv_state_update` (queued after) writes the new one.
+// LFM2's gates (`pre`, `post`, both null or both `[rows, channels]`): the
+// inputs of this call are `pre * x` (the state already holds such), the
+// output is `post * acc` (no SiLU).
 extern "C" __global__ void causal_conv1d(const float* __restrict__ x, const void* __restrict__ w,
                                          const void* __restrict__ bias, float* __restrict__ out,
                                          const float* __restrict__ states,
                                          const unsigned* __restrict__ seqs, int n_seqs,
                                          int channels, int kernel, long long per_slot,
                                          unsigned n_slots, long long rows_bound, int w_dtype,
-                                         int b_dtype, int silu) {
+                                         int b_dtype, int silu, const float* __restrict__ pre,
+                                         const float* __restrict__ post) {
     const int s = blockIdx.y;
     if (s >= n_seqs) {
         return;
@@ -63,11 +67,13 @@ extern "C" __global__ void causal_conv1d(const float* __restrict__ x, const void
         for (int j = 0; j < kernel; ++j) {
             // Input t + j - km1 of the sequence; negative: from the state.
             const int i = t + j - km1;
-            const float v = i >= 0 ? x[(row0 + i) * channels + c]
+            const long long at = (row0 + i) * channels + c;
+            const float v = i >= 0 ? (pre ? pre[at] * x[at] : x[at])
                                    : st[(long long)(t + j) * channels + c];
             acc += load_f32(w, (long long)c * kernel + j, w_dtype) * v;
         }
-        out[(row0 + t) * channels + c] = silu ? silu_f(acc) : acc;
+        const long long o = (row0 + t) * channels + c;
+        out[o] = post ? post[o] * acc : silu ? silu_f(acc) : acc;
     }
 }
 
@@ -75,10 +81,12 @@ extern "C" __global__ void causal_conv1d(const float* __restrict__ x, const void
 // old state where the sequence is shorter. Grid (channel blocks, n_seqs);
 // each thread walks its channel's taps oldest first, so the in-place shift
 // (tap i from old tap i + len) reads every old tap before it is overwritten.
+// With LFM2's `pre` gate (else null) the inputs are `pre * x`.
 extern "C" __global__ void conv_state_update(const float* __restrict__ x, float* states,
                                              const unsigned* __restrict__ seqs, int n_seqs,
                                              int channels, int kernel, long long per_slot,
-                                             unsigned n_slots, long long rows_bound) {
+                                             unsigned n_slots, long long rows_bound,
+                                             const float* __restrict__ pre) {
     const int s = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= n_seqs || c >= channels) {
@@ -95,8 +103,9 @@ extern "C" __global__ void conv_state_update(const float* __restrict__ x, float*
     for (int i = 0; i < km1; ++i) {
         // Tap i of the new state is input len + i - km1 of the sequence.
         const int src = len + i - km1;
-        st[(long long)i * channels + c] =
-            src >= 0 ? x[(row0 + src) * channels + c] : st[(long long)(i + len) * channels + c];
+        const long long at = (row0 + src) * channels + c;
+        st[(long long)i * channels + c] = src >= 0 ? (pre ? pre[at] * x[at] : x[at])
+                                                   : st[(long long)(i + len) * channels + c];
     }
 }
 

@@ -56,11 +56,15 @@ static void test_ssd(int nh, int hd, int ds, int ng, bool strided) {
     printf("ssd nh %d hd %d ds %d ng %d strided %d: %d fails so far\n", nh, hd, ds, ng, strided, fails);
 }
 
-static void test_conv(int ch, int k, bool with_bias, bool silu) {
+// `gated`: LFM2's gates, out = post * conv(pre * x), the state keeping pre * x.
+static void test_conv(int ch, int k, bool with_bias, bool silu, bool gated = false) {
     struct S { int r0, len, slot; };
     std::vector<S> seqs = {{0, 5, 1}, {5, 1, 0}, {6, 0, 3}, {6, 2, 2}};
     const int rows = 9, km1 = k - 1;
     std::vector<float> x = rv(rows * ch, -2, 2), wf = rv(ch * k, -1, 1), bf = rv(ch, -0.5, 0.5);
+    std::vector<float> pre = rv(rows * ch, -1.5, 1.5), post = rv(rows * ch, -1.5, 1.5);
+    const float* prep = gated ? pre.data() : nullptr;
+    const float* postp = gated ? post.data() : nullptr;
     std::vector<unsigned short> w16(ch * k), b16(ch);
     for (int i = 0; i < ch * k; ++i) { w16[i] = to_bf16(wf[i]); wf[i] = bf16_to_f32(w16[i]); }
     for (int i = 0; i < ch; ++i) { b16[i] = to_f16(bf[i]); bf[i] = f16_to_f32(b16[i]); }
@@ -70,26 +74,31 @@ static void test_conv(int ch, int k, bool with_bias, bool silu) {
     unsigned nslots = per == 0 ? 0xffffffffu : 4;
     unsigned gx = std::min<long long>((rows * ch + 255) / 256, std::max<long long>((ch + 255) / 256, (4096 + seqs.size() - 1) / seqs.size()));
     launch(Dim3{gx, (unsigned)seqs.size(), 1}, 256, 0, [&] {
-        causal_conv1d(x.data(), w16.data(), with_bias ? b16.data() : nullptr, out.data(), st.data(), words.data(), seqs.size(), ch, k, per, nslots, rows, 1, 2, silu);
+        causal_conv1d(x.data(), w16.data(), with_bias ? b16.data() : nullptr, out.data(), st.data(), words.data(), seqs.size(), ch, k, per, nslots, rows, 1, 2, silu, prep, postp);
     });
     if (km1 > 0)
         launch(Dim3{(unsigned)((ch + 255) / 256), (unsigned)seqs.size(), 1}, 256, 0, [&] {
-            conv_state_update(x.data(), st.data(), words.data(), seqs.size(), ch, k, per, nslots, rows);
+            conv_state_update(x.data(), st.data(), words.data(), seqs.size(), ch, k, per, nslots, rows, prep);
         });
     for (auto s : seqs)
         for (int c = 0; c < ch; ++c) {
             std::vector<double> hist;
             for (int j = 0; j < km1; ++j) hist.push_back(st0[s.slot * per + j * ch + c]);
-            for (int t = 0; t < s.len; ++t) hist.push_back(x[(s.r0 + t) * ch + c]);
+            for (int t = 0; t < s.len; ++t) {
+                const int at = (s.r0 + t) * ch + c;
+                // The state holds f32 products, as the kernel computes them.
+                hist.push_back(gated ? (double)(pre[at] * x[at]) : x[at]);
+            }
             for (int t = 0; t < s.len; ++t) {
                 double acc = with_bias ? bf[c] : 0;
                 for (int j = 0; j < k; ++j) acc += wf[c * k + j] * hist[t + j];
-                check("conv out", out[(s.r0 + t) * ch + c], silu ? silu64(acc) : acc, 1e-5);
+                const int at = (s.r0 + t) * ch + c;
+                check("conv out", out[at], gated ? post[at] * acc : silu ? silu64(acc) : acc, 1e-5);
             }
             for (int j = 0; j < km1; ++j) check("conv state", st[s.slot * per + j * ch + c], hist[s.len + j], 0);
         }
     for (int i = 8 * ch; i < 9 * ch; ++i) check("conv spare", out[i], 7, 0);
-    printf("conv ch %d k %d bias %d silu %d: %d fails so far\n", ch, k, with_bias, silu, fails);
+    printf("conv ch %d k %d bias %d silu %d gated %d: %d fails so far\n", ch, k, with_bias, silu, gated, fails);
 }
 
 static void test_norm(int rows, int dim, int gs, int order) {
@@ -127,6 +136,8 @@ int main() {
     test_conv(300, 3, false, false);
     test_conv(33, 2, true, false);
     test_conv(40, 1, true, true);
+    test_conv(90, 3, false, false, true);
+    test_conv(33, 2, true, false, true);
     test_norm(3, 96, 32, 0);
     test_norm(2, 96, 96, 1);
     test_norm(2, 4100, 4100, 0);

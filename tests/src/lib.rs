@@ -13,7 +13,7 @@ use metrale_model_weights::loader::WeightDType;
 use safetensors::SafeTensors;
 
 /// The fixture model folders with golden logits.
-pub const MODELS: [&str; 10] = [
+pub const MODELS: [&str; 11] = [
     "llama",
     "qwen3",
     "mamba2",
@@ -24,6 +24,7 @@ pub const MODELS: [&str; 10] = [
     "nemotron_h_moe",
     "qwen3_5",
     "qwen3_5_moe",
+    "lfm2",
 ];
 
 /// Largest |logits - golden| the fixtures' README allows on the CPU.

@@ -12,7 +12,7 @@ use metrale_core::{BlockId, DType};
 use metrale_gpu_runtime::cpu::CpuBackend;
 use metrale_gpu_runtime::gpu::{DeviceSlice, GpuBackend};
 use metrale_gpu_runtime::ops::step::Staged;
-use metrale_gpu_runtime::ops::{AttnParams, KvLayer, MatmulDims, StateSlots};
+use metrale_gpu_runtime::ops::{AttnParams, ConvAct, KvLayer, MatmulDims, StateSlots};
 
 #[path = "support/mod.rs"]
 mod support;
@@ -202,8 +202,18 @@ fn conv1d(c: &mut Criterion, cpu: &CpuBackend) {
         let seqs = staged.recurrent(gpu, &[(0, rows, 0)]).expect("stage");
         g.bench_function(format!("granite_{channels}ch_k{kernel}_{rows}rows"), |b| {
             b.iter(|| {
-                gpu.causal_conv1d(x, w, Some(bias), out, states, &seqs, channels, kernel, true)
-                    .expect("conv1d")
+                gpu.causal_conv1d(
+                    x,
+                    w,
+                    Some(bias),
+                    out,
+                    states,
+                    &seqs,
+                    channels,
+                    kernel,
+                    ConvAct::Silu,
+                )
+                .expect("conv1d")
             })
         });
         staged.free(gpu).expect("free");

@@ -50,6 +50,7 @@ pub fn arch_shapes(config: &ModelConfig) -> ArchShapes {
             sliding_window: config.layers.iter().find_map(|l| l.sliding_window),
         }),
         block_size: DEFAULT_BLOCK_SIZE,
+        short_conv: config.short_conv.as_ref().map(|c| c.kernel),
         mamba: config.mamba.as_ref().map(|m| MambaShapes {
             n_heads: m.n_heads,
             head_dim: m.head_dim,
@@ -132,6 +133,7 @@ pub fn required_ops(config: &ModelConfig) -> Vec<Op> {
                 Op::GatedDeltaRule,
                 Op::GatedRmsNorm,
             ]),
+            MixerKind::ShortConv => ops.push(Op::CausalConv1d),
             MixerKind::None => {}
         }
         match &layer.names.ffn {

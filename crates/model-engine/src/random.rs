@@ -88,6 +88,15 @@ fn fills(c: &ModelConfig) -> std::collections::HashMap<String, Fill> {
                 f.insert(d.a_log.clone(), Fill::ALog);
                 f.insert(d.norm.clone(), Fill::Const(1.0));
             }
+            MixerNames::ShortConv(n) => {
+                let kernel = c.short_conv.as_ref().map_or(3, |s| s.kernel) as f32;
+                f.insert(n.conv_weight.clone(), Fill::Uniform(1.0 / kernel.sqrt()));
+                if n.bias {
+                    for w in [&n.in_proj, &n.conv_weight, &n.out_proj] {
+                        f.insert(crate::config::bias_of(w), Fill::Const(0.0));
+                    }
+                }
+            }
             MixerNames::None => {}
         }
     }

@@ -119,3 +119,8 @@ fn qwen3_5_matches_golden() -> Result<()> {
 fn qwen3_5_moe_matches_golden() -> Result<()> {
     check_model("qwen3_5_moe")
 }
+
+#[test]
+fn lfm2_matches_golden() -> Result<()> {
+    check_model("lfm2")
+}

@@ -135,6 +135,8 @@ pub struct ArchShapes {
     pub attention: Option<AttnShapes>,
     /// Tokens per KV-cache block.
     pub block_size: usize,
+    /// LFM2's gated short convolution over `hidden` channels: its kernel.
+    pub short_conv: Option<usize>,
     pub mamba: Option<MambaShapes>,
     pub deltanet: Option<DeltaShapes>,
     pub moe: Option<MoeShapes>,
@@ -164,7 +166,10 @@ impl ArchShapes {
             Op::Rope => self.attention.as_ref().is_some_and(|a| a.rotary_dim > 0),
             Op::KvStore | Op::PagedAttention => self.attention.is_some(),
             Op::MatmulSwiglu => gated_mlp,
-            Op::CausalConv1d | Op::GatedRmsNorm => self.mamba.is_some() || self.deltanet.is_some(),
+            Op::CausalConv1d => {
+                self.mamba.is_some() || self.deltanet.is_some() || self.short_conv.is_some()
+            }
+            Op::GatedRmsNorm => self.mamba.is_some() || self.deltanet.is_some(),
             Op::SsdScan => self.mamba.is_some(),
             Op::GatedDeltaRule => self.deltanet.is_some(),
             Op::SoftmaxTopk
@@ -212,6 +217,7 @@ impl ArchShapes {
                 }),
                 attention: Some(attn(6, 2, 8, 8, None)),
                 block_size: 4,
+                short_conv: Some(3),
                 mamba: None,
                 deltanet: None,
                 moe: None,
@@ -223,6 +229,7 @@ impl ArchShapes {
                 mlp: None,
                 attention: Some(attn(6, 2, 64, 32, Some(5))),
                 block_size: 4,
+                short_conv: None,
                 mamba: Some(mamba(4, 8, 16, 2, 8, 2)),
                 deltanet: None,
                 moe: Some(MoeShapes {
@@ -245,6 +252,7 @@ impl ArchShapes {
                 attention: Some(attn(6, 2, 40, 40, Some(3))),
                 block_size: 16,
                 // Kernel 1: a conv without a state.
+                short_conv: None,
                 mamba: Some(MambaShapes {
                     dt_limit: (0.05, 0.3),
                     conv_kernel: 1,
@@ -270,6 +278,7 @@ impl ArchShapes {
                 }),
                 attention: Some(attn(4, 1, 128, 32, Some(17))),
                 block_size: 16,
+                short_conv: None,
                 mamba: Some(mamba(2, 4, 8, 1, 1, 1)),
                 deltanet: Some(DeltaShapes {
                     n_k_heads: 2,
@@ -298,6 +307,7 @@ impl ArchShapes {
                 }),
                 attention: Some(attn(4, 1, 64, 64, None)),
                 block_size: 16,
+                short_conv: Some(2),
                 mamba: None,
                 deltanet: Some(DeltaShapes {
                     n_k_heads: 3,

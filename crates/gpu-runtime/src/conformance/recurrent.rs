@@ -4,7 +4,7 @@
 
 use super::harness::{Cx, Fail, Mem, Outcome, Step, WEIGHT_DTYPES, silu64, steps};
 use crate::gpu::DeviceSlice;
-use crate::ops::{GateOrder, StateSlots};
+use crate::ops::{ConvAct, GateOrder, StateSlots};
 
 pub(super) use super::scans::{gated_delta_rule, ssd_scan};
 
@@ -115,33 +115,57 @@ pub(super) fn splits_of(step: &Step) -> Vec<&'static [usize]> {
 
 /// Causal conv of one sequence in f64: its output rows and the new state
 /// (`[k - 1, ch]`, oldest first).
-pub(super) fn conv64(
+fn conv64(
     x: &[f32],
     w: &[f32],
     bias: Option<&[f32]>,
     state: &[f32],
     ch: usize,
     k: usize,
-    silu: bool,
+    act: &Act,
 ) -> (Vec<f64>, Vec<f64>) {
     let len = x.len() / ch;
     let mut out = vec![0f64; len * ch];
     let mut new_state = vec![0f64; ch * (k - 1)];
+    let pre = |i: usize| match act {
+        Act::Gated(pre, _) => pre[i] as f64,
+        _ => 1.0,
+    };
     for c in 0..ch {
         let mut hist: Vec<f64> = (0..k - 1).map(|j| state[j * ch + c] as f64).collect();
-        hist.extend((0..len).map(|t| x[t * ch + c] as f64));
+        hist.extend((0..len).map(|t| x[t * ch + c] as f64 * pre(t * ch + c)));
         for t in 0..len {
             let mut acc = bias.map_or(0.0, |b| b[c] as f64);
             for j in 0..k {
                 acc += w[c * k + j] as f64 * hist[t + j];
             }
-            out[t * ch + c] = if silu { silu64(acc) } else { acc };
+            out[t * ch + c] = match act {
+                Act::Silu => silu64(acc),
+                Act::Linear => acc,
+                Act::Gated(_, post) => post[t * ch + c] as f64 * acc,
+            };
         }
         for (j, &h) in hist[len..].iter().enumerate() {
             new_state[j * ch + c] = h;
         }
     }
     (out, new_state)
+}
+
+/// What the conv does around the convolution, with the gates' values
+/// (a sequence's rows of them, in the reference).
+enum Act {
+    Silu,
+    Linear,
+    Gated(Vec<f32>, Vec<f32>),
+}
+
+/// [`Act`]'s three kinds, by number.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ActKind {
+    Silu,
+    Linear,
+    Gated,
 }
 
 /// One conv call pattern: a step, fed as `splits` say.
@@ -154,11 +178,18 @@ fn conv_case(
     k: usize,
     bias: bool,
     dtype: metrale_core::DType,
-    silu: bool,
+    kind: ActKind,
 ) -> Outcome {
     let l = Layout::of(step);
     let mut m = cx.mem();
     let xv = cx.rng.vec(l.rows * ch, -2.0, 2.0);
+    let (pre_v, post_v) = match kind {
+        ActKind::Gated => (
+            cx.rng.vec(l.rows * ch, -1.5, 1.5),
+            cx.rng.vec(l.rows * ch, -1.5, 1.5),
+        ),
+        _ => (Vec::new(), Vec::new()),
+    };
     let (w, wv) = m.weights(&cx.rng.vec(ch * k, -1.0, 1.0), dtype)?;
     let b = if bias {
         Some(m.weights(&cx.rng.vec(ch, -0.5, 0.5), dtype)?)
@@ -176,27 +207,43 @@ fn conv_case(
         .collect();
     let pool = l.pool(&mut m, &states0)?;
     let (x, out) = (m.f32s(&xv)?, m.fill(l.rows * ch, UNTOUCHED)?);
+    let act = match kind {
+        ActKind::Silu => ConvAct::Silu,
+        ActKind::Linear => ConvAct::Linear,
+        ActKind::Gated => ConvAct::Gated {
+            pre: m.f32s(&pre_v)?,
+            post: m.f32s(&post_v)?,
+        },
+    };
     for piece in l.pieces(splits) {
         let seqs = m.recurrent(&piece)?;
         let r = cx
             .gpu
-            .causal_conv1d(x, w, b.as_ref().map(|b| b.0), out, pool, &seqs, ch, k, silu);
+            .causal_conv1d(x, w, b.as_ref().map(|b| b.0), out, pool, &seqs, ch, k, act);
         cx.tested(r)?;
     }
     let (got, states) = (m.down(out)?, l.states(&m, pool)?);
     let what = format!(
-        "{} in pieces {splits:?}: {ch} channels, kernel {k}, {dtype}, bias {bias}, silu {silu}",
+        "{} in pieces {splits:?}: {ch} channels, kernel {k}, {dtype}, bias {bias}, {kind:?}",
         step.name
     );
     for (i, &(r0, len)) in l.spans.iter().enumerate() {
+        let rows = r0 * ch..(r0 + len) * ch;
+        let act = match kind {
+            ActKind::Silu => Act::Silu,
+            ActKind::Linear => Act::Linear,
+            ActKind::Gated => {
+                Act::Gated(pre_v[rows.clone()].to_vec(), post_v[rows.clone()].to_vec())
+            }
+        };
         let (o, st) = conv64(
-            &xv[r0 * ch..(r0 + len) * ch],
+            &xv[rows],
             &wv,
             b.as_ref().map(|b| &b.1[..]),
             &states0[i],
             ch,
             k,
-            silu,
+            &act,
         );
         cx.close(&got[r0 * ch..(r0 + len) * ch], &o, CONV_TOL, &what)?;
         cx.close(&states[i], &st, 0.0, &format!("{what}, state"))?;
@@ -204,25 +251,33 @@ fn conv_case(
     l.untouched(&got, ch, &what)
 }
 
-/// Mamba-2's conv over x | B | C (with a bias) and the DeltaNet's over
-/// q | k | v (without); every step, fed whole and in pieces.
+/// Mamba-2's conv over x | B | C (with a bias), the DeltaNet's over
+/// q | k | v (without) and LFM2's gated short conv over the hidden
+/// channels; every step, fed whole and in pieces.
 pub(super) fn causal_conv1d(cx: &mut Cx<'_>) -> Outcome {
+    use ActKind::{Gated, Linear, Silu};
     let mut convs = Vec::new();
     if let Some(m) = &cx.shapes.mamba {
-        convs.push((m.conv_dim(), m.conv_kernel, true));
+        convs.push((m.conv_dim(), m.conv_kernel, true, [Silu, Linear]));
     }
     if let Some(d) = &cx.shapes.deltanet {
-        convs.push((d.conv_dim(), d.conv_kernel, false));
+        convs.push((d.conv_dim(), d.conv_kernel, false, [Silu, Linear]));
     }
-    for (ch, k, bias) in convs {
+    if let Some(k) = cx.shapes.short_conv {
+        convs.push((cx.shapes.hidden, k, false, [Gated, Gated]));
+    }
+    for (ch, k, bias, kinds) in convs {
         for (si, step) in steps(cx.shapes).iter().enumerate() {
             for (di, dtype) in WEIGHT_DTYPES.into_iter().enumerate() {
-                let silu = (si + di) % 2 == 0;
-                conv_case(cx, step, &[], ch, k, bias, dtype, silu)?;
-                conv_case(cx, step, &[], ch, k, !bias && di == 1, dtype, !silu)?;
+                let (a, b) = match (si + di) % 2 {
+                    0 => (kinds[0], kinds[1]),
+                    _ => (kinds[1], kinds[0]),
+                };
+                conv_case(cx, step, &[], ch, k, bias, dtype, a)?;
+                conv_case(cx, step, &[], ch, k, !bias && di == 1, dtype, b)?;
             }
             for splits in splits_of(step).into_iter().skip(1) {
-                conv_case(cx, step, splits, ch, k, bias, WEIGHT_DTYPES[0], true)?;
+                conv_case(cx, step, splits, ch, k, bias, WEIGHT_DTYPES[0], kinds[0])?;
             }
         }
     }

@@ -22,7 +22,9 @@ use metrale_core::DType;
 
 use crate::error::{GpuError, Result};
 use crate::gpu::DeviceSlice;
-use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
+use crate::ops::recurrent::{
+    ConvAct, DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams,
+};
 use crate::ops::step::{RECURRENT_SEQ_WORDS, RecurrentBatch, RecurrentSeqDesc, StateSlots};
 
 /// Decode steps whose conv updates touch fewer multiply-adds than this run
@@ -528,7 +530,7 @@ impl CpuBackend {
         seqs: &[RecurrentSeq],
         channels: usize,
         kernel: usize,
-        silu_out: bool,
+        act: ConvAct,
     ) -> Result<()> {
         const OP: &str = "causal_conv1d";
         let _timer = self.begin_op(OP)?;
@@ -539,10 +541,35 @@ impl CpuBackend {
             ));
         }
         let rows = rows_of(seqs);
-        need(OP, x, rows * channels, "x")?;
+        let n = rows * channels;
+        need(OP, x, n, "x")?;
         let mut inputs = vec![x, weight];
         inputs.extend(bias);
-        let xs = &self.read_f32(OP, x)?[..rows * channels];
+        let silu_out = matches!(act, ConvAct::Silu);
+        // LFM2's gates: the conv runs over `pre ⊙ x` (what the state keeps),
+        // its output is multiplied by `post`.
+        let (gated, post) = match act {
+            ConvAct::Gated { pre, post } => {
+                need(OP, pre, n, "pre gate")?;
+                need(OP, post, n, "post gate")?;
+                inputs.extend([pre, post]);
+                let (xs, pre) = (&self.read_f32(OP, x)?[..n], &self.read_f32(OP, pre)?[..n]);
+                let gated: Vec<f32> = xs.iter().zip(pre).map(|(x, g)| g * x).collect();
+                (Some(gated), Some(&self.read_f32(OP, post)?[..n]))
+            }
+            _ => (None, None),
+        };
+        let xs = match &gated {
+            Some(g) => &g[..],
+            None => &self.read_f32(OP, x)?[..n],
+        };
+        // `post ⊙` the output row of input row `row`.
+        let gate_out = |o: &mut [f32], row: usize| {
+            if let Some(post) = post {
+                let g = &post[row * channels..(row + 1) * channels];
+                o.iter_mut().zip(g).for_each(|(o, g)| *o *= g);
+            }
+        };
         let km1 = kernel - 1;
         let ios = self.seq_ios(OP, seqs, out, channels, channels * km1, &inputs)?;
         let (mut w_owned, mut b_owned) = (Vec::new(), Vec::new());
@@ -558,6 +585,7 @@ impl CpuBackend {
                 if io.len == 1 {
                     let x = &xs[io.row_start * channels..(io.row_start + 1) * channels];
                     conv_decode(io.out, io.state, x, w, bias, silu_out);
+                    gate_out(&mut io.out[..channels], io.row_start);
                 }
             };
             let mut ios = ios;
@@ -603,15 +631,16 @@ impl CpuBackend {
                     // Mamba's d_conv: one pass over the channels.
                     let ins = [input(0), input(1), input(2), input(3)];
                     super::elementwise::conv_row4(o, bias, wt, ins, silu_out);
-                    return;
+                } else {
+                    o.copy_from_slice(bias);
+                    for (j, wj) in wt.chunks(channels).enumerate() {
+                        super::elementwise::mul_add(o, wj, input(j));
+                    }
+                    if silu_out {
+                        super::elementwise::silu_in_place(o);
+                    }
                 }
-                o.copy_from_slice(bias);
-                for (j, wj) in wt.chunks(channels).enumerate() {
-                    super::elementwise::mul_add(o, wj, input(j));
-                }
-                if silu_out {
-                    super::elementwise::silu_in_place(o);
-                }
+                gate_out(o, io.row_start + t);
             });
             // The new state: the last km1 inputs, from the state where the sequence is shorter.
             let len = io.len;
@@ -645,10 +674,10 @@ impl RecurrentOps for CpuBackend {
         seqs: &RecurrentBatch,
         channels: usize,
         kernel: usize,
-        silu_out: bool,
+        act: ConvAct,
     ) -> Result<()> {
         let seqs = self.decode_recurrent("causal_conv1d", states, seqs)?;
-        self.conv_impl(x, weight, bias, out, &seqs, channels, kernel, silu_out)
+        self.conv_impl(x, weight, bias, out, &seqs, channels, kernel, act)
     }
 
     fn ssd_scan(

@@ -10,6 +10,7 @@ use super::recurrent::tests::{Env, Rng};
 use crate::error::GpuError;
 use crate::ops::dense::{AttnParams, DenseOps, KvLayer};
 use crate::ops::moe::{ExpertGroups, ExpertTable, MoeOps};
+use crate::ops::recurrent::ConvAct;
 
 /// Each query row's result depends on its own sequence only: the same
 /// rows alone or batched with others, on one thread or several, are
@@ -291,7 +292,7 @@ fn bad_step_metadata_is_an_error() {
     let seqs = env.batch(&[(0, 1, 1), (1, 1, 2)]);
     let err = message(
         env.cpu
-            .causal_conv1d(x, w, None, y, pool, &seqs, ch, k, true),
+            .causal_conv1d(x, w, None, y, pool, &seqs, ch, k, ConvAct::Silu),
     );
     assert!(err.contains("slot 2") && err.contains("pool of 2"), "{err}");
 

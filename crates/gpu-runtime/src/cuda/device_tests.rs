@@ -45,6 +45,7 @@ fn model_like() -> Vec<ArchShapes> {
             sliding_window: window,
         }),
         block_size: bs,
+        short_conv: None,
         mamba: None,
         deltanet: None,
         moe: None,

@@ -115,7 +115,7 @@ pub const GATHER_ROWS: Kernel<(Ptr, Ptr, Ptr, i32, i64, i64, i32)> = Kernel::new
 pub const SCATTER_ADD_ROWS: Kernel<(Ptr, Ptr, Ptr, Ptr, i32, i32, i64)> =
     Kernel::new(3, "scatter_add_rows");
 
-/// `mamba.cu`: `causal_conv1d(const float* __restrict__ x, const void* __restrict__ w, const void* __restrict__ bias, float* __restrict__ out, const float* __restrict__ states, const unsigned* __restrict__ seqs, int n_seqs, int channels, int kernel, long long per_slot, unsigned n_slots, long long rows_bound, int w_dtype, int b_dtype, int silu)`.
+/// `mamba.cu`: `causal_conv1d(const float* __restrict__ x, const void* __restrict__ w, const void* __restrict__ bias, float* __restrict__ out, const float* __restrict__ states, const unsigned* __restrict__ seqs, int n_seqs, int channels, int kernel, long long per_slot, unsigned n_slots, long long rows_bound, int w_dtype, int b_dtype, int silu, const float* __restrict__ pre, const float* __restrict__ post)`.
 pub const CAUSAL_CONV1D: Kernel<(
     Ptr,
     Ptr,
@@ -132,10 +132,12 @@ pub const CAUSAL_CONV1D: Kernel<(
     i32,
     i32,
     i32,
+    Ptr,
+    Ptr,
 )> = Kernel::new(4, "causal_conv1d");
 
-/// `mamba.cu`: `conv_state_update(const float* __restrict__ x, float* states, const unsigned* __restrict__ seqs, int n_seqs, int channels, int kernel, long long per_slot, unsigned n_slots, long long rows_bound)`.
-pub const CONV_STATE_UPDATE: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i64, u32, i64)> =
+/// `mamba.cu`: `conv_state_update(const float* __restrict__ x, float* states, const unsigned* __restrict__ seqs, int n_seqs, int channels, int kernel, long long per_slot, unsigned n_slots, long long rows_bound, const float* __restrict__ pre)`.
+pub const CONV_STATE_UPDATE: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i64, u32, i64, Ptr)> =
     Kernel::new(4, "conv_state_update");
 
 /// `mamba.cu`: `gated_rms_norm(const float* __restrict__ x, const float* __restrict__ gate, const void* __restrict__ w, float* __restrict__ out, long long n_groups_total, int dim, int group_size, float eps, int order, int w_dtype)`.

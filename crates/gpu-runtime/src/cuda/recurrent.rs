@@ -21,7 +21,9 @@ use super::launch::{LaunchCfg, Ptr};
 use crate::error::Result;
 use crate::gpu::DeviceSlice;
 use crate::ops::step::RECURRENT_SEQ_WORDS;
-use crate::ops::{DeltaParams, GateOrder, RecurrentBatch, RecurrentOps, SsdParams, StateSlots};
+use crate::ops::{
+    ConvAct, DeltaParams, GateOrder, RecurrentBatch, RecurrentOps, SsdParams, StateSlots,
+};
 
 /// Warps per block, state rows per warp and d_state values per lane of
 /// `ssd_scan` (`SSD_WARPS`, `SSD_ROWS`, `SSD_KPL` of mamba.cu).
@@ -98,8 +100,10 @@ pub(super) type ConvArgs = (
     i32,
     i32,
     i32,
+    Ptr,
+    Ptr,
 );
-pub(super) type ConvStateArgs = (Ptr, Ptr, Ptr, i32, i32, i32, i64, u32, i64);
+pub(super) type ConvStateArgs = (Ptr, Ptr, Ptr, i32, i32, i32, i64, u32, i64, Ptr);
 
 /// A checked `causal_conv1d` call: the outputs, then (kernel > 1) the states.
 #[derive(Clone, Copy)]
@@ -117,9 +121,14 @@ pub(super) fn conv_launch(
     seqs: &RecurrentBatch,
     channels: usize,
     kernel: usize,
-    silu: bool,
+    act: ConvAct,
 ) -> Result<Option<ConvLaunch>> {
     const OP: &str = "causal_conv1d";
+    let (silu, gates) = match act {
+        ConvAct::Silu => (true, None),
+        ConvAct::Linear => (false, None),
+        ConvAct::Gated { pre, post } => (false, Some((pre, post))),
+    };
     if channels == 0 || kernel == 0 {
         return Err(shape_err(
             OP,
@@ -140,7 +149,15 @@ pub(super) fn conv_launch(
     };
     let km1 = kernel - 1;
     let n_slots = check_states(OP, states, channels * km1, seqs.n_seqs)?;
-    let rows_bound = x.len().min(out.len()) / channels;
+    // Rows every buffer holds (the gates' too): the kernels skip a
+    // sequence past them instead of faulting.
+    let mut held = x.len().min(out.len());
+    if let Some((pre, post)) = gates {
+        expect(OP, pre, DType::F32)?;
+        expect(OP, post, DType::F32)?;
+        held = held.min(pre.len()).min(post.len());
+    }
+    let rows_bound = held / channels;
     if seqs.n_seqs == 0 || rows_bound == 0 {
         return Ok(None);
     }
@@ -186,6 +203,8 @@ pub(super) fn conv_launch(
             w_code,
             b_code,
             silu as i32,
+            gates.map_or(Ptr::NULL, |g| Ptr::of(g.0)),
+            gates.map_or(Ptr::NULL, |g| Ptr::of(g.1)),
         ),
     };
     let state = (km1 > 0).then(|| Launch {
@@ -204,6 +223,7 @@ pub(super) fn conv_launch(
             per_slot,
             n_slots,
             rows_bound as i64,
+            gates.map_or(Ptr::NULL, |g| Ptr::of(g.0)),
         ),
     });
     Ok(Some(ConvLaunch {
@@ -431,10 +451,10 @@ impl RecurrentOps for CudaBackend {
         seqs: &RecurrentBatch,
         channels: usize,
         kernel: usize,
-        silu: bool,
+        act: ConvAct,
     ) -> Result<()> {
         self.hooks.begin_op("causal_conv1d")?;
-        let Some(l) = conv_launch(x, weight, bias, out, states, seqs, channels, kernel, silu)?
+        let Some(l) = conv_launch(x, weight, bias, out, states, seqs, channels, kernel, act)?
         else {
             return Ok(());
         };

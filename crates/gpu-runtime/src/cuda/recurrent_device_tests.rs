@@ -29,6 +29,7 @@ fn mamba_arch(name: &str, m: MambaShapes) -> ArchShapes {
         mlp: None,
         attention: None,
         block_size: 16,
+        short_conv: None,
         mamba: Some(m),
         deltanet: None,
         moe: None,

@@ -10,6 +10,7 @@ use super::recurrent::{
 };
 use crate::error::GpuError;
 use crate::gpu::{DevicePtr, DeviceSlice};
+use crate::ops::ConvAct;
 use crate::ops::{GateOrder, RecurrentBatch, SsdParams, StateSlots};
 
 /// A slice at a made-up address (never dereferenced).
@@ -67,7 +68,7 @@ fn conv_launch_shapes() {
         &batch(2),
         ch,
         k,
-        true,
+        ConvAct::Silu,
     )
     .unwrap()
     .unwrap();
@@ -96,7 +97,7 @@ fn conv_launch_shapes() {
         &batch(1),
         ch,
         k,
-        false,
+        ConvAct::Linear,
     )
     .unwrap()
     .unwrap();
@@ -112,7 +113,7 @@ fn conv_launch_shapes() {
         &batch(1),
         ch,
         1,
-        false,
+        ConvAct::Linear,
     )
     .unwrap()
     .unwrap();
@@ -134,7 +135,7 @@ fn conv_grid_spreads_long_prefills_and_covers_decode_rows() {
         &batch(1),
         ch,
         4,
-        true,
+        ConvAct::Silu,
     )
     .unwrap()
     .unwrap();
@@ -148,7 +149,7 @@ fn conv_grid_spreads_long_prefills_and_covers_decode_rows() {
         &batch(256),
         ch,
         4,
-        true,
+        ConvAct::Silu,
     )
     .unwrap()
     .unwrap();
@@ -161,7 +162,7 @@ fn conv_checks_fail_before_launch() {
     let (ch, k) = (8, 4);
     let (x, w, out, st, sq) = (f(2 * ch), f(ch * k), f(2 * ch), pool(2, 3 * ch), batch(2));
     let ok = |x, w, b, out, st, sq: &RecurrentBatch, ch, k| {
-        conv_launch(x, w, b, out, st, sq, ch, k, false)
+        conv_launch(x, w, b, out, st, sq, ch, k, ConvAct::Linear)
     };
     assert!(ok(x, w, None, out, st, &sq, ch, k).unwrap().is_some());
     assert!(is_shape(ok(x, w, None, out, st, &sq, 0, k)));

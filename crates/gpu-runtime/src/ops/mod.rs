@@ -25,5 +25,5 @@ pub use dense::{AttnParams, DenseOps, KvLayer, MatmulDims, RopeParams};
 pub use layout::{KvLayout, KvSpec, StateLayout};
 pub use moe::{ExpertGroups, ExpertTable, GroupedTopK, MoeOps, Routes};
 pub use op::Op;
-pub use recurrent::{DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
+pub use recurrent::{ConvAct, DeltaParams, GateOrder, RecurrentOps, RecurrentSeq, SsdParams};
 pub use step::{AttnBatch, RecurrentBatch, StateSlots};

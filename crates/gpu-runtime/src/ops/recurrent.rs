@@ -55,6 +55,20 @@ pub enum GateOrder {
     AfterNorm,
 }
 
+/// What [`RecurrentOps::causal_conv1d`] does around the convolution.
+#[derive(Clone, Copy, Debug)]
+pub enum ConvAct {
+    /// SiLU of the output (Mamba-2, gated DeltaNet).
+    Silu,
+    /// The output as it is.
+    Linear,
+    /// LFM2's short convolution: the input multiplied by `pre` first (so
+    /// the state keeps `pre ⊙ x`), the output by `post`:
+    /// `out = post ⊙ conv(pre ⊙ x)`. Both `[rows, channels]` f32, read
+    /// like `x`.
+    Gated { pre: DeviceSlice, post: DeviceSlice },
+}
+
 /// Shape of a gated-delta-rule call (Qwen3-Next linear attention).
 #[derive(Clone, Copy, Debug)]
 pub struct DeltaParams {
@@ -78,7 +92,8 @@ pub trait RecurrentOps {
     ///
     /// `out[t, c] = bias[c] + Σ_j weight[c, j] · in[t - (kernel-1) + j, c]`,
     /// where inputs before the sequence's first row come from the state; then
-    /// SiLU when `silu`. `weight` is `[channels, kernel]` (HF's
+    /// `act` ([`ConvAct`]: SiLU, nothing, or LFM2's gates around the whole
+    /// convolution). `weight` is `[channels, kernel]` (HF's
     /// `conv1d.weight` `[channels, 1, kernel]`), f32/bf16/f16; `bias`
     /// `[channels]`, same dtypes. `x` and `out` are `[rows, channels]` f32.
     /// HF's cache keeps `kernel` inputs per channel (the newest included);
@@ -95,7 +110,7 @@ pub trait RecurrentOps {
         seqs: &RecurrentBatch,
         channels: usize,
         kernel: usize,
-        silu: bool,
+        act: ConvAct,
     ) -> Result<()>;
 
     /// Mamba-2 selective state-space scan (SSD). Per sequence, starting from

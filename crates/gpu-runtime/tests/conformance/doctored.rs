@@ -12,8 +12,8 @@ use metrale_gpu_runtime::hooks::Hooks;
 use metrale_gpu_runtime::ledger::Ledger;
 use metrale_gpu_runtime::ops::step::{AttnBatch, RecurrentBatch, StateSlots};
 use metrale_gpu_runtime::ops::{
-    AttnParams, DeltaParams, DenseOps, ExpertGroups, ExpertTable, GateOrder, GroupedTopK, KvLayer,
-    MatmulDims, MoeOps, RecurrentOps, RopeParams, Routes, SsdParams,
+    AttnParams, ConvAct, DeltaParams, DenseOps, ExpertGroups, ExpertTable, GateOrder, GroupedTopK,
+    KvLayer, MatmulDims, MoeOps, RecurrentOps, RopeParams, Routes, SsdParams,
 };
 use metrale_gpu_runtime::ops::{KvLayout, KvSpec, StateLayout};
 
@@ -259,10 +259,10 @@ impl RecurrentOps for Doctored {
         s: &RecurrentBatch,
         ch: usize,
         k: usize,
-        silu: bool,
+        act: ConvAct,
     ) -> Result<()> {
         self.run(Op::CausalConv1d, o, || {
-            self.inner.causal_conv1d(x, w, b, o, st, s, ch, k, silu)
+            self.inner.causal_conv1d(x, w, b, o, st, s, ch, k, act)
         })
     }
     fn ssd_scan(

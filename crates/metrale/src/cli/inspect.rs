@@ -358,7 +358,8 @@ fn report(
     line("layer plan", c.plan_line());
     line(
         "",
-        "(* attention, M Mamba-2, G gated DeltaNet, - MLP only, E MoE only)".to_string(),
+        "(* attention, M Mamba-2, G gated DeltaNet, C short conv, - MLP only, E MoE only)"
+            .to_string(),
     );
     if let Some(a) = &c.attention {
         let pos = match &a.rope {
@@ -454,10 +455,19 @@ fn report(
         .iter()
         .filter(|l| l.mixer == MixerKind::GatedDeltaNet)
         .count();
+    let n_conv = c
+        .layers
+        .iter()
+        .filter(|l| l.mixer == MixerKind::ShortConv)
+        .count();
+    let convs = match n_conv {
+        0 => String::new(),
+        n => format!(", {n} short conv"),
+    };
     line(
         "recurrent state",
         format!(
-            "{rec} bytes per sequence ({}) ({} conv + {} SSM state: {n_mamba} Mamba-2, {n_delta} DeltaNet layers)",
+            "{rec} bytes per sequence ({}) ({} conv + {} SSM state: {n_mamba} Mamba-2, {n_delta} DeltaNet{convs} layers)",
             human_bytes(rec as u64),
             sizes.conv_dtype,
             sizes.ssm_dtype

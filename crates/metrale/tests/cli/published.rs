@@ -166,7 +166,7 @@ fn reduce(c: &mut Map<String, Value>, keep: usize, has_mamba: bool) -> Result<Ve
             set(c, key, json!(cut));
         }
     }
-    for key in ["attn_layer_indices", "mlp_only_layers"] {
+    for key in ["attn_layer_indices", "mlp_only_layers", "full_attn_idxs"] {
         if let Some(Value::Array(list)) = c.get(key) {
             let cut: Vec<Value> = list
                 .iter()

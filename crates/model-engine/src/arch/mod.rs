@@ -9,6 +9,7 @@
 //! | `nemotron_h.rs` | `nemotron_h` |
 //! | `granite_hybrid.rs` | `granitemoehybrid` |
 //! | `qwen3_next.rs` | `qwen3_next` |
+//! | `lfm2.rs` | `lfm2` |
 //! | `qwen3_5.rs` | `qwen3_5`, `qwen3_5_moe` (and their `_text` language models) |
 //!
 //! Each file holds the family's raw config (both spellings accepted), its
@@ -30,6 +31,7 @@
 
 pub(crate) mod bamba;
 pub(crate) mod granite_hybrid;
+pub(crate) mod lfm2;
 pub(crate) mod llama;
 pub(crate) mod mamba2;
 pub(crate) mod nemotron_h;
@@ -58,6 +60,7 @@ pub(crate) fn build(model_type: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
         ModelType::GraniteMoeHybrid => granite_hybrid::build(o)?,
         ModelType::Qwen3Next => qwen3_next::build(o)?,
         ModelType::Qwen35 | ModelType::Qwen35Moe => qwen3_5::build(model_type, o)?,
+        ModelType::Lfm2 => lfm2::build(o)?,
     };
     if config.layers.is_empty() {
         return Err(o.err("the model has no layers"));
@@ -167,6 +170,7 @@ impl Common {
             attention: None,
             mamba: None,
             deltanet: None,
+            short_conv: None,
             mlp: None,
             moe: None,
             names,
@@ -386,6 +390,7 @@ pub(crate) fn mixer_name(m: &MixerKind) -> &'static str {
     match m {
         MixerKind::Attention => "full_attention",
         MixerKind::Mamba2 | MixerKind::GatedDeltaNet => "linear_attention",
+        MixerKind::ShortConv => "conv",
         MixerKind::None => "no mixer",
     }
 }

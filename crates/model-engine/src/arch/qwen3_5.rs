@@ -335,3 +335,76 @@ fn layer_names(
         ffn,
     }
 }
+
+use crate::gguf::GgufName::{NegExp, PlusOne, Same};
+
+/// A Qwen3.5 layer as llama.cpp's converter writes it (`qwen35`,
+/// `qwen35moe`): norm weights stored as `w + 1` (but the gated norm's),
+/// `A_log` as `A = -exp(A_log)`, the experts stacked. Where the value heads
+/// outnumber the key heads the converter also reorders the value heads
+/// (grouped by key head to tiled), which reading such a file would have to
+/// undo; the table serves the quantization rules, by name.
+const GGUF_LAYER: &[(&str, crate::gguf::GgufGroup)] = &[
+    (
+        "",
+        &[
+            ("input_layernorm.weight", PlusOne("attn_norm.weight")),
+            (
+                "post_attention_layernorm.weight",
+                PlusOne("post_attention_norm.weight"),
+            ),
+        ],
+    ),
+    (
+        "linear_attn.",
+        &[
+            ("in_proj_qkv.weight", Same("attn_qkv.weight")),
+            ("in_proj_z.weight", Same("attn_gate.weight")),
+            ("in_proj_b.weight", Same("ssm_beta.weight")),
+            ("in_proj_a.weight", Same("ssm_alpha.weight")),
+            ("conv1d.weight", Same("ssm_conv1d.weight")),
+            ("dt_bias", Same("ssm_dt.bias")),
+            ("A_log", NegExp("ssm_a")),
+            ("norm.weight", Same("ssm_norm.weight")),
+            ("out_proj.weight", Same("ssm_out.weight")),
+        ],
+    ),
+    ("self_attn.", crate::gguf::ATTENTION),
+    (
+        "self_attn.",
+        &[
+            ("q_norm.weight", PlusOne("attn_q_norm.weight")),
+            ("k_norm.weight", PlusOne("attn_k_norm.weight")),
+        ],
+    ),
+    ("mlp.", super::qwen3_next::GGUF_MOE),
+    ("mlp.", crate::gguf::GATED_MLP),
+];
+
+/// The language model alone (`model.*`).
+pub(crate) const GGUF_TEXT: crate::gguf::GgufTable = crate::gguf::GgufTable {
+    layer_prefix: "model.layers.",
+    globals: &[
+        ("model.embed_tokens.weight", Same("token_embd.weight")),
+        ("model.norm.weight", PlusOne("output_norm.weight")),
+        ("lm_head.weight", Same("output.weight")),
+    ],
+    layer: GGUF_LAYER,
+};
+
+/// The vision-language wrapper (`model.language_model.*`).
+pub(crate) const GGUF_WRAPPED: crate::gguf::GgufTable = crate::gguf::GgufTable {
+    layer_prefix: "model.language_model.layers.",
+    globals: &[
+        (
+            "model.language_model.embed_tokens.weight",
+            Same("token_embd.weight"),
+        ),
+        (
+            "model.language_model.norm.weight",
+            PlusOne("output_norm.weight"),
+        ),
+        ("lm_head.weight", Same("output.weight")),
+    ],
+    layer: GGUF_LAYER,
+};

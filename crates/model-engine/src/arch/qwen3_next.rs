@@ -375,28 +375,28 @@ pub(crate) const GGUF: crate::gguf::GgufTable = crate::gguf::GgufTable {
                 ("k_norm.weight", PlusOne("attn_k_norm.weight")),
             ],
         ),
-        (
-            "mlp.",
-            &[
-                ("gate.weight", Same("ffn_gate_inp.weight")),
-                ("experts.*.gate_proj.weight", Expert("ffn_gate_exps.weight")),
-                ("experts.*.up_proj.weight", Expert("ffn_up_exps.weight")),
-                ("experts.*.down_proj.weight", Expert("ffn_down_exps.weight")),
-                (
-                    "shared_expert.gate_proj.weight",
-                    Same("ffn_gate_shexp.weight"),
-                ),
-                ("shared_expert.up_proj.weight", Same("ffn_up_shexp.weight")),
-                (
-                    "shared_expert.down_proj.weight",
-                    Same("ffn_down_shexp.weight"),
-                ),
-                (
-                    "shared_expert_gate.weight",
-                    Same("ffn_gate_inp_shexp.weight"),
-                ),
-            ],
-        ),
+        ("mlp.", GGUF_MOE),
         ("mlp.", crate::gguf::GATED_MLP),
     ],
 };
+
+/// The sparse MoE block's tensors (after `mlp.`), also Qwen3.5's.
+pub(crate) const GGUF_MOE: crate::gguf::GgufGroup = &[
+    ("gate.weight", Same("ffn_gate_inp.weight")),
+    ("experts.*.gate_proj.weight", Expert("ffn_gate_exps.weight")),
+    ("experts.*.up_proj.weight", Expert("ffn_up_exps.weight")),
+    ("experts.*.down_proj.weight", Expert("ffn_down_exps.weight")),
+    (
+        "shared_expert.gate_proj.weight",
+        Same("ffn_gate_shexp.weight"),
+    ),
+    ("shared_expert.up_proj.weight", Same("ffn_up_shexp.weight")),
+    (
+        "shared_expert.down_proj.weight",
+        Same("ffn_down_shexp.weight"),
+    ),
+    (
+        "shared_expert_gate.weight",
+        Same("ffn_gate_inp_shexp.weight"),
+    ),
+];

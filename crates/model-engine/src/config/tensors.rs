@@ -3,7 +3,7 @@
 
 use super::{
     AttentionNames, DeltaNetNames, DeltaProjNames, ExpertNames, FfnNames, LayerNames, MambaNames,
-    MixerNames, MlpNames, ModelConfig, MoeNames, TensorSpec, bias_of,
+    MixerNames, MlpNames, ModelConfig, MoeNames, ShortConvNames, TensorSpec, bias_of,
 };
 
 impl ModelConfig {
@@ -58,6 +58,7 @@ impl ModelConfig {
             MixerNames::Attention(a) => self.attention_tensors(a, push),
             MixerNames::Mamba2(m) => self.mamba_tensors(m, push),
             MixerNames::GatedDeltaNet(d) => self.deltanet_tensors(d, push),
+            MixerNames::ShortConv(c) => self.short_conv_tensors(c, push),
             MixerNames::None => {}
         }
         if let Some(norm) = &names.ffn_norm {
@@ -142,6 +143,19 @@ impl ModelConfig {
         push(&n.a_log, vec![d.n_v_heads]);
         push(&n.norm, vec![d.v_head_dim]);
         push(&n.out_proj, vec![h, d.value_dim()]);
+    }
+
+    fn short_conv_tensors(&self, n: &ShortConvNames, push: &mut impl FnMut(&str, Vec<usize>)) {
+        let Some(c) = &self.short_conv else { return };
+        let h = self.hidden_size;
+        push(&n.in_proj, vec![3 * h, h]);
+        push(&n.conv_weight, vec![h, 1, c.kernel]);
+        push(&n.out_proj, vec![h, h]);
+        if n.bias {
+            push(&bias_of(&n.in_proj), vec![3 * h]);
+            push(&bias_of(&n.conv_weight), vec![h]);
+            push(&bias_of(&n.out_proj), vec![h]);
+        }
     }
 
     fn moe_tensors(&self, n: &MoeNames, push: &mut impl FnMut(&str, Vec<usize>)) {

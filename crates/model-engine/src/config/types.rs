@@ -18,10 +18,12 @@ pub enum ModelType {
     Qwen35,
     /// Qwen3.5 / Qwen3.6 MoE; `qwen3_5_moe_text` is its language model alone.
     Qwen35Moe,
+    /// LFM2 / LFM2.5 (Liquid AI).
+    Lfm2,
 }
 
 impl ModelType {
-    pub const ALL: [ModelType; 11] = [
+    pub const ALL: [ModelType; 12] = [
         ModelType::Llama,
         ModelType::Qwen2,
         ModelType::Qwen3,
@@ -33,6 +35,7 @@ impl ModelType {
         ModelType::Qwen3Next,
         ModelType::Qwen35,
         ModelType::Qwen35Moe,
+        ModelType::Lfm2,
     ];
 
     /// The `model_type` string of config.json.
@@ -49,6 +52,7 @@ impl ModelType {
             ModelType::Qwen3Next => "qwen3_next",
             ModelType::Qwen35 => "qwen3_5",
             ModelType::Qwen35Moe => "qwen3_5_moe",
+            ModelType::Lfm2 => "lfm2",
         }
     }
 
@@ -70,6 +74,8 @@ pub enum MixerKind {
     Attention,
     Mamba2,
     GatedDeltaNet,
+    /// LFM2's gated short convolution.
+    ShortConv,
     None,
 }
 
@@ -208,6 +214,24 @@ impl DeltaNetConfig {
     pub fn state_elements(&self) -> usize {
         self.conv_dim() * (self.conv_kernel - 1)
             + self.n_v_heads * self.k_head_dim * self.v_head_dim
+    }
+}
+
+/// LFM2's gated short convolutions: `in_proj` to `[b, c, x]` (hidden wide
+/// each), `y = c ⊙ conv(b ⊙ x)` with a depthwise causal conv of `kernel`
+/// taps and no activation, then `out_proj`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShortConvConfig {
+    /// `conv_L_cache`: taps of the convolution.
+    pub kernel: usize,
+    /// Biases on `in_proj`, the conv and `out_proj` (`conv_bias`).
+    pub bias: bool,
+}
+
+impl ShortConvConfig {
+    /// f32 elements of state per sequence for one layer of `hidden` channels.
+    pub fn state_elements(&self, hidden: usize) -> usize {
+        hidden * (self.kernel - 1)
     }
 }
 
@@ -371,10 +395,22 @@ pub struct DeltaNetNames {
 }
 
 #[derive(Clone, Debug, PartialEq)]
+pub struct ShortConvNames {
+    /// `[3 * hidden, hidden]`: b, c and x.
+    pub in_proj: String,
+    /// `[hidden, 1, kernel]`.
+    pub conv_weight: String,
+    pub out_proj: String,
+    /// The `.bias` beside each of the three (`conv_bias`).
+    pub bias: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
 pub enum MixerNames {
     Attention(AttentionNames),
     Mamba2(MambaNames),
     GatedDeltaNet(DeltaNetNames),
+    ShortConv(ShortConvNames),
     None,
 }
 
@@ -456,6 +492,7 @@ pub struct ModelConfig {
     pub attention: Option<AttentionConfig>,
     pub mamba: Option<MambaConfig>,
     pub deltanet: Option<DeltaNetConfig>,
+    pub short_conv: Option<ShortConvConfig>,
     pub mlp: Option<MlpConfig>,
     pub moe: Option<MoeConfig>,
     pub names: ModelNames,
@@ -485,17 +522,22 @@ impl ModelConfig {
             .map(|(i, _)| i)
     }
 
-    /// Indices of the recurrent (Mamba-2 or DeltaNet) layers, in order.
+    /// Indices of the recurrent (Mamba-2, DeltaNet or short conv) layers, in order.
     pub fn recurrent_layers(&self) -> impl Iterator<Item = usize> + '_ {
         self.layers
             .iter()
             .enumerate()
-            .filter(|(_, l)| matches!(l.mixer, MixerKind::Mamba2 | MixerKind::GatedDeltaNet))
+            .filter(|(_, l)| {
+                matches!(
+                    l.mixer,
+                    MixerKind::Mamba2 | MixerKind::GatedDeltaNet | MixerKind::ShortConv
+                )
+            })
             .map(|(i, _)| i)
     }
 
     /// The plan in one line: `*` attention, `M` Mamba-2, `G` gated DeltaNet,
-    /// `-` MLP-only, `E` MoE-only; e.g. `M * M -`.
+    /// `C` short conv, `-` MLP-only, `E` MoE-only; e.g. `M * M -`.
     pub fn plan_line(&self) -> String {
         self.layers
             .iter()
@@ -503,6 +545,7 @@ impl ModelConfig {
                 (MixerKind::Attention, _) => "*",
                 (MixerKind::Mamba2, _) => "M",
                 (MixerKind::GatedDeltaNet, _) => "G",
+                (MixerKind::ShortConv, _) => "C",
                 (MixerKind::None, FfnKind::Moe) => "E",
                 (MixerKind::None, _) => "-",
             })
@@ -526,6 +569,10 @@ impl ModelConfig {
                     .deltanet
                     .as_ref()
                     .map_or(0, DeltaNetConfig::state_elements),
+                MixerKind::ShortConv => self
+                    .short_conv
+                    .as_ref()
+                    .map_or(0, |c| c.state_elements(self.hidden_size)),
                 _ => 0,
             })
             .sum::<usize>()

@@ -344,12 +344,13 @@ fn table(c: &ModelConfig) -> Result<&'static GgufTable> {
         ModelType::GraniteMoeHybrid if c.moe.is_some() => &arch::granite_hybrid::GGUF_MOE,
         ModelType::GraniteMoeHybrid => &arch::granite_hybrid::GGUF_DENSE,
         ModelType::Qwen3Next => &arch::qwen3_next::GGUF,
-        ModelType::Qwen35 | ModelType::Qwen35Moe => {
-            return Err(EngineError::Internal(format!(
-                "GGUF files of {} are not read yet",
-                c.model_type.as_str()
-            )));
+        ModelType::Qwen35 | ModelType::Qwen35Moe
+            if c.names.embed.starts_with("model.language_model.") =>
+        {
+            &arch::qwen3_5::GGUF_WRAPPED
         }
+        ModelType::Qwen35 | ModelType::Qwen35Moe => &arch::qwen3_5::GGUF_TEXT,
+        ModelType::Lfm2 => &arch::lfm2::GGUF,
     })
 }
 

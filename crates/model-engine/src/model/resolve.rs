@@ -193,6 +193,14 @@ pub(crate) fn resolve(
                 state_i += 1;
                 MixerWeights::Delta(deltanet(r, derived, d, n, h, state_i - 1, i)?)
             }
+            (MixerNames::ShortConv(n), MixerKind::ShortConv) => {
+                let c = config
+                    .short_conv
+                    .as_ref()
+                    .ok_or_else(|| missing("short conv"))?;
+                state_i += 1;
+                MixerWeights::ShortConv(short_conv(r, c, n, h, state_i - 1)?)
+            }
             (MixerNames::None, MixerKind::None) => MixerWeights::None,
             _ => {
                 return Err(EngineError::Internal(format!(
@@ -422,6 +430,23 @@ fn grouped_projections(
         ..raw_ba
     };
     Ok((qkvz, ba))
+}
+
+fn short_conv(
+    r: &mut Resolver<'_>,
+    c: &ShortConvConfig,
+    n: &ShortConvNames,
+    h: usize,
+    state_layer: usize,
+) -> Result<ShortConvWeights> {
+    let bias = |w: &String| n.bias.then(|| bias_of(w));
+    Ok(ShortConvWeights {
+        in_proj: r.fused_linear(&n.in_proj, bias(&n.in_proj).as_ref(), &[h, h, h], h)?,
+        conv_w: r.any_shape(&n.conv_weight, h * c.kernel)?,
+        conv_b: bias(&n.conv_weight).map(|b| r.vector(&b, h)).transpose()?,
+        out_proj: r.linear(&n.out_proj, bias(&n.out_proj).as_ref(), h, h)?,
+        state_layer,
+    })
 }
 
 fn moe(

@@ -103,6 +103,16 @@ pub(crate) struct DeltaWeights {
 }
 
 #[derive(Clone, Debug)]
+pub(crate) struct ShortConvWeights {
+    /// `[b; c; x]`, hidden rows each.
+    pub in_proj: Linear,
+    pub conv_w: DeviceSlice,
+    pub conv_b: Option<DeviceSlice>,
+    pub out_proj: Linear,
+    pub state_layer: usize,
+}
+
+#[derive(Clone, Debug)]
 pub(crate) enum MlpWeights {
     Split {
         gate: Linear,
@@ -142,6 +152,7 @@ pub(crate) enum MixerWeights {
     Attention(AttnWeights),
     Mamba(MambaWeights),
     Delta(DeltaWeights),
+    ShortConv(ShortConvWeights),
     None,
 }
 

@@ -250,7 +250,7 @@ fn value() -> impl Strategy<Value = Value> {
 }
 
 /// The keys that describe layers, in any family.
-const LAYER_KEYS: [&str; 12] = [
+const LAYER_KEYS: [&str; 13] = [
     "num_hidden_layers",
     "n_layer",
     "layers_block_type",
@@ -263,6 +263,7 @@ const LAYER_KEYS: [&str; 12] = [
     "max_window_layers",
     "use_sliding_window",
     "sliding_window",
+    "full_attn_idxs",
 ];
 
 /// Values for those keys: layer lists of any length and spelling, patterns,
@@ -353,6 +354,11 @@ proptest! {
 /// read them: every layer list describes exactly the plan's layers, and
 /// every layer index names one of them.
 fn layer_keys_agree(map: &Map<String, Value>, c: &ModelConfig) -> Result<(), TestCaseError> {
+    // A vision-language wrapper's layers are described under `text_config`.
+    let map = match map.get("text_config") {
+        Some(Value::Object(text)) => text,
+        _ => map,
+    };
     let n = c.num_layers();
     let (lists, indices): (&[&str], &[&str]) = match c.model_type {
         ModelType::NemotronH => (&["layers_block_type", "layer_types"], &[]),
@@ -362,6 +368,7 @@ fn layer_keys_agree(map: &Map<String, Value>, c: &ModelConfig) -> Result<(), Tes
             &["attn_layer_indices"],
         ),
         ModelType::Qwen3Next => (&["layer_types"], &["mlp_only_layers"]),
+        ModelType::Lfm2 => (&["layer_types"], &["full_attn_idxs"]),
         _ => (&["layer_types"], &[]),
     };
     for key in lists {

@@ -12,6 +12,7 @@ mod config_errors;
 mod config_fixtures;
 mod config_hostile;
 mod config_layer_keys;
+mod config_lfm2;
 mod config_quirks;
 mod config_qwen3_5;
 mod conformance;

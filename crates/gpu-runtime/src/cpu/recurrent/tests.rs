@@ -9,7 +9,7 @@ use crate::cpu::CpuBackend;
 use crate::error::GpuError;
 use crate::fault::FaultPlan;
 use crate::gpu::{DeviceSlice, GpuBackend};
-use crate::ops::recurrent::{DeltaParams, GateOrder, RecurrentOps, SsdParams};
+use crate::ops::recurrent::{ConvAct, DeltaParams, GateOrder, RecurrentOps, SsdParams};
 use crate::ops::step::{AttnBatch, RecurrentBatch, Staged, StateSlots};
 
 /// The suite's deterministic numbers.
@@ -195,13 +195,13 @@ fn causal_conv1d_continues_through_the_state() {
         );
         let whole = env.batch_of(&[(0, n)]);
         env.cpu
-            .causal_conv1d(xs, w, b, out_a, st_a, &whole, ch, k, true)
+            .causal_conv1d(xs, w, b, out_a, st_a, &whole, ch, k, ConvAct::Silu)
             .expect("one call");
         // Two tokens, then one, then the rest: rows stay where they are.
         for (r0, len) in [(0, 2), (2, 1), (3, n - 3)] {
             let piece = env.batch_of(&[(r0, len)]);
             env.cpu
-                .causal_conv1d(xs, w, b, out_b, st_b, &piece, ch, k, true)
+                .causal_conv1d(xs, w, b, out_b, st_b, &piece, ch, k, ConvAct::Silu)
                 .expect("piece");
         }
         let what = format!("kernel {k}, bias {with_bias}");
@@ -255,11 +255,27 @@ fn shape_errors_are_errors() {
     let (conv_narrow, ssd_narrow, delta_narrow) = (pool(11), pool(31), pool(63));
 
     // causal_conv1d
-    assert!(is_shape(
-        cpu.causal_conv1d(big, big, None, out, conv_st, one2, 4, 0, true)
-    ));
     assert!(is_shape(cpu.causal_conv1d(
-        big, small, None, out, conv_st, one2, 4, 4, true
+        big,
+        big,
+        None,
+        out,
+        conv_st,
+        one2,
+        4,
+        0,
+        ConvAct::Silu
+    )));
+    assert!(is_shape(cpu.causal_conv1d(
+        big,
+        small,
+        None,
+        out,
+        conv_st,
+        one2,
+        4,
+        4,
+        ConvAct::Silu
     )));
     assert!(is_shape(cpu.causal_conv1d(
         big,
@@ -270,10 +286,18 @@ fn shape_errors_are_errors() {
         one2,
         4,
         4,
-        true
+        ConvAct::Silu
     )));
     assert!(is_shape(cpu.causal_conv1d(
-        small, big, None, out, conv_st, one2, 4, 4, true
+        small,
+        big,
+        None,
+        out,
+        conv_st,
+        one2,
+        4,
+        4,
+        ConvAct::Silu
     )));
     assert!(is_shape(cpu.causal_conv1d(
         big,
@@ -284,14 +308,24 @@ fn shape_errors_are_errors() {
         &overlapping,
         4,
         4,
-        true
+        ConvAct::Silu
     )));
     assert!(matches!(
-        cpu.causal_conv1d(big, big, None, out, conv_st, &same_state, 4, 4, true),
+        cpu.causal_conv1d(
+            big,
+            big,
+            None,
+            out,
+            conv_st,
+            &same_state,
+            4,
+            4,
+            ConvAct::Silu
+        ),
         Err(GpuError::Aliasing { .. })
     ));
     assert!(matches!(
-        cpu.causal_conv1d(big, big, None, big, conv_st, one1, 4, 4, true),
+        cpu.causal_conv1d(big, big, None, big, conv_st, one1, 4, 4, ConvAct::Silu),
         Err(GpuError::Aliasing { .. })
     ));
     let in_input = StateSlots {
@@ -299,7 +333,7 @@ fn shape_errors_are_errors() {
         per_slot: 12,
     };
     assert!(matches!(
-        cpu.causal_conv1d(big, big, None, out, in_input, one1, 4, 4, true),
+        cpu.causal_conv1d(big, big, None, out, in_input, one1, 4, 4, ConvAct::Silu),
         Err(GpuError::Aliasing { .. })
     ));
 
@@ -414,7 +448,7 @@ fn shape_errors_are_errors() {
 
     // A bf16 activation is refused, not misread.
     assert!(matches!(
-        cpu.causal_conv1d(bf, big, None, out, conv_st, one1, 4, 4, true),
+        cpu.causal_conv1d(bf, big, None, out, conv_st, one1, 4, 4, ConvAct::Silu),
         Err(GpuError::UnsupportedDType { .. })
     ));
     env.finish();

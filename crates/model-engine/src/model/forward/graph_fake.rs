@@ -18,8 +18,8 @@ use metrale_gpu_runtime::hooks::Hooks;
 use metrale_gpu_runtime::ledger::Ledger;
 use metrale_gpu_runtime::ops::step::{AttnBatch, RecurrentBatch, StateSlots};
 use metrale_gpu_runtime::ops::{
-    AttnParams, DeltaParams, DenseOps, ExpertGroups, ExpertTable, GateOrder, GroupedTopK, KvLayer,
-    KvLayout, KvSpec, MatmulDims, MoeOps, Op, RecurrentOps, RopeParams, Routes, SsdParams,
+    AttnParams, ConvAct, DeltaParams, DenseOps, ExpertGroups, ExpertTable, GateOrder, GroupedTopK,
+    KvLayer, KvLayout, KvSpec, MatmulDims, MoeOps, Op, RecurrentOps, RopeParams, Routes, SsdParams,
     StateLayout,
 };
 use parking_lot::Mutex;
@@ -294,10 +294,10 @@ impl RecurrentOps for Recorder {
         s: &RecurrentBatch,
         ch: usize,
         k: usize,
-        silu: bool,
+        act: ConvAct,
     ) -> Result<()> {
         let s = *s;
-        self.queue(move |c| c.causal_conv1d(x, w, b, o, st, &s, ch, k, silu))
+        self.queue(move |c| c.causal_conv1d(x, w, b, o, st, &s, ch, k, act))
     }
     fn ssd_scan(
         &self,

@@ -287,6 +287,7 @@ impl TransformerModel {
                 MixerWeights::Attention(a) => attention::forward(cx, a, w.rope.as_ref())?,
                 MixerWeights::Mamba(m) => recurrent::mamba(cx, m)?,
                 MixerWeights::Delta(d) => recurrent::deltanet(cx, d)?,
+                MixerWeights::ShortConv(c) => recurrent::short_conv(cx, c)?,
                 MixerWeights::None => {}
             }
             gpu.add_scaled(s.residual, s.mixed, c.residual_multiplier, t * h)

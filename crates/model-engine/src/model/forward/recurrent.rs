@@ -1,12 +1,13 @@
-//! Recurrent mixers: Mamba-2 (conv, SSD scan, gated norm) and the gated
-//! DeltaNet of Qwen3-Next, each carrying its state in the sequence's slot.
+//! Recurrent mixers: Mamba-2 (conv, SSD scan, gated norm), the gated
+//! DeltaNet of Qwen3-Next and Qwen3.5, and LFM2's gated short convolution,
+//! each carrying its state in the sequence's slot.
 
 use metrale_gpu_runtime::DeviceSlice;
-use metrale_gpu_runtime::ops::{DeltaParams, GateOrder, SsdParams};
+use metrale_gpu_runtime::ops::{ConvAct, DeltaParams, GateOrder, SsdParams};
 
 use super::{Cx, Scratch, dev};
 use crate::error::{EngineError, Result};
-use crate::model::weights::{DeltaWeights, MambaWeights};
+use crate::model::weights::{DeltaWeights, MambaWeights, ShortConvWeights};
 
 /// Mamba-2's intermediates, each in one of the arena's scratch regions.
 struct MambaRegs {
@@ -115,7 +116,7 @@ pub(super) fn mamba(cx: &Cx<'_>, w: &MambaWeights) -> Result<()> {
         seqs,
         cd,
         m.conv_kernel,
-        true,
+        ConvAct::Silu,
     )
     .map_err(dev("conv1d"))?;
     // x, B and C read in place from the conv output `[t, x | B | C]`.
@@ -202,7 +203,7 @@ pub(super) fn deltanet(cx: &Cx<'_>, w: &DeltaWeights) -> Result<()> {
         seqs,
         cd,
         d.conv_kernel,
-        true,
+        ConvAct::Silu,
     )
     .map_err(dev("conv1d"))?;
     gpu.copy_cols(conv, cd, 0, kd, q, t)
@@ -247,4 +248,40 @@ pub(super) fn deltanet(cx: &Cx<'_>, w: &DeltaWeights) -> Result<()> {
     )
     .map_err(dev("gated norm"))?;
     cx.linear(normed, &w.out_proj, cx.s.mixed, t)
+}
+
+/// LFM2's gated short convolution: `in_proj`'s b, c and x parts straight
+/// into their buffers; `y = c ⊙ conv(b ⊙ x)` in one conv call (its gates);
+/// `out_proj`.
+pub(super) fn short_conv(cx: &Cx<'_>, w: &ShortConvWeights) -> Result<()> {
+    let c = cx
+        .model
+        .config
+        .short_conv
+        .as_ref()
+        .ok_or_else(|| EngineError::Internal("short conv layer without its config".into()))?;
+    let (h, t) = (cx.model.config.hidden_size, cx.batch.tokens);
+    let [_, b, gate, x, y, ..] = cx.s.r;
+    let cut = |s: DeviceSlice| s.slice(0, t * h).map_err(dev("short conv scratch"));
+    cx.linear(cx.s.normed, &w.in_proj.rows(0, h)?, b, t)?;
+    cx.linear(cx.s.normed, &w.in_proj.rows(h, h)?, gate, t)?;
+    cx.linear(cx.s.normed, &w.in_proj.rows(2 * h, h)?, x, t)?;
+    let gates = ConvAct::Gated {
+        pre: cut(b)?,
+        post: cut(gate)?,
+    };
+    cx.gpu
+        .causal_conv1d(
+            cut(x)?,
+            w.conv_w,
+            w.conv_b,
+            cut(y)?,
+            cx.states(w.state_layer, true)?,
+            &cx.batch.meta.recurrent,
+            h,
+            c.kernel,
+            gates,
+        )
+        .map_err(dev("short conv"))?;
+    cx.linear(y, &w.out_proj, cx.s.mixed, t)
 }

@@ -283,6 +283,11 @@ pub fn recurrent_state_shapes(config: &ModelConfig) -> Vec<StateShape> {
                 conv: d.conv_dim() * (d.conv_kernel - 1),
                 ssm: d.n_v_heads * d.k_head_dim * d.v_head_dim,
             }),
+            // The conv window alone (the pool keeps a one-element SSM part).
+            MixerKind::ShortConv => config.short_conv.as_ref().map(|c| StateShape {
+                conv: c.state_elements(config.hidden_size),
+                ssm: 0,
+            }),
             _ => None,
         })
         .collect()

@@ -65,6 +65,7 @@ fn hybrid_config() -> ModelConfig {
             norm_groups: 1,
         }),
         deltanet: None,
+        short_conv: None,
         mlp: Some(MlpConfig {
             intermediate_size: 32,
             activation: Activation::SwiGlu,

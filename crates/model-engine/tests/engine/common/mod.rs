@@ -8,7 +8,7 @@ use metrale_model_engine::EngineError;
 use metrale_model_engine::config::parse_config;
 use serde_json::{Map, Value};
 
-pub const FIXTURES: [&str; 9] = [
+pub const FIXTURES: [&str; 10] = [
     "llama",
     "qwen3",
     "mamba2",
@@ -18,6 +18,7 @@ pub const FIXTURES: [&str; 9] = [
     "qwen3_next",
     "qwen3_5",
     "qwen3_5_moe",
+    "lfm2",
 ];
 
 pub fn fixture(name: &str) -> PathBuf {
