@@ -37,8 +37,9 @@ __device__ __forceinline__ float softplus_f(float x) {
 }
 
 // `flags`: bits 0-1 the dtype code of a_log, bits 2-3 that of dt_bias
-// (DT_* of common.cuh), bits 4-6 log2(lpc), bits 8-30 the v heads per k
-// head (n_v_heads / n_k_heads).
+// (DT_* of common.cuh), bits 4-6 log2(lpc), bit 7 value heads tiled over
+// the key heads (kh = h % n_k_heads; else kh = h / group), bits 8-30 the v
+// heads per k head (group = n_v_heads / n_k_heads).
 // Sequences are [row_start, len, slot] words; one whose rows end past
 // `rows_bound` (the rows every operand holds) or whose slot lies outside
 // the pool (`n_slots` of `per_slot` floats) is skipped, as is len 0.
@@ -64,7 +65,9 @@ extern "C" __global__ void gated_delta_rule(const float* q, const float* k, cons
     // stay in the loops for the shuffles.
     const bool col_ok = j < dv;
     const int group = (flags >> 8) & 0x7fffff;
-    const int kh = h / group;
+    // Bit 7: value heads tiled over the key heads (llama.cpp's Qwen3.5 GGUF
+    // order), else grouped by key head (Hugging Face's).
+    const int kh = (flags >> 7) & 1 ? h % (n_v_heads / group) : h / group;
     const int kw = (n_v_heads / group) * dk, vw = n_v_heads * dv;
     const float neg_a = -expf(load_f32(a_log, h, flags & 3));
     const float bias = load_f32(dt_bias, h, (flags >> 2) & 3);

@@ -150,13 +150,13 @@ extern "C" __global__ void softmax_topk(const float* logits, unsigned* experts, 
 // choice = s + bias (bias of bias_dtype, null: none); each of n_group groups
 // scores the sum of its best two choices (its best with one member); the
 // best topk_group groups stay; the top k of their experts by choice (ties to
-// the lower index) weigh s, over the sum of the chosen s (+ 1e-20) when
+// the lower index) weigh s, over the sum of the chosen s (+ renorm_eps) when
 // `renormalize`, times `scale`. Dynamic shared memory: 2n floats + n_group
 // floats + n bytes + n_group bytes.
 extern "C" __global__ void sigmoid_topk(const float* logits, const void* bias, int bias_dtype,
                                         unsigned* experts, float* weights, int rows, int n, int k,
                                         int n_group, int topk_group, int renormalize,
-                                        float scale) {
+                                        float scale, float renorm_eps) {
     extern __shared__ float smem[];
     __shared__ int sk[32], si[32];
     const long long row = blockIdx.x;
@@ -221,7 +221,7 @@ extern "C" __global__ void sigmoid_topk(const float* logits, const void* bias, i
             for (int j = 0; j < k; j++) {
                 denom += s[e_out[j]];
             }
-            denom += 1e-20f;
+            denom += renorm_eps;
         }
         for (int j = 0; j < k; j++) {
             w_out[j] = s[e_out[j]] / denom * scale;

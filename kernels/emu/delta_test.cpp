@@ -14,8 +14,9 @@ static int lanes_per_column(int dk) {
 }
 
 // `grid_y` below the sequences makes the kernel walk them grid-stride.
+// `tiled`: value head h reads key head h % nk (llama.cpp's Qwen3.5 order).
 static void test_delta(int nk, int nv, int dk, int dv, const std::vector<Seq>& seqs, int rows, int n_slots,
-                       int extra, int a_dtype, int b_dtype, unsigned grid_y) {
+                       int extra, int a_dtype, int b_dtype, unsigned grid_y, bool tiled = false) {
     const int kw = nk * dk, vw = nv * dv;
     std::vector<float> q = rv((size_t)rows * kw, -1, 1), k = rv((size_t)rows * kw, -1, 1),
                        v = rv((size_t)rows * vw, -1, 1), a = rv((size_t)rows * nv, -3, 3),
@@ -32,7 +33,7 @@ static void test_delta(int nk, int nv, int dk, int dv, const std::vector<Seq>& s
     std::vector<unsigned> words;
     for (auto s : seqs) words.insert(words.end(), {s.r0, s.len, s.slot});
     const int lpc = lanes_per_column(dk), cols = DELTA_WARPS * (32 / lpc), col_blocks = (dv + cols - 1) / cols;
-    const int flags = a_dtype | (b_dtype << 2) | (__builtin_ctz(lpc) << 4) | ((nv / nk) << 8);
+    const int flags = a_dtype | (b_dtype << 2) | (__builtin_ctz(lpc) << 4) | ((int)tiled << 7) | ((nv / nk) << 8);
     launch(Dim3{(unsigned)(nv * col_blocks), grid_y, 1}, DELTA_WARPS * 32, 0, [&] {
         gated_delta_rule(q.data(), k.data(), v.data(), a.data(), b.data(),
                          a_dtype == DT_F32 ? (const void*)alog.data() : alog16.data(),
@@ -44,7 +45,7 @@ static void test_delta(int nk, int nv, int dk, int dv, const std::vector<Seq>& s
         if (s.len == 0 || s.r0 + s.len > (unsigned)rows || s.slot >= (unsigned)n_slots) continue;
         slot_used[s.slot] = 1;
         for (int h = 0; h < nv; ++h) {
-            const int kh = h / (nv / nk);
+            const int kh = tiled ? h % nk : h / (nv / nk);
             std::vector<double> S(st0.begin() + (size_t)s.slot * per + (size_t)h * dk * dv,
                                   st0.begin() + (size_t)s.slot * per + (size_t)(h + 1) * dk * dv);
             const double neg_a = -std::exp((double)alog[h]);
@@ -91,6 +92,7 @@ int main() {
     // past the pool (both skipped), a spare row.
     const std::vector<Seq> mixed = {{0, 9, 2}, {9, 1, 0}, {10, 0, 1}, {10, 4, 1}, {12, 5, 3}, {14, 1, 9}};
     test_delta(2, 4, 16, 24, mixed, 15, 4, 3, DT_F32, DT_BF16, 6);
+    test_delta(2, 6, 16, 24, mixed, 15, 4, 3, DT_F32, DT_F32, 6, true);
     test_delta(1, 2, 128, 40, mixed, 15, 4, 0, DT_BF16, DT_F16, 2);
     test_delta(2, 2, 100, 9, mixed, 15, 4, 5, DT_F16, DT_F32, 1);
     test_delta(1, 1, 256, 33, {{0, 3, 0}, {3, 2, 1}}, 5, 2, 0, DT_F32, DT_F32, 2);

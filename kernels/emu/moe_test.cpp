@@ -65,7 +65,7 @@ static void test_softmax(int rows, int n, int k, bool renorm, bool ties) {
 }
 
 static void test_sigmoid(int rows, int n, int k, int n_group, int topk_group, int bias_dtype, bool renorm,
-                         float scale, bool ties) {
+                         float scale, bool ties, float eps = 1e-20f) {
     std::vector<float> l = logits((size_t)rows * n, ties);
     std::vector<float> bias = rv(n, -0.5, 0.5);
     if (ties)
@@ -81,7 +81,7 @@ static void test_sigmoid(int rows, int n, int k, int n_group, int topk_group, in
     const int shared = 8 * n + 4 * n_group + n + n_group;
     launch(Dim3{(unsigned)rows, 1, 1}, ROUTER_THREADS, shared, [&] {
         sigmoid_topk(l.data(), bp, std::max(bias_dtype, 0), ex.data(), w.data(), rows, n, k, n_group, topk_group,
-                     renorm, scale);
+                     renorm, scale, eps);
     });
     const int per = n / n_group;
     for (int r = 0; r < rows; ++r) {
@@ -110,7 +110,7 @@ static void test_sigmoid(int rows, int n, int k, int n_group, int topk_group, in
         std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return c[a] > c[b]; });
         double denom = 1;
         if (renorm) {
-            denom = 1e-20;
+            denom = eps;
             for (int j = 0; j < k; ++j) denom += s[order[j]];
         }
         std::vector<double> wt(n);
@@ -258,6 +258,8 @@ int main() {
     test_sigmoid(2, 72, 5, 6, 3, DT_F16, true, 1.0f, false);
     test_sigmoid(4, 64, 8, 8, 2, DT_F32, true, 1.0f, true);
     test_sigmoid(2, 200, 16, 4, 2, DT_BF16, true, 1.0f, true);
+    // LFM2-MoE: one group, the expert bias, renormalised with 1e-6.
+    test_sigmoid(3, 32, 4, 1, 1, DT_F32, true, 1.5f, false, 1e-6f);
     test_group(3, 2, 4, 0, false);
     test_group(300, 8, 64, 5, false);
     test_group(200, 6, 1500, 0, false);

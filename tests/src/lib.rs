@@ -13,7 +13,7 @@ use metrale_model_weights::loader::WeightDType;
 use safetensors::SafeTensors;
 
 /// The fixture model folders with golden logits.
-pub const MODELS: [&str; 11] = [
+pub const MODELS: [&str; 12] = [
     "llama",
     "qwen3",
     "mamba2",
@@ -25,6 +25,7 @@ pub const MODELS: [&str; 11] = [
     "qwen3_5",
     "qwen3_5_moe",
     "lfm2",
+    "lfm2_moe",
 ];
 
 /// Largest |logits - golden| the fixtures' README allows on the CPU.

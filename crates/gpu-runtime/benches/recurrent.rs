@@ -136,6 +136,7 @@ fn bench_delta(c: &mut Criterion, cpu: &CpuBackend) {
         k_head_dim: 128,
         v_head_dim: 128,
         chunk_size: 64,
+        tiled_v_heads: false,
     };
     let mut r = Rng(11);
     let (kw, vw, nv) = (

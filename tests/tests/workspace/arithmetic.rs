@@ -21,6 +21,11 @@ const BF16_ARITHMETIC_TOLERANCE: f32 = 5e-2;
 /// (measured: granitemoehybrid, one token of one prompt, 0.32, decaying
 /// over the following tokens); greedy tokens still agree.
 const BF16_ARITHMETIC_MOE_TOLERANCE: f32 = 0.5;
+/// The gated DeltaNet of these random models amplifies the activations'
+/// rounding: transformers itself, its matmul inputs rounded to bf16, is
+/// 0.52 off its own f32 logits on qwen3_5 (and 2.3 on qwen3_next, whose
+/// fixture is f32 and so not run here in bf16); metrale measures 0.52.
+const BF16_ARITHMETIC_DELTANET_TOLERANCE: f32 = 0.6;
 
 #[test]
 fn auto_arithmetic_stays_close_to_golden() -> Result<()> {
@@ -64,7 +69,9 @@ fn auto_arithmetic_stays_close_to_golden() -> Result<()> {
         eprintln!(
             "{name}: auto arithmetic, max |diff| one prefill {prefill:.2e}, prefill+decode {decode:.2e}"
         );
-        let bound = if model.config().moe.is_some() {
+        let bound = if model.config().deltanet.is_some() {
+            BF16_ARITHMETIC_DELTANET_TOLERANCE
+        } else if model.config().moe.is_some() {
             BF16_ARITHMETIC_MOE_TOLERANCE
         } else {
             BF16_ARITHMETIC_TOLERANCE

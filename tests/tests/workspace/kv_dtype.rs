@@ -20,6 +20,11 @@ const BF16_KV_TOLERANCE: f32 = 2e-2;
 /// Largest |logits - golden| allowed with an f16 cache: an eighth of
 /// bf16's rounding.
 const F16_KV_TOLERANCE: f32 = 4e-3;
+/// With experts, a key rounded to bf16 may tip a router near-tie to another
+/// expert for one token (measured: qwen3_5_moe, position 6 of one prompt,
+/// 0.48, then 0.07 decaying to 0.01 over the following positions; the
+/// argmax flips where the f32 cache's top two were 0.20 apart).
+const BF16_KV_MOE_TOLERANCE: f32 = 0.5;
 
 fn load_with(name: &str, kv_dtype: Option<DType>) -> Result<(Arc<CpuBackend>, TransformerModel)> {
     let cpu = Arc::new(CpuBackend::with_threads(2));
@@ -65,6 +70,10 @@ fn narrow_cache_stays_close(dtype: DType, bound: f32) -> Result<()> {
             continue;
         }
         assert_eq!(narrow.kv_cache().dtype(), dtype);
+        let bound = match narrow.config().moe {
+            Some(_) if dtype == DType::BF16 => BF16_KV_MOE_TOLERANCE,
+            _ => bound,
+        };
         let (_, f32_model) = load_with(name, None)?;
         assert_eq!(
             2 * f32_model.kv_cache().bytes_per_token(),

@@ -124,3 +124,8 @@ fn qwen3_5_moe_matches_golden() -> Result<()> {
 fn lfm2_matches_golden() -> Result<()> {
     check_model("lfm2")
 }
+
+#[test]
+fn lfm2_moe_matches_golden() -> Result<()> {
+    check_model("lfm2_moe")
+}

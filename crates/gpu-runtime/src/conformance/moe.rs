@@ -77,7 +77,7 @@ fn sigmoid_topk64(
         let groups = top_k(&group_score, |_| true, p.topk_group);
         let top = top_k(&choice, |e| groups.contains(&(e / per_group)), p.k);
         let denom = if p.renormalize {
-            top.iter().map(|&i| s[i]).sum()
+            top.iter().map(|&i| s[i]).sum::<f64>() + p.renorm_eps as f64
         } else {
             1.0
         };
@@ -167,6 +167,8 @@ pub(super) fn sigmoid_topk(cx: &mut Cx<'_>) -> Outcome {
                 topk_group,
                 renormalize: (gi + bi) % 2 == 0,
                 scale: if bi % 2 == 0 { 2.5 } else { 1.0 },
+                // LFM2-MoE's epsilon where there are no groups, DeepSeek's else.
+                renorm_eps: if n_group == 1 { 1e-6 } else { 1e-20 },
             };
             for rows in row_counts(cx.shapes) {
                 let mut m = cx.mem();

@@ -127,13 +127,14 @@ fn conv64(
     let len = x.len() / ch;
     let mut out = vec![0f64; len * ch];
     let mut new_state = vec![0f64; ch * (k - 1)];
-    let pre = |i: usize| match act {
-        Act::Gated(pre, _) => pre[i] as f64,
-        _ => 1.0,
+    // The gated input as the op stores it in the state: an f32 product.
+    let input = |i: usize| match act {
+        Act::Gated(pre, _) => (pre[i] * x[i]) as f64,
+        _ => x[i] as f64,
     };
     for c in 0..ch {
         let mut hist: Vec<f64> = (0..k - 1).map(|j| state[j * ch + c] as f64).collect();
-        hist.extend((0..len).map(|t| x[t * ch + c] as f64 * pre(t * ch + c)));
+        hist.extend((0..len).map(|t| input(t * ch + c)));
         for t in 0..len {
             let mut acc = bias.map_or(0.0, |b| b[c] as f64);
             for j in 0..k {

@@ -270,7 +270,7 @@ impl DeltaCase {
             let mut s: Vec<f64> = st.iter().map(|&v| v as f64).collect();
             for row in r0..r0 + len {
                 for h in 0..nv {
-                    let kh = h / (nv / nk);
+                    let kh = self.p.k_head(h);
                     let off = row * nk * dk + kh * dk;
                     let q: Vec<f64> = l2(&self.q[off..off + dk])
                         .iter()
@@ -298,7 +298,13 @@ impl DeltaCase {
     }
 }
 
-fn delta_case(cx: &mut Cx<'_>, step: &Step, splits: &[usize], dtype: DType) -> Outcome {
+fn delta_case(
+    cx: &mut Cx<'_>,
+    step: &Step,
+    splits: &[usize],
+    dtype: DType,
+    tiled_v_heads: bool,
+) -> Outcome {
     let ds = cx
         .shapes
         .deltanet
@@ -310,6 +316,7 @@ fn delta_case(cx: &mut Cx<'_>, step: &Step, splits: &[usize], dtype: DType) -> O
         k_head_dim: ds.k_head_dim,
         v_head_dim: ds.v_head_dim,
         chunk_size: ds.chunk_size,
+        tiled_v_heads,
     };
     let l = Layout::of(step);
     let mut case = DeltaCase::new(p, &l.spans, &mut cx.rng);
@@ -333,8 +340,14 @@ fn delta_case(cx: &mut Cx<'_>, step: &Step, splits: &[usize], dtype: DType) -> O
     let (got, states) = (m.down(out)?, l.states(&m, pool)?);
     let (want_o, want_s) = case.reference();
     let what = format!(
-        "{} in pieces {splits:?}: {} v heads of {} over {} k heads of {}, chunk {}, {dtype}",
-        step.name, p.n_v_heads, p.v_head_dim, p.n_k_heads, p.k_head_dim, p.chunk_size
+        "{} in pieces {splits:?}: {} v heads of {} over {} k heads of {}, chunk {}, {dtype}, tiled {}",
+        step.name,
+        p.n_v_heads,
+        p.v_head_dim,
+        p.n_k_heads,
+        p.k_head_dim,
+        p.chunk_size,
+        p.tiled_v_heads
     );
     let tol = scan_tol(step);
     for &(r0, len) in &l.spans {
@@ -348,12 +361,25 @@ fn delta_case(cx: &mut Cx<'_>, step: &Step, splits: &[usize], dtype: DType) -> O
 }
 
 pub(in crate::conformance) fn gated_delta_rule(cx: &mut Cx<'_>) -> Outcome {
+    // Where value heads outnumber key heads, both head orders (Hugging
+    // Face's grouped, llama.cpp's tiled).
+    let tiled = cx
+        .shapes
+        .deltanet
+        .as_ref()
+        .is_some_and(|d| d.n_v_heads > d.n_k_heads);
     for step in steps(cx.shapes) {
-        for dtype in WEIGHT_DTYPES {
-            delta_case(cx, &step, &[], dtype)?;
+        for (i, dtype) in WEIGHT_DTYPES.into_iter().enumerate() {
+            delta_case(cx, &step, &[], dtype, false)?;
+            if tiled && i == 0 {
+                delta_case(cx, &step, &[], dtype, true)?;
+            }
         }
         for splits in splits_of(&step).into_iter().skip(1) {
-            delta_case(cx, &step, splits, DType::F32)?;
+            delta_case(cx, &step, splits, DType::F32, false)?;
+            if tiled {
+                delta_case(cx, &step, splits, DType::F32, true)?;
+            }
         }
     }
     Ok(())

@@ -404,6 +404,7 @@ impl CpuBackend {
             k_head_dim,
             v_head_dim,
             chunk_size,
+            ..
         } = *p;
         if n_k_heads == 0
             || k_head_dim == 0

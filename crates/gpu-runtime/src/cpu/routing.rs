@@ -71,7 +71,7 @@ pub(super) fn sigmoid_topk(
         });
         let top = &order[..p.k];
         let denom = if p.renormalize {
-            top.iter().map(|&e| scores[e as usize]).sum::<f32>() + 1e-20
+            top.iter().map(|&e| scores[e as usize]).sum::<f32>() + p.renorm_eps
         } else {
             1.0
         };
@@ -93,6 +93,7 @@ mod tests {
             n_group,
             topk_group,
             renormalize: true,
+            renorm_eps: 1e-20,
             scale: 2.5,
         }
     }

@@ -93,6 +93,7 @@ pub(super) fn delta_launch(
         k_head_dim: dk,
         v_head_dim: dv,
         chunk_size,
+        tiled_v_heads,
     } = *p;
     // The CPU backend's shape checks.
     if nk == 0 || dk == 0 || dv == 0 || !nv.is_multiple_of(nk) || chunk_size == 0 {
@@ -164,8 +165,11 @@ pub(super) fn delta_launch(
     let (_, col_blocks) = column_blocks(dk, dv);
     let grid_x = u32::try_from(nv * col_blocks)
         .map_err(|_| shape_err(OP, format!("{nv} v heads of {dv}")))?;
-    let flags =
-        a_code | (bias_code << 2) | ((lpc.trailing_zeros() as i32) << 4) | ((group as i32) << 8);
+    let flags = a_code
+        | (bias_code << 2)
+        | ((lpc.trailing_zeros() as i32) << 4)
+        | ((tiled_v_heads as i32) << 7)
+        | ((group as i32) << 8);
     Ok(Some(Launch {
         cfg: LaunchCfg {
             grid: (grid_x, seqs.n_seqs.min(MAX_GRID_Y) as u32, 1),

@@ -33,6 +33,7 @@ fn params(nk: usize, nv: usize, dk: usize, dv: usize) -> DeltaParams {
         k_head_dim: dk,
         v_head_dim: dv,
         chunk_size: 64,
+        tiled_v_heads: false,
     }
 }
 

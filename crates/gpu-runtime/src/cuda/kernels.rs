@@ -177,9 +177,22 @@ pub const SSD_SCAN: Kernel<(
 pub const SOFTMAX_TOPK: Kernel<(Ptr, Ptr, Ptr, i32, i32, i32, i32)> =
     Kernel::new(5, "softmax_topk");
 
-/// `moe.cu`: `sigmoid_topk(const float* logits, const void* bias, int bias_dtype, unsigned* experts, float* weights, int rows, int n, int k, int n_group, int topk_group, int renormalize, float scale)`.
-pub const SIGMOID_TOPK: Kernel<(Ptr, Ptr, i32, Ptr, Ptr, i32, i32, i32, i32, i32, i32, f32)> =
-    Kernel::new(5, "sigmoid_topk");
+/// `moe.cu`: `sigmoid_topk(const float* logits, const void* bias, int bias_dtype, unsigned* experts, float* weights, int rows, int n, int k, int n_group, int topk_group, int renormalize, float scale, float renorm_eps)`.
+pub const SIGMOID_TOPK: Kernel<(
+    Ptr,
+    Ptr,
+    i32,
+    Ptr,
+    Ptr,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    f32,
+    f32,
+)> = Kernel::new(5, "sigmoid_topk");
 
 /// `moe.cu`: `moe_group(const unsigned* experts, const float* weights, unsigned* offsets, unsigned* rows_out, float* weights_out, int entries, int k, int n_experts)`.
 pub const MOE_GROUP: Kernel<(Ptr, Ptr, Ptr, Ptr, Ptr, i32, i32, i32)> = Kernel::new(5, "moe_group");

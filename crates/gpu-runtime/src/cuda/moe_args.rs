@@ -102,13 +102,29 @@ pub(super) fn check_grouping(n: usize, p: &GroupedTopK) -> std::result::Result<(
     Ok(())
 }
 
+pub(super) type SigmoidTopkArgs = (
+    Ptr,
+    Ptr,
+    i32,
+    Ptr,
+    Ptr,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    f32,
+    f32,
+);
+
 pub(super) fn sigmoid_topk(
     logits: DeviceSlice,
     bias: Option<DeviceSlice>,
     n: usize,
     p: &GroupedTopK,
     r: &Routes,
-) -> Result<Option<Launch<(Ptr, Ptr, i32, Ptr, Ptr, i32, i32, i32, i32, i32, i32, f32)>>> {
+) -> Result<Option<Launch<SigmoidTopkArgs>>> {
     const OP: &str = "sigmoid_topk";
     if p.k != r.k {
         return Err(shape_err(OP, format!("top-{} into routes of {}", p.k, r.k)));
@@ -143,6 +159,7 @@ pub(super) fn sigmoid_topk(
             int(OP, p.topk_group, "topk_group")?,
             p.renormalize as i32,
             p.scale,
+            p.renorm_eps,
         ),
     }))
 }

@@ -56,6 +56,7 @@ fn grouping(k: usize, n_group: usize, topk_group: usize) -> GroupedTopK {
         n_group,
         topk_group,
         renormalize: true,
+        renorm_eps: 1e-20,
         scale: 2.5,
     }
 }

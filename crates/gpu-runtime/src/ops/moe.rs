@@ -19,8 +19,11 @@ pub struct GroupedTopK {
     pub n_group: usize,
     /// Only experts of the best this-many groups can be chosen.
     pub topk_group: usize,
-    /// Divide the chosen weights by their sum.
+    /// Divide the chosen weights by their sum plus `renorm_eps`.
     pub renormalize: bool,
+    /// Added to the sum the weights are divided by: DeepSeek-V3's and
+    /// Nemotron-H's 1e-20, LFM2-MoE's 1e-6.
+    pub renorm_eps: f32,
     /// Multiplies every weight at the end (`routed_scaling_factor`).
     pub scale: f32,
 }
@@ -86,7 +89,7 @@ pub trait MoeOps {
     /// groups scores the sum of its best two, only the best `topk_group`
     /// groups stay, and the top `k` experts among them are chosen (ties to the
     /// lower index). Their weights are `s` (not the choice scores),
-    /// renormalised to sum 1 when asked, times `scale`; written into `routes`
+    /// over their sum plus `renorm_eps` when asked, times `scale`; written into `routes`
     /// (`p.k == routes.k`).
     fn sigmoid_topk(
         &self,

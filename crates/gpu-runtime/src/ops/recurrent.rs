@@ -69,7 +69,8 @@ pub enum ConvAct {
     Gated { pre: DeviceSlice, post: DeviceSlice },
 }
 
-/// Shape of a gated-delta-rule call (Qwen3-Next linear attention).
+/// Shape of a gated-delta-rule call (Qwen3-Next and Qwen3.5 linear
+/// attention).
 #[derive(Clone, Copy, Debug)]
 pub struct DeltaParams {
     pub n_k_heads: usize,
@@ -80,6 +81,22 @@ pub struct DeltaParams {
     /// [`SsdParams::chunk_size`], a backend may use shorter chunks (the CPU
     /// backend uses at most 16).
     pub chunk_size: usize,
+    /// Which key head a value head reads where value heads outnumber key
+    /// heads: false, Hugging Face's order (value heads grouped by key head,
+    /// `h / (n_v_heads / n_k_heads)`); true, the tiled order llama.cpp's
+    /// converter writes Qwen3.5's GGUF files in (`h % n_k_heads`).
+    pub tiled_v_heads: bool,
+}
+
+impl DeltaParams {
+    /// The key head value head `h` reads.
+    pub fn k_head(&self, h: usize) -> usize {
+        if self.tiled_v_heads {
+            h % self.n_k_heads.max(1)
+        } else {
+            h / (self.n_v_heads / self.n_k_heads.max(1)).max(1)
+        }
+    }
 }
 
 /// Recurrent-mixer operations.

@@ -1,6 +1,7 @@
-//! LFM2 and LFM2.5 (`lfm2`): Liquid AI, "LFM2 Technical Report"
-//! (arXiv:2511.23404; model cards LiquidAI/LFM2-350M … LFM2-2.6B,
-//! LFM2.5-1.2B). LFM2-VL's language model is the same `lfm2`.
+//! LFM2, LFM2.5 and LFM2-MoE (`lfm2`, `lfm2_moe`): Liquid AI, "LFM2
+//! Technical Report" (arXiv:2511.23404; model cards LiquidAI/LFM2-350M …
+//! LFM2-2.6B, LFM2.5-1.2B, LFM2-8B-A1B, LFM2-24B-A2B). LFM2-VL's language
+//! model is the same `lfm2`.
 //!
 //! Layers: gated short convolutions (`conv`) interleaved with grouped-query
 //! attention (`full_attention`), each followed by a SwiGLU MLP; pre-norm
@@ -24,15 +25,22 @@
 //!   `block_multiple_of`.
 //! - Norms: `x * rsqrt(mean(x^2) + norm_eps) * w`; the head is tied by
 //!   default (`tie_word_embeddings`, alias `tie_embedding`).
+//! - `lfm2_moe`: `layer_types` is required (transformers reads nothing
+//!   else); the first `num_dense_layers` layers have a dense MLP of
+//!   `intermediate_size` (not adjusted), the others a sparse MoE: sigmoid
+//!   scores, the top `num_experts_per_tok` chosen by score plus
+//!   `expert_bias` (`use_expert_bias`), weighted by their scores over their
+//!   sum plus 1e-6 (`norm_topk_prob`), times `routed_scaling_factor`; no
+//!   shared expert. Experts are stored one MLP each (`experts.{e}.w1/w3/w2`).
 
 use super::{Common, attention_heads, check_layer_count, check_same_layers, mixer_name};
 use crate::config::json::Obj;
 use crate::config::limits;
 use crate::config::rope::{RopeDefaults, parse_rope};
 use crate::config::{
-    Activation, AttentionConfig, AttentionNames, FfnKind, FfnNames, LayerNames, LayerPlan,
-    MixerKind, MixerNames, MlpConfig, MlpNames, ModelConfig, ModelNames, ModelType,
-    ShortConvConfig, ShortConvNames,
+    Activation, AttentionConfig, AttentionNames, ExpertNames, FfnKind, FfnNames, LayerNames,
+    LayerPlan, MixerKind, MixerNames, MlpConfig, MlpNames, ModelConfig, ModelNames, ModelType,
+    MoeConfig, MoeNames, Routing, ShortConvConfig, ShortConvNames,
 };
 use crate::error::Result;
 
@@ -120,14 +128,63 @@ fn ffn_width(o: &Obj<'_>) -> Result<usize> {
     o.within(&["block_ff_dim"], ff, limits::WIDTH)
 }
 
-pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
+/// LFM2-MoE's sparse layers.
+fn moe_config(o: &Obj<'_>, moe_layers: usize) -> Result<MoeConfig> {
+    let n_experts = o.count_or(&["num_experts"], 32, limits::EXPERTS)?;
+    let top_k = o.count_or(&["num_experts_per_tok"], 4, limits::EXPERTS)?;
+    super::check_expert_total(o, &["num_experts"], n_experts, moe_layers)?;
+    if top_k > n_experts {
+        return Err(o.err(format!(
+            "num_experts_per_tok ({top_k}) exceeds num_experts ({n_experts})"
+        )));
+    }
+    Ok(MoeConfig {
+        n_experts,
+        top_k,
+        routing: Routing::SigmoidGrouped {
+            n_group: 1,
+            topk_group: 1,
+            scale: o.f32_or(&["routed_scaling_factor"], 1.0)?,
+            renorm_eps: 1e-6,
+        },
+        expert_intermediate: o.count_or(&["moe_intermediate_size"], 1792, limits::WIDTH)?,
+        norm_topk_prob: o.bool_or(&["norm_topk_prob"], true)?,
+        shared_intermediate: None,
+        shared_expert_gate: false,
+    })
+}
+
+/// Each layer's feed-forward: LFM2's dense MLP everywhere, LFM2-MoE's
+/// after its `num_dense_layers`.
+fn ffn_kinds(t: ModelType, o: &Obj<'_>, layers: usize) -> Result<Vec<FfnKind>> {
+    if t == ModelType::Lfm2 {
+        return Ok(vec![FfnKind::Mlp; layers]);
+    }
+    let dense = o.usize_or(&["num_dense_layers"], 2)?;
+    Ok((0..layers)
+        .map(|i| match i < dense {
+            true => FfnKind::Mlp,
+            false => FfnKind::Moe,
+        })
+        .collect())
+}
+
+pub(super) fn build(t: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
     let mut common = Common::read(o)?;
     common.tie_word_embeddings = aliased(o, ("tie_word_embeddings", "tie_embedding"), |k| {
         o.get(&[k]).map(|_| o.bool_or(&[k], true)).transpose()
     })?
     .unwrap_or(true);
     let num_layers = super::num_layers(o, &["num_hidden_layers"])?;
+    if t == ModelType::Lfm2Moe && o.opt_str_list(&["layer_types"])?.is_none() {
+        return Err(o.err(
+            "key `layer_types` is missing: lfm2_moe configs list every layer (transformers \
+             reads nothing else)",
+        ));
+    }
     let mixers = layer_mixers(o, num_layers, &mut common.warnings)?;
+    let ffns = ffn_kinds(t, o, num_layers)?;
+    let use_bias = o.bool_or(&["use_expert_bias"], true)?;
     let eps = o.pos_f32_or(&["norm_eps"], 1e-5)?;
     let bias = o.bool_or(&["conv_bias"], false)?;
     let attention = if mixers.contains(&MixerKind::Attention) {
@@ -160,14 +217,19 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
         lm_head: (!common.tie_word_embeddings).then(|| "lm_head.weight".into()),
     };
     let max_pos = o.size_or(&["max_position_embeddings"], 128_000)?;
-    let mut config = common.base(ModelType::Lfm2, eps, max_pos, names);
+    let moe_layers = ffns.iter().filter(|f| **f == FfnKind::Moe).count();
+    let moe = (moe_layers > 0)
+        .then(|| moe_config(o, moe_layers))
+        .transpose()?;
+    let mut config = common.base(t, eps, max_pos, names);
     config.layers = mixers
         .iter()
+        .zip(&ffns)
         .enumerate()
-        .map(|(i, &mixer)| LayerPlan {
+        .map(|(i, (&mixer, &ffn))| LayerPlan {
             mixer,
-            ffn: FfnKind::Mlp,
-            names: layer_names(i, mixer, bias),
+            ffn,
+            names: layer_names(i, mixer, bias, ffn, moe.as_ref().map(|m| (m, use_bias))),
             sliding_window: None,
         })
         .collect();
@@ -175,15 +237,39 @@ pub(super) fn build(o: &Obj<'_>) -> Result<ModelConfig> {
     if mixers.contains(&MixerKind::ShortConv) {
         config.short_conv = Some(ShortConvConfig { kernel, bias });
     }
-    config.mlp = Some(MlpConfig {
-        intermediate_size: ffn_width(o)?,
-        activation: Activation::SwiGlu,
-    });
+    if ffns.contains(&FfnKind::Mlp) {
+        let width = match t {
+            ModelType::Lfm2 => ffn_width(o)?,
+            _ => o.count_or(&["intermediate_size"], 7168, limits::WIDTH)?,
+        };
+        config.mlp = Some(MlpConfig {
+            intermediate_size: width,
+            activation: Activation::SwiGlu,
+        });
+    }
+    config.moe = moe;
     Ok(config)
 }
 
-/// The family's tensor-name table.
-fn layer_names(i: usize, mixer: MixerKind, bias: bool) -> LayerNames {
+/// The MLP under `p` (`w1` gate, `w3` up, `w2` down).
+fn mlp_names(p: &str) -> MlpNames {
+    MlpNames::Split {
+        gate: format!("{p}.w1.weight"),
+        up: format!("{p}.w3.weight"),
+        down: format!("{p}.w2.weight"),
+        bias: false,
+    }
+}
+
+/// The family's tensor-name table (`moe`: the MoE settings and whether
+/// there is an expert bias).
+fn layer_names(
+    i: usize,
+    mixer: MixerKind,
+    bias: bool,
+    ffn: FfnKind,
+    moe: Option<(&MoeConfig, bool)>,
+) -> LayerNames {
     let p = format!("model.layers.{i}");
     let mixer = match mixer {
         MixerKind::Attention => {
@@ -208,71 +294,108 @@ fn layer_names(i: usize, mixer: MixerKind, bias: bool) -> LayerNames {
             bias,
         }),
     };
-    let f = |n: &str| format!("{p}.feed_forward.{n}.weight");
+    let f = format!("{p}.feed_forward");
+    let ffn = match (ffn, moe) {
+        (FfnKind::Moe, Some((m, expert_bias))) => FfnNames::Moe(MoeNames {
+            router: format!("{f}.gate.weight"),
+            router_bias: expert_bias.then(|| format!("{f}.expert_bias")),
+            experts: ExpertNames::Separate(
+                (0..m.n_experts)
+                    .map(|e| mlp_names(&format!("{f}.experts.{e}")))
+                    .collect(),
+            ),
+            shared: None,
+            shared_gate: None,
+        }),
+        _ => FfnNames::Mlp(mlp_names(&f)),
+    };
     LayerNames {
         input_norm: format!("{p}.operator_norm.weight"),
         ffn_norm: Some(format!("{p}.ffn_norm.weight")),
         mixer,
-        ffn: FfnNames::Mlp(MlpNames::Split {
-            gate: f("w1"),
-            up: f("w3"),
-            down: f("w2"),
-            bias: false,
-        }),
+        ffn,
     }
 }
 
-use crate::gguf::GgufName::Same;
+use crate::gguf::GgufName::{Expert, Same};
+
+const GGUF_GLOBALS: crate::gguf::GgufGroup = &[
+    ("model.embed_tokens.weight", Same("token_embd.weight")),
+    (
+        "model.embedding_norm.weight",
+        Same("token_embd_norm.weight"),
+    ),
+    ("lm_head.weight", Same("output.weight")),
+];
+
+const GGUF_LAYER: &[(&str, crate::gguf::GgufGroup)] = &[
+    (
+        "",
+        &[
+            ("operator_norm.weight", Same("attn_norm.weight")),
+            ("ffn_norm.weight", Same("ffn_norm.weight")),
+        ],
+    ),
+    (
+        "conv.",
+        &[
+            ("in_proj.weight", Same("shortconv.in_proj.weight")),
+            ("in_proj.bias", Same("shortconv.in_proj.bias")),
+            ("conv.weight", Same("shortconv.conv.weight")),
+            ("conv.bias", Same("shortconv.conv.bias")),
+            ("out_proj.weight", Same("shortconv.out_proj.weight")),
+            ("out_proj.bias", Same("shortconv.out_proj.bias")),
+        ],
+    ),
+    (
+        "self_attn.",
+        &[
+            ("q_proj.weight", Same("attn_q.weight")),
+            ("k_proj.weight", Same("attn_k.weight")),
+            ("v_proj.weight", Same("attn_v.weight")),
+            ("out_proj.weight", Same("attn_output.weight")),
+            ("q_layernorm.weight", Same("attn_q_norm.weight")),
+            ("k_layernorm.weight", Same("attn_k_norm.weight")),
+        ],
+    ),
+    (
+        "feed_forward.",
+        &[
+            ("w1.weight", Same("ffn_gate.weight")),
+            ("w3.weight", Same("ffn_up.weight")),
+            ("w2.weight", Same("ffn_down.weight")),
+        ],
+    ),
+];
 
 /// LFM2 as llama.cpp's converter writes it (`lfm2`): every tensor as it
 /// is (the conv weight squeezed to `[hidden, kernel]`), the final norm as
 /// `token_embd_norm`.
 pub(crate) const GGUF: crate::gguf::GgufTable = crate::gguf::GgufTable {
     layer_prefix: "model.layers.",
-    globals: &[
-        ("model.embed_tokens.weight", Same("token_embd.weight")),
-        (
-            "model.embedding_norm.weight",
-            Same("token_embd_norm.weight"),
-        ),
-        ("lm_head.weight", Same("output.weight")),
-    ],
+    globals: GGUF_GLOBALS,
+    layer: GGUF_LAYER,
+};
+
+/// LFM2-MoE (`lfm2moe`): LFM2's names, the experts stacked
+/// (`ffn_*_exps`), the router `ffn_gate_inp`, the expert bias
+/// `exp_probs_b.bias`.
+pub(crate) const GGUF_MOE: crate::gguf::GgufTable = crate::gguf::GgufTable {
+    layer_prefix: "model.layers.",
+    globals: GGUF_GLOBALS,
     layer: &[
-        (
-            "",
-            &[
-                ("operator_norm.weight", Same("attn_norm.weight")),
-                ("ffn_norm.weight", Same("ffn_norm.weight")),
-            ],
-        ),
-        (
-            "conv.",
-            &[
-                ("in_proj.weight", Same("shortconv.in_proj.weight")),
-                ("in_proj.bias", Same("shortconv.in_proj.bias")),
-                ("conv.weight", Same("shortconv.conv.weight")),
-                ("conv.bias", Same("shortconv.conv.bias")),
-                ("out_proj.weight", Same("shortconv.out_proj.weight")),
-                ("out_proj.bias", Same("shortconv.out_proj.bias")),
-            ],
-        ),
-        (
-            "self_attn.",
-            &[
-                ("q_proj.weight", Same("attn_q.weight")),
-                ("k_proj.weight", Same("attn_k.weight")),
-                ("v_proj.weight", Same("attn_v.weight")),
-                ("out_proj.weight", Same("attn_output.weight")),
-                ("q_layernorm.weight", Same("attn_q_norm.weight")),
-                ("k_layernorm.weight", Same("attn_k_norm.weight")),
-            ],
-        ),
+        GGUF_LAYER[0],
+        GGUF_LAYER[1],
+        GGUF_LAYER[2],
+        GGUF_LAYER[3],
         (
             "feed_forward.",
             &[
-                ("w1.weight", Same("ffn_gate.weight")),
-                ("w3.weight", Same("ffn_up.weight")),
-                ("w2.weight", Same("ffn_down.weight")),
+                ("gate.weight", Same("ffn_gate_inp.weight")),
+                ("expert_bias", Same("exp_probs_b.bias")),
+                ("experts.*.w1.weight", Expert("ffn_gate_exps.weight")),
+                ("experts.*.w3.weight", Expert("ffn_up_exps.weight")),
+                ("experts.*.w2.weight", Expert("ffn_down_exps.weight")),
             ],
         ),
     ],

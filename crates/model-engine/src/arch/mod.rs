@@ -9,7 +9,7 @@
 //! | `nemotron_h.rs` | `nemotron_h` |
 //! | `granite_hybrid.rs` | `granitemoehybrid` |
 //! | `qwen3_next.rs` | `qwen3_next` |
-//! | `lfm2.rs` | `lfm2` |
+//! | `lfm2.rs` | `lfm2`, `lfm2_moe` |
 //! | `qwen3_5.rs` | `qwen3_5`, `qwen3_5_moe` (and their `_text` language models) |
 //!
 //! Each file holds the family's raw config (both spellings accepted), its
@@ -60,7 +60,7 @@ pub(crate) fn build(model_type: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
         ModelType::GraniteMoeHybrid => granite_hybrid::build(o)?,
         ModelType::Qwen3Next => qwen3_next::build(o)?,
         ModelType::Qwen35 | ModelType::Qwen35Moe => qwen3_5::build(model_type, o)?,
-        ModelType::Lfm2 => lfm2::build(o)?,
+        ModelType::Lfm2 | ModelType::Lfm2Moe => lfm2::build(model_type, o)?,
     };
     if config.layers.is_empty() {
         return Err(o.err("the model has no layers"));

@@ -289,6 +289,7 @@ fn read_moe(o: &Obj<'_>) -> Result<MoeConfig> {
             n_group,
             topk_group,
             scale: o.f32_or(&["routed_scaling_factor"], 1.0)?,
+            renorm_eps: 1e-20,
         },
         expert_intermediate: o.count_or(&["moe_intermediate_size"], 7688, limits::WIDTH)?,
         norm_topk_prob: o.bool_or(&["norm_topk_prob"], true)?,

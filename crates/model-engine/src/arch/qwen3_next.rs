@@ -251,6 +251,7 @@ pub(super) fn deltanet(
         v_head_dim: o.count_or(&["linear_value_head_dim"], 128, limits::HEAD_DIM)?,
         conv_kernel: o.count_or(&["linear_conv_kernel_dim"], 4, limits::CONV_KERNEL)?,
         norm_eps,
+        tiled_v_heads: false,
     };
     if !d.n_v_heads.is_multiple_of(d.n_k_heads) {
         return Err(o.err(format!(

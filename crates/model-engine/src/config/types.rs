@@ -20,10 +20,12 @@ pub enum ModelType {
     Qwen35Moe,
     /// LFM2 / LFM2.5 (Liquid AI).
     Lfm2,
+    /// LFM2-MoE (Liquid AI).
+    Lfm2Moe,
 }
 
 impl ModelType {
-    pub const ALL: [ModelType; 12] = [
+    pub const ALL: [ModelType; 13] = [
         ModelType::Llama,
         ModelType::Qwen2,
         ModelType::Qwen3,
@@ -36,6 +38,7 @@ impl ModelType {
         ModelType::Qwen35,
         ModelType::Qwen35Moe,
         ModelType::Lfm2,
+        ModelType::Lfm2Moe,
     ];
 
     /// The `model_type` string of config.json.
@@ -53,6 +56,7 @@ impl ModelType {
             ModelType::Qwen35 => "qwen3_5",
             ModelType::Qwen35Moe => "qwen3_5_moe",
             ModelType::Lfm2 => "lfm2",
+            ModelType::Lfm2Moe => "lfm2_moe",
         }
     }
 
@@ -197,6 +201,10 @@ pub struct DeltaNetConfig {
     pub v_head_dim: usize,
     pub conv_kernel: usize,
     pub norm_eps: f32,
+    /// The value heads come tiled over the key heads (value head `h` reads
+    /// key head `h % n_k_heads`), as llama.cpp's converter reorders
+    /// Qwen3.5's; else grouped by key head, as Hugging Face stores them.
+    pub tiled_v_heads: bool,
 }
 
 impl DeltaNetConfig {
@@ -272,11 +280,14 @@ pub enum Routing {
     Softmax,
     /// Sigmoid scores, ranked with a per-expert correction bias within the
     /// best `topk_group` of `n_group` expert groups; weights are the scores
-    /// times `scale` (DeepSeek-V3's; Nemotron-H's MoE layers).
+    /// (over their sum plus `renorm_eps` with `norm_topk_prob`) times
+    /// `scale` (DeepSeek-V3's; Nemotron-H's MoE layers; LFM2-MoE's with one
+    /// group).
     SigmoidGrouped {
         n_group: usize,
         topk_group: usize,
         scale: f32,
+        renorm_eps: f32,
     },
 }
 

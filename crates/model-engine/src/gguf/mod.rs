@@ -351,6 +351,7 @@ fn table(c: &ModelConfig) -> Result<&'static GgufTable> {
         }
         ModelType::Qwen35 | ModelType::Qwen35Moe => &arch::qwen3_5::GGUF_TEXT,
         ModelType::Lfm2 => &arch::lfm2::GGUF,
+        ModelType::Lfm2Moe => &arch::lfm2::GGUF_MOE,
     })
 }
 

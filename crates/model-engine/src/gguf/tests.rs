@@ -145,6 +145,7 @@ fn qkvz_rows_are_regrouped() {
         v_head_dim: 1,
         conv_kernel: 4,
         norm_eps: 1e-6,
+        tiled_v_heads: false,
     };
     let rows: Vec<(usize, usize)> = qkvz_runs(&d)
         .iter()

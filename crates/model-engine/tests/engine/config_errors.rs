@@ -368,7 +368,7 @@ fn layer_keys_agree(map: &Map<String, Value>, c: &ModelConfig) -> Result<(), Tes
             &["attn_layer_indices"],
         ),
         ModelType::Qwen3Next => (&["layer_types"], &["mlp_only_layers"]),
-        ModelType::Lfm2 => (&["layer_types"], &["full_attn_idxs"]),
+        ModelType::Lfm2 | ModelType::Lfm2Moe => (&["layer_types"], &["full_attn_idxs"]),
         _ => (&["layer_types"], &[]),
     };
     for key in lists {

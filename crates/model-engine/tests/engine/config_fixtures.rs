@@ -13,7 +13,7 @@ use metrale_model_engine::config::{
 use metrale_model_engine::loader::load_weights;
 use metrale_model_weights::loader::{LoadProgress, WeightDType, scan_safetensors};
 
-const FIXTURES: [(&str, ModelType, &str); 10] = [
+const FIXTURES: [(&str, ModelType, &str); 11] = [
     ("llama", ModelType::Llama, "* *"),
     ("qwen3", ModelType::Qwen3, "* *"),
     ("mamba2", ModelType::Mamba2, "M M"),
@@ -24,6 +24,7 @@ const FIXTURES: [(&str, ModelType, &str); 10] = [
     ("qwen3_5", ModelType::Qwen35, "G G G *"),
     ("qwen3_5_moe", ModelType::Qwen35Moe, "G * G *"),
     ("lfm2", ModelType::Lfm2, "C C * C"),
+    ("lfm2_moe", ModelType::Lfm2Moe, "C * C C"),
 ];
 
 fn fixture(name: &str) -> PathBuf {

@@ -98,3 +98,41 @@ fn contradictions_are_refused() {
         &["conv_L_cache"],
     );
 }
+
+#[test]
+fn lfm2_moe_routes_by_sigmoid_with_the_expert_bias() {
+    use metrale_model_engine::config::{FfnKind, Routing};
+    let c = load_config(&fixture("lfm2_moe")).unwrap();
+    assert_eq!(c.model_type, ModelType::Lfm2Moe);
+    assert_eq!(
+        c.layers.iter().map(|l| l.ffn).collect::<Vec<_>>(),
+        [FfnKind::Mlp, FfnKind::Moe, FfnKind::Moe, FfnKind::Moe]
+    );
+    // The dense layer's width as given (no LFM2 adjustment).
+    assert_eq!(c.mlp.as_ref().unwrap().intermediate_size, 96);
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!((m.n_experts, m.top_k, m.expert_intermediate), (4, 2, 32));
+    assert_eq!(
+        m.routing,
+        Routing::SigmoidGrouped {
+            n_group: 1,
+            topk_group: 1,
+            scale: 1.5,
+            renorm_eps: 1e-6
+        }
+    );
+    assert!(m.norm_topk_prob && m.shared_intermediate.is_none());
+    assert!(!c.tie_word_embeddings);
+    // transformers reads only `layer_types` here.
+    config_err(
+        "lfm2_moe",
+        |m| drop(m.remove("layer_types")),
+        &["layer_types"],
+    );
+    // Without the expert bias, no bias tensor is named.
+    let mut map = config_map("lfm2_moe");
+    map.insert("use_expert_bias".into(), json!(false));
+    let c = parse(map);
+    let names: Vec<String> = c.expected_tensors().into_iter().map(|t| t.name).collect();
+    assert!(!names.iter().any(|n| n.ends_with("expert_bias")));
+}

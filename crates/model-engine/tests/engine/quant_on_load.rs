@@ -195,7 +195,7 @@ fn quantize_on_load_is_llama_quantize() {
 /// gated delta rule makes its random model several times more sensitive
 /// (llama.cpp's own Q8_0 and Q4_K_M files of the 256-wide fixture are 2x
 /// and 2.5x further off its F32 file than the other families'): 19% for
-/// Q8_0. That the blocks and the arithmetic are llama.cpp's is shown
+/// Q8_0; Qwen3.5's, the same layers, 5.5%. That the blocks and the arithmetic are llama.cpp's is shown
 /// elsewhere (`quantize_on_load_is_llama_quantize`, and the GGUF fixtures'
 /// logits against llama.cpp's to 1e-6).
 #[test]
@@ -243,9 +243,11 @@ fn every_family_runs_quantized_on_load() {
                 ftype.name()
             );
             assert!(q.iter().all(|v| v.is_finite()), "{name}");
-            let bound = match (name, ftype) {
-                ("qwen3_next", FileType::Q8_0) => 0.25,
-                ("qwen3_next", _) => 1.0,
+            // The gated DeltaNet families (Qwen3-Next, Qwen3.5).
+            let deltanet = name.starts_with("qwen3_next") || name.starts_with("qwen3_5");
+            let bound = match (deltanet, ftype) {
+                (true, FileType::Q8_0) => 0.25,
+                (true, _) => 1.0,
                 (_, FileType::Q8_0) => 0.05,
                 _ => 0.25,
             };

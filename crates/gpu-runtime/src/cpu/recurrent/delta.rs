@@ -145,6 +145,7 @@ pub(super) fn delta_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, team: &Team) {
         k_head_dim: dk,
         v_head_dim: dv,
         chunk_size,
+        ..
     } = ctx.p;
     let (len, row0, kw) = (io.len, io.row_start, nk * dk);
     if len == 0 {
@@ -176,7 +177,7 @@ pub(super) fn delta_seq(ctx: &Ctx<'_>, io: SeqIo<'_>, mode: Mode, team: &Team) {
                 q: qn,
                 k: kn,
                 width: kw,
-                col: h / (nh / nk) * dk,
+                col: ctx.p.k_head(h) * dk,
             };
             if recurrent {
                 recurrent_head(ctx, &norm, scr, r0, sl, h, s, yh);
@@ -236,7 +237,7 @@ pub(super) fn step_seqs(ctx: &Ctx<'_>, seqs: Vec<SeqIo<'_>>, team: &Team) {
                 q: &qn[*i * kw..(*i + 1) * kw],
                 k: &kn[*i * kw..(*i + 1) * kw],
                 width: kw,
-                col: *h / (nh / nk) * dk,
+                col: ctx.p.k_head(*h) * dk,
             };
             with_scratch(1, dk, dv, |scr| {
                 recurrent_head(ctx, &norm, scr, rows[*i], 1, *h, s, y)

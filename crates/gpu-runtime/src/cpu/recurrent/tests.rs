@@ -423,6 +423,7 @@ fn shape_errors_are_errors() {
         k_head_dim: 4,
         v_head_dim: 4,
         chunk_size: 4,
+        tiled_v_heads: false,
     };
     let delta = |p: &DeltaParams, q: DeviceSlice, states: StateSlots, seqs: &RecurrentBatch| {
         cpu.gated_delta_rule(q, big, big, big, big, big, big, out, states, seqs, p)

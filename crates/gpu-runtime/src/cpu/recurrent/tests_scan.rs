@@ -313,6 +313,7 @@ fn gated_delta_rule_recurrent_and_chunked_forms_match_reference() {
         k_head_dim: 16,
         v_head_dim: 8,
         chunk_size: 8,
+        tiled_v_heads: false,
     };
     check_delta(&DeltaCase::new(p, &spans, &mut Rng::new(11)), 1e-4);
     check_delta(
@@ -323,6 +324,7 @@ fn gated_delta_rule_recurrent_and_chunked_forms_match_reference() {
                 k_head_dim: 8,
                 v_head_dim: 12,
                 chunk_size: 64,
+                tiled_v_heads: false,
             },
             &spans,
             &mut Rng::new(12),
@@ -347,6 +349,7 @@ fn gated_delta_rule_long_sequence() {
         k_head_dim: 32,
         v_head_dim: 16,
         chunk_size: 64,
+        tiled_v_heads: false,
     };
     check_delta(
         &DeltaCase::new(p, &[(0, 300), (300, 64)], &mut Rng::new(14)),

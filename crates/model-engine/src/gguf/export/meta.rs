@@ -286,7 +286,7 @@ pub(super) fn arch_keys(
             granite_hybrid(m, model_type, hp, layers, file_type)?;
         }
         ModelType::Qwen3Next => qwen3_next(m, hp, layers, file_type)?,
-        ModelType::Qwen35 | ModelType::Qwen35Moe | ModelType::Lfm2 => {
+        ModelType::Qwen35 | ModelType::Qwen35Moe | ModelType::Lfm2 | ModelType::Lfm2Moe => {
             return Err(EngineError::Internal(format!(
                 "{} models are not exported to GGUF yet",
                 model_type.as_str()

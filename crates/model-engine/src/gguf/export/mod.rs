@@ -148,7 +148,9 @@ fn export_err(path: &Path, detail: impl Into<String>) -> EngineError {
 /// converter take a Nemotron-H for `nemotron_h_moe`).
 fn gguf_arch(t: ModelType, moe_keys: bool) -> Option<&'static str> {
     Some(match t {
-        ModelType::Qwen35 | ModelType::Qwen35Moe | ModelType::Lfm2 => return None,
+        ModelType::Qwen35 | ModelType::Qwen35Moe | ModelType::Lfm2 | ModelType::Lfm2Moe => {
+            return None;
+        }
         ModelType::Llama | ModelType::Mistral => "llama",
         ModelType::Qwen2 => "qwen2",
         ModelType::Qwen3 => "qwen3",

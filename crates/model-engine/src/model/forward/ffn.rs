@@ -100,6 +100,7 @@ pub(super) fn moe(cx: &Cx<'_>, w: &MoeWeights) -> Result<()> {
             n_group,
             topk_group,
             scale,
+            renorm_eps,
         } => {
             let p = GroupedTopK {
                 k,
@@ -107,6 +108,7 @@ pub(super) fn moe(cx: &Cx<'_>, w: &MoeWeights) -> Result<()> {
                 topk_group,
                 renormalize: moe.norm_topk_prob,
                 scale,
+                renorm_eps,
             };
             gpu.sigmoid_topk(logits, w.router_bias, moe.n_experts, &p, &routes)
         }

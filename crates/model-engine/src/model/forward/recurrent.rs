@@ -218,6 +218,7 @@ pub(super) fn deltanet(cx: &Cx<'_>, w: &DeltaWeights) -> Result<()> {
         k_head_dim: d.k_head_dim,
         v_head_dim: d.v_head_dim,
         chunk_size: 64,
+        tiled_v_heads: d.tiled_v_heads,
     };
     let core = cut(mixed, t * vd)?;
     gpu.gated_delta_rule(

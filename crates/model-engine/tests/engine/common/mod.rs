@@ -8,7 +8,7 @@ use metrale_model_engine::EngineError;
 use metrale_model_engine::config::parse_config;
 use serde_json::{Map, Value};
 
-pub const FIXTURES: [&str; 10] = [
+pub const FIXTURES: [&str; 11] = [
     "llama",
     "qwen3",
     "mamba2",
@@ -19,6 +19,7 @@ pub const FIXTURES: [&str; 10] = [
     "qwen3_5",
     "qwen3_5_moe",
     "lfm2",
+    "lfm2_moe",
 ];
 
 pub fn fixture(name: &str) -> PathBuf {
