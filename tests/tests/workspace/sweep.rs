@@ -1,5 +1,5 @@
-//! The config sweep (`tests/fixtures/sweep`): for each of the nine model
-//! types, small random-weight checkpoints varying one semantic config field at
+//! The config sweep (`tests/fixtures/sweep`): for each supported model
+//! type, small random-weight checkpoints varying one semantic config field at
 //! a time (spec.json says which fields and values), each with transformers'
 //! logits and greedy continuations. Every variant runs on the exact f32 path
 //! in one prefill, prefill then decode, and chunked prefill (within the
@@ -326,4 +326,24 @@ fn sweep_granitemoehybrid() -> Result<()> {
 #[test]
 fn sweep_qwen3_next() -> Result<()> {
     check_arch("qwen3_next")
+}
+
+#[test]
+fn sweep_qwen3_5() -> Result<()> {
+    check_arch("qwen3_5")
+}
+
+#[test]
+fn sweep_qwen3_5_moe() -> Result<()> {
+    check_arch("qwen3_5_moe")
+}
+
+#[test]
+fn sweep_lfm2() -> Result<()> {
+    check_arch("lfm2")
+}
+
+#[test]
+fn sweep_lfm2_moe() -> Result<()> {
+    check_arch("lfm2_moe")
 }
