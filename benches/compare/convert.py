@@ -58,8 +58,9 @@ def main() -> None:
 
     conv.get_model_class = patched
     sys.argv = ["convert_hf_to_gguf.py", str(model_dir), "--outfile", str(out), "--outtype", outtype]
-    if hparams.get("model_type") == "qwen3_next":
-        # Its configs do not say how many MTP layers there are and ours has none.
+    if hparams.get("model_type") in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
+        # The random checkpoints have no MTP layers (Qwen3-Next's configs do
+        # not count them; Qwen3.5's bench configs leave them out).
         sys.argv.append("--no-mtp")
     conv.main()
 

@@ -186,16 +186,27 @@ pub struct Bound(pub f64, pub f32);
 pub const EXACT: Bound = Bound(1e-6, 1e-5);
 /// Activations quantized with other roundings (`gguf_llamacpp.rs`'s doc).
 pub const ROUNDING: Bound = Bound(2e-2, 8e-2);
+/// An unquantized (F32) file: both engines in f32, summing in their own
+/// orders; the golden fixtures' tolerance.
+pub const F32_FILE: Bound = Bound(1e-5, 1e-4);
 
 /// The bound a file is held to: exact where its matrices are Q4_K or Q6_K
 /// (the fallback file's Q5_0 and Q8_0 rows happen to round alike), but for
 /// the Mamba-2 prefill of mamba2 and Granite: metrale's chunked SSD scan
 /// sums in another order than llama.cpp's token-by-token scan, which moves
 /// an activation across a rounding step now and then (measured: mamba2
-/// prefill 4e-3, its decode 1e-6; granitemoehybrid 3.5e-2).
+/// prefill 4e-3, its decode 1e-6; granitemoehybrid 3.5e-2). LFM2's
+/// Q4_K_M file has activations at Q8_K rounding steps where llama.cpp's own
+/// builds disagree: its golden logits (the AMX build) and its build without
+/// AMX differ by 0.06 on rows 13-18 of prompt 0, and metrale differs from
+/// the latter on rows 6-8 by as much (every other row of both prompts
+/// within 1e-6).
 pub fn gguf_bound(arch: &str, format: &str) -> Bound {
     match (arch, format) {
         ("mamba2" | "granitemoehybrid", _) => ROUNDING,
+        ("lfm2", "Q4_K_M") => ROUNDING,
+        // No activation quantization at all.
+        (_, "F32") => F32_FILE,
         (_, "Q4_K_M" | "Q6_K") => EXACT,
         _ => ROUNDING,
     }

@@ -2,7 +2,8 @@
 //! (tests/fixtures/gguf/), against the logits llama.cpp computes on the same
 //! files: every committed format (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K_M,
 //! Q5_K_M, Q6_K) on llama, Q4_K_M on the other architectures metrale loads
-//! from GGUF, and a file with llama.cpp's fallback types.
+//! from GGUF (and the converter's F32 file of Qwen3.5 and LFM2), and a file
+//! with llama.cpp's fallback types.
 //!
 //! Both engines quantize the activations per block to 8 bits. Where they
 //! quantize them the same way (Q8_K, for Q4_K and Q6_K weights) metrale
@@ -215,4 +216,26 @@ fn bamba_loads_and_follows_the_checkpoint_not_llama_cpp() -> Result<()> {
     model.shutdown()?;
     assert_eq!(cpu.live_bytes(), 0);
     Ok(())
+}
+
+#[test]
+fn lfm2_matches_llama_cpp() -> Result<()> {
+    check("lfm2", "F32")?;
+    check("lfm2", "Q4_K_M")
+}
+
+#[test]
+fn lfm2_moe_q4_k_m_matches_llama_cpp() -> Result<()> {
+    check("lfm2_moe", "Q4_K_M")
+}
+
+#[test]
+fn qwen3_5_matches_llama_cpp() -> Result<()> {
+    check("qwen3_5", "F32")?;
+    check("qwen3_5", "Q4_K_M")
+}
+
+#[test]
+fn qwen3_5_moe_q4_k_m_matches_llama_cpp() -> Result<()> {
+    check("qwen3_5_moe", "Q4_K_M")
 }

@@ -16,6 +16,10 @@ pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
     "qwen2",
     "qwen3",
     "qwen3next",
+    "qwen35",
+    "qwen35moe",
+    "lfm2",
+    "lfm2moe",
     "mamba2",
     "granitehybrid",
     "nemotron_h",
@@ -246,12 +250,39 @@ pub fn config_json(file: &GgufFile) -> Result<Value> {
             arch.clone()
         }
         "qwen3next" => {
-            qwen3next(file, &mut c, layers)?;
+            qwen3next(file, &arch, &mut c, layers)?;
             attention(&mut c, opt_u("attention.head_count_kv")?.unwrap_or(0))?;
             if let Some(eps) = rms {
                 set(&mut c, "rms_norm_eps", json!(eps));
             }
             "qwen3_next".into()
+        }
+        "qwen35" | "qwen35moe" => {
+            // The multi-token prediction blocks follow the text layers.
+            let layers = super::hybrids::text_layers(file, &arch, layers)?;
+            set(&mut c, "num_hidden_layers", json!(layers));
+            qwen3next(file, &arch, &mut c, layers)?;
+            attention(&mut c, opt_u("attention.head_count_kv")?.unwrap_or(0))?;
+            super::hybrids::mrope(file, &arch, &mut c)?;
+            if let Some(eps) = rms {
+                set(&mut c, "rms_norm_eps", json!(eps));
+            }
+            match arch.as_str() {
+                "qwen35" => "qwen3_5_text".into(),
+                _ => "qwen3_5_moe_text".into(),
+            }
+        }
+        "lfm2" | "lfm2moe" => {
+            let kv = per_layer(file, &k("attention.head_count_kv"), layers)?;
+            attention(&mut c, kv.iter().copied().max().unwrap_or(0))?;
+            super::hybrids::lfm2(file, &arch, &mut c, &kv)?;
+            if let Some(eps) = rms {
+                set(&mut c, "norm_eps", json!(eps));
+            }
+            match arch.as_str() {
+                "lfm2" => "lfm2".into(),
+                _ => "lfm2_moe".into(),
+            }
         }
         "mamba2" => {
             mamba(&mut c, false)?;
@@ -376,12 +407,13 @@ pub fn config_json(file: &GgufFile) -> Result<Value> {
     Ok(Value::Object(c))
 }
 
-/// Qwen3-Next's keys beyond attention's: Gated DeltaNet sizes from the
-/// `ssm.*` keys, the layer kinds from `attention.recurrent_layers` (else
-/// every `full_attention_interval`-th layer attends), the experts, and the
-/// dense layers (`mlp_only_layers`) found by their `ffn_gate` tensor.
-fn qwen3next(file: &GgufFile, c: &mut Map<String, Value>, layers: usize) -> Result<()> {
-    let k = |s: &str| format!("qwen3next.{s}");
+/// Qwen3-Next's keys beyond attention's (and Qwen3.5's, under `arch`):
+/// Gated DeltaNet sizes from the `ssm.*` keys, the layer kinds from
+/// `attention.recurrent_layers` (else every `full_attention_interval`-th
+/// layer attends), the experts, and the dense layers (`mlp_only_layers`)
+/// found by their `ffn_gate` tensor.
+fn qwen3next(file: &GgufFile, arch: &str, c: &mut Map<String, Value>, layers: usize) -> Result<()> {
+    let k = |s: &str| format!("{arch}.{s}");
     let u = |s: &str| -> Result<usize> { Ok(file.get_u32(&k(s))? as usize) };
     let v_heads = u("ssm.time_step_rank")?;
     let inner = u("ssm.inner_size")?;
@@ -398,7 +430,10 @@ fn qwen3next(file: &GgufFile, c: &mut Map<String, Value>, layers: usize) -> Resu
     set(c, "linear_num_key_heads", json!(groups));
     set(c, "linear_num_value_heads", json!(v_heads));
     set(c, "linear_value_head_dim", json!(inner / v_heads));
-    set(c, "intermediate_size", json!(u("feed_forward_length")?));
+    // Qwen3.5-MoE has no dense MLP, and no width for one.
+    if let Some(n) = file.opt_u32(&k("feed_forward_length"))? {
+        set(c, "intermediate_size", json!(n));
+    }
     let key = k("attention.recurrent_layers");
     let recurrent = match file.get(&key) {
         Some(GgufValue::Array(GgufArray::Bool(recurrent))) => {

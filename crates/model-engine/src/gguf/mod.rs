@@ -319,7 +319,10 @@ impl GgufModel {
     pub fn open(path: &Path) -> Result<Self> {
         let file = GgufFile::open(path)?;
         let config_json = config_json(&file)?;
-        let config = parse_config(&config_json.to_string(), path)?;
+        let mut config = parse_config(&config_json.to_string(), path)?;
+        if matches!(config.model_type, ModelType::Qwen35 | ModelType::Qwen35Moe) {
+            qwen35_layout(&file, &mut config)?;
+        }
         Ok(Self {
             file,
             config_json,
@@ -331,6 +334,29 @@ impl GgufModel {
     pub fn expected_tensors(&self) -> Result<Vec<GgufExpected>> {
         expected_tensors(&self.file, &self.config)
     }
+}
+
+/// What llama.cpp's converter changed in a Qwen3.5 file beyond the names:
+/// the value heads come tiled over the key heads (`_LinearAttentionVReorderBase`:
+/// every value-head-indexed row, column and vector in that order, which the
+/// gated delta rule then reads as it is), and the multi-token prediction
+/// layers are the blocks past the text layers, set aside.
+fn qwen35_layout(file: &GgufFile, config: &mut ModelConfig) -> Result<()> {
+    if let Some(d) = config.deltanet.as_mut() {
+        d.tiled_v_heads = true;
+    }
+    let blocks = file.get_u32(&format!("{}.block_count", file.architecture()?))? as usize;
+    let prefixes: Vec<String> = (config.num_layers()..blocks)
+        .map(|i| format!("blk.{i}."))
+        .collect();
+    config.aside = vec![crate::config::AsideWeights {
+        what: "multi-token prediction layers",
+        prefixes,
+        why: "they are for speculative decoding, which does not use them yet",
+        expected: Vec::new(),
+        warn: false,
+    }];
+    Ok(())
 }
 
 /// The family table of a model type.
@@ -387,6 +413,7 @@ mod checks;
 mod config;
 mod quant;
 pub use config::{SUPPORTED_ARCHITECTURES, config_json};
+mod hybrids;
 pub use quant::{file_quant_types, quant_types};
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use metrale_core::scope::ModelResource;
 use metrale_gpu_runtime::gpu::GpuBackend;
 use metrale_model_weights::loader::{
-    ExpectedTensor, LoadProgress, StoredDType, WeightFormat, device_dtype, load_gguf,
+    ExpectedTensor, LoadProgress, StoredDType, WeightFormat, device_dtype, load_gguf_with,
     load_safetensors_with,
 };
 use metrale_model_weights::weights::WeightStore;
@@ -153,7 +153,15 @@ impl TransformerModel {
             })
         };
         MemoryPlan::new(gpu.as_ref(), &config, &options, &held)?.check(gpu.as_ref())?;
-        let store = load_gguf(&gguf.file, &expected, gpu.as_ref(), format.dtype, progress)?;
+        let aside = crate::loader::set_aside(&config);
+        let store = load_gguf_with(
+            &gguf.file,
+            &expected,
+            &aside,
+            gpu.as_ref(),
+            format.dtype,
+            progress,
+        )?;
         Self::assemble(gpu, config, options, store)
     }
 }

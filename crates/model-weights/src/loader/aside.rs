@@ -7,8 +7,6 @@
 
 use std::collections::HashSet;
 
-use super::checkpoint::Checkpoint;
-
 /// One part of a checkpoint that is not loaded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetAside {
@@ -42,24 +40,34 @@ pub(super) struct AsideReport {
     pub messages: Vec<(bool, String)>,
 }
 
-/// Sorts the checkpoint's tensors that `seen` (the expected ones) leaves
-/// into `parts`, and says what each part holds.
+/// One stored tensor as [`report`] sees it.
+pub(super) struct Stored<'a> {
+    pub name: &'a str,
+    pub shape: &'a [usize],
+    pub bytes: usize,
+}
+
+/// Sorts the stored tensors (`entries`, of the checkpoint `source`) that
+/// `seen` (the expected ones) leaves into `parts`, and says what each part
+/// holds.
 pub(super) fn report(
-    checkpoint: &Checkpoint,
+    source: &std::path::Path,
+    entries: &[Stored<'_>],
     seen: &HashSet<&str>,
     parts: &[SetAside],
 ) -> AsideReport {
-    let source = checkpoint.source.display();
+    let source = source.display();
+    let find = |name: &str| entries.iter().find(|t| t.name == name);
     let mut names = HashSet::new();
     let mut messages = Vec::new();
     for part in parts {
         let mut count = 0usize;
         let mut bytes = 0usize;
-        for (_, t) in checkpoint.entries() {
-            if !seen.contains(t.name.as_str()) && part.holds(&t.name) {
+        for t in entries {
+            if !seen.contains(t.name) && part.holds(t.name) {
                 count += 1;
-                bytes += t.end - t.start;
-                names.insert(t.name.clone());
+                bytes += t.bytes;
+                names.insert(t.name.to_string());
             }
         }
         if count > 0 {
@@ -85,9 +93,9 @@ pub(super) fn report(
         }
         let mut missing = Vec::new();
         for (name, shape) in &part.expected {
-            match checkpoint.find(name) {
+            match find(name) {
                 None => missing.push(name.as_str()),
-                Some((_, t)) if &t.shape != shape => messages.push((
+                Some(t) if t.shape != shape.as_slice() => messages.push((
                     true,
                     format!(
                         "{source}: tensor {name:?} of the {} has shape {:?}, the config says \

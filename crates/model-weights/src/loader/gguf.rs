@@ -319,6 +319,20 @@ pub fn load_gguf(
     policy: WeightDType,
     progress: &mut dyn FnMut(LoadProgress),
 ) -> Result<WeightStore, WeightsError> {
+    load_gguf_with(file, expected, &[], gpu, policy, progress)
+}
+
+/// [`load_gguf`], with parts of the file that are not loaded (`aside`,
+/// named by GGUF tensor names): each reported once ([`SetAside`]), not
+/// tensor by tensor.
+pub fn load_gguf_with(
+    file: &GgufFile,
+    expected: &[GgufExpected],
+    aside: &[super::SetAside],
+    gpu: &dyn GpuBackend,
+    policy: WeightDType,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<WeightStore, WeightsError> {
     let mut seen = HashSet::new();
     let mut used = HashSet::new();
     let mut planned = Vec::with_capacity(expected.len());
@@ -330,8 +344,27 @@ pub fn load_gguf(
         used.extend(e.sources.iter().map(String::as_str));
         planned.push(p);
     }
+    let stored: Vec<super::aside::Stored<'_>> = file
+        .tensor_infos()
+        .iter()
+        .map(|t| super::aside::Stored {
+            name: &t.name,
+            shape: &t.shape,
+            bytes: t.byte_len,
+        })
+        .collect();
+    let aside = super::aside::report(file.path(), &stored, &used, aside);
+    for (warn, message) in aside.messages {
+        if warn {
+            tracing::warn!("{message}");
+            progress(LoadProgress::Warning(message));
+        } else {
+            tracing::info!("{message}");
+            progress(LoadProgress::Notice(message));
+        }
+    }
     for t in file.tensor_infos() {
-        if !used.contains(t.name.as_str()) {
+        if !used.contains(t.name.as_str()) && !aside.names.contains(&t.name) {
             let message = format!(
                 "{}: tensor {:?} is not used by this model and is not loaded",
                 file.path().display(),

@@ -25,7 +25,7 @@ use metrale_gpu_runtime::gpu::GpuBackend;
 pub use aside::SetAside;
 pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE, quantized};
 pub use convert::{WeightDType, WeightFormat, convert, widen};
-pub use gguf::{GgufExpected, GgufTransform, RowRun, device_dtype, load_gguf};
+pub use gguf::{GgufExpected, GgufTransform, RowRun, device_dtype, load_gguf, load_gguf_with};
 pub use header::{
     MAX_HEADER_BYTES, SafetensorsFile, StoredDType, TensorEntry, parse as parse_safetensors,
 };
@@ -164,7 +164,15 @@ pub fn load_safetensors_with(
         };
         plan.push((file, entry, dtype, target));
     }
-    let aside = aside::report(&checkpoint, &seen, aside);
+    let stored: Vec<aside::Stored<'_>> = checkpoint
+        .entries()
+        .map(|(_, t)| aside::Stored {
+            name: &t.name,
+            shape: &t.shape,
+            bytes: t.end - t.start,
+        })
+        .collect();
+    let aside = aside::report(&checkpoint.source, &stored, &seen, aside);
     for (warn, message) in aside.messages {
         if warn {
             tracing::warn!("{message}");
