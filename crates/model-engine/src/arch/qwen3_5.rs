@@ -227,19 +227,70 @@ pub(super) fn build(model_type: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
     config.deltanet = deltanet;
     config.moe = moe;
     let mtp_layers = t.usize_or(&["mtp_num_hidden_layers"], 0)?;
-    config.aside = vec![vision_aside(), mtp_aside(&config, mtp_layers, ffn)];
+    let vision = match o.opt_obj("vision_config")? {
+        Some(v) if n.root != "model" => vision_tensors(&v)?,
+        _ => Vec::new(),
+    };
+    config.aside = vec![vision_aside(vision), mtp_aside(&config, mtp_layers, ffn)];
     Ok(config)
 }
 
-/// The vision tower of the published checkpoints (`model.visual.*`).
-fn vision_aside() -> AsideWeights {
+/// The vision tower of the published checkpoints (`model.visual.*`), with
+/// the tensors its `vision_config` describes (none without one).
+fn vision_aside(expected: Vec<TensorSpec>) -> AsideWeights {
     AsideWeights {
         what: "vision tower",
         prefixes: vec!["model.visual.".into()],
         why: "metrale runs this model text-only (no image or video input)",
-        expected: Vec::new(),
+        expected,
         warn: true,
     }
+}
+
+/// The vision tower's tensors as transformers' `Qwen3_5VisionModel` holds
+/// them (defaults: its config class's): a 3-D patch embedding, learned
+/// position embeddings, `depth` pre-LayerNorm blocks (fused qkv, GELU MLP,
+/// all with biases), and the merger that folds `spatial_merge_size²`
+/// patches into one token of `out_hidden_size`. Listed so that `inspect`
+/// counts the tower and a load checks it, not to run it.
+fn vision_tensors(v: &Obj<'_>) -> Result<Vec<TensorSpec>> {
+    let h = v.count_or(&["hidden_size"], 1152, limits::WIDTH)?;
+    let inter = v.count_or(&["intermediate_size"], 4304, limits::WIDTH)?;
+    let depth = v.count_or(&["depth"], 27, limits::LAYERS)?;
+    let channels = v.count_or(&["in_channels"], 3, limits::HEADS)?;
+    let patch = v.count_or(&["patch_size"], 16, limits::HEAD_DIM)?;
+    let temporal = v.count_or(&["temporal_patch_size"], 2, limits::HEAD_DIM)?;
+    let merge = v.count_or(&["spatial_merge_size"], 2, limits::HEAD_DIM)?;
+    let out = v.count_or(&["out_hidden_size"], 3584, limits::WIDTH)?;
+    let positions = v.count_or(&["num_position_embeddings"], 2304, limits::VOCAB)?;
+    let merged = h * merge * merge;
+    let p = "model.visual";
+    let mut specs = Vec::new();
+    let mut push = |name: String, shape: Vec<usize>| specs.push(TensorSpec { name, shape });
+    push(
+        format!("{p}.patch_embed.proj.weight"),
+        vec![h, channels, temporal, patch, patch],
+    );
+    push(format!("{p}.patch_embed.proj.bias"), vec![h]);
+    push(format!("{p}.pos_embed.weight"), vec![positions, h]);
+    // A layer's weight (`shape`) and its bias (the first dimension).
+    let mut layer = |name: String, shape: Vec<usize>| {
+        push(format!("{name}.bias"), vec![shape[0]]);
+        push(format!("{name}.weight"), shape);
+    };
+    for i in 0..depth {
+        let b = format!("{p}.blocks.{i}");
+        layer(format!("{b}.norm1"), vec![h]);
+        layer(format!("{b}.norm2"), vec![h]);
+        layer(format!("{b}.attn.qkv"), vec![3 * h, h]);
+        layer(format!("{b}.attn.proj"), vec![h, h]);
+        layer(format!("{b}.mlp.linear_fc1"), vec![inter, h]);
+        layer(format!("{b}.mlp.linear_fc2"), vec![h, inter]);
+    }
+    layer(format!("{p}.merger.norm"), vec![h]);
+    layer(format!("{p}.merger.linear_fc1"), vec![merged, merged]);
+    layer(format!("{p}.merger.linear_fc2"), vec![out, merged]);
+    Ok(specs)
 }
 
 /// The multi-token prediction layers (`mtp.*`, `layers` of them as
