@@ -29,6 +29,10 @@ const FIXTURES: &[&str] = &[
     "nemotron_h",
     "granitemoehybrid",
     "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "lfm2",
+    "lfm2_moe",
     "tokenizer",
 ];
 

@@ -24,7 +24,9 @@ fn architectures_metrale_lacks_are_refused_by_name() {
             "{err}"
         );
         assert!(
-            err.contains("llama, qwen2, qwen3, qwen3next, mamba2"),
+            err.contains(
+                "llama, qwen2, qwen3, qwen3next, qwen35, qwen35moe, lfm2, lfm2moe, mamba2"
+            ),
             "{err}"
         );
     }

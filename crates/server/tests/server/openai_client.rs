@@ -197,8 +197,20 @@ fn the_official_openai_client_gets_the_library_s_outputs() {
             "completion_tokens": chat.usage.completion_tokens,
         },
     });
-    let spec_path = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("openai-client-spec-{}.json", std::process::id()));
+    run_script(&spec, pythonpath.as_deref(), "official");
+    eprintln!(
+        "official-client test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Runs `openai_client.py` on `spec` (its file named by `tag`); fails the
+/// test unless every check passed.
+fn run_script(spec: &serde_json::Value, pythonpath: Option<&Path>, tag: &str) {
+    let spec_path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "openai-client-spec-{tag}-{}.json",
+        std::process::id()
+    ));
     std::fs::write(&spec_path, spec.to_string()).unwrap();
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
@@ -216,7 +228,7 @@ fn the_official_openai_client_gets_the_library_s_outputs() {
         .env_remove("all_proxy")
         .env_remove("OPENAI_BASE_URL")
         .env_remove("OPENAI_API_KEY");
-    if let Some(dir) = &pythonpath {
+    if let Some(dir) = pythonpath {
         cmd.env("PYTHONPATH", dir);
     }
     let out = run_bounded(cmd, SCRIPT_LIMIT);
@@ -230,8 +242,59 @@ fn the_official_openai_client_gets_the_library_s_outputs() {
         out.status
     );
     assert!(stdout.contains(" 0 failed"), "{stdout}");
-    eprintln!(
-        "official-client test took {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
+}
+
+/// A model of each newer family (Qwen3.5 as published: the vision-language
+/// wrapper; Qwen3.5-MoE, LFM2, LFM2-MoE) through the server: listed, and
+/// a greedy chat streamed and not equal to the library's templated
+/// generation.
+#[test]
+fn every_newer_family_chats_through_the_official_client() {
+    let pythonpath = openai_pythonpath();
+    for name in ["qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe"] {
+        let dir = fixture().join("..").join(name);
+        let greedy = SamplingParams {
+            max_tokens: Some(MAX_TOKENS),
+            ..SamplingParams::greedy()
+        };
+        let mut g = metrale::Generator::load(
+            &dir,
+            &load_options(),
+            metrale::EngineConfig::default(),
+            &mut |_| {},
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let messages = [
+            ChatMessage::new("system", "You are terse."),
+            ChatMessage::new("user", "Name a colour."),
+        ];
+        let template = g.chat_template().expect("the fixture has a chat template");
+        let ids = g.chat_prompt(&template, &messages).unwrap();
+        let chat = g.generate_ids(ids, &greedy).unwrap();
+        g.shutdown().unwrap();
+        let server = start_app(
+            &dir,
+            &load_options(),
+            ServerConfig::default(),
+            metrale_server::router,
+        );
+        let spec = json!({
+            "sections": ["models", "chat"],
+            "base_url": format!("http://{}/v1", server.addr),
+            "model": server.state.model_name,
+            "chat": {
+                "messages": [
+                    {"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": "Name a colour."},
+                ],
+                "max_tokens": MAX_TOKENS,
+                "text": chat.text,
+                "finish_reason": finish(&chat.finish_reason),
+                "prompt_tokens": chat.usage.prompt_tokens,
+                "completion_tokens": chat.usage.completion_tokens,
+            },
+        });
+        eprintln!("{name}: greedy chat {:?}", chat.text);
+        run_script(&spec, pythonpath.as_deref(), name);
+    }
 }

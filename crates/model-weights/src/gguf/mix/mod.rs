@@ -5,7 +5,8 @@
 //!
 //! The rules, for the file types here:
 //! - only tensors of two or more dimensions whose name ends in `weight` are
-//!   quantized, never norms (`_norm.weight`), Mamba's `ssm_conv1d`, MoE
+//!   quantized, never norms (`_norm.weight`), Mamba's `ssm_conv1d` and LFM2's
+//!   `shortconv.conv`, MoE
 //!   routers (`ffn_gate_inp.weight`); the others keep their type;
 //! - `output.weight` (and `token_embd.weight` when the head is tied to it)
 //!   becomes Q6_K unless the file type's own is Q8_0, and Q8_0 when its rows
@@ -223,6 +224,7 @@ pub fn allows_quantization(t: &MixTensor) -> bool {
         && !n.contains("_norm.weight")
         && !n.contains("ffn_gate_inp.weight")
         && !n.contains("ssm_conv1d")
+        && !n.contains("shortconv.conv.weight")
         && !n.contains("position_embd")
         && !n.contains("token_types")
 }
