@@ -270,8 +270,20 @@ impl Generator {
         template: &ChatTemplate,
         messages: &[ChatMessage],
     ) -> Result<RenderedChat> {
+        self.chat_text_with(template, messages, &[])
+    }
+
+    /// [`chat_text`](Self::chat_text) with extra template variables, such
+    /// as `enable_thinking` for the templates that switch a thinking block
+    /// on and off.
+    pub fn chat_text_with(
+        &self,
+        template: &ChatTemplate,
+        messages: &[ChatMessage],
+        extra: &[(&str, serde_json::Value)],
+    ) -> Result<RenderedChat> {
         let limit = max_rendered_bytes(self.engine.context_limit());
-        Ok(template.render_spans(messages, true, limit)?)
+        Ok(template.render_spans_with(messages, true, extra, limit)?)
     }
 
     /// Generates from a text prompt until a stop condition; blocks.

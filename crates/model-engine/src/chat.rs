@@ -201,6 +201,12 @@ impl ChatTemplate {
         &self.source
     }
 
+    /// Whether the template reads the variable `name` (`enable_thinking`):
+    /// a switch passed to a template that never reads it changes nothing.
+    pub fn reads(&self, name: &str) -> bool {
+        self.source.contains(name)
+    }
+
     /// Renders `messages`; with `add_generation_prompt` the template appends
     /// the start of an assistant turn. A rendering longer than
     /// [`MAX_RENDERED_BYTES`] is an error.

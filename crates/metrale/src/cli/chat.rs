@@ -35,6 +35,32 @@ pub struct Args {
     /// A system message that starts the conversation.
     #[arg(long)]
     pub system: Option<String>,
+    /// Sets the chat template's thinking switch (`enable_thinking`, as
+    /// Qwen3 and Qwen3.5 templates read it): `off` asks for an answer
+    /// without a reasoning block. Default: the template's own default.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub think: Option<Think>,
+    /// Prints each turn's rendered prompt (the chat template's output) to
+    /// stderr before the reply.
+    #[arg(long)]
+    pub show_prompt: bool,
+}
+
+/// `--think`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Think {
+    On,
+    Off,
+}
+
+impl Args {
+    /// The template variables the flags set.
+    fn template_vars(&self) -> Vec<(&'static str, serde_json::Value)> {
+        self.think
+            .map(|t| ("enable_thinking", serde_json::Value::Bool(t == Think::On)))
+            .into_iter()
+            .collect()
+    }
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -86,6 +112,12 @@ impl Interrupt {
 
 fn chat(generator: &mut Generator, args: &Args) -> Result<()> {
     let template = generator.chat_template()?;
+    if args.think.is_some() && !template.reads("enable_thinking") {
+        eprintln!(
+            "warning: --think: this model's chat template has no thinking switch \
+             (`enable_thinking`); the flag changes nothing"
+        );
+    }
     let interactive = std::io::stdin().is_terminal();
     let interrupt = Interrupt::install(interactive)?;
     if interactive {
@@ -235,11 +267,15 @@ fn turn(
     interrupt: &Interrupt,
 ) -> Result<String> {
     let limit = generator.engine().context_limit();
-    let mut render = generator.chat_text(template, messages)?;
+    let vars = args.template_vars();
+    let mut render = generator.chat_text_with(template, messages, &vars)?;
     let mut ids = tokens.prompt(generator.tokenizer(), &render)?;
     while ids.len() >= limit && drop_oldest_turn(messages) {
-        render = generator.chat_text(template, messages)?;
+        render = generator.chat_text_with(template, messages, &vars)?;
         ids = tokens.prompt(generator.tokenizer(), &render)?;
+    }
+    if args.show_prompt {
+        eprintln!("--- prompt ---\n{}\n--- end of prompt ---", render.text());
     }
     let params = args.sampling.params(generator, ids.len())?;
     let hits_before = generator.engine().stats().prefix_hit_tokens;

@@ -6,6 +6,7 @@
 mod bench_cli;
 mod chat_injection;
 mod chat_session;
+mod chat_think;
 mod chat_tokens;
 mod cli_habits;
 mod config_warnings;

@@ -60,14 +60,26 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         max_bytes: usize,
     ) -> Result<RenderedChat> {
-        let text = self.render_limited(messages, add_generation_prompt, &[], max_bytes)?;
+        self.render_spans_with(messages, add_generation_prompt, &[], max_bytes)
+    }
+
+    /// [`render_spans`](Self::render_spans) with extra template variables
+    /// (`enable_thinking`, ...), as [`render_with`](Self::render_with).
+    pub fn render_spans_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &[(&str, serde_json::Value)],
+        max_bytes: usize,
+    ) -> Result<RenderedChat> {
+        let text = self.render_limited(messages, add_generation_prompt, extra, max_bytes)?;
         let placeholders: Vec<ChatMessage> = messages
             .iter()
             .enumerate()
             .map(|(i, m)| ChatMessage::new(m.role.clone(), placeholder(i)))
             .collect();
         let aligned = self
-            .render_limited(&placeholders, add_generation_prompt, &[], max_bytes)
+            .render_limited(&placeholders, add_generation_prompt, extra, max_bytes)
             .ok()
             .and_then(|template| align(&template, &text, messages));
         let (content, mut loose) = match aligned {

@@ -6,6 +6,7 @@
 mod caches_follow_weights;
 mod chat;
 mod chat_limits;
+mod chat_published;
 mod chat_spans;
 mod common;
 mod config_errors;
