@@ -41,7 +41,7 @@ use scheduler::Scheduled;
 /// over 3x in two rounds of seven, for a 2,000-token prompt's time to first
 /// token about 15% shorter). With up to 20 decodes such a step stays
 /// within the CPU's matrix-vector path (32 rows), past which small matmuls
-/// cost twice as much. See docs/PERFORMANCE.md, "Latency isolation".
+/// cost twice as much. See docs/SERVER.md, "Latency isolation".
 pub const DEFAULT_MIXED_PREFILL_TOKENS: usize = 12;
 
 /// How the engine batches.

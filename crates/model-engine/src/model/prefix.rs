@@ -32,7 +32,7 @@ use crate::error::Result;
 /// step of up to 512 tokens ends at its last multiple of 128, so a prompt
 /// leaves a snapshot within 128 tokens of its end and one every step
 /// before; each snapshot of Granite-4.0-H-350M is about 22 MB. Measured
-/// (docs/PERFORMANCE.md, 2 threads): a 1,000-token shared prefix's first
+/// (docs/SERVER.md, 2 threads): a 1,000-token shared prefix's first
 /// hit comes 6.0x sooner than its miss on that shape (4.8x on a
 /// Qwen3-Next-400M shape, whose MoE layers make the recomputed short step
 /// dearer), later hits 19-25x; a miss costs 0-8% more than without
