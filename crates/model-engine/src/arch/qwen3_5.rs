@@ -38,9 +38,9 @@ use super::{Common, attention_names, split_mlp};
 use crate::config::json::{Obj, as_f64};
 use crate::config::limits;
 use crate::config::{
-    Activation, AsideWeights, AttentionConfig, DeltaNetNames, DeltaProjNames, ExpertNames, FfnKind,
-    FfnNames, LayerNames, LayerPlan, MixerKind, MixerNames, MlpConfig, ModelConfig, ModelNames,
-    ModelType, MoeConfig, MoeNames, Routing, TensorSpec,
+    Activation, AsideWeights, AttentionConfig, DeltaNetNames, DeltaProjNames, FfnKind, FfnNames,
+    LayerNames, LayerPlan, MixerKind, MixerNames, MlpConfig, ModelConfig, ModelNames, ModelType,
+    MoeConfig, Routing, TensorSpec,
 };
 use crate::error::Result;
 
@@ -363,28 +363,14 @@ fn layer_names(
         }
     };
     let ffn = match (ffn, moe) {
-        (FfnKind::Moe, Some(m)) => {
-            let shared = m.shared_intermediate.is_some();
-            FfnNames::Moe(MoeNames {
-                router: format!("{p}.mlp.gate.weight"),
-                router_bias: None,
-                experts: ExpertNames::Separate(
-                    (0..m.n_experts)
-                        .map(|e| split_mlp(&format!("{p}.mlp.experts.{e}"), false))
-                        .collect(),
-                ),
-                shared: shared.then(|| split_mlp(&format!("{p}.mlp.shared_expert"), false)),
-                shared_gate: shared.then(|| format!("{p}.mlp.shared_expert_gate.weight")),
-            })
-        }
+        (FfnKind::Moe, Some(m)) => FfnNames::Moe(super::qwen3_next::moe_names(
+            p,
+            m.n_experts,
+            m.shared_intermediate.is_some(),
+        )),
         _ => FfnNames::Mlp(split_mlp(&format!("{p}.mlp"), false)),
     };
-    LayerNames {
-        input_norm: format!("{p}.input_layernorm.weight"),
-        ffn_norm: Some(format!("{p}.post_attention_layernorm.weight")),
-        mixer,
-        ffn,
-    }
+    super::qwen3_next::layer(p, mixer, ffn)
 }
 
 use crate::gguf::GgufName::{NegExp, PlusOne, Same};

@@ -296,20 +296,31 @@ fn layer_names(
     let ffn = match ffn {
         FfnKind::Moe => {
             let shared = raw.shared_expert_intermediate_size > 0;
-            FfnNames::Moe(MoeNames {
-                router: format!("{p}.mlp.gate.weight"),
-                router_bias: None,
-                experts: ExpertNames::Separate(
-                    (0..raw.num_experts)
-                        .map(|e| split_mlp(&format!("{p}.mlp.experts.{e}"), false))
-                        .collect(),
-                ),
-                shared: shared.then(|| split_mlp(&format!("{p}.mlp.shared_expert"), false)),
-                shared_gate: shared.then(|| format!("{p}.mlp.shared_expert_gate.weight")),
-            })
+            FfnNames::Moe(moe_names(&p, raw.num_experts, shared))
         }
         _ => FfnNames::Mlp(split_mlp(&format!("{p}.mlp"), false)),
     };
+    layer(&p, mixer, ffn)
+}
+
+/// The sparse MoE under `{p}.mlp` (also Qwen3.5's): a softmax router,
+/// `n_experts` experts of their own, the shared expert and its gate.
+pub(super) fn moe_names(p: &str, n_experts: usize, shared: bool) -> MoeNames {
+    MoeNames {
+        router: format!("{p}.mlp.gate.weight"),
+        router_bias: None,
+        experts: ExpertNames::Separate(
+            (0..n_experts)
+                .map(|e| split_mlp(&format!("{p}.mlp.experts.{e}"), false))
+                .collect(),
+        ),
+        shared: shared.then(|| split_mlp(&format!("{p}.mlp.shared_expert"), false)),
+        shared_gate: shared.then(|| format!("{p}.mlp.shared_expert_gate.weight")),
+    }
+}
+
+/// A decoder layer under `p` with its two norms (also Qwen3.5's).
+pub(super) fn layer(p: &str, mixer: MixerNames, ffn: FfnNames) -> LayerNames {
     LayerNames {
         input_norm: format!("{p}.input_layernorm.weight"),
         ffn_norm: Some(format!("{p}.post_attention_layernorm.weight")),
