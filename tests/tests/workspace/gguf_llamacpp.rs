@@ -239,3 +239,43 @@ fn qwen3_5_matches_llama_cpp() -> Result<()> {
 fn qwen3_5_moe_q4_k_m_matches_llama_cpp() -> Result<()> {
     check("qwen3_5_moe", "Q4_K_M")
 }
+
+/// The qwen3_5 fixture as published (the vision-language wrapper, one MTP
+/// layer) converted by llama.cpp's converter with its MTP layer
+/// (`qwen3_5_mtp/F32.gguf`): the text layers load, the MTP block is set
+/// aside with one notice, and the logits are transformers' (the golden
+/// fixture's) within the fixtures' tolerance.
+#[test]
+fn qwen3_5_with_its_mtp_block_matches_transformers() -> Result<()> {
+    use metrale_model_weights::loader::LoadProgress;
+    let cpu = Arc::new(CpuBackend::with_threads(2));
+    let gpu: Arc<dyn GpuBackend> = cpu.clone();
+    let mut events = Vec::new();
+    let model = TransformerModel::load_gguf(
+        &gguf_dir().join("qwen3_5_mtp/F32.gguf"),
+        gpu,
+        options(),
+        WeightDType::AsStored,
+        &mut |p| events.push(p),
+    )?;
+    assert_eq!(model.config().num_layers(), 4);
+    let notices: Vec<&LoadProgress> = events
+        .iter()
+        .filter(|e| matches!(e, LoadProgress::Notice(_) | LoadProgress::Warning(_)))
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert!(
+        matches!(notices[0], LoadProgress::Notice(n) if n.contains("multi-token prediction layers (15 tensors")),
+        "{notices:?}"
+    );
+    for case in golden("qwen3_5")? {
+        let mut seq = model.new_sequence()?;
+        let all = run_chunked(&model, &mut seq, &case.tokens, case.tokens.len())?;
+        model.free_sequence(seq);
+        let d = max_abs_diff(&all, &case.logits);
+        assert!(d <= TOLERANCE, "{d}");
+    }
+    model.shutdown()?;
+    assert_eq!(cpu.live_bytes(), 0);
+    Ok(())
+}
