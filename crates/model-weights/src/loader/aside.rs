@@ -7,6 +7,8 @@
 
 use std::collections::HashSet;
 
+use super::LoadProgress;
+
 /// One part of a checkpoint that is not loaded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetAside {
@@ -38,6 +40,22 @@ pub(super) struct AsideReport {
     /// warning per expected tensor that does not match; each names the
     /// checkpoint. `(warning, text)`.
     pub messages: Vec<(bool, String)>,
+}
+
+impl AsideReport {
+    /// Logs each message and sends it through `progress`: a warning as
+    /// [`LoadProgress::Warning`], the rest as [`LoadProgress::Notice`].
+    pub fn send(&mut self, progress: &mut dyn FnMut(LoadProgress)) {
+        for (warn, message) in self.messages.drain(..) {
+            if warn {
+                tracing::warn!("{message}");
+                progress(LoadProgress::Warning(message));
+            } else {
+                tracing::info!("{message}");
+                progress(LoadProgress::Notice(message));
+            }
+        }
+    }
 }
 
 /// One stored tensor as [`report`] sees it.

@@ -353,16 +353,8 @@ pub fn load_gguf_with(
             bytes: t.byte_len,
         })
         .collect();
-    let aside = super::aside::report(file.path(), &stored, &used, aside);
-    for (warn, message) in aside.messages {
-        if warn {
-            tracing::warn!("{message}");
-            progress(LoadProgress::Warning(message));
-        } else {
-            tracing::info!("{message}");
-            progress(LoadProgress::Notice(message));
-        }
-    }
+    let mut aside = super::aside::report(file.path(), &stored, &used, aside);
+    aside.send(progress);
     for t in file.tensor_infos() {
         if !used.contains(t.name.as_str()) && !aside.names.contains(&t.name) {
             let message = format!(

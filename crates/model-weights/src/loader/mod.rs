@@ -172,16 +172,8 @@ pub fn load_safetensors_with(
             bytes: t.end - t.start,
         })
         .collect();
-    let aside = aside::report(&checkpoint.source, &stored, &seen, aside);
-    for (warn, message) in aside.messages {
-        if warn {
-            tracing::warn!("{message}");
-            progress(LoadProgress::Warning(message));
-        } else {
-            tracing::info!("{message}");
-            progress(LoadProgress::Notice(message));
-        }
-    }
+    let mut aside = aside::report(&checkpoint.source, &stored, &seen, aside);
+    aside.send(progress);
     let mut extra: Vec<(&Path, &str)> = checkpoint
         .entries()
         .filter(|(_, t)| !seen.contains(t.name.as_str()) && !aside.names.contains(&t.name))
