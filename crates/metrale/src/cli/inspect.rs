@@ -186,18 +186,21 @@ fn aside_line(args: &Args, c: &ModelConfig, headers: bool) -> Option<String> {
         .filter_map(|part| {
             let prefixes = part.prefixes.join(", ");
             if !part.expected.is_empty() {
-                let n: usize = part
+                // Saturating: the vision tower's sizes come from a config
+                // that nothing else bounds as a whole.
+                let n = part
                     .expected
                     .iter()
-                    .map(|t| t.shape.iter().product::<usize>())
-                    .sum();
+                    .map(|t| t.shape.iter().fold(1usize, |a, &d| a.saturating_mul(d)))
+                    .fold(0usize, usize::saturating_add);
                 return Some(format!("{} ({prefixes}) {}", part.what, human_count(n)));
             }
             let held = stored
                 .iter()
                 .filter(|t| part.prefixes.iter().any(|p| t.name.starts_with(p.as_str())));
-            let (count, n) = held.fold((0, 0), |(k, n), t| {
-                (k + 1, n + t.shape.iter().product::<usize>())
+            let (count, n) = held.fold((0usize, 0usize), |(k, n), t| {
+                let size = t.shape.iter().fold(1usize, |a, &d| a.saturating_mul(d));
+                (k + 1, n.saturating_add(size))
             });
             (count > 0).then(|| format!("{} ({prefixes}) {}", part.what, human_count(n)))
         })
