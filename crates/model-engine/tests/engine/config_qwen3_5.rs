@@ -89,13 +89,6 @@ fn contradictions_and_missing_nesting_are_refused() {
     config_err(
         "qwen3_5",
         |m| {
-            m["text_config"]["tie_word_embeddings"] = json!(true);
-        },
-        &["tie_word_embeddings", "text_config.tie_word_embeddings"],
-    );
-    config_err(
-        "qwen3_5",
-        |m| {
             m["text_config"]["full_attention_interval"] = json!(2);
         },
         &["layer_types", "full_attention_interval"],
@@ -122,6 +115,24 @@ fn what_transformers_ignores_is_a_warning() {
     .unwrap();
     let all = c.warnings.join("\n");
     assert!(all.contains("`norm_topk_prob`"), "{all}");
+    // The wrapper's two tie keys differing (as transformers itself saves
+    // them): the top level's wins, with a warning.
+    let mut map = config_map("qwen3_5");
+    map.insert("tie_word_embeddings".into(), json!(true));
+    let wrapped = metrale_model_engine::config::parse_config(
+        &serde_json::Value::Object(map).to_string(),
+        std::path::Path::new("/m/config.json"),
+    )
+    .unwrap();
+    assert!(wrapped.tie_word_embeddings && wrapped.names.lm_head.is_none());
+    assert!(
+        wrapped
+            .warnings
+            .iter()
+            .any(|w| w.contains("text_config.tie_word_embeddings")),
+        "{:?}",
+        wrapped.warnings
+    );
     assert!(all.contains("`mlp_only_layers`"), "{all}");
     assert!(all.contains("mrope_section") && all.contains("3"), "{all}");
     assert!(c.moe.as_ref().unwrap().norm_topk_prob);
