@@ -13,7 +13,7 @@ use metrale_model_weights::loader::WeightDType;
 use safetensors::SafeTensors;
 
 /// The fixture model folders with golden logits.
-pub const MODELS: [&str; 12] = [
+pub const MODELS: [&str; 13] = [
     "llama",
     "qwen3",
     "mamba2",
@@ -26,6 +26,7 @@ pub const MODELS: [&str; 12] = [
     "qwen3_5_moe",
     "lfm2",
     "lfm2_moe",
+    "lfm2_vl",
 ];
 
 /// Largest |logits - golden| the fixtures' README allows on the CPU.

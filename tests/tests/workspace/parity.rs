@@ -129,3 +129,8 @@ fn lfm2_matches_golden() -> Result<()> {
 fn lfm2_moe_matches_golden() -> Result<()> {
     check_model("lfm2_moe")
 }
+
+#[test]
+fn lfm2_vl_matches_golden() -> Result<()> {
+    check_model("lfm2_vl")
+}

@@ -1,7 +1,9 @@
 //! LFM2, LFM2.5 and LFM2-MoE (`lfm2`, `lfm2_moe`): Liquid AI, "LFM2
 //! Technical Report" (arXiv:2511.23404; model cards LiquidAI/LFM2-350M …
 //! LFM2-2.6B, LFM2.5-1.2B, LFM2-8B-A1B, LFM2-24B-A2B). LFM2-VL's language
-//! model is the same `lfm2`.
+//! model is the same `lfm2`: its wrapper (`lfm2_vl`, the language model
+//! under `text_config` and `model.language_model.*`, the head tied by the
+//! top-level key) is read, its vision tower and projector set aside.
 //!
 //! Layers: gated short convolutions (`conv`) interleaved with grouped-query
 //! attention (`full_attention`), each followed by a SwiGLU MLP; pre-norm
@@ -38,9 +40,9 @@ use crate::config::json::Obj;
 use crate::config::limits;
 use crate::config::rope::{RopeDefaults, parse_rope};
 use crate::config::{
-    Activation, AttentionConfig, AttentionNames, ExpertNames, FfnKind, FfnNames, LayerNames,
-    LayerPlan, MixerKind, MixerNames, MlpConfig, MlpNames, ModelConfig, ModelNames, ModelType,
-    MoeConfig, MoeNames, Routing, ShortConvConfig, ShortConvNames,
+    Activation, AsideWeights, AttentionConfig, AttentionNames, ExpertNames, FfnKind, FfnNames,
+    LayerNames, LayerPlan, MixerKind, MixerNames, MlpConfig, MlpNames, ModelConfig, ModelNames,
+    ModelType, MoeConfig, MoeNames, Routing, ShortConvConfig, ShortConvNames,
 };
 use crate::error::Result;
 
@@ -169,12 +171,56 @@ fn ffn_kinds(t: ModelType, o: &Obj<'_>, layers: usize) -> Result<Vec<FfnKind>> {
         .collect())
 }
 
-pub(super) fn build(t: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
+/// Where the language model's settings and weights are: the file itself
+/// and `model.*`, or LFM2-VL's (`lfm2_vl`) `text_config` and
+/// `model.language_model.*`.
+fn nesting<'a>(o: &Obj<'a>) -> Result<(Obj<'a>, &'static str)> {
+    if o.opt_str(&["model_type"])? != Some("lfm2_vl") {
+        return Ok((*o, "model"));
+    }
+    let Some(text) = o.opt_obj("text_config")? else {
+        return Err(o.err(
+            "model_type \"lfm2_vl\" keeps the language model's settings under `text_config`, \
+             which is missing",
+        ));
+    };
+    if let Some(inner) = text.opt_str(&["model_type"])?
+        && inner != "lfm2"
+    {
+        return Err(o.err(format!(
+            "keys `model_type` and `text_config.model_type` disagree: \"lfm2_vl\" holds an \
+             \"lfm2\" language model, not {inner:?}"
+        )));
+    }
+    Ok((text, "model.language_model"))
+}
+
+/// LFM2-VL's vision tower and projector, read but not loaded.
+fn vision_aside() -> AsideWeights {
+    AsideWeights {
+        what: "vision tower",
+        prefixes: vec![
+            "model.vision_tower.".into(),
+            "model.multi_modal_projector.".into(),
+        ],
+        why: "metrale runs this model text-only (no image input)",
+        expected: Vec::new(),
+        warn: true,
+    }
+}
+
+pub(super) fn build(t: ModelType, outer: &Obj<'_>) -> Result<ModelConfig> {
+    let (text, root) = nesting(outer)?;
+    let o = &text;
     let mut common = Common::read(o)?;
-    common.tie_word_embeddings = aliased(o, ("tie_word_embeddings", "tie_embedding"), |k| {
-        o.get(&[k]).map(|_| o.bool_or(&[k], true)).transpose()
-    })?
-    .unwrap_or(true);
+    common.tie_word_embeddings = if root == "model" {
+        aliased(o, ("tie_word_embeddings", "tie_embedding"), |k| {
+            o.get(&[k]).map(|_| o.bool_or(&[k], true)).transpose()
+        })?
+        .unwrap_or(true)
+    } else {
+        super::wrapper_tie(outer, o, true)?
+    };
     let num_layers = super::num_layers(o, &["num_hidden_layers"])?;
     if t == ModelType::Lfm2Moe && o.opt_str_list(&["layer_types"])?.is_none() {
         return Err(o.err(
@@ -212,8 +258,8 @@ pub(super) fn build(t: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
         return Err(o.err("key `conv_L_cache` must be at least 2"));
     }
     let names = ModelNames {
-        embed: "model.embed_tokens.weight".into(),
-        final_norm: "model.embedding_norm.weight".into(),
+        embed: format!("{root}.embed_tokens.weight"),
+        final_norm: format!("{root}.embedding_norm.weight"),
         lm_head: (!common.tie_word_embeddings).then(|| "lm_head.weight".into()),
     };
     let max_pos = o.size_or(&["max_position_embeddings"], 128_000)?;
@@ -229,7 +275,13 @@ pub(super) fn build(t: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
         .map(|(i, (&mixer, &ffn))| LayerPlan {
             mixer,
             ffn,
-            names: layer_names(i, mixer, bias, ffn, moe.as_ref().map(|m| (m, use_bias))),
+            names: layer_names(
+                &format!("{root}.layers.{i}"),
+                mixer,
+                bias,
+                ffn,
+                moe.as_ref().map(|m| (m, use_bias)),
+            ),
             sliding_window: None,
         })
         .collect();
@@ -248,6 +300,9 @@ pub(super) fn build(t: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
         });
     }
     config.moe = moe;
+    if root != "model" {
+        config.aside = vec![vision_aside()];
+    }
     Ok(config)
 }
 
@@ -264,13 +319,12 @@ fn mlp_names(p: &str) -> MlpNames {
 /// The family's tensor-name table (`moe`: the MoE settings and whether
 /// there is an expert bias).
 fn layer_names(
-    i: usize,
+    p: &str,
     mixer: MixerKind,
     bias: bool,
     ffn: FfnKind,
     moe: Option<(&MoeConfig, bool)>,
 ) -> LayerNames {
-    let p = format!("model.layers.{i}");
     let mixer = match mixer {
         MixerKind::Attention => {
             let a = |n: &str| format!("{p}.self_attn.{n}.weight");
@@ -374,6 +428,24 @@ const GGUF_LAYER: &[(&str, crate::gguf::GgufGroup)] = &[
 pub(crate) const GGUF: crate::gguf::GgufTable = crate::gguf::GgufTable {
     layer_prefix: "model.layers.",
     globals: GGUF_GLOBALS,
+    layer: GGUF_LAYER,
+};
+
+/// LFM2-VL's language model (`model.language_model.*`), for the
+/// quantization rules by name (llama.cpp converts it to `lfm2`).
+pub(crate) const GGUF_VL: crate::gguf::GgufTable = crate::gguf::GgufTable {
+    layer_prefix: "model.language_model.layers.",
+    globals: &[
+        (
+            "model.language_model.embed_tokens.weight",
+            Same("token_embd.weight"),
+        ),
+        (
+            "model.language_model.embedding_norm.weight",
+            Same("token_embd_norm.weight"),
+        ),
+        ("lm_head.weight", Same("output.weight")),
+    ],
     layer: GGUF_LAYER,
 };
 

@@ -182,26 +182,14 @@ impl Common {
 }
 
 /// A vision-language wrapper's `tie_word_embeddings` (`default` when
-/// absent): transformers ties by the top-level key and ignores
-/// `text_config`'s, and saves the two differing when only the top level
-/// was set; a difference is a warning on `warnings`, not an error.
-pub(crate) fn wrapper_tie(
-    o: &Obj<'_>,
-    text: &Obj<'_>,
-    default: bool,
-    warnings: &mut Vec<String>,
-) -> Result<bool> {
-    let tie = o.bool_or(&["tie_word_embeddings"], default)?;
-    if text.has("tie_word_embeddings") && o.has("tie_word_embeddings") {
-        let inner = text.bool_or(&["tie_word_embeddings"], tie)?;
-        if inner != tie {
-            warnings.push(o.warning(format_args!(
-                "key `text_config.tie_word_embeddings` ({inner}) is ignored: transformers ties \
-                 the head by the top-level `tie_word_embeddings` ({tie})"
-            )));
-        }
-    }
-    Ok(tie)
+/// absent). transformers ties the head by the top-level key and ignores
+/// `text_config`'s, and itself saves the two differing whenever only the
+/// top level was set (its LFM2-VL and Qwen3.5 configs do): the inner key
+/// says nothing, so a difference is neither an error nor a warning. Read
+/// here so that a mistyped inner value is still refused by name.
+pub(crate) fn wrapper_tie(o: &Obj<'_>, text: &Obj<'_>, default: bool) -> Result<bool> {
+    text.bool_or(&["tie_word_embeddings"], default)?;
+    o.bool_or(&["tie_word_embeddings"], default)
 }
 
 /// Head counts and size: `(n_heads, n_kv_heads, head_dim)`. `head_dim`

@@ -13,7 +13,7 @@
 //!   weights under `model.language_model.*` beside the vision tower's
 //!   `model.visual.*`; `lm_head` and `tie_word_embeddings` at the top level
 //!   (transformers ties by the top-level key and ignores `text_config`'s,
-//!   and itself saves the two differing: a difference is a warning);
+//!   and itself saves the two differing);
 //! - the language model alone (`Qwen3_5ForCausalLM`): `model_type`
 //!   `qwen3_5_text`, flat, weights under `model.*`.
 //!
@@ -52,8 +52,6 @@ struct Nesting<'a> {
     /// or `model`).
     root: &'static str,
     tie_word_embeddings: bool,
-    /// What reading the nesting found worth saying.
-    warnings: Vec<String>,
 }
 
 /// The wrapper's `model_type` and its language model's.
@@ -72,7 +70,6 @@ fn nesting<'a>(model_type: ModelType, o: &Obj<'a>) -> Result<Nesting<'a>> {
             text: *o,
             root: "model",
             tie_word_embeddings: o.bool_or(&["tie_word_embeddings"], false)?,
-            warnings: Vec::new(),
         });
     }
     let Some(text) = o.opt_obj("text_config")? else {
@@ -89,13 +86,10 @@ fn nesting<'a>(model_type: ModelType, o: &Obj<'a>) -> Result<Nesting<'a>> {
              {text_type:?} language model, not {inner:?}"
         )));
     }
-    let mut warnings = Vec::new();
-    let tie = super::wrapper_tie(o, &text, false, &mut warnings)?;
     Ok(Nesting {
         text,
         root: "model.language_model",
-        tie_word_embeddings: tie,
-        warnings,
+        tie_word_embeddings: super::wrapper_tie(o, &text, false)?,
     })
 }
 
@@ -172,7 +166,6 @@ pub(super) fn build(model_type: ModelType, o: &Obj<'_>) -> Result<ModelConfig> {
     let t = &n.text;
     let mut common = Common::read(t)?;
     common.tie_word_embeddings = n.tie_word_embeddings;
-    common.warnings.extend(n.warnings.iter().cloned());
     super::require_act(t, &["hidden_act"], &["silu"], "silu")?;
     let num_layers = super::num_layers(t, &["num_hidden_layers"])?;
     let mixers = layer_mixers(t, num_layers)?;

@@ -66,6 +66,7 @@ impl ModelType {
         let s = match s {
             "qwen3_5_text" => "qwen3_5",
             "qwen3_5_moe_text" => "qwen3_5_moe",
+            "lfm2_vl" => "lfm2",
             s => s,
         };
         Self::ALL.into_iter().find(|t| t.as_str() == s)

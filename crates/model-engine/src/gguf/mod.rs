@@ -376,6 +376,9 @@ fn table(c: &ModelConfig) -> Result<&'static GgufTable> {
             &arch::qwen3_5::GGUF_WRAPPED
         }
         ModelType::Qwen35 | ModelType::Qwen35Moe => &arch::qwen3_5::GGUF_TEXT,
+        ModelType::Lfm2 if c.names.embed.starts_with("model.language_model.") => {
+            &arch::lfm2::GGUF_VL
+        }
         ModelType::Lfm2 => &arch::lfm2::GGUF,
         ModelType::Lfm2Moe => &arch::lfm2::GGUF_MOE,
     })

@@ -13,7 +13,7 @@ use metrale_model_engine::config::{
 use metrale_model_engine::loader::load_weights;
 use metrale_model_weights::loader::{LoadProgress, WeightDType, scan_safetensors};
 
-const FIXTURES: [(&str, ModelType, &str); 11] = [
+const FIXTURES: [(&str, ModelType, &str); 12] = [
     ("llama", ModelType::Llama, "* *"),
     ("qwen3", ModelType::Qwen3, "* *"),
     ("mamba2", ModelType::Mamba2, "M M"),
@@ -25,6 +25,7 @@ const FIXTURES: [(&str, ModelType, &str); 11] = [
     ("qwen3_5_moe", ModelType::Qwen35Moe, "G * G *"),
     ("lfm2", ModelType::Lfm2, "C C * C"),
     ("lfm2_moe", ModelType::Lfm2Moe, "C * C C"),
+    ("lfm2_vl", ModelType::Lfm2, "C * C C"),
 ];
 
 fn fixture(name: &str) -> PathBuf {
@@ -112,6 +113,11 @@ fn every_fixture_loads_and_releases() {
             );
             assert!(warnings[0].contains("text-only"), "{}", warnings[0]);
             assert_eq!(notices, 1, "{name}: {events:?}");
+        } else if name == "lfm2_vl" {
+            // The vision tower and projector in one warning.
+            assert_eq!(warnings.len(), 1, "{name}: {warnings:?}");
+            assert!(warnings[0].contains("text-only"), "{}", warnings[0]);
+            assert_eq!(notices, 0, "{name}: {events:?}");
         } else {
             assert!(warnings.is_empty() && notices == 0, "{name}: {events:?}");
         }

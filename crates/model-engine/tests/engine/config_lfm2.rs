@@ -136,3 +136,22 @@ fn lfm2_moe_routes_by_sigmoid_with_the_expert_bias() {
     let names: Vec<String> = c.expected_tensors().into_iter().map(|t| t.name).collect();
     assert!(!names.iter().any(|n| n.ends_with("expert_bias")));
 }
+
+#[test]
+fn lfm2_vl_reads_its_language_model() {
+    let c = load_config(&fixture("lfm2_vl")).unwrap();
+    assert_eq!(c.model_type, ModelType::Lfm2);
+    assert_eq!(c.names.embed, "model.language_model.embed_tokens.weight");
+    assert_eq!(c.names.lm_head.as_deref(), Some("lm_head.weight"));
+    assert_eq!(c.aside[0].prefixes.len(), 2);
+    config_err(
+        "lfm2_vl",
+        |m| drop(m.remove("text_config")),
+        &["text_config"],
+    );
+    config_err(
+        "lfm2_vl",
+        |m| m["text_config"]["model_type"] = json!("lfm2_moe"),
+        &["text_config.model_type", "lfm2_moe"],
+    );
+}

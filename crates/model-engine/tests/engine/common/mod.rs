@@ -8,7 +8,7 @@ use metrale_model_engine::EngineError;
 use metrale_model_engine::config::parse_config;
 use serde_json::{Map, Value};
 
-pub const FIXTURES: [&str; 11] = [
+pub const FIXTURES: [&str; 12] = [
     "llama",
     "qwen3",
     "mamba2",
@@ -20,6 +20,7 @@ pub const FIXTURES: [&str; 11] = [
     "qwen3_5_moe",
     "lfm2",
     "lfm2_moe",
+    "lfm2_vl",
 ];
 
 pub fn fixture(name: &str) -> PathBuf {
