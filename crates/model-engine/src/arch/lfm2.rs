@@ -121,8 +121,14 @@ fn ffn_width(o: &Obj<'_>) -> Result<usize> {
     // A `null` multiplier skips the multiple too, as in transformers.
     if let Some(m) = o.opt_f64(&["block_ffn_dim_multiplier"])? {
         let multiple = o.size_or(&["block_multiple_of"], 256)?.max(1);
+        // `as` saturates (and makes NaN 0); the rounding up may not fit.
         ff = (m * ff as f64) as usize;
-        ff = ff.div_ceil(multiple) * multiple;
+        ff = ff.div_ceil(multiple).checked_mul(multiple).ok_or_else(|| {
+            o.err(format!(
+                "the MLP's adjusted width (block_ff_dim times block_ffn_dim_multiplier {m}, \
+                     rounded up to block_multiple_of {multiple}) overflows"
+            ))
+        })?;
     }
     if ff == 0 {
         return Err(o.err("the MLP's adjusted width (block_ff_dim) is zero"));
