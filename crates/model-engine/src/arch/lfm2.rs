@@ -46,21 +46,6 @@ use crate::config::{
 };
 use crate::error::Result;
 
-/// Two spellings of one setting: the value of whichever is given; both
-/// given must agree (transformers keeps `alias` without a word).
-fn aliased<T: PartialEq + std::fmt::Debug>(
-    o: &Obj<'_>,
-    (key, alias): (&str, &str),
-    read: impl Fn(&str) -> Result<Option<T>>,
-) -> Result<Option<T>> {
-    match (read(key)?, read(alias)?) {
-        (Some(a), Some(b)) if a != b => Err(o.err(format!(
-            "keys `{key}` ({a:?}) and `{alias}` ({b:?}) disagree (transformers uses `{alias}`)"
-        ))),
-        (a, b) => Ok(b.or(a)),
-    }
-}
-
 /// The layers' mixers from `layer_types` and `full_attn_idxs`.
 fn layer_mixers(o: &Obj<'_>, layers: usize, warnings: &mut Vec<String>) -> Result<Vec<MixerKind>> {
     let from_indices = match o.opt_list(&["full_attn_idxs"])? {
@@ -109,11 +94,9 @@ fn layer_mixers(o: &Obj<'_>, layers: usize, warnings: &mut Vec<String>) -> Resul
 
 /// The MLP's width after `block_auto_adjust_ff_dim`.
 fn ffn_width(o: &Obj<'_>) -> Result<usize> {
-    let ff = aliased(o, ("intermediate_size", "block_ff_dim"), |k| {
-        o.opt_usize(&[k])
-    })?
-    .unwrap_or(12288);
-    let ff = o.within(&["intermediate_size", "block_ff_dim"], ff, limits::WIDTH)?;
+    // Two spellings of one setting; `Obj` refuses them given differently.
+    let keys = ["intermediate_size", "block_ff_dim"];
+    let ff = o.within(&keys, o.usize_or(&keys, 12288)?, limits::WIDTH)?;
     if !o.bool_or(&["block_auto_adjust_ff_dim"], true)? {
         return Ok(ff);
     }
@@ -184,20 +167,7 @@ fn nesting<'a>(o: &Obj<'a>) -> Result<(Obj<'a>, &'static str)> {
     if o.opt_str(&["model_type"])? != Some("lfm2_vl") {
         return Ok((*o, "model"));
     }
-    let Some(text) = o.opt_obj("text_config")? else {
-        return Err(o.err(
-            "model_type \"lfm2_vl\" keeps the language model's settings under `text_config`, \
-             which is missing",
-        ));
-    };
-    if let Some(inner) = text.opt_str(&["model_type"])?
-        && inner != "lfm2"
-    {
-        return Err(o.err(format!(
-            "keys `model_type` and `text_config.model_type` disagree: \"lfm2_vl\" holds an \
-             \"lfm2\" language model, not {inner:?}"
-        )));
-    }
+    let text = super::text_config(o, "lfm2_vl", "lfm2")?;
     Ok((text, "model.language_model"))
 }
 
@@ -220,10 +190,7 @@ pub(super) fn build(t: ModelType, outer: &Obj<'_>) -> Result<ModelConfig> {
     let o = &text;
     let mut common = Common::read(o)?;
     common.tie_word_embeddings = if root == "model" {
-        aliased(o, ("tie_word_embeddings", "tie_embedding"), |k| {
-            o.get(&[k]).map(|_| o.bool_or(&[k], true)).transpose()
-        })?
-        .unwrap_or(true)
+        o.bool_or(&["tie_word_embeddings", "tie_embedding"], true)?
     } else {
         super::wrapper_tie(outer, o, true)?
     };

@@ -192,6 +192,27 @@ pub(crate) fn wrapper_tie(o: &Obj<'_>, text: &Obj<'_>, default: bool) -> Result<
     o.bool_or(&["tie_word_embeddings"], default)
 }
 
+/// A multimodal wrapper's (`wrapper`) language-model settings: its
+/// `text_config`, required, whose `model_type` (when given) must be
+/// `text_type`.
+pub(crate) fn text_config<'a>(o: &Obj<'a>, wrapper: &str, text_type: &str) -> Result<Obj<'a>> {
+    let Some(text) = o.opt_obj("text_config")? else {
+        return Err(o.err(format!(
+            "model_type {wrapper:?} keeps the language model's settings under `text_config`, \
+             which is missing (a language model alone is model_type {text_type:?})"
+        )));
+    };
+    if let Some(inner) = text.opt_str(&["model_type"])?
+        && inner != text_type
+    {
+        return Err(o.err(format!(
+            "keys `model_type` and `text_config.model_type` disagree: {wrapper:?} holds a \
+             {text_type:?} language model, not {inner:?}"
+        )));
+    }
+    Ok(text)
+}
+
 /// Head counts and size: `(n_heads, n_kv_heads, head_dim)`. `head_dim`
 /// comes from the config, else `default_head_dim`, else `hidden / n_heads`.
 pub(crate) fn attention_heads(

@@ -38,9 +38,9 @@ use super::{Common, attention_names, split_mlp};
 use crate::config::json::{Obj, as_f64};
 use crate::config::limits;
 use crate::config::{
-    Activation, AsideWeights, AttentionConfig, DeltaNetNames, DeltaProjNames, FfnKind, FfnNames,
-    LayerNames, LayerPlan, MixerKind, MixerNames, MlpConfig, ModelConfig, ModelNames, ModelType,
-    MoeConfig, Routing, TensorSpec,
+    Activation, AsideWeights, AttentionConfig, DeltaProjNames, FfnKind, FfnNames, LayerNames,
+    LayerPlan, MixerKind, MixerNames, MlpConfig, ModelConfig, ModelNames, ModelType, MoeConfig,
+    Routing, TensorSpec,
 };
 use crate::error::Result;
 
@@ -72,20 +72,7 @@ fn nesting<'a>(model_type: ModelType, o: &Obj<'a>) -> Result<Nesting<'a>> {
             tie_word_embeddings: o.bool_or(&["tie_word_embeddings"], false)?,
         });
     }
-    let Some(text) = o.opt_obj("text_config")? else {
-        return Err(o.err(format!(
-            "model_type {wrapper:?} keeps the language model's settings under `text_config`, \
-             which is missing (a language model alone is model_type {text_type:?})"
-        )));
-    };
-    if let Some(inner) = text.opt_str(&["model_type"])?
-        && inner != text_type
-    {
-        return Err(o.err(format!(
-            "keys `model_type` and `text_config.model_type` disagree: {wrapper:?} holds a \
-             {text_type:?} language model, not {inner:?}"
-        )));
-    }
+    let text = super::text_config(o, wrapper, text_type)?;
     Ok(Nesting {
         text,
         root: "model.language_model",
@@ -337,19 +324,13 @@ fn layer_names(
         }
         _ => {
             let l = format!("{p}.linear_attn");
-            MixerNames::GatedDeltaNet(DeltaNetNames {
-                proj: DeltaProjNames::Split {
-                    qkv: format!("{l}.in_proj_qkv.weight"),
-                    z: format!("{l}.in_proj_z.weight"),
-                    b: format!("{l}.in_proj_b.weight"),
-                    a: format!("{l}.in_proj_a.weight"),
-                },
-                conv_weight: format!("{l}.conv1d.weight"),
-                dt_bias: format!("{l}.dt_bias"),
-                a_log: format!("{l}.A_log"),
-                norm: format!("{l}.norm.weight"),
-                out_proj: format!("{l}.out_proj.weight"),
-            })
+            let proj = DeltaProjNames::Split {
+                qkv: format!("{l}.in_proj_qkv.weight"),
+                z: format!("{l}.in_proj_z.weight"),
+                b: format!("{l}.in_proj_b.weight"),
+                a: format!("{l}.in_proj_a.weight"),
+            };
+            super::qwen3_next::deltanet_names(&l, proj)
         }
     };
     let ffn = match (ffn, moe) {

@@ -265,6 +265,19 @@ pub(super) fn deltanet(
     Ok(Some(d))
 }
 
+/// A Gated DeltaNet mixer's tensors under `l` (`….linear_attn`), given
+/// its input projections (Qwen3-Next groups them, Qwen3.5 splits them).
+pub(super) fn deltanet_names(l: &str, proj: DeltaProjNames) -> MixerNames {
+    MixerNames::GatedDeltaNet(DeltaNetNames {
+        proj,
+        conv_weight: format!("{l}.conv1d.weight"),
+        dt_bias: format!("{l}.dt_bias"),
+        a_log: format!("{l}.A_log"),
+        norm: format!("{l}.norm.weight"),
+        out_proj: format!("{l}.out_proj.weight"),
+    })
+}
+
 /// The family's tensor-name table.
 fn layer_names(
     i: usize,
@@ -280,17 +293,11 @@ fn layer_names(
         }
         _ => {
             let l = format!("{p}.linear_attn");
-            MixerNames::GatedDeltaNet(DeltaNetNames {
-                proj: DeltaProjNames::Grouped {
-                    qkvz: format!("{l}.in_proj_qkvz.weight"),
-                    ba: format!("{l}.in_proj_ba.weight"),
-                },
-                conv_weight: format!("{l}.conv1d.weight"),
-                dt_bias: format!("{l}.dt_bias"),
-                a_log: format!("{l}.A_log"),
-                norm: format!("{l}.norm.weight"),
-                out_proj: format!("{l}.out_proj.weight"),
-            })
+            let proj = DeltaProjNames::Grouped {
+                qkvz: format!("{l}.in_proj_qkvz.weight"),
+                ba: format!("{l}.in_proj_ba.weight"),
+            };
+            deltanet_names(&l, proj)
         }
     };
     let ffn = match ffn {

@@ -5,7 +5,7 @@
 //! caller names are checked against their headers (present, shape), so a
 //! part that could not be used later is reported now.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use super::LoadProgress;
 
@@ -75,7 +75,12 @@ pub(super) fn report(
     parts: &[SetAside],
 ) -> AsideReport {
     let source = source.display();
-    let find = |name: &str| entries.iter().find(|t| t.name == name);
+    // Indexed once, and only where a part lists its expected tensors: a
+    // checkpoint may hold tens of thousands, a part thousands.
+    let by_name: HashMap<&str, &Stored<'_>> = match parts.iter().any(|p| !p.expected.is_empty()) {
+        true => entries.iter().map(|t| (t.name, t)).collect(),
+        false => HashMap::new(),
+    };
     let mut names = HashSet::new();
     let mut messages = Vec::new();
     for part in parts {
@@ -111,7 +116,7 @@ pub(super) fn report(
         }
         let mut missing = Vec::new();
         for (name, shape) in &part.expected {
-            match find(name) {
+            match by_name.get(name.as_str()) {
                 None => missing.push(name.as_str()),
                 Some(t) if t.shape != shape.as_slice() => messages.push((
                     true,
