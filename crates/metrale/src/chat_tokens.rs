@@ -60,7 +60,7 @@ impl ChatTokens {
     /// kept then and the next prompt is tokenized whole.
     pub fn push_reply(&mut self, text: &str, ids: &[u32], reason: &Finish) {
         let ids = match reason {
-            Finish::Length => ids,
+            Finish::Length | Finish::Grammar => ids,
             Finish::Eos(eos) => match ids.split_last() {
                 Some((last, rest)) if last == eos => rest,
                 _ => ids,

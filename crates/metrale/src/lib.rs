@@ -83,7 +83,7 @@ pub use metrale_model_engine::chat::{ChatMessage, ChatTemplate, RenderedChat, en
 pub use metrale_model_engine::engine::{EngineConfig, RequestId, Usage};
 pub use metrale_model_engine::model::{ModelOptions, PrefixCacheOptions};
 pub use metrale_model_engine::sampling::{
-    Finish, GenerationDefaults, SamplingOverrides, SamplingParams,
+    Finish, GenerationDefaults, OutputConstraint, SamplingOverrides, SamplingParams,
 };
 pub use metrale_model_engine::tokenizer::Tokenizer;
 pub use metrale_model_weights::gguf::mix::FileType;

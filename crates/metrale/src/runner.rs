@@ -117,6 +117,27 @@ impl GeneratorHandle {
         &self.tokenizer
     }
 
+    /// Builds the structured-output compiler for the tokenizer on a thread
+    /// of its own now, so the first request with a schema does not wait
+    /// for it (its token trie takes a while on a large vocabulary).
+    pub fn warm_structured_outputs(&self) {
+        let intake = self.intake.clone();
+        let spawned = std::thread::Builder::new()
+            .name("metrale-grammar-warmup".into())
+            .spawn(move || {
+                let began = std::time::Instant::now();
+                match intake.grammars() {
+                    Ok(_) => tracing::debug!("structured outputs ready in {:.0?}", began.elapsed()),
+                    Err(e) => tracing::info!("structured outputs are unavailable: {e}"),
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::debug!(
+                "no thread to prepare structured outputs ({e}); the first request will"
+            );
+        }
+    }
+
     /// The checkpoint's sampling defaults ([`Generator::defaults`]).
     pub fn defaults(&self) -> &GenerationDefaults {
         &self.defaults

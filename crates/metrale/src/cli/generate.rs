@@ -310,6 +310,7 @@ pub fn summary(timings: &Timings, finish: &Finish) -> String {
         Finish::StopToken(id) => format!("stop token {id}"),
         Finish::StopString(s) => format!("stop string {s:?}"),
         Finish::Length => "length".to_owned(),
+        Finish::Grammar => "the output completed its grammar".to_owned(),
     };
     format!("{} | finish: {why}", timings.summary())
 }

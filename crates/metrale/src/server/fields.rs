@@ -7,9 +7,11 @@
 //! - a field that changes the output (its format, content, sampling or
 //!   length) and that this server does not honour is refused with a 400
 //!   naming it, unless its value is the one that changes nothing
-//!   (`response_format: {"type": "text"}`, `logit_bias: {}`, `min_tokens:
-//!   0`, `null`): a client that parses the reply must never get free text
-//!   it did not ask for;
+//!   (`logit_bias: {}`, `min_tokens: 0`, `null`): a client that parses the
+//!   reply must never get free text it did not ask for;
+//! - the structured-output fields (`response_format`, vLLM's
+//!   `structured_outputs` and `guided_*`) are read by
+//!   [`structured`](crate::server::structured);
 //! - a field that only labels a request (`metadata`, `store: false`,
 //!   `service_tier`, ...) is accepted and has no effect;
 //! - a field neither OpenAI nor vLLM defines is accepted and logged at the
@@ -33,6 +35,8 @@ pub enum Route {
 enum Rule {
     /// Accepted; it labels the request and changes nothing.
     Label,
+    /// Honoured: its route reads it (structured outputs: `structured.rs`).
+    Read,
     /// Refused unless `inert` holds of its value (the value that changes
     /// nothing); `why` completes "`name` is not supported: ".
     Refuse {
@@ -66,24 +70,18 @@ fn is_empty(v: &Value) -> bool {
     }
 }
 
-/// `{"type": "text"}`: plain text, what the server gives anyway.
-fn is_text_format(v: &Value) -> bool {
-    v.get("type").and_then(Value::as_str) == Some("text")
-}
-
 /// `["text"]`.
 fn text_only(v: &Value) -> bool {
     v.as_array()
         .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text")))
 }
 
-const STRUCTURED: &str = "structured outputs are not supported by this server yet";
 const TOKEN_SETS: &str = "this server has no token bias or token sets yet";
 const TEMPLATE: &str = "this server renders the model's own chat template as it is";
 
 /// The rule for `name` on `route`, if OpenAI or vLLM define the field.
 fn rule(route: Route, name: &str) -> Option<Rule> {
-    use Rule::{Label, Refuse};
+    use Rule::{Label, Read, Refuse};
     let refuse = |inert: fn(&Value) -> bool, why: &'static str| Some(Refuse { inert, why });
     match name {
         // Labels: who asked, what for, how to bill or schedule it.
@@ -94,15 +92,9 @@ fn rule(route: Route, name: &str) -> Option<Rule> {
         "prediction" => Some(Label),
         // Only meaningful with tools, which the chat route refuses.
         "parallel_tool_calls" if route == Route::Chat => Some(Label),
-        // Output format and structure.
-        "response_format" => refuse(is_text_format, STRUCTURED),
-        "guided_json"
-        | "guided_regex"
-        | "guided_choice"
-        | "guided_grammar"
-        | "structured_outputs"
-        | "guided_decoding_backend"
-        | "guided_whitespace_pattern" => refuse(never, STRUCTURED),
+        // Output format and structure: `structured::constraint` reads them.
+        _ if crate::server::structured::FIELDS.contains(&name) => Some(Read),
+        "guided_whitespace_pattern" => Some(Read),
         // Token-level control.
         "logit_bias" | "bad_words" | "allowed_token_ids" | "logits_processors" => {
             refuse(is_empty, TOKEN_SETS)
@@ -202,9 +194,6 @@ mod tests {
     fn output_changing_fields_are_refused_unless_inert() {
         let chat = |v| check(Route::Chat, &fields(v));
         for bad in [
-            json!({"response_format": {"type": "json_object"}}),
-            json!({"response_format": {"type": "json_schema", "json_schema": {}}}),
-            json!({"guided_json": {"type": "object"}}),
             json!({"logit_bias": {"50256": -100}}),
             json!({"min_tokens": 4}),
             json!({"chat_template_kwargs": {"enable_thinking": false}}),
@@ -216,7 +205,8 @@ mod tests {
             assert!(e.to_string().contains(&name), "{e}");
         }
         for fine in [
-            json!({"response_format": {"type": "text"}}),
+            json!({"response_format": {"type": "json_object"}}),
+            json!({"guided_json": {"type": "object"}}),
             json!({"logit_bias": {}, "min_tokens": 0, "store": false, "echo": false}),
             json!({"response_format": null, "metadata": {"a": "b"}, "service_tier": "auto"}),
             json!({"modalities": ["text"]}),
@@ -234,12 +224,5 @@ mod tests {
         assert_eq!(req.extra.keys().collect::<Vec<_>>(), ["metadata"]);
         // Chat-only fields are unknown to completions: accepted, logged.
         check(Route::Completions, &fields(json!({"chat_template": "x"}))).unwrap();
-        assert!(
-            check(
-                Route::Completions,
-                &fields(json!({"response_format": {"type": "json_object"}}))
-            )
-            .is_err()
-        );
     }
 }

@@ -30,6 +30,7 @@ pub mod openai;
 pub mod routes;
 pub mod sse;
 pub mod state;
+pub mod structured;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

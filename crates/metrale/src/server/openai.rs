@@ -300,6 +300,6 @@ impl UsageInfo {
 pub fn finish_reason(finish: &Finish) -> &'static str {
     match finish {
         Finish::Length => "length",
-        Finish::Eos(_) | Finish::StopToken(_) | Finish::StopString(_) => "stop",
+        Finish::Eos(_) | Finish::StopToken(_) | Finish::StopString(_) | Finish::Grammar => "stop",
     }
 }

@@ -156,8 +156,10 @@ impl AppState {
         let template = generator.chat_template().map_err(|e| format!("{e:#}"));
         let context_limit = generator.engine().context_limit();
         let gauges = generator.engine().gauges();
+        let handle = generator.spawn()?;
+        handle.warm_structured_outputs();
         Ok(Self {
-            handle: generator.spawn()?,
+            handle,
             model_name,
             model_dir,
             template,

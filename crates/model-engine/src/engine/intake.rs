@@ -7,13 +7,13 @@
 //! then only queues it ([`Engine::enqueue`](super::Engine::enqueue)).
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use super::request::{Request, RequestId};
 use crate::error::{EngineError, Result};
 use crate::model::TransformerModel;
-use crate::sampling::SamplingParams;
+use crate::sampling::{GrammarFactory, SamplingParams};
 use crate::tokenizer::Tokenizer;
 
 /// Checks and prepares requests for one engine; cheap to clone, `Send` and
@@ -37,6 +37,8 @@ pub struct Intake {
     step_tokens: usize,
     /// The model has recurrent layers but no SSM state slots.
     no_ssm_slots: bool,
+    /// The structured-output compiler ([`grammars`](Self::grammars)).
+    grammars: Arc<OnceLock<std::result::Result<GrammarFactory, String>>>,
 }
 
 impl fmt::Debug for Intake {
@@ -107,6 +109,7 @@ impl Intake {
             kv,
             step_tokens,
             no_ssm_slots: pool.layers() > 0 && pool.capacity() == 0,
+            grammars: Arc::default(),
         }
     }
 
@@ -138,18 +141,38 @@ impl Intake {
     /// layers and no SSM slots.
     pub fn prepare(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<NewRequest> {
         let max_new = self.check(&prompt, &params)?;
+        let grammar = match &params.constraint {
+            Some(c) => Some(self.grammars()?.compile(c)?),
+            None => None,
+        };
         let mut request = Request::new(
             RequestId(0),
             prompt,
             params,
             max_new,
             self.tokenizer.as_ref(),
+            grammar,
         )?;
         request.id = RequestId(self.ids.fetch_add(1, Ordering::Relaxed));
         Ok(NewRequest {
             request,
             origin: self.ids.clone(),
         })
+    }
+
+    /// The structured-output compiler for the tokenizer, made by the first
+    /// request that needs it (its token trie takes a while on a large
+    /// vocabulary) and shared by every clone of this intake.
+    pub fn grammars(&self) -> Result<GrammarFactory> {
+        let Some(tokenizer) = &self.tokenizer else {
+            return Err(EngineError::Request(
+                "structured outputs need a tokenizer; this engine has none".into(),
+            ));
+        };
+        self.grammars
+            .get_or_init(|| GrammarFactory::new(tokenizer).map_err(|e| e.to_string()))
+            .clone()
+            .map_err(EngineError::Request)
     }
 
     /// Validates a request; returns how many tokens it may generate.

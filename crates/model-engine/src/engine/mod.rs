@@ -14,6 +14,7 @@
 
 mod gauges;
 mod intake;
+mod masks;
 mod request;
 mod scheduler;
 #[cfg(test)]
@@ -300,7 +301,7 @@ impl Engine {
         if plan.is_empty() {
             return Ok(events);
         }
-        match self.forward(&plan) {
+        match self.forward_masking(&plan) {
             Ok(outputs) => {
                 self.stats.steps += 1;
                 self.stats.tokens_fed += plan.iter().map(|s| s.tokens as u64).sum::<u64>();

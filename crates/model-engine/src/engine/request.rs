@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::error::{EngineError, Result};
 use crate::model::Sequence;
-use crate::sampling::{Finish, Sampled, Sampler, SamplingParams, StopChecker};
+use crate::sampling::{Finish, Grammar, Sampled, Sampler, SamplingParams, StopChecker, TokenMask};
 use crate::tokenizer::{Detokenizer, Tokenizer};
 
 /// A request's id, unique within its engine; a later request has a larger id.
@@ -90,6 +90,12 @@ pub(crate) struct Request {
     /// (a checkpoint's vocabulary is often padded beyond its tokenizer's).
     decodable: Option<(usize, Arc<[u32]>)>,
     text: Option<TextState>,
+    /// The structured-output grammar, where the request has one (taken
+    /// out while a step computes its next mask, see `masks.rs`).
+    pub grammar: Option<Grammar>,
+    /// The grammar's mask for the next token, computed while the step
+    /// that gives its logits ran (an error message if that failed).
+    pub next_mask: Option<std::result::Result<TokenMask, String>>,
     /// The model state; `None` while waiting (or after a preemption).
     pub seq: Option<Sequence>,
     /// Where the prefix cache matched this request's prompt beyond the
@@ -115,6 +121,7 @@ impl Request {
         params: SamplingParams,
         max_new: usize,
         tokenizer: Option<&Tokenizer>,
+        grammar: Option<Grammar>,
     ) -> Result<Self> {
         let sampler = Sampler::new(&params, prompt.len())?;
         let text = tokenizer.map(|t| TextState {
@@ -130,6 +137,8 @@ impl Request {
             sampler,
             decodable: tokenizer.map(|t| (t.vocab_size(), t.holes().clone())),
             text,
+            grammar,
+            next_mask: None,
             seq: None,
             snapshot_at: None,
             cached_tokens: None,
@@ -176,11 +185,12 @@ impl Request {
                 logits[bad]
             )));
         }
+        let mask = self.grammar_mask()?;
         let Some((count, holes)) = &self.decodable else {
             return self.sampler.sample(logits, &self.tokens);
         };
         let logits = &logits[..(*count).min(logits.len())];
-        if holes.is_empty() {
+        if holes.is_empty() && mask.is_none() {
             return self.sampler.sample(logits, &self.tokens);
         }
         let mut masked = logits.to_vec();
@@ -189,7 +199,25 @@ impl Request {
                 *v = f32::NEG_INFINITY;
             }
         }
+        if let Some(mask) = mask {
+            mask.apply(&mut masked);
+            if mask.count() == 0 {
+                return Err(EngineError::Sampling(
+                    "structured output: the grammar allows no token here".into(),
+                ));
+            }
+        }
         self.sampler.sample(&masked, &self.tokens)
+    }
+
+    /// The grammar's mask for this step: the one computed beside the
+    /// forward pass, else computed now; `None` without a grammar.
+    fn grammar_mask(&mut self) -> Result<Option<TokenMask>> {
+        match self.next_mask.take() {
+            Some(Ok(mask)) => Ok(Some(mask)),
+            Some(Err(message)) => Err(EngineError::Sampling(message)),
+            None => self.grammar.as_mut().map(Grammar::mask).transpose(),
+        }
     }
 
     /// Appends a sampled token; returns the text it lets out and whether
@@ -198,10 +226,14 @@ impl Request {
     pub fn accept(&mut self, token: u32, eos_ids: &[u32]) -> Result<Accepted> {
         self.tokens.push(token);
         let n = self.generated();
-        let mut finish = self
-            .params
-            .token_finish(token, eos_ids, n)
-            .or_else(|| (n >= self.max_new).then_some(Finish::Length));
+        let mut finish = self.params.token_finish(token, eos_ids, n);
+        if let Some(grammar) = &mut self.grammar
+            && !matches!(finish, Some(Finish::Eos(_) | Finish::StopToken(_)))
+            && grammar.accept(token)?
+        {
+            finish = Some(Finish::Grammar);
+        }
+        finish = finish.or_else(|| (n >= self.max_new).then_some(Finish::Length));
         let Some(t) = &mut self.text else {
             return Ok(Accepted {
                 text: String::new(),
@@ -257,7 +289,7 @@ mod tests {
 
     fn greedy_request(tokenizer: &Tokenizer) -> Request {
         let params = SamplingParams::greedy();
-        Request::new(RequestId(0), vec![5, 6], params, 4, Some(tokenizer)).unwrap()
+        Request::new(RequestId(0), vec![5, 6], params, 4, Some(tokenizer), None).unwrap()
     }
 
     #[test]
@@ -325,7 +357,7 @@ mod tests {
                 seed: Some(seed),
                 ..SamplingParams::default()
             };
-            let mut r = Request::new(RequestId(0), vec![1], params, 4, Some(&t)).unwrap();
+            let mut r = Request::new(RequestId(0), vec![1], params, 4, Some(&t), None).unwrap();
             match r.sample(&logits) {
                 Ok(s) => {
                     prop_assert!(logits.iter().all(|v| v.is_finite()));

@@ -384,3 +384,75 @@ fn requests_prepared_on_other_threads_queue_in_id_order() {
     assert_eq!(out.len(), 2);
     teardown(&cpu, e);
 }
+
+#[test]
+fn constrained_requests_batch_with_free_ones_and_end_valid() {
+    use crate::sampling::OutputConstraint;
+    let (cpu, mut e) = engine(
+        "granitemoehybrid",
+        options(64, 4),
+        EngineConfig::default(),
+        true,
+    );
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer", "minimum": 0, "maximum": 999},
+            "name": {"type": "string", "maxLength": 5},
+            "flags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}
+        },
+        "required": ["id", "name", "flags"],
+        "additionalProperties": false
+    });
+    let sampled = |seed, constraint| SamplingParams {
+        temperature: 1.0,
+        seed: Some(seed),
+        max_tokens: Some(60),
+        constraint,
+        ..SamplingParams::default()
+    };
+    let json = Some(OutputConstraint::JsonSchema(schema));
+    let regex = Some(OutputConstraint::Regex("[a-c]{2,4}-[0-9]".into()));
+    let ids = [
+        e.add_request(prompt(9, 1), sampled(1, json.clone()))
+            .unwrap(),
+        e.add_request(prompt(5, 2), sampled(2, regex)).unwrap(),
+        e.add_request(prompt(7, 3), sampled(3, None)).unwrap(),
+        e.add_request(prompt(3, 4), sampled(4, json)).unwrap(),
+    ];
+    let out = drain(&mut e, |_, _| {});
+    let tok = Tokenizer::from_dir(fixture("granitemoehybrid")).unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        let (tokens, finish) = &out[id];
+        let text = tok.decode(tokens).unwrap();
+        match i {
+            0 | 3 => {
+                assert_eq!(finish, &Finish::Grammar, "{text:?}");
+                let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                assert!(v["id"].as_u64().unwrap() <= 999, "{text}");
+                assert!(v["name"].as_str().unwrap().chars().count() <= 5, "{text}");
+            }
+            1 => {
+                assert_eq!(finish, &Finish::Grammar, "{text:?}");
+                let (letters, digit) = text.split_once('-').unwrap();
+                assert!((2..=4).contains(&letters.len()), "{text}");
+                assert!(
+                    letters.bytes().all(|b| (b'a'..=b'c').contains(&b)),
+                    "{text}"
+                );
+                assert!(
+                    digit.len() == 1 && digit.as_bytes()[0].is_ascii_digit(),
+                    "{text}"
+                );
+            }
+            _ => assert!(!tokens.is_empty()),
+        }
+    }
+    // A constraint that does not compile is refused before it is queued.
+    let bad = e.add_request(
+        prompt(3, 5),
+        sampled(5, Some(OutputConstraint::Regex("(".into()))),
+    );
+    assert!(bad.unwrap_err().to_string().contains("regex"));
+    teardown(&cpu, e);
+}

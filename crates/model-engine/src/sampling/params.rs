@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::grammar::OutputConstraint;
 use super::stop::Finish;
 use crate::error::{EngineError, Result};
 
@@ -65,6 +66,10 @@ pub struct SamplingParams {
     pub top_logprobs: usize,
     /// Whether special tokens are left out of the output text.
     pub skip_special_tokens: bool,
+    /// What the output must match (a JSON schema, a regex, a grammar):
+    /// tokens that could not continue it are masked at every step, and the
+    /// output ends ([`Finish::Grammar`]) when nothing may follow it.
+    pub constraint: Option<OutputConstraint>,
 }
 
 impl Default for SamplingParams {
@@ -85,6 +90,7 @@ impl Default for SamplingParams {
             logprobs: false,
             top_logprobs: 0,
             skip_special_tokens: true,
+            constraint: None,
         }
     }
 }
@@ -149,6 +155,13 @@ impl SamplingParams {
         }
         if self.stop.iter().any(String::is_empty) {
             return bad("stop strings must not be empty".into());
+        }
+        if self.ignore_eos && self.constraint.is_some() {
+            return bad(
+                "ignore_eos cannot be combined with a structured output: the grammar decides \
+                 where the output ends"
+                    .into(),
+            );
         }
         Ok(())
     }

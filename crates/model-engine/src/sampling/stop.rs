@@ -13,6 +13,9 @@ pub enum Finish {
     StopString(String),
     /// `max_tokens` were generated.
     Length,
+    /// The output completed the request's structured-output grammar and
+    /// nothing may follow it.
+    Grammar,
 }
 
 impl Finish {

@@ -104,9 +104,9 @@ fn bad_requests_are_openai_shaped() {
         assert_eq!(r.status, 200, "{body}: {}", r.body);
     }
 
-    // Nothing that would change the reply is silently dropped: a JSON
-    // format, a logit bias, template arguments are refused naming the
-    // field; their inert values, labels and fields nobody defines pass.
+    // Nothing that would change the reply is silently dropped: a logit
+    // bias, template arguments are refused naming the field; their inert
+    // values, labels and fields nobody defines pass.
     let chat = |extra: serde_json::Value| {
         let mut body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
         for (k, v) in extra.as_object().unwrap() {
@@ -115,16 +115,11 @@ fn bad_requests_are_openai_shaped() {
         post(server.addr, "/v1/chat/completions", &body)
     };
     for (extra, param) in [
-        (
-            json!({"response_format": {"type": "json_object"}}),
-            "response_format",
-        ),
         (json!({"logit_bias": {"5": 10}}), "logit_bias"),
         (
             json!({"chat_template_kwargs": {"enable_thinking": false}}),
             "chat_template_kwargs",
         ),
-        (json!({"guided_json": {"type": "object"}}), "guided_json"),
         (json!({"min_tokens": 3}), "min_tokens"),
     ] {
         let e = chat(extra.clone()).error(400);
@@ -139,13 +134,32 @@ fn bad_requests_are_openai_shaped() {
         let r = chat(extra.clone());
         assert_eq!(r.status, 200, "{extra}: {}", r.body);
     }
-    let e = post(
+    // Structured outputs are honoured; a malformed one is refused naming
+    // its field, on both routes.
+    for (extra, param) in [
+        (json!({"response_format": {"type": "yaml"}}), "response_format"),
+        (json!({"guided_json": {"type": "object", "properties": 5}}), ""),
+        (
+            json!({"response_format": {"type": "json_object"}, "guided_regex": "a"}),
+            "guided_regex",
+        ),
+    ] {
+        let e = chat(extra.clone()).error(400);
+        if !param.is_empty() {
+            assert_eq!(e["param"], param, "{extra}: {e}");
+        }
+        let mut body = json!({"prompt": "x", "max_tokens": 1});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        post(server.addr, "/v1/completions", &body).error(400);
+    }
+    let r = post(
         server.addr,
         "/v1/completions",
-        &json!({"prompt": "x", "response_format": {"type": "json_object"}}),
-    )
-    .error(400);
-    assert_eq!(e["param"], "response_format", "{e}");
+        &json!({"prompt": "x", "max_tokens": 4, "response_format": {"type": "json_object"}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
     // A message's image, or a tool call in the history, is refused where
     // it stands, never dropped; a participant's `name` is a label.
     let image = json!([{"type": "text", "text": "what is this?"},

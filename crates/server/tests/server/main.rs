@@ -10,4 +10,5 @@ mod generation;
 mod hostile;
 mod load;
 mod openai_client;
+mod structured;
 mod tokens;

@@ -23,7 +23,7 @@ use serde_json::json;
 
 /// The `openai` package version the test installs when python3 has none
 /// (`.ci/run` installs the same).
-const OPENAI_VERSION: &str = "1.109.1";
+pub(crate) const OPENAI_VERSION: &str = "1.109.1";
 
 const PROMPT: &str = "The quick brown fox";
 const MAX_TOKENS: usize = 12;
@@ -31,7 +31,7 @@ const API_KEY: &str = "sk-metrale-test";
 /// The script takes a few seconds; past this it is killed and the test fails.
 const SCRIPT_LIMIT: Duration = Duration::from_secs(300);
 
-fn python() -> &'static str {
+pub(crate) fn python() -> &'static str {
     "python3"
 }
 
@@ -40,31 +40,42 @@ fn python() -> &'static str {
 /// directory under the target dir where pip installs it (once; later runs
 /// reuse it).
 fn openai_pythonpath() -> Option<PathBuf> {
-    // The version of `openai` python3 imports with `pythonpath`.
-    let version = |pythonpath: Option<&Path>| {
+    pip_target("openai", "openai", OPENAI_VERSION)
+}
+
+/// A directory from which python3 imports `module` of the pip package
+/// `package` at `version`: none when python3's own is that version, else
+/// `target/tmp/pydeps-PACKAGE-VERSION`, where pip installs it once (later
+/// runs reuse it; `.ci/run` installs it there up front). Fails the test
+/// when it cannot be installed: the tests that need it are never skipped.
+pub(crate) fn pip_target(package: &str, module: &str, version: &str) -> Option<PathBuf> {
+    // The version of `package` python3 imports with `pythonpath`.
+    let installed = |pythonpath: Option<&Path>| {
         let mut cmd = Command::new(python());
-        cmd.args(["-c", "import openai; print(openai.__version__)"]);
+        cmd.args([
+            "-c",
+            &format!("import {module}, importlib.metadata as m; print(m.version({package:?}))"),
+        ]);
         if let Some(p) = pythonpath {
             cmd.env("PYTHONPATH", p);
         }
         let out = cmd.output().unwrap_or_else(|e| {
             panic!(
-                "the official-client test needs python3 on PATH to run the `openai` package, \
-                 and running it failed: {e}"
+                "the official-client tests need python3 on PATH to run the `{package}` \
+                 package, and running it failed: {e}"
             )
         });
         out.status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
     };
-    if version(None).as_deref() == Some(OPENAI_VERSION) {
-        eprintln!("python3 has openai {OPENAI_VERSION}");
+    if installed(None).as_deref() == Some(version) {
+        eprintln!("python3 has {package} {version}");
         return None;
     }
-    let dir =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("pydeps-openai-{OPENAI_VERSION}"));
-    if version(Some(&dir)).as_deref() != Some(OPENAI_VERSION) {
-        eprintln!("installing openai=={OPENAI_VERSION} into {}", dir.display());
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("pydeps-{package}-{version}"));
+    if installed(Some(&dir)).as_deref() != Some(version) {
+        eprintln!("installing {package}=={version} into {}", dir.display());
         let out = Command::new(python())
             .args([
                 "-m",
@@ -76,14 +87,14 @@ fn openai_pythonpath() -> Option<PathBuf> {
             ])
             .arg("--target")
             .arg(&dir)
-            .arg(format!("openai=={OPENAI_VERSION}"))
+            .arg(format!("{package}=={version}"))
             .output()
             .unwrap_or_else(|e| panic!("running `python3 -m pip install` failed: {e}"));
-        let got = version(Some(&dir));
+        let got = installed(Some(&dir));
         assert!(
-            out.status.success() && got.as_deref() == Some(OPENAI_VERSION),
-            "could not install the `openai` Python package (openai=={OPENAI_VERSION}) into {} \
-             with pip ({}; importing it then gives {got:?}); the official-client test cannot \
+            out.status.success() && got.as_deref() == Some(version),
+            "could not install the `{package}` Python package ({package}=={version}) into {} \
+             with pip ({}; importing it then gives {got:?}); the official-client tests cannot \
              run without it.\nstdout: {}\nstderr: {}",
             dir.display(),
             out.status,
@@ -95,7 +106,7 @@ fn openai_pythonpath() -> Option<PathBuf> {
 }
 
 /// Runs `cmd` to its end, killing it (and failing) after `limit`.
-fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
+pub(crate) fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -121,7 +132,8 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
             let _ = child.kill();
             let _ = child.wait();
             panic!(
-                "openai_client.py ran past {limit:?} and was killed; its output:\n{}\n{}",
+                "{:?} ran past {limit:?} and was killed; its output:\n{}\n{}",
+                cmd.get_args().next().unwrap_or_default(),
                 String::from_utf8_lossy(&out.join().unwrap()),
                 String::from_utf8_lossy(&err.join().unwrap())
             );

@@ -69,9 +69,9 @@ fn bad_tokenize_requests_are_400s_naming_the_field() {
     assert_eq!(e["param"], "tokens", "{e}");
     let e = bad(
         "/tokenize",
-        json!({"prompt": "x", "response_format": {"type": "json_object"}}),
+        json!({"prompt": "x", "logit_bias": {"5": 10}}),
     );
-    assert_eq!(e["param"], "response_format", "{e}");
+    assert_eq!(e["param"], "logit_bias", "{e}");
     let e = post(
         server.addr,
         "/tokenize",

@@ -37,6 +37,7 @@ pub async fn handler(
     let Json(request) = body?;
     state.check_model(request.model.as_deref())?;
     crate::server::fields::check(crate::server::fields::Route::Chat, &request.extra)?;
+    let constraint = crate::server::structured::constraint(&request.extra)?;
     for (name, value) in [
         ("tools", &request.tools),
         ("tool_choice", &request.tool_choice),
@@ -99,7 +100,7 @@ pub async fn handler(
     let sampling = &request.sampling;
     let defaults = state.handle.defaults();
     let room = state.context_limit.saturating_sub(prompt.len());
-    let params = sampling.params(
+    let mut params = sampling.params(
         max_tokens,
         Sampling::default_max(defaults, None, room),
         request.logprobs,
@@ -107,6 +108,7 @@ pub async fn handler(
         state.context_limit,
         defaults,
     )?;
+    params.constraint = constraint;
     let prompts = vec![prompt];
     admit(&state, &prompts, n, &params)?;
     let submitted = state.submit(prompts, &params, n, prompt_bytes)?;

@@ -33,6 +33,7 @@ pub async fn handler(
     let Json(request) = body?;
     state.check_model(request.model.as_deref())?;
     crate::server::fields::check(crate::server::fields::Route::Completions, &request.extra)?;
+    let constraint = crate::server::structured::constraint(&request.extra)?;
     if request.echo {
         return Err(ApiError::bad_param(
             "echo",
@@ -106,7 +107,7 @@ pub async fn handler(
         .min()
         .unwrap_or(state.context_limit);
     let defaults = state.handle.defaults();
-    let params = sampling.params(
+    let mut params = sampling.params(
         sampling.max_tokens,
         Sampling::default_max(defaults, Some(DEFAULT_MAX_TOKENS), room),
         logprobs,
@@ -114,6 +115,7 @@ pub async fn handler(
         state.context_limit,
         defaults,
     )?;
+    params.constraint = constraint;
     admit(&state, &prompts, n, &params)?;
     let choices = prompts.len() * n;
     let submitted = state.submit(prompts, &params, n, prompt_bytes)?;

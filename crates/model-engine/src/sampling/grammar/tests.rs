@@ -1,0 +1,150 @@
+use rand::rngs::ChaCha8Rng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use super::*;
+
+fn tokenizer() -> Tokenizer {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    Tokenizer::from_dir(dir.join("tokenizer")).unwrap()
+}
+
+/// Draws uniformly among the allowed ids until the grammar completes or
+/// EOS is drawn; returns the text and whether it ended by itself.
+fn walk(t: &Tokenizer, grammar: &mut Grammar, seed: u64, limit: usize) -> (String, bool) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut ids = Vec::new();
+    for _ in 0..limit {
+        let mask = grammar.mask().unwrap();
+        let allowed: Vec<u32> = (0..t.vocab_size() as u32)
+            .filter(|&i| mask.allows(i))
+            .collect();
+        assert!(!allowed.is_empty(), "nothing allowed after {ids:?}");
+        let id = allowed[(rng.next_u64() % allowed.len() as u64) as usize];
+        if t.eos_ids().contains(&id) {
+            assert!(grammar.is_accepting(), "EOS allowed before the end");
+            return (t.decode(&ids).unwrap(), true);
+        }
+        ids.push(id);
+        if grammar.accept(id).unwrap() {
+            return (t.decode(&ids).unwrap(), true);
+        }
+    }
+    (t.decode(&ids).unwrap(), false)
+}
+
+#[test]
+fn random_walks_under_a_schema_give_valid_instances() {
+    let t = tokenizer();
+    let factory = GrammarFactory::new(&t).unwrap();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+            "ok": {"type": "boolean"}
+        },
+        "required": ["name", "age", "tags", "ok"],
+        "additionalProperties": false
+    });
+    let c = OutputConstraint::JsonSchema(schema);
+    for seed in 0..20 {
+        let mut g = factory.compile(&c).unwrap();
+        let (text, done) = walk(&t, &mut g, seed, 400);
+        assert!(done, "seed {seed}: did not end: {text:?}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(v["name"].as_str().unwrap().chars().count() <= 6, "{text}");
+        let age = v["age"].as_i64().unwrap();
+        assert!((0..=120).contains(&age), "{text}");
+        assert!(v["tags"].as_array().unwrap().len() <= 3, "{text}");
+        assert!(v["ok"].is_boolean(), "{text}");
+        assert_eq!(v.as_object().unwrap().len(), 4, "{text}");
+    }
+}
+
+#[test]
+fn regex_choice_and_lark_hold() {
+    let t = tokenizer();
+    let factory = GrammarFactory::new(&t).unwrap();
+    type Holds = fn(&str) -> bool;
+    let cases: Vec<(OutputConstraint, Holds)> = vec![
+        (OutputConstraint::Regex("[0-9]{3}-[a-z]{2}".into()), |s| {
+            s.len() == 6
+                && s[..3].bytes().all(|b| b.is_ascii_digit())
+                && &s[3..4] == "-"
+                && s[4..].bytes().all(|b| b.is_ascii_lowercase())
+        }),
+        (
+            OutputConstraint::Choice(vec!["yes".into(), "no".into(), "a.b|c".into()]),
+            |s| ["yes", "no", "a.b|c"].contains(&s),
+        ),
+        (
+            OutputConstraint::Lark("start: \"ab\" | \"cd\" NUM\nNUM: /[0-9]{1,3}/".into()),
+            |s| s == "ab" || (s.starts_with("cd") && s.len() <= 5),
+        ),
+        (OutputConstraint::JsonObject, |s| {
+            serde_json::from_str::<Value>(s).is_ok_and(|v| v.is_object())
+        }),
+    ];
+    for (c, holds) in cases {
+        for seed in 0..10 {
+            let mut g = factory.compile(&c).unwrap();
+            let (text, done) = walk(&t, &mut g, seed, 300);
+            if matches!(c, OutputConstraint::JsonObject) && !done {
+                continue; // an unbounded object may outgrow the walk
+            }
+            assert!(done, "{c:?} seed {seed}: {text:?}");
+            assert!(holds(&text), "{c:?} seed {seed}: {text:?}");
+        }
+    }
+}
+
+#[test]
+fn bad_constraints_are_request_errors() {
+    let t = tokenizer();
+    let factory = GrammarFactory::new(&t).unwrap();
+    for (c, needle) in [
+        (
+            OutputConstraint::JsonSchema(json!({"type": "object", "properties": 5})),
+            "JSON schema",
+        ),
+        (OutputConstraint::JsonSchema(json!("object")), "a string"),
+        (OutputConstraint::Regex("(".into()), "regex"),
+        (OutputConstraint::Choice(vec![]), "empty"),
+        (OutputConstraint::Lark("root ::= \"a\"".into()), "GBNF"),
+        (
+            OutputConstraint::Lark("start: undefined_rule".into()),
+            "grammar",
+        ),
+    ] {
+        let e = factory.compile(&c).expect_err("refused").to_string();
+        assert!(e.contains(needle), "{c:?}: {e}");
+    }
+}
+
+#[test]
+fn rollback_returns_to_the_earlier_state() {
+    let t = tokenizer();
+    let factory = GrammarFactory::new(&t).unwrap();
+    let c = OutputConstraint::Regex("abc|abd".into());
+    let mut g = factory.compile(&c).unwrap();
+    let before = g.mask().unwrap();
+    let a = t.encode("a", false).unwrap();
+    for &id in &a {
+        g.accept(id).unwrap();
+    }
+    g.rollback(a.len()).unwrap();
+    let after = g.mask().unwrap();
+    let ids = |m: &TokenMask| {
+        (0..t.vocab_size() as u32)
+            .filter(|&i| m.allows(i))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&before), ids(&after));
+    assert!(g.rollback(1).is_err());
+    // A token outside the mask is refused, naming it.
+    let z = t.encode("z", false).unwrap()[0];
+    let e = g.accept(z).unwrap_err().to_string();
+    assert!(e.contains(&format!("token {z}")), "{e}");
+}
