@@ -138,6 +138,49 @@ pub struct SamplingArgs {
     /// Keep going past the model's end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Hold the output to the JSON schema in FILE (a structured output:
+    /// tokens that could not continue a valid instance are never sampled;
+    /// JSON on one line, `", "` and `": "` separators).
+    #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
+    pub json_schema: Option<std::path::PathBuf>,
+    /// Hold the output to the Lark grammar in FILE (llguidance's dialect:
+    /// `start` is the whole output; `%json {...}` embeds a schema).
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<std::path::PathBuf>,
+}
+
+impl SamplingArgs {
+    /// The `--json-schema` or `--grammar` file's constraint, compiled once
+    /// here so that a bad file is an error naming it before any generation.
+    fn constraint(&self, generator: &Generator) -> Result<Option<metrale::OutputConstraint>> {
+        use anyhow::Context as _;
+        use metrale::OutputConstraint;
+        let (path, constraint) = match (&self.json_schema, &self.grammar) {
+            (Some(path), _) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the JSON schema {}", path.display()))?;
+                let schema = serde_json::from_str(&text).with_context(|| {
+                    format!("the JSON schema {} is not valid JSON", path.display())
+                })?;
+                (path, OutputConstraint::JsonSchema(schema))
+            }
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the grammar {}", path.display()))?;
+                (path, OutputConstraint::Lark(text))
+            }
+            (None, None) => return Ok(None),
+        };
+        let compiled = generator
+            .engine()
+            .intake()
+            .grammars()
+            .and_then(|g| g.compile(&constraint));
+        if let Err(e) = compiled {
+            anyhow::bail!("{}: {e}", path.display());
+        }
+        Ok(Some(constraint))
+    }
 }
 
 /// `--top-k`: a count, or -1 for off as vLLM spells it.
@@ -193,6 +236,7 @@ impl SamplingArgs {
         params.frequency_penalty = self.frequency_penalty;
         params.stop = self.stop.clone();
         params.ignore_eos = self.ignore_eos;
+        params.constraint = self.constraint(generator)?;
         // The engine's wording is a server's ("invalid request"); here the
         // flags are at fault.
         params.validate().map_err(|e| match e {

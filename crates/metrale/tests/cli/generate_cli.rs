@@ -393,3 +393,80 @@ fn generate_is_the_same_without_the_prefix_cache() {
         }
     }
 }
+
+/// `--json-schema` and `--grammar` hold sampled output to the file's
+/// schema or grammar on the default model; a file that does not compile is
+/// an error naming it, before anything is generated.
+#[test]
+fn generate_holds_output_to_a_json_schema_or_grammar_file() {
+    let dir = std::env::temp_dir().join(format!("metrale-structured-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema = dir.join("schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
+            "count": {"type": "integer", "minimum": 1, "maximum": 9}},
+            "required": ["colour", "count"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let grammar = dir.join("answer.lark");
+    std::fs::write(
+        &grammar,
+        "start: (\"yes\" | \"no\") \" (\" /[0-9]{1,2}/ \"%)\"\n",
+    )
+    .unwrap();
+    for seed in ["1", "2", "3"] {
+        let args = ["generate", "--seed", seed, "--temperature", "1"];
+        let out = metrale(
+            &[
+                &args[..],
+                &["--json-schema", schema.to_str().unwrap(), "Pick:"],
+            ]
+            .concat(),
+            None,
+        );
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "stderr: {stderr}");
+        let v: serde_json::Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("{stdout:?} is not JSON: {e}"));
+        assert!(
+            ["red", "green", "blue"].contains(&v["colour"].as_str().unwrap()),
+            "{v}"
+        );
+        assert!((1..=9).contains(&v["count"].as_i64().unwrap()), "{v}");
+        assert!(stderr.contains("completed its grammar"), "{stderr}");
+        let out = metrale(
+            &[
+                &args[..],
+                &["--grammar", grammar.to_str().unwrap(), "Sure?"],
+            ]
+            .concat(),
+            None,
+        );
+        let stdout = text(&out.stdout);
+        let answer = stdout.trim();
+        let (word, rest) = answer
+            .split_once(" (")
+            .unwrap_or_else(|| panic!("{answer:?}"));
+        assert!(["yes", "no"].contains(&word), "{answer:?}");
+        let digits = rest
+            .strip_suffix("%)")
+            .unwrap_or_else(|| panic!("{answer:?}"));
+        assert!(
+            (1..=2).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()),
+            "{answer:?}"
+        );
+    }
+    std::fs::write(&schema, r#"{"type": "object", "properties": 5}"#).unwrap();
+    let out = metrale(
+        &["generate", "--json-schema", schema.to_str().unwrap(), "x"],
+        None,
+    );
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success() && out.stdout.is_empty(), "{stderr}");
+    assert!(
+        stderr.contains("schema.json") && stderr.contains("properties"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -137,8 +137,14 @@ fn bad_requests_are_openai_shaped() {
     // Structured outputs are honoured; a malformed one is refused naming
     // its field, on both routes.
     for (extra, param) in [
-        (json!({"response_format": {"type": "yaml"}}), "response_format"),
-        (json!({"guided_json": {"type": "object", "properties": 5}}), ""),
+        (
+            json!({"response_format": {"type": "yaml"}}),
+            "response_format",
+        ),
+        (
+            json!({"guided_json": {"type": "object", "properties": 5}}),
+            "",
+        ),
         (
             json!({"response_format": {"type": "json_object"}, "guided_regex": "a"}),
             "guided_regex",

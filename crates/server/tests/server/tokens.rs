@@ -67,10 +67,7 @@ fn bad_tokenize_requests_are_400s_naming_the_field() {
     bad("/tokenize", json!({"prompt": "x", "messages": []}));
     let e = bad("/detokenize", json!({"tokens": [1, 99999999]}));
     assert_eq!(e["param"], "tokens", "{e}");
-    let e = bad(
-        "/tokenize",
-        json!({"prompt": "x", "logit_bias": {"5": 10}}),
-    );
+    let e = bad("/tokenize", json!({"prompt": "x", "logit_bias": {"5": 10}}));
     assert_eq!(e["param"], "logit_bias", "{e}");
     let e = post(
         server.addr,
