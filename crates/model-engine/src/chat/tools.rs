@@ -85,6 +85,7 @@ use serde_json::{Map, Value};
 
 mod json_calls;
 mod pythonic;
+mod stream;
 mod xml;
 
 #[cfg(test)]
@@ -93,6 +94,10 @@ mod tests;
 mod tests_detect;
 #[cfg(test)]
 mod tests_pythonic;
+#[cfg(test)]
+mod tests_stream;
+
+pub use stream::{StreamEvent, ToolCallStream};
 
 /// A syntax in which models write tool calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -368,6 +373,24 @@ fn find_start(markers: &[Marker], text: &str) -> Option<(usize, usize)> {
             if better {
                 best = Some((at, i));
             }
+        }
+    }
+    best
+}
+
+/// The earliest offset from which the rest of `text` is a proper prefix of
+/// a start marker: text from there on may yet open a call. Markers are
+/// ASCII, so the offset is a character boundary.
+fn partial_start(markers: &[Marker], text: &str) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for m in markers {
+        let longest = (m.start.len() - 1).min(text.len());
+        if let Some(k) = (1..=longest)
+            .rev()
+            .find(|&k| text.as_bytes().ends_with(&m.start.as_bytes()[..k]))
+        {
+            let at = text.len() - k;
+            best = Some(best.map_or(at, |b: usize| b.min(at)));
         }
     }
     best
