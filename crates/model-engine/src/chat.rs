@@ -40,6 +40,7 @@ use crate::tokenizer::special_token_text;
 mod guard;
 mod jinja;
 mod spans;
+pub mod tools;
 
 pub use jinja::strftime;
 pub use spans::{RenderedChat, encode_chat};
