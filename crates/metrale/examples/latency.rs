@@ -238,6 +238,7 @@ fn run_round(handle: &Arc<GeneratorHandle>, args: &Args, vocab: u32, round: u32)
                 match event? {
                     StreamEvent::Token { .. } => times.push(Instant::now()),
                     StreamEvent::Finished { .. } => bail!("a decoder finished early"),
+                    StreamEvent::PromptLogprobs { .. } => continue,
                 }
                 counts[d].fetch_add(1, Ordering::Relaxed);
                 if stop.load(Ordering::Relaxed) {

@@ -39,6 +39,7 @@ fn main() -> Result<()> {
                     println!();
                     eprintln!("[{reason:?}] {}", timings.summary());
                 }
+                StreamEvent::PromptLogprobs { .. } => {}
             }
         }
     }

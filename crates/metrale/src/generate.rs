@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use metrale_model_engine::chat::{ChatMessage, ChatTemplate, RenderedChat, max_rendered_bytes};
-use metrale_model_engine::engine::{Engine, EngineConfig, Event, RequestId, Usage};
+use metrale_model_engine::engine::{Engine, EngineConfig, Event, PromptLogprob, RequestId, Usage};
 use metrale_model_engine::sampling::{
     Finish, GenerationDefaults, SamplingOverrides, SamplingParams,
 };
@@ -121,6 +121,13 @@ pub enum StreamEvent {
         logprob: f32,
         top_logprobs: Vec<(u32, f32)>,
     },
+    /// Log-probabilities of prompt tokens `first..` (asked with
+    /// [`prompt_logprobs`](SamplingParams::prompt_logprobs)), before any
+    /// token: each under the model given the tokens before it.
+    PromptLogprobs {
+        first: usize,
+        logprobs: Vec<PromptLogprob>,
+    },
     /// The last event of a stream.
     Finished {
         reason: Finish,
@@ -145,6 +152,9 @@ pub struct Generation {
     /// [`StreamEvent::Token`]; each empty unless
     /// [`top_logprobs`](SamplingParams::top_logprobs) was asked.
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// The prompt's tokens from the second on, scored, when
+    /// [`prompt_logprobs`](SamplingParams::prompt_logprobs) was asked.
+    pub prompt_logprobs: Vec<PromptLogprob>,
     pub finish_reason: Finish,
     pub usage: Usage,
     pub timings: Timings,
@@ -401,6 +411,7 @@ pub(crate) struct Tracker {
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     top_logprobs: Vec<Vec<(u32, f32)>>,
+    prompt_logprobs: Vec<PromptLogprob>,
 }
 
 impl Tracker {
@@ -413,6 +424,7 @@ impl Tracker {
             tokens: Vec::new(),
             logprobs: Vec::new(),
             top_logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
         }
     }
 
@@ -457,6 +469,12 @@ impl Tracker {
                     ..self.timings()
                 },
             }),
+            Event::PromptLogprobs {
+                first, logprobs, ..
+            } => {
+                self.prompt_logprobs.extend(logprobs.iter().cloned());
+                Ok(StreamEvent::PromptLogprobs { first, logprobs })
+            }
             Event::Error { id, message } => Err(anyhow!("{id}: {message}")),
         }
     }
@@ -464,7 +482,7 @@ impl Tracker {
     /// Records an event; the generation once it is finished.
     fn record(&mut self, event: Event) -> Result<Option<Generation>> {
         match self.observe(event)? {
-            StreamEvent::Token { .. } => Ok(None),
+            StreamEvent::Token { .. } | StreamEvent::PromptLogprobs { .. } => Ok(None),
             StreamEvent::Finished {
                 reason,
                 usage,
@@ -479,6 +497,7 @@ impl Tracker {
             tokens: std::mem::take(&mut self.tokens),
             logprobs: std::mem::take(&mut self.logprobs),
             top_logprobs: std::mem::take(&mut self.top_logprobs),
+            prompt_logprobs: std::mem::take(&mut self.prompt_logprobs),
             finish_reason,
             usage,
             timings,
@@ -541,7 +560,10 @@ impl<'g> GenerationStream<'g> {
             Ok(events) => {
                 for event in events.into_iter().filter(|e| e.id() == self.id) {
                     let event = self.tracker.observe(event);
-                    let last = !matches!(event, Ok(StreamEvent::Token { .. }));
+                    let last = !matches!(
+                        event,
+                        Ok(StreamEvent::Token { .. } | StreamEvent::PromptLogprobs { .. })
+                    );
                     self.pending.push_back(event);
                     self.done |= last;
                 }

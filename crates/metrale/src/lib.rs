@@ -24,6 +24,8 @@
 //!     match event? {
 //!         StreamEvent::Token { text, .. } => print!("{text}"),
 //!         StreamEvent::Finished { reason, .. } => println!(" [{reason:?}]"),
+//!         // Only with `prompt_logprobs`.
+//!         StreamEvent::PromptLogprobs { .. } => {}
 //!     }
 //! }
 //!
@@ -80,7 +82,7 @@ pub use generate::{
 };
 pub use metrale_core::DType;
 pub use metrale_model_engine::chat::{ChatMessage, ChatTemplate, RenderedChat, encode_chat};
-pub use metrale_model_engine::engine::{EngineConfig, RequestId, Usage};
+pub use metrale_model_engine::engine::{EngineConfig, PromptLogprob, RequestId, Usage};
 pub use metrale_model_engine::model::{ModelOptions, PrefixCacheOptions};
 pub use metrale_model_engine::sampling::{
     Finish, GenerationDefaults, OutputConstraint, SamplingOverrides, SamplingParams,

@@ -339,7 +339,10 @@ fn step(generator: &mut Generator, clients: &mut HashMap<RequestId, Client>) {
             continue;
         };
         let event = client.tracker.observe(event);
-        let last = !matches!(event, Ok(StreamEvent::Token { .. }));
+        let last = !matches!(
+            event,
+            Ok(StreamEvent::Token { .. } | StreamEvent::PromptLogprobs { .. })
+        );
         if !(client.sink)(event) && !last {
             generator.engine.cancel(id);
             clients.remove(&id);

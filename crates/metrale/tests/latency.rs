@@ -62,6 +62,7 @@ fn finish(stream: metrale::RequestStream) -> usize {
         match event.expect("event") {
             StreamEvent::Token { .. } => tokens += 1,
             StreamEvent::Finished { .. } => return tokens,
+            StreamEvent::PromptLogprobs { .. } => {}
         }
     }
     panic!("the stream ended without Finished");

@@ -296,6 +296,44 @@ def logprobs(client, spec):
 
 
 @section
+def echo(client, spec):
+    """`echo` with `logprobs`: the prompt's log-probabilities, as
+    lm-evaluation-harness's log-likelihood requests read them, equal to the
+    log-softmax of `metrale logits` on the same ids (within 1e-4)."""
+    e = spec["echo"]
+    ids, want = e["ids"], e["logprobs"]
+    m = spec["model"]
+    r = client.completions.create(model=m, prompt=ids, echo=True, max_tokens=0, logprobs=1)
+    c = r.choices[0]
+    lp = c.logprobs
+    check(c.text == e["text"], f"echo: text {c.text!r}, expected the prompt {e['text']!r}")
+    check(c.finish_reason == "length", f"echo: finish_reason {c.finish_reason!r}")
+    check(len(lp.token_logprobs) == len(ids) and len(lp.tokens) == len(ids),
+          f"echo: {len(lp.token_logprobs)} logprobs for {len(ids)} prompt tokens")
+    check(lp.token_logprobs[0] is None and lp.top_logprobs[0] is None,
+          "echo: the first token's logprob and alternatives are null")
+    worst = max(abs(g - w) for g, w in zip(lp.token_logprobs[1:], want))
+    check(worst <= 1e-4, f"echo: prompt logprobs off metrale logits by {worst}")
+    for i, (tok, top) in enumerate(zip(lp.token_logprobs[1:], lp.top_logprobs[1:])):
+        check(len(top) == 1 and max(top.values()) >= tok - 1e-6,
+              f"echo: token {i + 1}: top {top} below its own {tok}")
+    check(r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 0,
+          f"echo: usage {r.usage}")
+    # With generated tokens after it: the prompt's part is unchanged.
+    r = client.completions.create(model=m, prompt=ids, echo=True, max_tokens=3, logprobs=2,
+                                  temperature=0)
+    lp = r.choices[0].logprobs.token_logprobs
+    check(len(lp) == len(ids) + 3, f"echo + 3 tokens: {len(lp)} logprobs")
+    worst = max(abs(g - w) for g, w in zip(lp[1:len(ids)], want))
+    check(worst <= 1e-4, f"echo + 3 tokens: prompt logprobs off by {worst}")
+    check(r.choices[0].text.startswith(e["text"]), "echo + 3 tokens: the text starts with the prompt")
+    # A text prompt is echoed as given; without logprobs there are none.
+    r = client.completions.create(model=m, prompt="The quick", echo=True, max_tokens=2)
+    check(r.choices[0].text.startswith("The quick") and r.choices[0].logprobs is None,
+          f"echo of a text prompt: {r.choices[0]}")
+
+
+@section
 def errors(client, spec, keyed_url, key):
     m = spec["model"]
     expect_error(openai.NotFoundError,
@@ -315,8 +353,8 @@ def errors(client, spec, keyed_url, key):
                  lambda: client.completions.create(model=m, prompt="hi", temperature="hot"),
                  "a string temperature", 400)
     expect_error(openai.BadRequestError,
-                 lambda: client.completions.create(model=m, prompt="hi", echo=True),
-                 "echo", 400)
+                 lambda: client.completions.create(model=m, prompt="hi", echo=True, stream=True),
+                 "echo streamed", 400)
     expect_error(openai.BadRequestError,
                  lambda: client.completions.create(model=m, prompt="hi", suffix="!"),
                  "suffix", 400)
@@ -366,6 +404,7 @@ def main():
         seed(client, spec)
         n_choices(client, spec)
         logprobs(client, spec)
+        echo(client, spec)
         errors(client, spec, spec["keyed_base_url"], spec["api_key"])
     print(f"{PASSED} checks passed, {len(FAILURES)} failed", flush=True)
     if FAILURES:

@@ -160,7 +160,7 @@ fn first_token_ms(engine: &mut Engine, prompt: Vec<u32>) -> Result<f64> {
                     first.get_or_insert_with(|| start.elapsed().as_secs_f64() * 1e3);
                 }
                 Event::Error { message, .. } => bail!("{id}: {message}"),
-                Event::Finished { .. } => {}
+                Event::Finished { .. } | Event::PromptLogprobs { .. } => {}
             }
         }
     }

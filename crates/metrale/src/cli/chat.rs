@@ -291,6 +291,8 @@ fn turn(
             .stop_when(&interrupt.stop);
         for event in stream {
             match event? {
+                // Never asked for by chat.
+                StreamEvent::PromptLogprobs { .. } => {}
                 StreamEvent::Token {
                     token, text: delta, ..
                 } => {

@@ -339,6 +339,8 @@ pub fn stream_to(
                 out.flush().context("writing to stdout")?;
                 text.push_str(&delta);
             }
+            // Never asked for here.
+            StreamEvent::PromptLogprobs { .. } => {}
             StreamEvent::Finished {
                 reason, timings, ..
             } => return Ok((text, reason, timings)),

@@ -83,12 +83,43 @@ fn byte_level_byte(c: char) -> Option<u8> {
         .map(|b| b as u8)
 }
 
+/// `token`'s log-probability with its text and bytes, and its
+/// alternatives'.
+pub fn token_logprob(
+    tokenizer: &Tokenizer,
+    token: u32,
+    logprob: f32,
+    top: &[(u32, f32)],
+) -> TokenLogprob {
+    let text = |id: u32| tokenizer.token_text(id).unwrap_or_default();
+    let main = text(token);
+    TokenLogprob {
+        token,
+        bytes: token_bytes(tokenizer, token, &main),
+        text: main,
+        logprob,
+        top: top
+            .iter()
+            .map(|&(id, logprob)| {
+                let text = text(id);
+                TopLogprob {
+                    bytes: token_bytes(tokenizer, id, &text),
+                    text,
+                    logprob,
+                }
+            })
+            .collect(),
+    }
+}
+
 /// A finished choice.
 #[derive(Clone, Debug, Default)]
 pub struct Choice {
     pub text: String,
     /// Filled only when log-probabilities were asked for.
     pub logprobs: Vec<TokenLogprob>,
+    /// The prompt's tokens from the second on, scored (completions' echo).
+    pub prompt_logprobs: Vec<TokenLogprob>,
     pub finish: Option<Finish>,
 }
 
@@ -123,27 +154,8 @@ pub struct Events {
 
 impl Events {
     fn logprob(&self, token: u32, logprob: f32, top: &[(u32, f32)]) -> Option<TokenLogprob> {
-        let text = |id: u32| self.tokenizer.token_text(id).unwrap_or_default();
-        self.logprobs.then(|| {
-            let main = text(token);
-            TokenLogprob {
-                token,
-                bytes: token_bytes(&self.tokenizer, token, &main),
-                text: main,
-                logprob,
-                top: top
-                    .iter()
-                    .map(|&(id, logprob)| {
-                        let text = text(id);
-                        TopLogprob {
-                            bytes: token_bytes(&self.tokenizer, id, &text),
-                            text,
-                            logprob,
-                        }
-                    })
-                    .collect(),
-            }
-        })
+        self.logprobs
+            .then(|| token_logprob(&self.tokenizer, token, logprob, top))
     }
 
     /// Choice `index` has ended: dropping the events no longer cancels it.
@@ -173,6 +185,14 @@ impl Events {
                     let choice = &mut choices[index];
                     choice.text.push_str(&text);
                     choice.logprobs.extend(lp);
+                }
+                StreamEvent::PromptLogprobs { logprobs, .. } => {
+                    let tokenizer = &self.tokenizer;
+                    choices[index].prompt_logprobs.extend(
+                        logprobs
+                            .iter()
+                            .map(|p| token_logprob(tokenizer, p.token, p.logprob, &p.top_logprobs)),
+                    );
                 }
                 StreamEvent::Finished {
                     reason, usage: u, ..
@@ -242,6 +262,9 @@ impl Events {
                                 state.pending.push_back(data(&chunk));
                             }
                         }
+                        // Asked for by completions' echo, which is not
+                        // streamed.
+                        Ok(StreamEvent::PromptLogprobs { .. }) => {}
                         Ok(StreamEvent::Finished { reason, usage, .. }) => {
                             add_usage(&mut state.usage, &usage, index, state.events.n);
                             state.events.ended(index);

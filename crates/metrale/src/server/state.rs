@@ -359,6 +359,7 @@ impl Tracked {
                 self.last_token = Some(now);
                 self.metrics.generated_token();
             }
+            Ok(StreamEvent::PromptLogprobs { .. }) => {}
             Ok(StreamEvent::Finished { usage, .. }) => {
                 self.metrics.prompt_tokens(usage.prompt_tokens);
                 // Before the last event goes out: whoever reads it sees the

@@ -61,6 +61,7 @@ fn blocking_streaming_and_batched_generation_agree() {
         match event.expect("event") {
             StreamEvent::Token { text, .. } => streamed.push_str(&text),
             finished @ StreamEvent::Finished { .. } => last = Some(finished),
+            StreamEvent::PromptLogprobs { .. } => panic!("not asked for"),
         }
     }
     assert_eq!(streamed, blocking.text);

@@ -16,10 +16,7 @@ impl Engine {
     /// [`forward`](Engine::forward), with the next masks of the grammars
     /// of the requests it will sample computed beside it and left in
     /// those requests (`next_mask`).
-    pub(super) fn forward_masking(
-        &mut self,
-        plan: &[Scheduled],
-    ) -> Result<Vec<(RequestId, Vec<f32>)>> {
+    pub(super) fn forward_masking(&mut self, plan: &[Scheduled]) -> Result<Vec<super::StepLogits>> {
         let mut grammars = self.take_due_grammars(plan);
         if grammars.is_empty() {
             return self.forward(plan);

@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 
 pub use gauges::{EngineGauges, GaugeValues};
 pub use intake::{Intake, NewRequest};
-pub use request::{Event, RequestId, Usage};
+pub use request::{Event, PromptLogprob, RequestId, Usage};
 
 use crate::error::{EngineError, Result};
 use crate::model::{Logits, Step, TransformerModel};
@@ -306,9 +306,16 @@ impl Engine {
                 self.stats.steps += 1;
                 self.stats.tokens_fed += plan.iter().map(|s| s.tokens as u64).sum::<u64>();
                 self.cache_prefixes(&plan);
-                for (id, logits) in outputs {
-                    if !logits.is_empty() {
-                        self.sample(id, &logits, &mut events);
+                for out in outputs {
+                    let last = match out.rows_from {
+                        Some(start) => self.score_prompt(&out, start, &mut events),
+                        None => Some(out.logits.as_slice()),
+                    };
+                    match last {
+                        Some(logits) if !logits.is_empty() => {
+                            self.sample(out.id, logits, &mut events);
+                        }
+                        _ => {}
                     }
                 }
             }
@@ -329,14 +336,20 @@ impl Engine {
     }
 
     /// The batched forward pass over `plan`; logits per scheduled request
-    /// (empty where it was mid-prefill).
-    fn forward(&mut self, plan: &[Scheduled]) -> Result<Vec<(RequestId, Vec<f32>)>> {
+    /// (empty where it was mid-prefill; every row's where it scores its
+    /// prompt).
+    fn forward(&mut self, plan: &[Scheduled]) -> Result<Vec<StepLogits>> {
         let mut steps = Vec::with_capacity(plan.len());
         let mut ids = Vec::with_capacity(plan.len());
+        let mut rows_from = Vec::with_capacity(plan.len());
         for r in self.running.iter_mut() {
             let Some(s) = plan.iter().find(|s| s.id == r.id) else {
                 continue;
             };
+            let scores = r
+                .seq
+                .as_ref()
+                .is_some_and(|seq| r.scores_from(seq.position()));
             let Request { seq, tokens, .. } = r;
             let Some(seq) = seq.as_mut() else {
                 continue;
@@ -345,11 +358,14 @@ impl Engine {
             let chunk = tokens.get(start..end).ok_or_else(|| {
                 EngineError::Internal(format!("{}: scheduled past its tokens", s.id))
             })?;
-            let logits = if end == tokens.len() {
+            let logits = if scores {
+                Logits::All
+            } else if end == tokens.len() {
                 Logits::Last
             } else {
                 Logits::None
             };
+            rows_from.push(scores.then_some(start));
             steps.push(Step {
                 seq,
                 tokens: chunk,
@@ -358,7 +374,39 @@ impl Engine {
             ids.push(s.id);
         }
         let outputs = self.model.forward(&mut steps)?;
-        Ok(ids.into_iter().zip(outputs).collect())
+        Ok(ids
+            .into_iter()
+            .zip(outputs)
+            .zip(rows_from)
+            .map(|((id, logits), rows_from)| StepLogits {
+                id,
+                logits,
+                rows_from,
+            })
+            .collect())
+    }
+
+    /// Reports the prompt log-probabilities `out` (every row's logits from
+    /// position `start`) gives; returns its last row when the step fed the
+    /// request's last pending token (to sample from).
+    fn score_prompt<'a>(
+        &mut self,
+        out: &'a StepLogits,
+        start: usize,
+        events: &mut Vec<Event>,
+    ) -> Option<&'a [f32]> {
+        let r = self.running.iter_mut().find(|r| r.id == out.id)?;
+        let vocab = self.model.config().vocab_size;
+        let rows = out.logits.len() / vocab.max(1);
+        let (first, logprobs) = r.score_prompt(start, &out.logits, vocab);
+        if !logprobs.is_empty() {
+            events.push(Event::PromptLogprobs {
+                id: out.id,
+                first,
+                logprobs,
+            });
+        }
+        (start + rows == r.tokens.len() && rows > 0).then(|| &out.logits[(rows - 1) * vocab..])
     }
 
     /// After a step: indexes the KV blocks the step filled in the prefix
@@ -387,6 +435,19 @@ impl Engine {
             return;
         };
         let r = &mut self.running[i];
+        if r.max_new == 0 {
+            // Only the prompt's scores were asked for.
+            events.push(Event::Finished {
+                id,
+                reason: crate::sampling::Finish::Length,
+                usage: r.usage(),
+            });
+            if let Some(seq) = r.seq.as_mut() {
+                self.model.finish_prefix(seq, &r.tokens);
+            }
+            self.remove_running(i);
+            return;
+        }
         let accepted = r
             .sample(logits)
             .and_then(|s| r.accept(s.token, &self.eos_ids).map(|a| (s, a)));
@@ -451,6 +512,15 @@ impl Engine {
     pub fn shutdown(self) -> anyhow::Result<()> {
         self.into_model().shutdown()
     }
+}
+
+/// One scheduled request's logits from a step.
+pub(super) struct StepLogits {
+    id: RequestId,
+    logits: Vec<f32>,
+    /// Where the request scores its prompt: every row's logits, from this
+    /// position.
+    rows_from: Option<usize>,
 }
 
 /// Tokens one step of `model` feeds at most under `config`.

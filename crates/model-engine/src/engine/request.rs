@@ -57,15 +57,38 @@ pub enum Event {
         reason: Finish,
         usage: Usage,
     },
+    /// Log-probabilities of prompt tokens `first..first + logprobs.len()`
+    /// ([`SamplingParams::prompt_logprobs`]), each under the model given
+    /// the tokens before it, over the ids the tokenizer can decode. A
+    /// request's events of this kind come in order, before its first
+    /// `Token`, and cover prompt tokens 1.. once each (the first token has
+    /// none).
+    PromptLogprobs {
+        id: RequestId,
+        first: usize,
+        logprobs: Vec<PromptLogprob>,
+    },
     /// The request failed and was removed; its memory is already free.
     Error { id: RequestId, message: String },
+}
+
+/// One prompt token's log-probability, and its most likely alternatives
+/// (as [`Event::Token`]'s).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top_logprobs: Vec<(u32, f32)>,
 }
 
 impl Event {
     /// The request the event is about.
     pub fn id(&self) -> RequestId {
         match self {
-            Event::Token { id, .. } | Event::Finished { id, .. } | Event::Error { id, .. } => *id,
+            Event::Token { id, .. }
+            | Event::Finished { id, .. }
+            | Event::PromptLogprobs { id, .. }
+            | Event::Error { id, .. } => *id,
         }
     }
 }
@@ -106,6 +129,9 @@ pub(crate) struct Request {
     /// (a restart after a preemption may reuse what its first run
     /// computed, which saved nothing).
     pub cached_tokens: Option<usize>,
+    /// Prompt tokens whose log-probability has been reported (from 1: the
+    /// first has none), when the request asked for them.
+    pub prompt_scored: usize,
 }
 
 /// What accepting a sampled token produced.
@@ -142,6 +168,7 @@ impl Request {
             seq: None,
             snapshot_at: None,
             cached_tokens: None,
+            prompt_scored: 1,
         })
     }
 
@@ -171,6 +198,62 @@ impl Request {
             completion_tokens: self.generated(),
             cached_tokens: self.cached_tokens.unwrap_or(0),
         }
+    }
+
+    /// Whether a step feeding positions `start..` must return every row's
+    /// logits: the request scores its prompt and tokens remain to score.
+    pub fn scores_from(&self, start: usize) -> bool {
+        self.params.prompt_logprobs.is_some()
+            && self.prompt_scored < self.prompt_len
+            && start < self.prompt_len - 1
+    }
+
+    /// Scores the prompt tokens that `rows` (the logits of positions
+    /// `start..`, one row of `vocab` each) predict and that are not scored
+    /// yet; returns the first scored index and the scores.
+    pub fn score_prompt(
+        &mut self,
+        start: usize,
+        rows: &[f32],
+        vocab: usize,
+    ) -> (usize, Vec<PromptLogprob>) {
+        let first = self.prompt_scored;
+        let top = self.params.prompt_logprobs.unwrap_or(0);
+        let mut out = Vec::new();
+        for (i, row) in rows.chunks_exact(vocab.max(1)).enumerate() {
+            let target = start + i + 1;
+            if target < first || target >= self.prompt_len {
+                continue;
+            }
+            let token = self.tokens[target];
+            let (logprob, top_logprobs) = match self.decodable_row(row) {
+                Some(masked) => crate::sampling::score(&masked, token, top),
+                None => crate::sampling::score(row, token, top),
+            };
+            out.push(PromptLogprob {
+                token,
+                logprob,
+                top_logprobs,
+            });
+        }
+        self.prompt_scored = first + out.len();
+        (first, out)
+    }
+
+    /// `row` cut to the ids the tokenizer can decode, holes at -inf, when
+    /// that changes it.
+    fn decodable_row(&self, row: &[f32]) -> Option<Vec<f32>> {
+        let (count, holes) = self.decodable.as_ref()?;
+        if holes.is_empty() && *count >= row.len() {
+            return None;
+        }
+        let mut masked = row[..(*count).min(row.len())].to_vec();
+        for &id in holes.iter() {
+            if let Some(v) = masked.get_mut(id as usize) {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+        Some(masked)
     }
 
     /// Samples the next token from the logits of the last token fed, among

@@ -66,6 +66,10 @@ impl Budget {
     }
 }
 
+/// The most prompt tokens a request that scores its prompt feeds in one
+/// step: 256 rows of logits, 150 MB on the host for a 150k vocabulary.
+pub(super) const SCORED_CHUNK: usize = 256;
+
 impl Engine {
     /// The requests of the next step and how many tokens each feeds. Errors
     /// of single requests (e.g. a device failure clearing a slot) become
@@ -101,8 +105,16 @@ impl Engine {
         }
     }
 
-    /// Most tokens of one request in a step.
-    fn chunk(&self, pending: usize) -> usize {
+    /// Most tokens of `r` in a step, of its `pending`. A request scoring
+    /// its prompt takes every row's logits (a row of the vocabulary's size
+    /// each, on the host), so its chunks are at most
+    /// [`SCORED_CHUNK`] tokens.
+    fn chunk(&self, r: &Request, pending: usize) -> usize {
+        let pending = if r.params.prompt_logprobs.is_some() {
+            pending.min(SCORED_CHUNK)
+        } else {
+            pending
+        };
         match self.config.prefill_chunk {
             0 => pending,
             cap => pending.min(cap),
@@ -149,7 +161,11 @@ impl Engine {
                 continue;
             }
             let (pos, blocks) = (r.position(), r.kv_blocks());
-            let n = budget.fit(pos, blocks, self.snapshot_cut(r, pos, self.chunk(pending)));
+            let n = budget.fit(
+                pos,
+                blocks,
+                self.snapshot_cut(r, pos, self.chunk(r, pending)),
+            );
             if n > 0 {
                 budget.take(pos, blocks, n);
                 plan.push(Scheduled {
@@ -170,7 +186,13 @@ impl Engine {
             if self.running.len() >= self.max_running() {
                 return;
             }
-            let reuse = self.model.probe_prefix(&front.tokens);
+            // A request scoring its prompt computes all of it.
+            let scores = front.params.prompt_logprobs.is_some();
+            let reuse = if scores {
+                0
+            } else {
+                self.model.probe_prefix(&front.tokens)
+            };
             let held = if budget.paged {
                 reuse / budget.block_size
             } else {
@@ -198,7 +220,7 @@ impl Engine {
                 return;
             };
             r.seq = Some(seq);
-            if let Err(e) = self.reuse_prefix(&mut r) {
+            if let Err(e) = self.reuse_prefix(&mut r, scores) {
                 self.remove_failed(r, format!("starting from a cached prefix: {e}"), events);
                 continue;
             }
@@ -226,15 +248,19 @@ impl Engine {
     /// The first chunk of `r` if it starts at `pos`, within `tokens`.
     fn first_chunk(&self, r: &Request, pos: usize, tokens: usize) -> usize {
         let pending = r.tokens.len().saturating_sub(pos);
-        self.snapshot_cut(r, pos, self.chunk(pending).min(tokens))
+        self.snapshot_cut(r, pos, self.chunk(r, pending).min(tokens))
     }
 
     /// Starts `r`'s fresh sequence from the longest cached prefix of its
     /// tokens, counting what it saved.
-    fn reuse_prefix(&mut self, r: &mut Request) -> crate::error::Result<()> {
+    fn reuse_prefix(&mut self, r: &mut Request, scores: bool) -> crate::error::Result<()> {
         let Some(seq) = r.seq.as_mut() else {
             return Ok(());
         };
+        if scores {
+            r.cached_tokens.get_or_insert(0);
+            return Ok(());
+        }
         let hit = self.model.reuse_prefix(seq, &r.tokens)?;
         self.stats.prefix_hit_tokens += hit.tokens as u64;
         r.cached_tokens.get_or_insert(hit.tokens.min(r.prompt_len));

@@ -85,6 +85,7 @@ fn drain(
                 Event::Token { id, token, .. } => out.entry(id).or_default().0.push(token),
                 Event::Finished { id, reason, .. } => out.entry(id).or_default().1 = Some(reason),
                 Event::Error { id, message } => panic!("{id}: {message}"),
+                Event::PromptLogprobs { .. } => {}
             }
         }
         steps += 1;
@@ -455,4 +456,100 @@ fn constrained_requests_batch_with_free_ones_and_end_valid() {
     );
     assert!(bad.unwrap_err().to_string().contains("regex"));
     teardown(&cpu, e);
+}
+
+/// The model's own log-softmax of every row of one prefill of `ids`.
+fn reference_logprobs(name: &str, ids: &[u32]) -> Vec<f32> {
+    let (_cpu, e) = engine(name, options(64, 2), EngineConfig::default(), false);
+    let model = e.into_model();
+    let mut seq = model.new_sequence().unwrap();
+    let rows = model
+        .forward(&mut [crate::model::Step {
+            seq: &mut seq,
+            tokens: ids,
+            logits: crate::model::Logits::All,
+        }])
+        .unwrap()
+        .remove(0);
+    model.free_sequence(seq);
+    let vocab = rows.len() / ids.len();
+    let mut out = Vec::new();
+    for (i, row) in rows.chunks_exact(vocab).enumerate().take(ids.len() - 1) {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+        out.push((row[ids[i + 1] as usize] as f64 - max - sum.ln()) as f32);
+    }
+    model.shutdown().unwrap();
+    out
+}
+
+#[test]
+fn prompt_logprobs_are_the_models_log_softmax_in_any_chunking() {
+    for name in ["llama", "granitemoehybrid"] {
+        let ids = prompt(40, 7);
+        let want = reference_logprobs(name, &ids);
+        for chunk in [0, 7] {
+            let config = EngineConfig {
+                prefill_chunk: chunk,
+                ..EngineConfig::default()
+            };
+            let mut opts = options(64, 2);
+            opts.prefix_cache.enabled = true;
+            let (cpu, mut e) = engine(name, opts, config, true);
+            // The same prompt twice: the second would start from the
+            // first's cached prefix, but a scoring request computes it all.
+            let mut got = HashMap::new();
+            for round in 0..2 {
+                let scoring = SamplingParams {
+                    prompt_logprobs: Some(3),
+                    max_tokens: Some(if round == 0 { 0 } else { 2 }),
+                    ..SamplingParams::greedy()
+                };
+                let id = e.add_request(ids.clone(), scoring).unwrap();
+                let mut scores = Vec::new();
+                let mut tokens = 0;
+                while e.has_unfinished() {
+                    for event in e.step().unwrap() {
+                        match event {
+                            Event::PromptLogprobs {
+                                first, logprobs, ..
+                            } => {
+                                assert_eq!(first, scores.len() + 1, "{name}: in order");
+                                scores.extend(logprobs);
+                            }
+                            Event::Token { .. } => {
+                                assert_eq!(scores.len(), ids.len() - 1, "scored first");
+                                tokens += 1;
+                            }
+                            Event::Finished { usage, .. } => {
+                                assert_eq!(usage.cached_tokens, 0);
+                            }
+                            Event::Error { message, .. } => panic!("{message}"),
+                        }
+                    }
+                }
+                assert_eq!(
+                    tokens,
+                    if round == 0 { 0 } else { 2 },
+                    "{name} round {round}"
+                );
+                got.insert(id, scores);
+            }
+            for scores in got.values() {
+                assert_eq!(scores.len(), want.len());
+                for (i, (s, w)) in scores.iter().zip(&want).enumerate() {
+                    assert!(
+                        (s.logprob - w).abs() < 1e-5,
+                        "{name} chunk {chunk} token {}: {} vs {w}",
+                        i + 1,
+                        s.logprob
+                    );
+                    assert_eq!(s.token, ids[i + 1]);
+                    assert_eq!(s.top_logprobs.len(), 3);
+                    assert!(s.top_logprobs[0].1 >= s.logprob);
+                }
+            }
+            teardown(&cpu, e);
+        }
+    }
 }

@@ -66,6 +66,14 @@ pub struct SamplingParams {
     pub top_logprobs: usize,
     /// Whether special tokens are left out of the output text.
     pub skip_special_tokens: bool,
+    /// Log-probabilities of the prompt's own tokens (vLLM's
+    /// `prompt_logprobs`; what evaluation harnesses score choices with):
+    /// every prompt token after the first, under the model given the
+    /// tokens before it, with this many most likely alternatives (0: the
+    /// token's own only). At most [`MAX_TOP_LOGPROBS`]. Such a request
+    /// never starts from a cached prefix (its logits are needed), and may
+    /// ask for no output at all (`max_tokens: Some(0)`).
+    pub prompt_logprobs: Option<usize>,
     /// What the output must match (a JSON schema, a regex, a grammar):
     /// tokens that could not continue it are masked at every step, and the
     /// output ends ([`Finish::Grammar`]) when nothing may follow it.
@@ -90,6 +98,7 @@ impl Default for SamplingParams {
             logprobs: false,
             top_logprobs: 0,
             skip_special_tokens: true,
+            prompt_logprobs: None,
             constraint: None,
         }
     }
@@ -144,8 +153,15 @@ impl SamplingParams {
                 return bad(format!("{name} must be in [-2, 2], got {value}"));
             }
         }
-        if self.max_tokens == Some(0) {
-            return bad("max_tokens must be at least 1".into());
+        if self.max_tokens == Some(0) && self.prompt_logprobs.is_none() {
+            return bad("max_tokens must be at least 1 (0 only to score the prompt)".into());
+        }
+        if let Some(n) = self.prompt_logprobs
+            && n > MAX_TOP_LOGPROBS
+        {
+            return bad(format!(
+                "prompt_logprobs must be at most {MAX_TOP_LOGPROBS}, got {n}"
+            ));
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return bad(format!(

@@ -343,6 +343,21 @@ fn top_n(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     top
 }
 
+/// `token`'s log-probability under `logits` (log-softmax, as
+/// [`Sampled::logprob`]) and the `top` most likely ids with theirs (as
+/// [`Sampled::top_logprobs`]): what the prompt's tokens are scored with.
+pub fn score(logits: &[f32], token: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
+    let raw = LogSoftmax::of(logits);
+    let mut top = top_n(logits, top);
+    for (_, value) in &mut top {
+        *value = raw.at(*value);
+    }
+    let logprob = logits
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&x| raw.at(x));
+    (logprob, top)
+}
+
 /// A uniform number in [0, 1) from the top 53 bits of one `u64`.
 fn uniform(rng: &mut ChaCha8Rng) -> f64 {
     (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)

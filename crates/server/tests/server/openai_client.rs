@@ -177,6 +177,13 @@ fn the_official_openai_client_gets_the_library_s_outputs() {
     let chat_ids = g.chat_prompt(&template, &messages).unwrap();
     let chat = g.generate_ids(chat_ids, &greedy).unwrap();
     g.shutdown().unwrap();
+    let echo_ids: Vec<u32> = vec![1, 450, 4996, 17354, 1701, 29916, 432, 17204];
+    let echo_ids: Vec<u32> = echo_ids.into_iter().map(|id| id % 512).collect();
+    let echo_logprobs = model_logprobs(&echo_ids);
+    let echo_text = metrale::Tokenizer::from_dir(fixture())
+        .unwrap()
+        .decode(&echo_ids)
+        .unwrap();
 
     let server = served();
     let keyed = start(ServerConfig {
@@ -208,12 +215,34 @@ fn the_official_openai_client_gets_the_library_s_outputs() {
             "prompt_tokens": chat.usage.prompt_tokens,
             "completion_tokens": chat.usage.completion_tokens,
         },
+        "echo": {"ids": echo_ids, "logprobs": echo_logprobs, "text": echo_text},
     });
     run_script(&spec, pythonpath.as_deref(), "official");
     eprintln!(
         "official-client test took {:.1} s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// Each token of `ids` after the first: its log-probability under the
+/// model given those before it, the log-softmax (in f64) of the logits
+/// `metrale logits` writes for `ids` ([`metrale::Model::logits`], one
+/// prefill).
+fn model_logprobs(ids: &[u32]) -> Vec<f64> {
+    let model = metrale::Model::load(&fixture(), &load_options(), &mut |_| {}).unwrap();
+    let logits = model.logits(ids, None).unwrap();
+    let vocab = logits.len() / ids.len();
+    let out = logits
+        .chunks_exact(vocab)
+        .zip(&ids[1..])
+        .map(|(row, &next)| {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+            row[next as usize] as f64 - max - sum.ln()
+        })
+        .collect();
+    model.shutdown().unwrap();
+    out
 }
 
 /// Runs `openai_client.py` on `spec` (its file named by `tag`); fails the

@@ -5,6 +5,13 @@
 //! token's log-probability under the model (log-softmax of the raw logits)
 //! and, for N > 0 (at most 20), per token a map of the N most likely
 //! tokens' texts to their log-probabilities (`null` for N = 0).
+//!
+//! `echo: true` puts the prompt before each choice's text and, with
+//! `logprobs`, the prompt's tokens before the generated ones: the first
+//! with `null` (nothing predicts it), each other under the model given the
+//! tokens before it, as OpenAI and vLLM report them. `max_tokens: 0` is
+//! allowed with echo: the prompt alone is scored (lm-evaluation-harness's
+//! log-likelihood requests). Echo is not streamed (a 400 says so).
 
 use std::sync::Arc;
 
@@ -34,12 +41,14 @@ pub async fn handler(
     state.check_model(request.model.as_deref())?;
     crate::server::fields::check(crate::server::fields::Route::Completions, &request.extra)?;
     let constraint = crate::server::structured::constraint(&request.extra)?;
-    if request.echo {
+    let echo = request.echo;
+    if echo && request.sampling.stream {
         return Err(ApiError::bad_param(
             "echo",
-            "echo is not supported (the prompt is never repeated in the output)",
+            "echo is not streamed by this server; ask without stream",
         ));
     }
+    let score_only = echo && request.sampling.max_tokens == Some(0);
     if request.suffix.is_some() {
         return Err(ApiError::bad_param(
             "suffix",
@@ -86,16 +95,10 @@ pub async fn handler(
         max_tokens: request.sampling.max_tokens.unwrap_or(1).max(1) as u64,
         top_logprobs: top as u64,
     })?;
-    let prompts = {
+    let (prompts, echoed) = {
         let state = state.clone();
         let prompt = request.prompt;
-        off_the_workers(move || match prompt {
-            Prompt::Text(text) => Ok(vec![encode(&state, &text)?]),
-            Prompt::Texts(texts) => texts.iter().map(|t| encode(&state, t)).collect(),
-            Prompt::Ids(ids) => Ok(vec![ids]),
-            Prompt::IdLists(lists) => Ok(lists),
-        })
-        .await?
+        off_the_workers(move || encode_prompts(&state, prompt, echo)).await?
     };
     if prompts.is_empty() {
         return Err(ApiError::bad_param("prompt", "the prompt list is empty"));
@@ -108,7 +111,7 @@ pub async fn handler(
         .unwrap_or(state.context_limit);
     let defaults = state.handle.defaults();
     let mut params = sampling.params(
-        sampling.max_tokens,
+        sampling.max_tokens.filter(|_| !score_only),
         Sampling::default_max(defaults, Some(DEFAULT_MAX_TOKENS), room),
         logprobs,
         top,
@@ -116,6 +119,13 @@ pub async fn handler(
         defaults,
     )?;
     params.constraint = constraint;
+    if score_only {
+        params.max_tokens = Some(0);
+    }
+    // With no tokens to generate, the prompt is run only to be scored.
+    if echo && (logprobs || score_only) {
+        params.prompt_logprobs = Some(top);
+    }
     admit(&state, &prompts, n, &params)?;
     let choices = prompts.len() * n;
     let submitted = state.submit(prompts, &params, n, prompt_bytes)?;
@@ -130,6 +140,9 @@ pub async fn handler(
         id: format!("cmpl-{}", crate::server::next_id()),
         created: unix_now(),
         model: state.model_name.clone(),
+        echoed,
+        n,
+        logprobs,
     };
     if sampling.stream {
         Ok(events
@@ -138,6 +151,51 @@ pub async fn handler(
     } else {
         Ok(Json(events.collect(&format).await?).into_response())
     }
+}
+
+/// The prompts' ids and, with `echo`, each prompt's text and first
+/// token (its text as given, or its ids decoded).
+fn encode_prompts(
+    state: &AppState,
+    prompt: Prompt,
+    echo: bool,
+) -> Result<(Vec<Vec<u32>>, Vec<Echoed>), ApiError> {
+    let (ids, texts): (Vec<Vec<u32>>, Vec<Option<String>>) = match prompt {
+        Prompt::Text(text) => (vec![encode(state, &text)?], vec![Some(text)]),
+        Prompt::Texts(texts) => (
+            texts
+                .iter()
+                .map(|t| encode(state, t))
+                .collect::<Result<_, _>>()?,
+            texts.into_iter().map(Some).collect(),
+        ),
+        Prompt::Ids(ids) => (vec![ids], vec![None]),
+        Prompt::IdLists(lists) => {
+            let n = lists.len();
+            (lists, vec![None; n])
+        }
+    };
+    if !echo {
+        return Ok((ids, Vec::new()));
+    }
+    let tokenizer = state.tokenizer();
+    let echoed = ids
+        .iter()
+        .zip(texts)
+        .map(|(ids, text)| {
+            let text = match text {
+                Some(t) => t,
+                None => tokenizer.decode(ids).map_err(|e| {
+                    ApiError::bad_param("prompt", format!("cannot decode the prompt's ids: {e}"))
+                })?,
+            };
+            let first = ids
+                .first()
+                .map(|&id| crate::server::sse::token_logprob(tokenizer, id, 0.0, &[]));
+            Ok(Echoed { text, first })
+        })
+        .collect::<Result<_, ApiError>>()?;
+    Ok((ids, echoed))
 }
 
 pub(super) fn encode(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -151,6 +209,19 @@ struct Completions {
     id: String,
     created: u64,
     model: String,
+    /// With `echo`, per prompt: what goes before its choices.
+    echoed: Vec<Echoed>,
+    /// Choices per prompt.
+    n: usize,
+    /// Whether log-probabilities were asked for.
+    logprobs: bool,
+}
+
+/// A prompt repeated before its choices (`echo`).
+struct Echoed {
+    text: String,
+    /// The first token (its log-probability is reported as `null`).
+    first: Option<TokenLogprob>,
 }
 
 impl Completions {
@@ -170,16 +241,34 @@ impl Completions {
 }
 
 fn logprobs_json(lps: &[TokenLogprob], start: usize) -> Value {
+    echo_logprobs_json(None, lps, start)
+}
+
+/// [`logprobs_json`] after `lead`, a token reported with a `null`
+/// log-probability and `null` alternatives (an echoed prompt's first).
+fn echo_logprobs_json(lead: Option<&TokenLogprob>, lps: &[TokenLogprob], start: usize) -> Value {
+    let all = || lead.into_iter().chain(lps);
     let mut offset = start;
-    let mut offsets = Vec::with_capacity(lps.len());
-    for lp in lps {
+    let mut offsets = Vec::with_capacity(lps.len() + 1);
+    for lp in all() {
         offsets.push(offset);
         offset += lp.text.len();
     }
+    let mut logprobs: Vec<Value> = lps.iter().map(|l| json!(l.logprob)).collect();
+    let mut top = match top_json(lps) {
+        Value::Array(maps) => maps,
+        _ => Vec::new(),
+    };
+    if lead.is_some() {
+        logprobs.insert(0, Value::Null);
+        if !top.is_empty() {
+            top.insert(0, Value::Null);
+        }
+    }
     json!({
-        "tokens": lps.iter().map(|l| &l.text).collect::<Vec<_>>(),
-        "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
-        "top_logprobs": top_json(lps),
+        "tokens": all().map(|l| &l.text).collect::<Vec<_>>(),
+        "token_logprobs": logprobs,
+        "top_logprobs": if top.is_empty() { Value::Null } else { json!(top) },
         "text_offset": offsets,
     })
 }
@@ -228,14 +317,27 @@ impl Format for Completions {
             .into_iter()
             .enumerate()
             .map(|(index, c)| {
-                let lp = if c.logprobs.is_empty() {
-                    Value::Null
-                } else {
-                    logprobs_json(&c.logprobs, 0)
+                let echoed = self.echoed.get(index / self.n.max(1));
+                let (text, lp) = match echoed {
+                    Some(e) => {
+                        let lps: Vec<TokenLogprob> =
+                            c.prompt_logprobs.into_iter().chain(c.logprobs).collect();
+                        let lp = if self.logprobs {
+                            echo_logprobs_json(e.first.as_ref(), &lps, 0)
+                        } else {
+                            Value::Null
+                        };
+                        (format!("{}{}", e.text, c.text), lp)
+                    }
+                    None if c.logprobs.is_empty() => (c.text, Value::Null),
+                    None => {
+                        let lp = logprobs_json(&c.logprobs, 0);
+                        (c.text, lp)
+                    }
                 };
                 json!({
                     "index": index,
-                    "text": c.text,
+                    "text": text,
                     "logprobs": lp,
                     "finish_reason": c.finish.as_ref().map(finish_reason),
                 })
