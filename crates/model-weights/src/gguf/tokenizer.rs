@@ -45,6 +45,9 @@ const TYPE_USER_DEFINED: i32 = 4;
 /// others llama.cpp names, as the models' own `tokenizer.json` spell them.
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen3.5's (its tokenizer.json's): Qwen 2's with combining marks
+/// (`\p{M}`) kept with the letters they follow.
+const QWEN35_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The special tokens and the flags that say where they are added.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -247,12 +250,13 @@ fn byte_level_bpe(file: &GgufFile, tokens: &[String]) -> Result<Value, WeightsEr
         "default" | "gpt-2" | "gpt2" => byte_level(true),
         "llama-bpe" | "llama3" | "dbrx" | "smaug-bpe" => split(LLAMA3_REGEX),
         "qwen2" | "stablelm2" => split(QWEN2_REGEX),
+        "qwen35" => split(QWEN35_REGEX),
         other => {
             return Err(bad(
                 file,
                 PRE_KEY,
                 format!(
-                    "pre-tokenizer {other:?} is not supported (default, gpt-2, llama-bpe and qwen2 are)"
+                    "pre-tokenizer {other:?} is not supported (default, gpt-2, llama-bpe, qwen2 and qwen35 are)"
                 ),
             ));
         }
@@ -376,6 +380,22 @@ mod tests {
         assert_eq!(encode(&digits("gpt-2"), "3123"), vec![2, 4]);
         assert_eq!(encode(&digits("llama-bpe"), "3123"), vec![2, 3, 2]);
         assert_eq!(encode(&digits("qwen2"), "3123"), vec![2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn qwen35_keeps_combining_marks_with_their_letter() {
+        // "e" + U+0301 (bytes 65 CC 81, byte-level "eÌģ"): one piece for
+        // Qwen3.5, merged whole; Qwen 2 cuts the mark off.
+        let marks = |pre: &str| {
+            let mut w = GgufWriter::new();
+            w.add(MODEL_KEY, GgufValue::String("gpt2".into()))
+                .add(PRE_KEY, GgufValue::String(pre.into()))
+                .add(TOKENS_KEY, strings(&["e", "Ì", "ģ", "Ìģ", "eÌģ"]))
+                .add(MERGES_KEY, strings(&["Ì ģ", "e Ìģ"]));
+            w
+        };
+        assert_eq!(encode(&marks("qwen35"), "e\u{301}"), vec![4]);
+        assert_eq!(encode(&marks("qwen2"), "e\u{301}"), vec![0, 3]);
     }
 
     #[test]

@@ -234,9 +234,20 @@ impl TokenMask {
     /// Sets the logits of every id the grammar does not allow to -inf
     /// (ids past the vocabulary too).
     pub fn apply(&self, logits: &mut [f32]) {
-        for (id, logit) in logits.iter_mut().enumerate() {
-            if !self.allows(id as u32) {
-                *logit = f32::NEG_INFINITY;
+        // A word of the bit set at a time: most words of a mask are all
+        // clear (a few ids continue a grammar), whole runs of 32 at once.
+        let words = self.allowed.as_slice();
+        for (i, chunk) in logits.chunks_mut(32).enumerate() {
+            match words.get(i).copied().unwrap_or(0) {
+                0 => chunk.fill(f32::NEG_INFINITY),
+                u32::MAX if chunk.len() == 32 => {}
+                word => {
+                    for (bit, logit) in chunk.iter_mut().enumerate() {
+                        if word & (1 << bit) == 0 {
+                            *logit = f32::NEG_INFINITY;
+                        }
+                    }
+                }
             }
         }
     }

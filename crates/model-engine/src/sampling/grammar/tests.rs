@@ -148,3 +148,32 @@ fn rollback_returns_to_the_earlier_state() {
     let e = g.accept(z).unwrap_err().to_string();
     assert!(e.contains(&format!("token {z}")), "{e}");
 }
+
+#[test]
+fn apply_masks_exactly_the_disallowed_ids() {
+    let t = tokenizer();
+    let factory = GrammarFactory::new(&t).unwrap();
+    let mut g = factory
+        .compile(&OutputConstraint::Regex("[a-f0-9 ]{0,8}x".into()))
+        .unwrap();
+    for step in 0..3 {
+        let mask = g.mask().unwrap();
+        // Longer than the vocabulary: ids past it are masked too.
+        let mut logits = vec![0.5f32; t.vocab_size() + 37];
+        mask.apply(&mut logits);
+        for (id, &v) in logits.iter().enumerate() {
+            assert_eq!(
+                v == f32::NEG_INFINITY,
+                !mask.allows(id as u32),
+                "step {step} id {id}"
+            );
+        }
+        assert_eq!(
+            logits.iter().filter(|v| v.is_finite()).count(),
+            mask.count()
+        );
+        let first =
+            (0..t.vocab_size() as u32).find(|&i| mask.allows(i) && !t.eos_ids().contains(&i));
+        g.accept(first.unwrap()).unwrap();
+    }
+}
