@@ -177,3 +177,71 @@ fn apply_masks_exactly_the_disallowed_ids() {
         g.accept(first.unwrap()).unwrap();
     }
 }
+
+/// A SentencePiece-style tokenizer (byte fallback, a Metaspace prefix
+/// space): `{` and `▁{` are both tokens, and only `{` may open an output
+/// that must start with `{` (the prefix space is a prompt's, not a
+/// piece's).
+#[test]
+fn sentencepiece_vocabularies_start_without_the_prefix_space() {
+    let dir = std::env::temp_dir().join(format!("metrale-spm-grammar-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let special = |id: u32, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+               "rstrip": false, "normalized": false, "special": true})
+    };
+    let mut vocab = serde_json::Map::new();
+    for (i, t) in ["<unk>", "<s>", "</s>"].iter().enumerate() {
+        vocab.insert(t.to_string(), json!(i));
+    }
+    for b in 0..256u32 {
+        vocab.insert(format!("<0x{b:02X}>"), json!(3 + b));
+    }
+    for (i, t) in ["▁", "{", "}", "▁{", "a", "{}"].iter().enumerate() {
+        vocab.insert(t.to_string(), json!(259 + i));
+    }
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [special(0, "<unk>"), special(1, "<s>"), special(2, "</s>")],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": false},
+        "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+            "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true,
+            "byte_fallback": true, "ignore_merges": false, "vocab": vocab,
+            "merges": ["▁ {", "{ }"]}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"eos_token": "</s>"}"#,
+    )
+    .unwrap();
+    let t = Tokenizer::from_dir(&dir).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(
+        t.encode("{", false).unwrap(),
+        [262],
+        "the prompt encoder adds ▁"
+    );
+    let factory = GrammarFactory::new(&t).unwrap();
+    let c = OutputConstraint::Regex("\\{a?\\}".into());
+    let mask = factory.compile(&c).unwrap().mask().unwrap();
+    assert!(
+        mask.allows(260) && mask.allows(264),
+        "{{ and {{}} open the output"
+    );
+    assert!(!mask.allows(262), "▁{{ does not");
+    for seed in 0..20 {
+        let mut g = factory.compile(&c).unwrap();
+        let (text, done) = walk(&t, &mut g, seed, 10);
+        assert!(
+            done && (text == "{}" || text == "{a}"),
+            "seed {seed}: {text:?}"
+        );
+    }
+}

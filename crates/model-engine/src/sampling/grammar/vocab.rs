@@ -167,7 +167,49 @@ pub(super) fn token_bytes(tokenizer: &Tokenizer) -> Result<Vec<Vec<u8>>> {
 /// encoder for the text a grammar forces.
 pub(super) struct VocabEnv {
     trie: TokTrie,
-    tokenizer: Tokenizer,
+    /// The tokenizer with nothing prepended to the text: the grammar
+    /// engine encodes pieces of the output, not whole prompts.
+    encoder: tokenizers::Tokenizer,
+}
+
+/// `inner` without what SentencePiece tokenizers put before a text (a
+/// `Prepend` normalizer, a Metaspace pre-tokenizer's prefix space): the
+/// grammar engine encodes bytes in the middle of an output, where a
+/// prefix space would make `{` into `▁{` and break the match.
+fn piece_encoder(inner: &tokenizers::Tokenizer) -> tokenizers::Tokenizer {
+    use tokenizers::normalizers::{NormalizerWrapper, Sequence as Normalizers};
+    use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+    use tokenizers::pre_tokenizers::metaspace::PrependScheme;
+    use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizers;
+    fn normalizer(n: &NormalizerWrapper) -> Option<NormalizerWrapper> {
+        match n {
+            NormalizerWrapper::Prepend(_) => None,
+            NormalizerWrapper::Sequence(seq) => {
+                let kept: Vec<_> = seq.as_ref().iter().filter_map(normalizer).collect();
+                (!kept.is_empty()).then(|| NormalizerWrapper::Sequence(Normalizers::new(kept)))
+            }
+            other => Some(other.clone()),
+        }
+    }
+    fn pre_tokenizer(p: &PreTokenizerWrapper) -> PreTokenizerWrapper {
+        match p {
+            PreTokenizerWrapper::Metaspace(m) => {
+                let mut m = m.clone();
+                m.set_prepend_scheme(PrependScheme::Never);
+                PreTokenizerWrapper::Metaspace(m)
+            }
+            PreTokenizerWrapper::Sequence(seq) => PreTokenizerWrapper::Sequence(
+                PreTokenizers::new(seq.as_ref().iter().map(pre_tokenizer).collect()),
+            ),
+            other => other.clone(),
+        }
+    }
+    let mut encoder = inner.clone();
+    let n = encoder.get_normalizer().and_then(normalizer);
+    encoder.with_normalizer(n);
+    let p = encoder.get_pre_tokenizer().map(pre_tokenizer);
+    encoder.with_pre_tokenizer(p);
+    encoder
 }
 
 impl VocabEnv {
@@ -190,7 +232,7 @@ impl VocabEnv {
         }
         Ok(Self {
             trie,
-            tokenizer: tokenizer.clone(),
+            encoder: piece_encoder(tokenizer.inner()),
         })
     }
 }
@@ -203,7 +245,10 @@ impl TokenizerEnv for VocabEnv {
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
         self.trie.tokenize_with_greedy_fallback(s, |text| {
             // The greedy trie walk covers what the tokenizer cannot encode.
-            self.tokenizer.encode(text, false).unwrap_or_default()
+            self.encoder
+                .encode(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .unwrap_or_default()
         })
     }
 }
