@@ -362,11 +362,16 @@ mod tests {
             .map(|(k, _)| k.clone())
             .unwrap();
         vocab.insert(last, serde_json::json!(600));
-        let path =
-            std::env::temp_dir().join(format!("metrale-holes-{tag}-{}.json", std::process::id()));
-        std::fs::write(&path, json.to_string()).unwrap();
-        let t = Tokenizer::from_file(&path).unwrap();
-        std::fs::remove_file(&path).ok();
+        let tmp = std::env::temp_dir().join(format!("metrale-holes-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        std::fs::write(tmp.join("tokenizer.json"), json.to_string()).unwrap();
+        std::fs::copy(
+            dir.join("tokenizer/tokenizer_config.json"),
+            tmp.join("tokenizer_config.json"),
+        )
+        .unwrap();
+        let t = Tokenizer::from_dir(&tmp).unwrap();
+        std::fs::remove_dir_all(&tmp).ok();
         t
     }
 
@@ -394,6 +399,47 @@ mod tests {
             600,
             "the moved token counts"
         );
+    }
+
+    #[test]
+    fn a_grammar_never_lets_out_holes_padding_or_special_tokens() {
+        let t = tokenizer_with_holes("grammar");
+        let factory = crate::sampling::GrammarFactory::new(&t).unwrap();
+        let c = crate::sampling::OutputConstraint::JsonObject;
+        let params = SamplingParams::greedy();
+        let mut r = Request::new(
+            RequestId(0),
+            vec![5, 6],
+            params,
+            64,
+            Some(&t),
+            Some(factory.compile(&c).unwrap()),
+        )
+        .unwrap();
+        let eos = t.eos_ids()[0];
+        // Beyond the tokenizer, in a hole, EOS and the end-of-text special
+        // token outrank everything; the grammar's ids come after them.
+        let mut logits: Vec<f32> = (0..700).map(|i| (i % 7) as f32 * 0.01).collect();
+        logits[650] = 9.0;
+        logits[550] = 8.5;
+        logits[eos as usize] = 8.0;
+        let pad = t.token_to_id("<|endoftext|>").unwrap();
+        logits[pad as usize] = 7.5;
+        let mut out = Vec::new();
+        for _ in 0..40 {
+            let s = r.sample(&logits).unwrap();
+            assert!(s.token < 511 || s.token == 600, "{}", s.token);
+            assert!(s.token != pad);
+            let done = r.accept(s.token, t.eos_ids()).unwrap();
+            if s.token != eos {
+                out.push(s.token);
+            }
+            if done.finish.is_some() {
+                break;
+            }
+        }
+        let text = t.decode(&out).unwrap();
+        assert!(text.starts_with('{'), "{text:?}");
     }
 
     #[test]
