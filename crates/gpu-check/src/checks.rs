@@ -762,7 +762,7 @@ fn generate_all(
         for event in engine.step()? {
             match event {
                 Event::Token { id, token, .. } => out.entry(id).or_default().push(token),
-                Event::Finished { .. } => {}
+                Event::Finished { .. } | Event::PromptLogprobs { .. } => {}
                 Event::Error { id, message } => bail!("request {id}: {message}"),
             }
         }

@@ -163,7 +163,7 @@ fn served(cpu: CpuBackend, name: &str) -> Result<(Vec<(u32, u32)>, usize)> {
                         top_logprobs,
                         ..
                     } => out.push((token, top_logprobs.first().map_or(0, |t| t.1.to_bits()))),
-                    Event::Finished { .. } => {}
+                    Event::Finished { .. } | Event::PromptLogprobs { .. } => {}
                     Event::Error { id, message } => bail!("{name}: {id} failed: {message}"),
                 }
             }

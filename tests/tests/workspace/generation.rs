@@ -94,6 +94,7 @@ fn record(out: &mut HashMap<RequestId, Output>, event: Event) -> Result<()> {
             o.finish = Some(reason);
         }
         Event::Error { id, message } => bail!("{id}: {message}"),
+        Event::PromptLogprobs { id, .. } => bail!("{id}: prompt scores not asked for"),
     }
     Ok(())
 }
@@ -555,7 +556,7 @@ fn stress(name: &str) -> Result<()> {
                     finished += 1;
                 }
                 Event::Error { id, message } => bail!("{id}: {message}"),
-                Event::Token { .. } => {}
+                Event::Token { .. } | Event::PromptLogprobs { .. } => {}
             }
         }
         let m = engine.model();

@@ -81,7 +81,7 @@ fn check(name: &str) -> Result<()> {
                     .entry(id)
                     .or_default()
                     .push((token, logprob, top_logprobs)),
-                Event::Finished { .. } => {}
+                Event::Finished { .. } | Event::PromptLogprobs { .. } => {}
                 Event::Error { id, message } => bail!("{name} {id}: {message}"),
             }
         }

@@ -88,7 +88,7 @@ fn record(out: &mut HashMap<RequestId, Run>, event: Event) -> Result<()> {
             let lp = |i: usize| top_logprobs.get(i).map_or(f32::NEG_INFINITY, |t| t.1);
             run.top2.push((lp(0), lp(1)));
         }
-        Event::Finished { .. } => {}
+        Event::Finished { .. } | Event::PromptLogprobs { .. } => {}
         Event::Error { id, message } => bail!("{id} failed: {message}"),
     }
     Ok(())
