@@ -89,7 +89,10 @@ impl ChatMessage {
             out.push(("reasoning_content", r.clone()));
         }
         if let Some(calls) = &self.tool_calls {
-            out.push(("tool_calls", serde_json::Value::from(calls.clone()).to_string()));
+            out.push((
+                "tool_calls",
+                serde_json::Value::from(calls.clone()).to_string(),
+            ));
         }
         if let Some(id) = &self.tool_call_id {
             out.push(("tool_call_id", id.clone()));

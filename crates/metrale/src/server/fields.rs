@@ -114,8 +114,7 @@ fn rule(route: Route, name: &str) -> Option<Rule> {
         // The chat template and what reaches it.
         // `chat_template_kwargs` is declared and read by the route; a
         // template from the request is code this server does not run.
-        "chat_template" | "documents" | "mm_processor_kwargs" if route == Route::Chat =>
-        {
+        "chat_template" | "documents" | "mm_processor_kwargs" if route == Route::Chat => {
             refuse(is_empty, TEMPLATE)
         }
         "continue_final_message" if route == Route::Chat => refuse(is_false, TEMPLATE),

@@ -246,9 +246,14 @@ mod tests {
     fn shape(open: Option<bool>, tools: bool) -> Shape {
         Shape {
             reasoning: open,
-            tools: tools.then(|| (ToolCallFormat::Qwen3Xml, vec![json!({"type": "function",
+            tools: tools.then(|| {
+                (
+                    ToolCallFormat::Qwen3Xml,
+                    vec![json!({"type": "function",
                 "function": {"name": "f", "parameters": {"type": "object",
-                "properties": {"x": {"type": "integer"}}}}})])),
+                "properties": {"x": {"type": "integer"}}}}})],
+                )
+            }),
         }
     }
 
@@ -283,13 +288,19 @@ mod tests {
         assert_eq!(r.reasoning.as_deref(), Some("hmm"));
         assert_eq!(r.content, "hi");
         let r = streamed_equals_whole(&shape(Some(false), false), " <think>\nso</think>yes");
-        assert_eq!((r.reasoning.as_deref(), r.content.as_str()), (Some("so"), "yes"));
+        assert_eq!(
+            (r.reasoning.as_deref(), r.content.as_str()),
+            (Some("so"), "yes")
+        );
         let r = streamed_equals_whole(&shape(Some(false), false), "<thin");
         assert_eq!((r.reasoning, r.content.as_str()), (None, "<thin"));
         let r = streamed_equals_whole(&shape(Some(true), false), "never closed </thi");
         assert_eq!(r.reasoning.as_deref(), Some("never closed </thi"));
         let r = streamed_equals_whole(&shape(None, false), "<think>a</think>b");
-        assert_eq!((r.reasoning, r.content.as_str()), (None, "<think>a</think>b"));
+        assert_eq!(
+            (r.reasoning, r.content.as_str()),
+            (None, "<think>a</think>b")
+        );
     }
 
     #[test]
@@ -305,7 +316,9 @@ mod tests {
     #[test]
     fn prompts_that_open_reasoning() {
         assert!(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
-        assert!(!prompt_opens_reasoning("assistant\n<think>\n\n</think>\n\n"));
+        assert!(!prompt_opens_reasoning(
+            "assistant\n<think>\n\n</think>\n\n"
+        ));
         assert!(!prompt_opens_reasoning("<|im_start|>assistant\n"));
     }
 }

@@ -301,8 +301,14 @@ mod tests {
     fn xml_parameters_follow_the_schema() {
         let tools = weather(json!("required"), false);
         let g = grammar(ToolCallFormat::Qwen3Xml, &tools, Think::No, &tokenizer()).unwrap();
-        assert!(g.contains(r#""Paris\n</parameter>\n" | "Tokyo\n</parameter>\n""#), "{g}");
-        assert!(g.contains(r#"%json {"type":"integer","minimum":1,"maximum":7}"#), "{g}");
+        assert!(
+            g.contains(r#""Paris\n</parameter>\n" | "Tokyo\n</parameter>\n""#),
+            "{g}"
+        );
+        assert!(
+            g.contains(r#"%json {"type":"integer","minimum":1,"maximum":7}"#),
+            "{g}"
+        );
         assert!(g.contains(r"/[^<]{0,8}\n<\/parameter>\n/"), "{g}");
         assert!(g.contains("p_0_0 p_0_1 p_0_2?"), "{g}");
         assert!(g.starts_with("start: call\n"), "{g}");

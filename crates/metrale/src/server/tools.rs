@@ -268,10 +268,22 @@ mod tests {
         assert!(read(None, Some(&json!("auto")), None).unwrap().is_none());
         for (tools, choice, named) in [
             (json!({"a": 1}), None, "tools"),
-            (json!([tool("a"), {"type": "retrieval"}]), None, "tools[1].type"),
-            (json!([{"type": "function", "function": {}}]), None, "tools[0].function.name"),
+            (
+                json!([tool("a"), {"type": "retrieval"}]),
+                None,
+                "tools[1].type",
+            ),
+            (
+                json!([{"type": "function", "function": {}}]),
+                None,
+                "tools[0].function.name",
+            ),
             (json!([tool("a b")]), None, "tools[0].function.name"),
-            (json!([tool("a"), tool("a")]), None, "tools[1].function.name"),
+            (
+                json!([tool("a"), tool("a")]),
+                None,
+                "tools[1].function.name",
+            ),
             (
                 json!([{"type": "function", "function": {"name": "a", "parameters": 3}}]),
                 None,

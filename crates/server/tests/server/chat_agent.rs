@@ -54,7 +54,9 @@ fn write_agent_fixture() -> PathBuf {
         c["text_config"]["max_position_embeddings"] = json!(8192);
     });
     let template = std::fs::read_to_string(src.join("../templates/qwen3_5.jinja")).unwrap();
-    edit("tokenizer_config.json", &|c| c["chat_template"] = json!(template));
+    edit("tokenizer_config.json", &|c| {
+        c["chat_template"] = json!(template)
+    });
     dir
 }
 
@@ -151,7 +153,10 @@ fn reasoning_is_split_from_the_answer() {
     off["structured_outputs"] = json!({"regex": "plain"});
     let r = chat(&server, off);
     let m = &r["choices"][0]["message"];
-    assert_eq!((&m["content"], m.get("reasoning_content")), (&json!("plain"), None));
+    assert_eq!(
+        (&m["content"], m.get("reasoning_content")),
+        (&json!("plain"), None)
+    );
 }
 
 #[test]
@@ -172,15 +177,25 @@ fn a_forced_call_streamed_and_not() {
             assert_eq!(c["type"], "function");
             let f = &c["function"];
             let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
-            assert!(["Paris", "Tokyo"].contains(&args["city"].as_str().unwrap()), "{args}");
+            assert!(
+                ["Paris", "Tokyo"].contains(&args["city"].as_str().unwrap()),
+                "{args}"
+            );
             assert!((1..=7).contains(&args["days"].as_i64().unwrap()), "{args}");
-            (f["name"].as_str().unwrap().into(), f["arguments"].as_str().unwrap().into())
+            (
+                f["name"].as_str().unwrap().into(),
+                f["arguments"].as_str().unwrap().into(),
+            )
         })
         .collect();
     let chunks = stream(&server, body);
     let mut streamed: Vec<(String, String)> = Vec::new();
     for c in &chunks {
-        for d in c["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten() {
+        for d in c["choices"][0]["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             let i = d["index"].as_u64().unwrap() as usize;
             if let Some(name) = d["function"]["name"].as_str() {
                 assert_eq!(i, streamed.len(), "calls start in order");
@@ -191,7 +206,10 @@ fn a_forced_call_streamed_and_not() {
         }
     }
     assert_eq!(streamed, whole);
-    let last = chunks.iter().rev().find(|c| c["choices"][0]["finish_reason"].is_string());
+    let last = chunks
+        .iter()
+        .rev()
+        .find(|c| c["choices"][0]["finish_reason"].is_string());
     assert_eq!(last.unwrap()["choices"][0]["finish_reason"], "tool_calls");
 }
 
@@ -199,8 +217,16 @@ fn a_forced_call_streamed_and_not() {
 fn bad_tools_are_refused_by_name() {
     let server = agent_server();
     for (tools, choice, named) in [
-        (json!([{"type": "function", "function": {"name": ""}}]), json!("auto"), "tools[0]"),
-        (json!([weather_tool(), {"type": "code"}]), json!("auto"), "tools[1].type"),
+        (
+            json!([{"type": "function", "function": {"name": ""}}]),
+            json!("auto"),
+            "tools[0]",
+        ),
+        (
+            json!([weather_tool(), {"type": "code"}]),
+            json!("auto"),
+            "tools[1].type",
+        ),
         (
             json!([weather_tool()]),
             json!({"type": "function", "function": {"name": "nope"}}),
@@ -256,6 +282,9 @@ fn the_official_client_runs_a_tool_loop() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stdout}{stderr}");
-    assert!(out.status.success(), "agent_client.py failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "agent_client.py failed:\n{stdout}\n{stderr}"
+    );
     assert!(stdout.contains(" 0 failed"), "{stdout}");
 }

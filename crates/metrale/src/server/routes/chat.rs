@@ -38,8 +38,8 @@ use crate::server::error::ApiError;
 use crate::server::openai::{ChatRequest, Content, Message, Sampling};
 use crate::server::reply::{self, Shape};
 use crate::server::sse::Events;
-use crate::server::tool_grammar::{self, Think};
 use crate::server::state::{AppState, off_the_workers, unix_now};
+use crate::server::tool_grammar::{self, Think};
 
 pub async fn handler(
     State(state): State<Arc<AppState>>,
@@ -318,4 +318,3 @@ fn text_of(content: Option<&Content>) -> String {
             .collect(),
     }
 }
-

@@ -216,8 +216,8 @@ impl Format for Chat {
                 if self.shape.reads() {
                     let reply = whole(&self.shape, &c.text);
                     calls = reply.calls.len();
-                    let empty = reply.content.is_empty()
-                        && (calls > 0 || reply.reasoning.is_some());
+                    let empty =
+                        reply.content.is_empty() && (calls > 0 || reply.reasoning.is_some());
                     message["content"] = if empty {
                         Value::Null
                     } else {
