@@ -48,10 +48,27 @@ pub use spans::{RenderedChat, encode_chat};
 const TEMPLATE_NAME: &str = "chat_template";
 
 /// One message of a conversation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Beside role and content, what agent conversations hand the template:
+/// templates read `message.reasoning_content` (an earlier turn's thinking),
+/// `message.tool_calls[i].function.{name, arguments}` (arguments as a
+/// mapping: the Qwen and Hermes templates iterate over them) and
+/// `message.tool_call_id` of a `tool` message. A field left `None` is
+/// undefined to the template, as transformers leaves a key not given.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// OpenAI's `[{id, type, function: {name, arguments}}]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A participant's (or a tool result's function's) name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -59,7 +76,31 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            ..Self::default()
         }
+    }
+
+    /// The text the message gives the template beside its role and
+    /// content, as `(what, text)`: a template writes it as its own markup,
+    /// so it must hold no special token (see [`RenderedChat::loose`]).
+    pub fn side_text(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Some(r) = &self.reasoning_content {
+            out.push(("reasoning_content", r.clone()));
+        }
+        if let Some(calls) = &self.tool_calls {
+            out.push((
+                "tool_calls",
+                serde_json::Value::from(calls.clone()).to_string(),
+            ));
+        }
+        if let Some(id) = &self.tool_call_id {
+            out.push(("tool_call_id", id.clone()));
+        }
+        if let Some(name) = &self.name {
+            out.push(("name", name.clone()));
+        }
+        out
     }
 }
 

@@ -364,7 +364,7 @@ def errors(client, spec, keyed_url, key):
     expect_error(openai.BadRequestError,
                  lambda: client.chat.completions.create(
                      model=m, messages=[{"role": "user", "content": "hi"}],
-                     tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+                     tools=[{"type": "function", "function": {"name": "f g", "parameters": {}}}]),
                  "tools", 400)
     expect_error(openai.BadRequestError,
                  lambda: client.chat.completions.create(model=m, messages=[]),

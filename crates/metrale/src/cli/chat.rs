@@ -25,6 +25,7 @@ use metrale::{ChatMessage, ChatTokens, Generator, StreamEvent};
 use metrale_model_engine::chat::ChatTemplate;
 
 use super::generate::{ModelArgs, SamplingArgs, summary};
+use metrale::server::reply::{self, Piece, ReplyStream, Shape};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -40,6 +41,11 @@ pub struct Args {
     /// without a reasoning block. Default: the template's own default.
     #[arg(long, value_enum, value_name = "on|off")]
     pub think: Option<Think>,
+    /// Leaves the model's reasoning (`<think>…</think>`, where the chat
+    /// template has it) out of the printed reply; by default it is shown
+    /// before the answer, dimmed on a terminal. The conversation keeps it.
+    #[arg(long)]
+    pub hide_reasoning: bool,
     /// Prints each turn's rendered prompt (the chat template's output) to
     /// stderr before the reply.
     #[arg(long)]
@@ -280,6 +286,7 @@ fn turn(
     let params = args.sampling.params(generator, ids.len())?;
     let hits_before = generator.engine().stats().prefix_hit_tokens;
     let mut out = std::io::stdout().lock();
+    let mut shown = Shown::new(template, render.text(), args);
     let mut text = String::new();
     let mut generated = Vec::new();
     let mut finished = None;
@@ -297,9 +304,7 @@ fn turn(
                     token, text: delta, ..
                 } => {
                     generated.push(token);
-                    out.write_all(delta.as_bytes())
-                        .context("writing to stdout")?;
-                    out.flush().context("writing to stdout")?;
+                    shown.write(&mut out, &delta, false)?;
                     text.push_str(&delta);
                 }
                 StreamEvent::Finished {
@@ -311,6 +316,7 @@ fn turn(
             }
         }
     }
+    shown.write(&mut out, "", true)?;
     writeln!(out)?;
     out.flush()?;
     match finished {
@@ -333,6 +339,73 @@ fn turn(
         }
     }
     Ok(text)
+}
+
+/// How a reply is printed: its reasoning split out (where the template
+/// has reasoning and `--think off` did not turn it off) and dimmed on a
+/// terminal, or left out with `--hide-reasoning`; the answer as it comes.
+struct Shown {
+    reader: Option<ReplyStream>,
+    hide: bool,
+    dim: bool,
+    /// Whether the last thing printed was reasoning.
+    in_reasoning: bool,
+}
+
+const DIM: &str = "\x1b[2m";
+const RESET: &str = "\x1b[0m";
+
+impl Shown {
+    fn new(template: &ChatTemplate, prompt: &str, args: &Args) -> Self {
+        let reasons = reply::template_reasons(template.source()) && args.think != Some(Think::Off);
+        let shape = Shape {
+            reasoning: Some(reply::prompt_opens_reasoning(prompt)),
+            tools: None,
+        };
+        Self {
+            reader: reasons.then(|| ReplyStream::new(&shape)),
+            hide: args.hide_reasoning,
+            dim: std::io::stdout().is_terminal(),
+            in_reasoning: false,
+        }
+    }
+
+    /// Prints `delta` (and, at the `end`, what the reader held back).
+    fn write(&mut self, out: &mut impl Write, delta: &str, end: bool) -> Result<()> {
+        let Some(reader) = &mut self.reader else {
+            out.write_all(delta.as_bytes())
+                .context("writing to stdout")?;
+            return out.flush().context("writing to stdout");
+        };
+        let mut pieces = reader.push(delta);
+        if end {
+            pieces.extend(reader.finish());
+        }
+        for piece in pieces {
+            match piece {
+                Piece::Reasoning(t) if !self.hide => {
+                    if !self.in_reasoning && self.dim {
+                        out.write_all(DIM.as_bytes())?;
+                    }
+                    self.in_reasoning = true;
+                    out.write_all(t.as_bytes())?;
+                }
+                Piece::Content(t) => {
+                    if self.in_reasoning {
+                        out.write_all(if self.dim { RESET } else { "" }.as_bytes())?;
+                        out.write_all(b"\n\n")?;
+                        self.in_reasoning = false;
+                    }
+                    out.write_all(t.as_bytes())?;
+                }
+                _ => {}
+            }
+        }
+        if end && self.in_reasoning && self.dim {
+            out.write_all(RESET.as_bytes())?;
+        }
+        out.flush().context("writing to stdout")
+    }
 }
 
 /// Removes the oldest message after any system message, keeping the last

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::engine::chat::tools::ToolCallFormat;
 use crate::flags::{ArithDType, KvDType, PrefixCacheArgs, StateDType, parse_memory};
 use crate::server::{AppState, ConnConfig, HostPolicy, Limits, ServerConfig};
 use crate::{Device, EngineConfig, Generator, LoadOptions};
@@ -91,6 +92,12 @@ struct Args {
     max_waiting: usize,
     #[command(flatten)]
     limits: LimitArgs,
+    /// The syntax the model writes tool calls in: hermes, qwen3_xml,
+    /// llama3_json, mistral, granite, nemotron, pythonic (default: detected
+    /// from the chat template, else the model type; requests with tools
+    /// are refused when neither shows one).
+    #[arg(long, value_name = "NAME", value_parser = parse_tool_format)]
+    tool_call_parser: Option<ToolCallFormat>,
     /// Log more to stderr (-v info, -vv debug).
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -172,6 +179,13 @@ impl LimitArgs {
             shutdown_timeout: seconds("--shutdown-timeout", self.shutdown_timeout)?,
         })
     }
+}
+
+fn parse_tool_format(name: &str) -> std::result::Result<ToolCallFormat, String> {
+    ToolCallFormat::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = ToolCallFormat::ALL.iter().map(|f| f.name()).collect();
+        format!("not a tool-call format; one of {}", names.join(", "))
+    })
 }
 
 /// A positive, finite number of seconds.
@@ -278,6 +292,7 @@ fn run(args: Args) -> Result<()> {
         body_timeout,
         limits: args.limits.limits(),
         hosts: HostPolicy::new(bound.ip(), args.limits.allowed_hosts.as_deref()),
+        tool_call_parser: args.tool_call_parser,
     };
     let state = Arc::new(AppState::new(generator, config)?);
     runtime.block_on(async {

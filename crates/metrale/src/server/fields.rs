@@ -1,7 +1,7 @@
 //! The rule for every request field, so that nothing is silently ignored.
 //!
 //! A field the request types declare is honoured (or refused by its route
-//! with a reason, as `echo` and `tools` are). Every other field lands in
+//! with a reason, as `echo` and the legacy `functions` are). Every other field lands in
 //! the request's `extra` map and is judged here:
 //!
 //! - a field that changes the output (its format, content, sampling or
@@ -90,8 +90,6 @@ fn rule(route: Route, name: &str) -> Option<Rule> {
         "store" => refuse(is_false, "this server stores no completions"),
         // OpenAI's predicted outputs speed a reply up; they never change it.
         "prediction" => Some(Label),
-        // Only meaningful with tools, which the chat route refuses.
-        "parallel_tool_calls" if route == Route::Chat => Some(Label),
         // Output format and structure: `structured::constraint` reads them.
         _ if crate::server::structured::FIELDS.contains(&name) => Some(Read),
         "guided_whitespace_pattern" => Some(Read),
@@ -114,9 +112,9 @@ fn rule(route: Route, name: &str) -> Option<Rule> {
         "use_beam_search" => refuse(is_false, "this server samples; it has no beam search"),
         "length_penalty" => refuse(never, "this server has no beam search"),
         // The chat template and what reaches it.
-        "chat_template" | "chat_template_kwargs" | "documents" | "mm_processor_kwargs"
-            if route == Route::Chat =>
-        {
+        // `chat_template_kwargs` is declared and read by the route; a
+        // template from the request is code this server does not run.
+        "chat_template" | "documents" | "mm_processor_kwargs" if route == Route::Chat => {
             refuse(is_empty, TEMPLATE)
         }
         "continue_final_message" if route == Route::Chat => refuse(is_false, TEMPLATE),
@@ -149,8 +147,9 @@ pub fn check(route: Route, extra: &Map<String, Value>) -> Result<(), ApiError> {
 }
 
 /// Refuses what a chat message holds that the conversation would lose:
-/// a content part other than text (an image, audio, a file), or a tool
-/// call or result (no tool calling yet). `name` is a label.
+/// a content part other than text (an image, audio, a file), or a legacy
+/// `function_call`. `tool_calls`, `tool_call_id`, `reasoning_content` and
+/// `name` reach the template ([`messages_of`](crate::server::routes::chat)).
 pub fn check_message(index: usize, message: &Message) -> Result<(), ApiError> {
     if let Some(Content::Parts(parts)) = &message.content
         && let Some((j, part)) = parts.iter().enumerate().find(|(_, p)| p.kind != "text")
@@ -166,12 +165,12 @@ pub fn check_message(index: usize, message: &Message) -> Result<(), ApiError> {
     }
     for (name, value) in &message.extra {
         match name.as_str() {
-            "name" => {}
+            "name" | "tool_calls" | "tool_call_id" | "reasoning_content" => {}
             _ if value.is_null() || is_empty(value) => {}
-            "tool_calls" | "tool_call_id" | "function_call" => {
+            "function_call" => {
                 return Err(ApiError::UnsupportedField {
                     name: format!("messages[{index}].{name}"),
-                    why: "tool calling is not supported by this server yet",
+                    why: "the legacy function calling is not supported; give `tool_calls`",
                 });
             }
             _ => tracing::debug!("message field {name:?} is not one this server knows; ignored"),
@@ -196,7 +195,7 @@ mod tests {
         for bad in [
             json!({"logit_bias": {"50256": -100}}),
             json!({"min_tokens": 4}),
-            json!({"chat_template_kwargs": {"enable_thinking": false}}),
+            json!({"chat_template": "{{ messages }}"}),
             json!({"store": true}),
             json!({"modalities": ["text", "audio"]}),
         ] {

@@ -27,10 +27,13 @@ pub mod fields;
 pub mod listen;
 pub mod metrics;
 pub mod openai;
+pub mod reply;
 pub mod routes;
 pub mod sse;
 pub mod state;
 pub mod structured;
+pub mod tool_grammar;
+pub mod tools;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

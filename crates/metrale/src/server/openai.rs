@@ -261,6 +261,11 @@ pub struct ChatRequest {
     pub top_logprobs: Option<u64>,
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
+    /// Whether a reply may make more than one call (default true).
+    pub parallel_tool_calls: Option<Value>,
+    /// vLLM's: extra variables for the chat template, such as
+    /// `{"enable_thinking": false}`.
+    pub chat_template_kwargs: Option<Value>,
     pub functions: Option<Value>,
     pub function_call: Option<Value>,
     /// vLLM's: whether the template opens the assistant's turn (default

@@ -131,6 +131,17 @@ pub trait Format: Send + Sync + 'static {
     }
     /// A chunk carrying `text` (and the token's logprob, when asked) of a choice.
     fn delta(&self, index: usize, text: &str, logprob: Option<&TokenLogprob>) -> Value;
+    /// The chunks a piece of text makes: [`delta`](Self::delta)'s one,
+    /// unless the route reads the text as it comes (chat's reasoning and
+    /// tool calls), when a piece may make several or none.
+    fn deltas(&self, index: usize, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Value> {
+        vec![self.delta(index, text, logprob)]
+    }
+    /// The chunks of what a choice's reader held back, sent before its
+    /// [`finish`](Self::finish).
+    fn flush(&self, _index: usize) -> Vec<Value> {
+        Vec::new()
+    }
     /// The last chunk of a choice.
     fn finish(&self, index: usize, reason: &Finish) -> Value;
     /// The chunk with the usage (`stream_options.include_usage`).
@@ -258,8 +269,9 @@ impl Events {
                         }) => {
                             let lp = state.events.logprob(token, logprob, &top_logprobs);
                             if !text.is_empty() || lp.is_some() {
-                                let chunk = state.format.delta(index, &text, lp.as_ref());
-                                state.pending.push_back(data(&chunk));
+                                for chunk in state.format.deltas(index, &text, lp.as_ref()) {
+                                    state.pending.push_back(data(&chunk));
+                                }
                             }
                         }
                         // Asked for by completions' echo, which is not
@@ -268,6 +280,9 @@ impl Events {
                         Ok(StreamEvent::Finished { reason, usage, .. }) => {
                             add_usage(&mut state.usage, &usage, index, state.events.n);
                             state.events.ended(index);
+                            for chunk in state.format.flush(index) {
+                                state.pending.push_back(data(&chunk));
+                            }
                             let chunk = state.format.finish(index, &reason);
                             state.pending.push_back(data(&chunk));
                             left -= 1;

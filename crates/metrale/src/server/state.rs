@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::engine::chat::ChatTemplate;
+use crate::engine::chat::tools::ToolCallFormat;
 use crate::engine::engine::EngineGauges;
 use crate::engine::tokenizer::Tokenizer;
 use crate::{CancelOnDrop, EventSink, Generator, GeneratorHandle, SamplingParams, StreamEvent};
@@ -35,6 +36,9 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Which Host headers are answered (403 otherwise).
     pub hosts: HostPolicy,
+    /// The syntax the model writes tool calls in (`--tool-call-parser`);
+    /// `None`: detected from the chat template and model type.
+    pub tool_call_parser: Option<ToolCallFormat>,
 }
 
 impl Default for ServerConfig {
@@ -47,6 +51,7 @@ impl Default for ServerConfig {
             body_timeout: Duration::from_secs(30),
             limits: Limits::default(),
             hosts: HostPolicy::Any,
+            tool_call_parser: None,
         }
     }
 }
@@ -128,6 +133,9 @@ pub struct AppState {
     pub model_dir: PathBuf,
     /// The model's chat template, or why it has none (then chat gets 400).
     pub template: Result<ChatTemplate, String>,
+    /// The syntax the model writes tool calls in, if known (a request with
+    /// tools gets 400 otherwise).
+    pub tool_format: Option<ToolCallFormat>,
     /// Longest prompt plus output.
     pub context_limit: usize,
     pub config: ServerConfig,
@@ -154,6 +162,10 @@ impl AppState {
                 .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
         });
         let template = generator.chat_template().map_err(|e| format!("{e:#}"));
+        let model_type = generator.engine().model().config().model_type.as_str();
+        let tool_format = config.tool_call_parser.or_else(|| {
+            ToolCallFormat::detect(model_type, template.as_ref().ok().map(|t| t.source()))
+        });
         let context_limit = generator.engine().context_limit();
         let gauges = generator.engine().gauges();
         let handle = generator.spawn()?;
@@ -163,6 +175,7 @@ impl AppState {
             model_name,
             model_dir,
             template,
+            tool_format,
             context_limit,
             metrics: Arc::new(Metrics::default()),
             gauges,

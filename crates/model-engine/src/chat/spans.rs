@@ -76,7 +76,10 @@ impl ChatTemplate {
         let placeholders: Vec<ChatMessage> = messages
             .iter()
             .enumerate()
-            .map(|(i, m)| ChatMessage::new(m.role.clone(), placeholder(i)))
+            .map(|(i, m)| ChatMessage {
+                content: placeholder(i),
+                ..m.clone()
+            })
             .collect();
         let aligned = self
             .render_limited(&placeholders, add_generation_prompt, extra, max_bytes)
@@ -88,6 +91,17 @@ impl ChatTemplate {
         };
         for (i, m) in messages.iter().enumerate() {
             loose.push((format!("message {i}'s role"), m.role.clone()));
+            for (what, text) in m.side_text() {
+                loose.push((format!("message {i}'s {what}"), text));
+            }
+        }
+        // Extra variables (`tools`, ...) are written by the template as its
+        // own markup too: a special token in them would become a control
+        // token, so they are listed (and refused if they hold one).
+        for (name, value) in extra {
+            if !value.is_boolean() && !value.is_null() {
+                loose.push((format!("the template variable {name}"), value.to_string()));
+            }
         }
         Ok(RenderedChat {
             text,

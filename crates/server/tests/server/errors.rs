@@ -71,10 +71,17 @@ fn bad_requests_are_openai_shaped() {
     let e = post(
         server.addr,
         "/v1/chat/completions",
-        &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}),
+        &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f g"}}]}),
     )
     .error(400);
-    assert!(e["message"].as_str().unwrap().contains("tool"), "{e}");
+    assert_eq!(e["param"], "tools", "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("tools[0].function.name"),
+        "{e}"
+    );
     post(
         server.addr,
         "/v1/chat/completions",
@@ -105,7 +112,7 @@ fn bad_requests_are_openai_shaped() {
     }
 
     // Nothing that would change the reply is silently dropped: a logit
-    // bias, template arguments are refused naming the field; their inert
+    // bias, a template of the request's own are refused naming the field; their inert
     // values, labels and fields nobody defines pass.
     let chat = |extra: serde_json::Value| {
         let mut body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
@@ -116,10 +123,7 @@ fn bad_requests_are_openai_shaped() {
     };
     for (extra, param) in [
         (json!({"logit_bias": {"5": 10}}), "logit_bias"),
-        (
-            json!({"chat_template_kwargs": {"enable_thinking": false}}),
-            "chat_template_kwargs",
-        ),
+        (json!({"chat_template": "{{ messages }}"}), "chat_template"),
         (json!({"min_tokens": 3}), "min_tokens"),
     ] {
         let e = chat(extra.clone()).error(400);
@@ -130,6 +134,7 @@ fn bad_requests_are_openai_shaped() {
         json!({"response_format": {"type": "text"}, "logit_bias": {}, "min_tokens": 0}),
         json!({"user": "u", "metadata": {"k": "v"}, "store": false, "service_tier": "auto"}),
         json!({"x_gateway_trace_id": "abc", "skip_special_tokens": false}),
+        json!({"chat_template_kwargs": {"enable_thinking": false}}),
     ] {
         let r = chat(extra.clone());
         assert_eq!(r.status, 200, "{extra}: {}", r.body);
@@ -166,18 +171,27 @@ fn bad_requests_are_openai_shaped() {
         &json!({"prompt": "x", "max_tokens": 4, "response_format": {"type": "json_object"}}),
     );
     assert_eq!(r.status, 200, "{}", r.body);
-    // A message's image, or a tool call in the history, is refused where
-    // it stands, never dropped; a participant's `name` is a label.
+    // A message's image, a legacy function call or a malformed tool call
+    // in the history is refused where it stands, never dropped; a
+    // participant's `name` reaches the template.
     let image = json!([{"type": "text", "text": "what is this?"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]);
     let e = chat(json!({"messages": [{"role": "user", "content": image}]})).error(400);
     assert_eq!(e["param"], "messages[0].content[1]", "{e}");
     let call =
-        json!([{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]);
+        json!([{"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]);
     let history = json!([{"role": "user", "content": "hi"},
         {"role": "assistant", "content": null, "tool_calls": call}]);
     let e = chat(json!({"messages": history})).error(400);
-    assert_eq!(e["param"], "messages[1].tool_calls", "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.contains("messages[1].tool_calls[0].function.arguments"),
+        "{e}"
+    );
+    let legacy = json!([{"role": "user", "content": "hi"},
+        {"role": "assistant", "content": null, "function_call": {"name": "f", "arguments": "{}"}}]);
+    let e = chat(json!({"messages": legacy})).error(400);
+    assert_eq!(e["param"], "messages[1].function_call", "{e}");
     let named = json!([{"role": "user", "content": "hi", "name": "ada"}]);
     assert_eq!(chat(json!({"messages": named})).status, 200);
 }

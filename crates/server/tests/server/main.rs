@@ -3,6 +3,7 @@
 //! link is most of a cold test build saved (`cargo test --test server
 //! <module>::` runs one module).
 
+mod chat_agent;
 mod cli;
 mod common;
 mod errors;

@@ -1,6 +1,7 @@
 //! The routes, and the layers around them (API key, request counting).
 
 pub mod chat;
+mod chat_format;
 pub mod completions;
 pub mod tokens;
 

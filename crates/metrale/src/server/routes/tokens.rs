@@ -29,6 +29,10 @@ pub struct TokenizeRequest {
     add_special_tokens: Option<bool>,
     /// For messages (default true): the template opens the assistant's turn.
     add_generation_prompt: Option<bool>,
+    /// For messages: extra template variables, as on the chat route.
+    chat_template_kwargs: Option<Value>,
+    /// For messages: tools for the template, as on the chat route.
+    tools: Option<Value>,
     /// Each id's text beside it (`token_strs`).
     #[serde(default)]
     return_token_strs: bool,
@@ -61,6 +65,11 @@ pub async fn tokenize(
         let state = state.clone();
         match (request.prompt, request.messages) {
             (Some(prompt), None) => {
+                if request.chat_template_kwargs.is_some() || request.tools.is_some() {
+                    return Err(ApiError::bad(
+                        "chat_template_kwargs and tools are for `messages`, not a `prompt`",
+                    ));
+                }
                 let special = request.add_special_tokens.unwrap_or(true);
                 off_the_workers(move || {
                     state.tokenizer().encode(&prompt, special).map_err(|e| {
@@ -77,8 +86,14 @@ pub async fn tokenize(
                     ));
                 }
                 let messages = super::chat::messages_of(&messages)?;
+                let mut vars = super::chat::template_vars(request.chat_template_kwargs.as_ref())?;
+                if let Some(t) = crate::server::tools::read(request.tools.as_ref(), None, None)? {
+                    vars.push(("tools".into(), Value::Array(t.list)));
+                }
                 let open = request.add_generation_prompt.unwrap_or(true);
-                off_the_workers(move || super::chat::render(&state, &messages, open)).await?
+                off_the_workers(move || super::chat::render(&state, &messages, open, &vars))
+                    .await?
+                    .0
             }
             _ => {
                 return Err(ApiError::bad(
