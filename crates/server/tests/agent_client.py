@@ -17,37 +17,13 @@ exits 1 if any failed.
 
 import json
 import sys
-import traceback
 
 import jsonschema
 import openai
 from openai import OpenAI
+from client_checks import check, report, section
 
-FAILURES = []
-PASSED = 0
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
-
-
-def check(cond, what):
-    global PASSED
-    if cond:
-        PASSED += 1
-    else:
-        FAILURES.append(what)
-        print(f"FAIL: {what}", flush=True)
-
-
-def section(fn):
-    def run(*args):
-        try:
-            fn(*args)
-        except Exception as e:  # noqa: BLE001 - reported, not hidden
-            FAILURES.append(f"{fn.__name__}: {type(e).__name__}: {e}")
-            print(f"FAIL: {fn.__name__} raised", flush=True)
-            traceback.print_exc()
-
-    run.__name__ = fn.__name__
-    return run
 
 
 def schemas(spec):
@@ -149,12 +125,7 @@ def main():
     client = OpenAI(base_url=spec["base_url"], api_key="unused", max_retries=0, timeout=300)
     forced_call(client, spec)
     bad_tools(client, spec)
-    print(f"{PASSED} checks passed, {len(FAILURES)} failed", flush=True)
-    if FAILURES:
-        print("FAILED CHECKS:", flush=True)
-        for f in FAILURES:
-            print(f"  - {f}", flush=True)
-        sys.exit(1)
+    report()
 
 
 if __name__ == "__main__":

@@ -13,56 +13,11 @@ printed, and the script exits 1 if any check failed, 0 otherwise.
 import json
 import math
 import sys
-import traceback
 
 import openai
 from openai import OpenAI
+from client_checks import check, expect_error, report, section
 
-FAILURES = []
-PASSED = 0
-
-
-def check(cond, what):
-    global PASSED
-    if cond:
-        PASSED += 1
-    else:
-        FAILURES.append(what)
-        print(f"FAIL: {what}", flush=True)
-
-
-def section(fn):
-    """Runs one group of checks; an exception is a failure of the group."""
-
-    def run(*args):
-        try:
-            fn(*args)
-        except Exception as e:  # noqa: BLE001 - reported, not hidden
-            FAILURES.append(f"{fn.__name__}: {type(e).__name__}: {e}")
-            print(f"FAIL: {fn.__name__} raised", flush=True)
-            traceback.print_exc()
-
-    run.__name__ = fn.__name__
-    return run
-
-
-def expect_error(kind, call, what, status=None, code=None):
-    """`call()` must raise the client's `kind` (with `status` and error `code`)."""
-    try:
-        call()
-    except kind as e:
-        check(status is None or e.status_code == status,
-              f"{what}: status {e.status_code}, expected {status}")
-        check(code is None or e.code == code,
-              f"{what}: error code {e.code!r}, expected {code!r}")
-        body = e.body if isinstance(e.body, dict) else {}
-        check(isinstance(body.get("message"), str) and body["message"],
-              f"{what}: the error has no message: {e.body!r}")
-        return
-    except Exception as e:  # noqa: BLE001
-        check(False, f"{what}: raised {type(e).__name__} ({e}), expected {kind.__name__}")
-        return
-    check(False, f"{what}: no error, expected {kind.__name__}")
 
 
 @section
@@ -406,12 +361,7 @@ def main():
         logprobs(client, spec)
         echo(client, spec)
         errors(client, spec, spec["keyed_base_url"], spec["api_key"])
-    print(f"{PASSED} checks passed, {len(FAILURES)} failed", flush=True)
-    if FAILURES:
-        print("FAILED CHECKS:", flush=True)
-        for f in FAILURES:
-            print(f"  - {f}", flush=True)
-        sys.exit(1)
+    report()
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import json
 import re
 import sys
 import threading
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -40,8 +39,9 @@ import openai
 from jsonschema import Draft202012Validator
 from openai import OpenAI
 
-FAILURES = []
-PASSED = 0
+import client_checks
+from client_checks import FAILURES, check, section
+
 REQUESTS = 0
 LONGEST = (0, "")  # (characters, which request)
 LOCK = threading.Lock()
@@ -54,30 +54,6 @@ REGEX = "[0-9]{3}-[a-z]{2}"
 GRAMMAR = 'start: "ab" | "cd" DIGIT DIGIT?\n%import common.DIGIT\n'
 GRAMMAR_MATCH = re.compile(r"ab|cd[0-9]{1,2}")
 MALFORMED_SCHEMA = {"type": "object", "properties": 5}
-
-
-def check(cond, what):
-    global PASSED
-    if cond:
-        PASSED += 1
-    else:
-        FAILURES.append(what)
-        print(f"FAIL: {what}", flush=True)
-
-
-def section(fn):
-    """Runs one group of checks; an exception is a failure of the group."""
-
-    def run(*args):
-        try:
-            fn(*args)
-        except Exception as e:  # noqa: BLE001 - reported, not hidden
-            FAILURES.append(f"{fn.__name__}: {type(e).__name__}: {e}")
-            print(f"FAIL: {fn.__name__} raised", flush=True)
-            traceback.print_exc()
-
-    run.__name__ = fn.__name__
-    return run
 
 
 def short(text, n=200):
@@ -120,22 +96,10 @@ def run_all(workers, jobs):
 
 
 def expect_error(kind, call, what, status=None):
-    """`call()` must raise the client's `kind` (with `status`) and a message."""
+    """`call()` must raise the client's `kind` (with `status`); counted as a request."""
     global REQUESTS
     REQUESTS += 1
-    try:
-        call()
-    except kind as e:
-        check(status is None or e.status_code == status,
-              f"{what}: status {e.status_code}, expected {status}")
-        body = e.body if isinstance(e.body, dict) else {}
-        check(isinstance(body.get("message"), str) and body["message"],
-              f"{what}: the error has no message: {e.body!r}")
-        return
-    except Exception as e:  # noqa: BLE001
-        check(False, f"{what}: raised {type(e).__name__} ({e}), expected {kind.__name__}")
-        return
-    check(False, f"{what}: no error, expected {kind.__name__}")
+    client_checks.expect_error(kind, call, what, status)
 
 
 # ----------------------------------------------------------------- requests
@@ -349,13 +313,9 @@ def main():
     # The server still answers after all that.
     run_all(1, [("after the errors", chat_request(client, spec, spec["seeds"][0],
                  extra_body={"guided_choice": CHOICES}), choice_checker(CHOICES))])
-    print(f"structured: {REQUESTS} requests, {len(FAILURES)} failures, {PASSED} checks passed, "
-          f"longest reply {LONGEST[0]} chars ({LONGEST[1] or 'none'})", flush=True)
-    if FAILURES:
-        print("FAILED CHECKS:", flush=True)
-        for f in FAILURES:
-            print(f"  - {f}", flush=True)
-        sys.exit(1)
+    print(f"structured: {REQUESTS} requests, longest reply {LONGEST[0]} chars "
+          f"({LONGEST[1] or 'none'})", flush=True)
+    client_checks.report()
 
 
 if __name__ == "__main__":

@@ -10,16 +10,14 @@
 //! such a reply, with a fixed seed.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use metrale_server::ServerConfig;
 use serde_json::{Value, json};
 
 use crate::common::*;
-use crate::openai_client::{OPENAI_VERSION, pip_target, python, run_bounded};
+use crate::python::{Package, run_client};
 
-const JSONSCHEMA_VERSION: &str = "4.26.0";
 const SCRIPT_LIMIT: Duration = Duration::from_secs(600);
 
 /// The qwen3_5 fixture with Qwen3.5's published chat template and room
@@ -247,13 +245,6 @@ fn bad_tools_are_refused_by_name() {
 /// The tool loop through the official client: `agent_client.py`.
 #[test]
 fn the_official_client_runs_a_tool_loop() {
-    let paths: Vec<PathBuf> = [
-        pip_target("openai", "openai", OPENAI_VERSION),
-        pip_target("jsonschema", "jsonschema", JSONSCHEMA_VERSION),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
     let server = agent_server();
     let spec = json!({
         "base_url": format!("http://{}/v1", server.addr),
@@ -261,30 +252,11 @@ fn the_official_client_runs_a_tool_loop() {
         "tools": [weather_tool(), {"type": "function", "function": {"name": "now",
             "parameters": {"type": "object", "properties": {}}}}],
     });
-    let spec_path = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("agent-client-spec-{}.json", std::process::id()));
-    std::fs::write(&spec_path, spec.to_string()).unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agent_client.py");
-    let mut cmd = Command::new(python());
-    cmd.arg(&script)
-        .arg(&spec_path)
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        .env_remove("HTTP_PROXY")
-        .env_remove("http_proxy")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY");
-    if !paths.is_empty() {
-        cmd.env("PYTHONPATH", std::env::join_paths(&paths).unwrap());
-    }
-    let out = run_bounded(cmd, SCRIPT_LIMIT);
-    let _ = std::fs::remove_file(&spec_path);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}{stderr}");
-    assert!(
-        out.status.success(),
-        "agent_client.py failed:\n{stdout}\n{stderr}"
+    run_client(
+        "agent_client.py",
+        "tool-loop",
+        &spec,
+        &[Package::OPENAI, Package::JSONSCHEMA],
+        SCRIPT_LIMIT,
     );
-    assert!(stdout.contains(" 0 failed"), "{stdout}");
 }

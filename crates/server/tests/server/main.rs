@@ -11,5 +11,6 @@ mod generation;
 mod hostile;
 mod load;
 mod openai_client;
+mod python;
 mod structured;
 mod tokens;

@@ -10,142 +10,19 @@
 
 use crate::common;
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::python::{Package, run_client};
 use common::*;
 use metrale::{ChatMessage, Finish, SamplingParams};
 use metrale_server::ServerConfig;
 use serde_json::json;
-
-/// The `openai` package version the test installs when python3 has none
-/// (`.ci/run` installs the same).
-pub(crate) const OPENAI_VERSION: &str = "1.109.1";
 
 const PROMPT: &str = "The quick brown fox";
 const MAX_TOKENS: usize = 12;
 const API_KEY: &str = "sk-metrale-test";
 /// The script takes a few seconds; past this it is killed and the test fails.
 const SCRIPT_LIMIT: Duration = Duration::from_secs(300);
-
-pub(crate) fn python() -> &'static str {
-    "python3"
-}
-
-/// `PYTHONPATH` for a python3 that imports `openai` at the pinned version:
-/// none when python3's own is that version (`.ci/run` installs it), else a
-/// directory under the target dir where pip installs it (once; later runs
-/// reuse it).
-fn openai_pythonpath() -> Option<PathBuf> {
-    pip_target("openai", "openai", OPENAI_VERSION)
-}
-
-/// A directory from which python3 imports `module` of the pip package
-/// `package` at `version`: none when python3's own is that version, else
-/// `target/tmp/pydeps-PACKAGE-VERSION`, where pip installs it once (later
-/// runs reuse it; `.ci/run` installs it there up front). Fails the test
-/// when it cannot be installed: the tests that need it are never skipped.
-pub(crate) fn pip_target(package: &str, module: &str, version: &str) -> Option<PathBuf> {
-    // The version of `package` python3 imports with `pythonpath`.
-    let installed = |pythonpath: Option<&Path>| {
-        let mut cmd = Command::new(python());
-        cmd.args([
-            "-c",
-            &format!("import {module}, importlib.metadata as m; print(m.version({package:?}))"),
-        ]);
-        if let Some(p) = pythonpath {
-            cmd.env("PYTHONPATH", p);
-        }
-        let out = cmd.output().unwrap_or_else(|e| {
-            panic!(
-                "the official-client tests need python3 on PATH to run the `{package}` \
-                 package, and running it failed: {e}"
-            )
-        });
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    };
-    if installed(None).as_deref() == Some(version) {
-        eprintln!("python3 has {package} {version}");
-        return None;
-    }
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("pydeps-{package}-{version}"));
-    if installed(Some(&dir)).as_deref() != Some(version) {
-        eprintln!("installing {package}=={version} into {}", dir.display());
-        let out = Command::new(python())
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--upgrade",
-            ])
-            .arg("--target")
-            .arg(&dir)
-            .arg(format!("{package}=={version}"))
-            .output()
-            .unwrap_or_else(|e| panic!("running `python3 -m pip install` failed: {e}"));
-        let got = installed(Some(&dir));
-        assert!(
-            out.status.success() && got.as_deref() == Some(version),
-            "could not install the `{package}` Python package ({package}=={version}) into {} \
-             with pip ({}; importing it then gives {got:?}); the official-client tests cannot \
-             run without it.\nstdout: {}\nstderr: {}",
-            dir.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-        );
-    }
-    Some(dir)
-}
-
-/// Runs `cmd` to its end, killing it (and failing) after `limit`.
-pub(crate) fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("running openai_client.py with python3");
-    // Read both pipes on threads so a full pipe never blocks the script.
-    let pipe = |r: Option<Box<dyn Read + Send>>| {
-        let mut r = r.unwrap();
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            let _ = r.read_to_end(&mut buf);
-            buf
-        })
-    };
-    let out = pipe(child.stdout.take().map(|p| Box::new(p) as _));
-    let err = pipe(child.stderr.take().map(|p| Box::new(p) as _));
-    let began = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if began.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{:?} ran past {limit:?} and was killed; its output:\n{}\n{}",
-                cmd.get_args().next().unwrap_or_default(),
-                String::from_utf8_lossy(&out.join().unwrap()),
-                String::from_utf8_lossy(&err.join().unwrap())
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    Output {
-        status,
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-    }
-}
 
 fn finish(reason: &Finish) -> &'static str {
     match reason {
@@ -157,7 +34,6 @@ fn finish(reason: &Finish) -> &'static str {
 #[test]
 fn the_official_openai_client_gets_the_library_s_outputs() {
     let started = Instant::now();
-    let pythonpath = openai_pythonpath();
 
     // The expected outputs, from the library.
     let mut g = generator();
@@ -217,7 +93,7 @@ fn the_official_openai_client_gets_the_library_s_outputs() {
         },
         "echo": {"ids": echo_ids, "logprobs": echo_logprobs, "text": echo_text},
     });
-    run_script(&spec, pythonpath.as_deref(), "official");
+    run_script(&spec, "official");
     eprintln!(
         "official-client test took {:.1} s",
         started.elapsed().as_secs_f64()
@@ -245,44 +121,16 @@ fn model_logprobs(ids: &[u32]) -> Vec<f64> {
     out
 }
 
-/// Runs `openai_client.py` on `spec` (its file named by `tag`); fails the
-/// test unless every check passed.
-fn run_script(spec: &serde_json::Value, pythonpath: Option<&Path>, tag: &str) {
-    let spec_path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "openai-client-spec-{tag}-{}.json",
-        std::process::id()
-    ));
-    std::fs::write(&spec_path, spec.to_string()).unwrap();
-
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
-    let mut cmd = Command::new(python());
-    cmd.arg(&script)
-        .arg(&spec_path)
-        // Loopback only: no proxy between the client and the server.
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("ALL_PROXY")
-        .env_remove("http_proxy")
-        .env_remove("https_proxy")
-        .env_remove("all_proxy")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY");
-    if let Some(dir) = pythonpath {
-        cmd.env("PYTHONPATH", dir);
-    }
-    let out = run_bounded(cmd, SCRIPT_LIMIT);
-    let _ = std::fs::remove_file(&spec_path);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}{stderr}");
-    assert!(
-        out.status.success(),
-        "openai_client.py failed ({}):\n{stdout}\n{stderr}",
-        out.status
+/// Runs `openai_client.py` on `spec`; fails the test unless every check
+/// passed.
+fn run_script(spec: &serde_json::Value, tag: &str) {
+    run_client(
+        "openai_client.py",
+        tag,
+        spec,
+        &[Package::OPENAI],
+        SCRIPT_LIMIT,
     );
-    assert!(stdout.contains(" 0 failed"), "{stdout}");
 }
 
 /// A model of each newer family (Qwen3.5 as published: the vision-language
@@ -291,7 +139,6 @@ fn run_script(spec: &serde_json::Value, pythonpath: Option<&Path>, tag: &str) {
 /// generation.
 #[test]
 fn every_newer_family_chats_through_the_official_client() {
-    let pythonpath = openai_pythonpath();
     for name in ["qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe"] {
         let dir = fixture().join("..").join(name);
         let greedy = SamplingParams {
@@ -336,6 +183,6 @@ fn every_newer_family_chats_through_the_official_client() {
             },
         });
         eprintln!("{name}: greedy chat {:?}", chat.text);
-        run_script(&spec, pythonpath.as_deref(), name);
+        run_script(&spec, name);
     }
 }

@@ -8,7 +8,6 @@
 //! a constrained completion, and malformed constraints refused with 400s.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use metrale::{Device, LoadOptions};
@@ -16,11 +15,7 @@ use metrale_server::ServerConfig;
 use serde_json::{Value, json};
 
 use crate::common::*;
-use crate::openai_client::{OPENAI_VERSION, pip_target, python, run_bounded};
-
-/// The `jsonschema` package version the test installs when python3 has
-/// none (`.ci/run` installs the same).
-const JSONSCHEMA_VERSION: &str = "4.26.0";
+use crate::python::{Package, run_client};
 
 /// A random model walks anywhere the grammar allows: strings at their
 /// `maxLength` of multi-byte characters, each one to four tokens. The
@@ -52,13 +47,6 @@ fn long_context_fixture() -> PathBuf {
 #[test]
 fn every_corpus_schema_validates_through_the_official_client() {
     let started = Instant::now();
-    let paths: Vec<PathBuf> = [
-        pip_target("openai", "openai", OPENAI_VERSION),
-        pip_target("jsonschema", "jsonschema", JSONSCHEMA_VERSION),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
     let options = LoadOptions {
         device: Device::Cpu,
         threads: 2,
@@ -85,35 +73,12 @@ fn every_corpus_schema_validates_through_the_official_client() {
         "max_tokens": MAX_TOKENS,
         "workers": 8,
     });
-    let spec_path = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("structured-spec-{}.json", std::process::id()));
-    std::fs::write(&spec_path, spec.to_string()).unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/structured_client.py");
-    let mut cmd = Command::new(python());
-    cmd.arg(&script)
-        .arg(&spec_path)
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("ALL_PROXY")
-        .env_remove("http_proxy")
-        .env_remove("https_proxy")
-        .env_remove("all_proxy")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY");
-    if !paths.is_empty() {
-        cmd.env("PYTHONPATH", std::env::join_paths(&paths).unwrap());
-    }
-    let out = run_bounded(cmd, SCRIPT_LIMIT);
-    let _ = std::fs::remove_file(&spec_path);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}{stderr}");
-    assert!(
-        out.status.success(),
-        "structured_client.py failed ({}):\n{stdout}\n{stderr}",
-        out.status
+    run_client(
+        "structured_client.py",
+        "corpus",
+        &spec,
+        &[Package::OPENAI, Package::JSONSCHEMA],
+        SCRIPT_LIMIT,
     );
     eprintln!(
         "structured-output client test took {:.1} s",
