@@ -282,6 +282,20 @@ def echo(client, spec):
     worst = max(abs(g - w) for g, w in zip(lp[1:len(ids)], want))
     check(worst <= 1e-4, f"echo + 3 tokens: prompt logprobs off by {worst}")
     check(r.choices[0].text.startswith(e["text"]), "echo + 3 tokens: the text starts with the prompt")
+    # Streamed: the prompt is the first chunk; the chunks join to the whole.
+    whole = client.completions.create(model=m, prompt=ids, echo=True, max_tokens=3, logprobs=2,
+                                      temperature=0)
+    chunks = list(client.completions.create(model=m, prompt=ids, echo=True, max_tokens=3,
+                                            logprobs=2, temperature=0, stream=True))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    lps = [x for c in chunks if c.choices and c.choices[0].logprobs
+           for x in c.choices[0].logprobs.token_logprobs]
+    check(chunks[0].choices[0].text == e["text"], f"echo streamed: first chunk {chunks[0]}")
+    check(text == whole.choices[0].text, f"echo streamed: {text!r} != {whole.choices[0].text!r}")
+    check(len(lps) == len(whole.choices[0].logprobs.token_logprobs) and lps[0] is None
+          and all(abs(a - b) <= 1e-6 for a, b in
+                  zip(lps[1:], whole.choices[0].logprobs.token_logprobs[1:])),
+          "echo streamed: the logprobs join to the whole reply's")
     # A text prompt is echoed as given; without logprobs there are none.
     r = client.completions.create(model=m, prompt="The quick", echo=True, max_tokens=2)
     check(r.choices[0].text.startswith("The quick") and r.choices[0].logprobs is None,
@@ -307,9 +321,6 @@ def errors(client, spec, keyed_url, key):
     expect_error(openai.BadRequestError,
                  lambda: client.completions.create(model=m, prompt="hi", temperature="hot"),
                  "a string temperature", 400)
-    expect_error(openai.BadRequestError,
-                 lambda: client.completions.create(model=m, prompt="hi", echo=True, stream=True),
-                 "echo streamed", 400)
     expect_error(openai.BadRequestError,
                  lambda: client.completions.create(model=m, prompt="hi", suffix="!"),
                  "suffix", 400)

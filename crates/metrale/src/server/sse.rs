@@ -142,6 +142,13 @@ pub trait Format: Send + Sync + 'static {
     fn flush(&self, _index: usize) -> Vec<Value> {
         Vec::new()
     }
+    /// The chunk that repeats a choice's prompt before anything else of it
+    /// (completions' `echo`), with `prompt`'s log-probabilities (its tokens
+    /// from the second on; empty unless asked); `None` where nothing is
+    /// echoed.
+    fn echo(&self, _index: usize, _prompt: &[TokenLogprob]) -> Option<Value> {
+        None
+    }
     /// The last chunk of a choice.
     fn finish(&self, index: usize, reason: &Finish) -> Value;
     /// The chunk with the usage (`stream_options.include_usage`).
@@ -227,6 +234,7 @@ impl Events {
     ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
         let pending: VecDeque<Event> = format.opening(self.choices).iter().map(data).collect();
         let state = StreamState {
+            prompts: vec![Some(Vec::new()); self.choices],
             events: self,
             format,
             include_usage,
@@ -260,6 +268,12 @@ impl Events {
                         state.done = true;
                         continue;
                     };
+                    if matches!(
+                        event,
+                        Ok(StreamEvent::Token { .. } | StreamEvent::Finished { .. })
+                    ) {
+                        state.echo(index);
+                    }
                     match event {
                         Ok(StreamEvent::Token {
                             token,
@@ -274,9 +288,16 @@ impl Events {
                                 }
                             }
                         }
-                        // Asked for by completions' echo, which is not
-                        // streamed.
-                        Ok(StreamEvent::PromptLogprobs { .. }) => {}
+                        // Asked for by completions' echo.
+                        Ok(StreamEvent::PromptLogprobs { logprobs, .. }) => {
+                            let lps = logprobs.iter().filter_map(|p| {
+                                state.events.logprob(p.token, p.logprob, &p.top_logprobs)
+                            });
+                            let lps: Vec<TokenLogprob> = lps.collect();
+                            if let Some(Some(prompt)) = state.prompts.get_mut(index) {
+                                prompt.extend(lps);
+                            }
+                        }
                         Ok(StreamEvent::Finished { reason, usage, .. }) => {
                             add_usage(&mut state.usage, &usage, index, state.events.n);
                             state.events.ended(index);
@@ -301,12 +322,27 @@ impl Events {
 }
 
 struct StreamState {
+    /// Per choice, its prompt's log-probabilities until its echo is sent
+    /// (`None` after).
+    prompts: Vec<Option<Vec<TokenLogprob>>>,
     events: Events,
     format: Arc<dyn Format>,
     include_usage: bool,
     usage: UsageInfo,
     pending: VecDeque<Event>,
     done: bool,
+}
+
+impl StreamState {
+    /// Sends choice `index`'s echo, the first time only.
+    fn echo(&mut self, index: usize) {
+        let Some(prompt) = self.prompts.get_mut(index).and_then(Option::take) else {
+            return;
+        };
+        if let Some(chunk) = self.format.echo(index, &prompt) {
+            self.pending.push_back(data(&chunk));
+        }
+    }
 }
 
 fn data(value: &Value) -> Event {

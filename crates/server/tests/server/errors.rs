@@ -93,7 +93,6 @@ fn bad_requests_are_openai_shaped() {
     // Completion options this server does not implement are refused, not
     // ignored.
     for (body, param) in [
-        (json!({"prompt": "x", "echo": true, "stream": true}), "echo"),
         (json!({"prompt": "x", "suffix": "!"}), "suffix"),
         (json!({"prompt": "x", "best_of": 2}), "best_of"),
         (json!({"prompt": "x", "best_of": 3, "n": 2}), "best_of"),

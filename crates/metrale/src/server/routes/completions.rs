@@ -11,7 +11,8 @@
 //! with `null` (nothing predicts it), each other under the model given the
 //! tokens before it, as OpenAI and vLLM report them. `max_tokens: 0` is
 //! allowed with echo: the prompt alone is scored (lm-evaluation-harness's
-//! log-likelihood requests). Echo is not streamed (a 400 says so).
+//! log-likelihood requests). Streamed, the prompt (with its
+//! log-probabilities) is a choice's first chunk.
 
 use std::sync::Arc;
 
@@ -42,12 +43,6 @@ pub async fn handler(
     crate::server::fields::check(crate::server::fields::Route::Completions, &request.extra)?;
     let constraint = crate::server::structured::constraint(&request.extra)?;
     let echo = request.echo;
-    if echo && request.sampling.stream {
-        return Err(ApiError::bad_param(
-            "echo",
-            "echo is not streamed by this server; ask without stream",
-        ));
-    }
     let score_only = echo && request.sampling.max_tokens == Some(0);
     if request.suffix.is_some() {
         return Err(ApiError::bad_param(
@@ -299,6 +294,19 @@ impl Format for Completions {
             json!([{"index": index, "text": text, "logprobs": lp, "finish_reason": null}]),
             None,
         )
+    }
+
+    fn echo(&self, index: usize, prompt: &[TokenLogprob]) -> Option<Value> {
+        let e = self.echoed.get(index / self.n.max(1))?;
+        let lp = if self.logprobs {
+            echo_logprobs_json(e.first.as_ref(), prompt, 0)
+        } else {
+            Value::Null
+        };
+        Some(self.chunk(
+            json!([{"index": index, "text": e.text, "logprobs": lp, "finish_reason": null}]),
+            None,
+        ))
     }
 
     fn finish(&self, index: usize, reason: &Finish) -> Value {
