@@ -143,8 +143,9 @@ pub struct SamplingArgs {
     /// JSON on one line, `", "` and `": "` separators).
     #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
     pub json_schema: Option<std::path::PathBuf>,
-    /// Hold the output to the Lark grammar in FILE (llguidance's dialect:
-    /// `start` is the whole output; `%json {...}` embeds a schema).
+    /// Hold the output to the grammar in FILE: Lark (llguidance's dialect:
+    /// `start` is the whole output; `%json {...}` embeds a schema) or
+    /// llama.cpp's GBNF (`root ::= ...` is the whole output).
     #[arg(long, value_name = "FILE")]
     pub grammar: Option<std::path::PathBuf>,
 }

@@ -1,6 +1,8 @@
 //! Structured outputs: a request's output held to a JSON schema, any JSON
-//! object, a regular expression, a list of choices or a Lark grammar, by
-//! masking at every step the tokens that could not continue it.
+//! object, a regular expression, a list of choices or a context-free grammar
+//! (Lark, or llama.cpp's GBNF, which `gbnf.rs` translates into Lark, character
+//! for character), by masking at every step the tokens that could not
+//! continue it.
 //!
 //! The grammar engine is [llguidance](https://github.com/guidance-ai/llguidance)
 //! (Microsoft; the engine mistral.rs uses, llama.cpp offers and vLLM
@@ -22,6 +24,7 @@
 //! compiles its [`OutputConstraint`] into a [`Grammar`], which gives the
 //! [`TokenMask`] of each step and follows the sampled tokens.
 
+mod gbnf;
 mod vocab;
 
 use std::sync::Arc;
@@ -47,8 +50,11 @@ pub enum OutputConstraint {
     Regex(String),
     /// The output is exactly one of these strings.
     Choice(Vec<String>),
-    /// A context-free grammar in llguidance's Lark dialect (`start:` is the
-    /// whole output; `%json {...}` embeds a schema).
+    /// A context-free grammar: llguidance's Lark dialect (`start:` is the
+    /// whole output; `%json {...}` embeds a schema), or llama.cpp's GBNF
+    /// (`root ::= ...` is the whole output), told apart by the first rule's
+    /// `::=` and translated into Lark first (see `gbnf.rs`; token
+    /// references such as `<[id]>` are refused).
     Lark(String),
 }
 
@@ -88,15 +94,16 @@ impl OutputConstraint {
                 TopLevelGrammar::from_regex(&alternatives.join("|"))
             }
             OutputConstraint::Lark(text) => {
-                if text.contains("::=") {
-                    return bad(
-                        "the grammar looks like GBNF/EBNF (`::=`); this server takes Lark \
-                         grammars (`rule: ...`, `start` the whole output)"
-                            .into(),
-                    );
-                }
+                let lark = if gbnf::is_gbnf(text) {
+                    match gbnf::gbnf_to_lark(text) {
+                        Ok(lark) => lark,
+                        Err(e) => return bad(format!("the GBNF grammar does not compile: {e}")),
+                    }
+                } else {
+                    text.clone()
+                };
                 TopLevelGrammar {
-                    grammars: vec![GrammarWithLexer::from_lark(text.clone())],
+                    grammars: vec![GrammarWithLexer::from_lark(lark)],
                     max_tokens: None,
                 }
             }

@@ -1,3 +1,4 @@
+use proptest::prelude::*;
 use rand::rngs::ChaCha8Rng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -112,7 +113,18 @@ fn bad_constraints_are_request_errors() {
         (OutputConstraint::JsonSchema(json!("object")), "a string"),
         (OutputConstraint::Regex("(".into()), "regex"),
         (OutputConstraint::Choice(vec![]), "empty"),
-        (OutputConstraint::Lark("root ::= \"a\"".into()), "GBNF"),
+        (
+            OutputConstraint::Lark("root ::= \"a".into()),
+            "the GBNF grammar does not compile: line 1, column 10: the string literal is not closed",
+        ),
+        (
+            OutputConstraint::Lark("root ::= <think> \"a\"".into()),
+            "line 1, column 10: token references",
+        ),
+        (
+            OutputConstraint::Lark("root ::= x".into()),
+            "`x` is not defined",
+        ),
         (
             OutputConstraint::Lark("start: undefined_rule".into()),
             "grammar",
@@ -243,5 +255,406 @@ fn sentencepiece_vocabularies_start_without_the_prefix_space() {
             done && (text == "{}" || text == "{a}"),
             "seed {seed}: {text:?}"
         );
+    }
+}
+
+/// One of llama.cpp's grammars in `tests/fixtures/grammars`.
+fn gbnf_fixture(name: &str) -> OutputConstraint {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/grammars")
+        .join(name);
+    OutputConstraint::Lark(std::fs::read_to_string(path).unwrap())
+}
+
+/// Whether `text`, fed a token at a time, leaves `c` complete.
+fn accepts(t: &Tokenizer, factory: &GrammarFactory, c: &OutputConstraint, text: &str) -> bool {
+    let mut g = factory.compile(c).unwrap();
+    for id in t.encode(text, false).unwrap() {
+        if g.accept(id).is_err() {
+            return false;
+        }
+    }
+    g.is_accepting()
+}
+
+/// Whether `s` is one JSON value (checked by serde_json without building
+/// it: walks write numbers such as `9e8471`, valid JSON past an f64).
+fn json_ok(s: &str) -> bool {
+    serde_json::from_str::<serde::de::IgnoredAny>(s).is_ok()
+}
+
+/// arithmetic.gbnf, as a set-of-positions recursive descent.
+fn arithmetic_ok(s: &str) -> bool {
+    use std::collections::BTreeSet;
+    let b = s.as_bytes();
+    let ws = |i: usize| -> BTreeSet<usize> {
+        let mut out = BTreeSet::from([i]);
+        let mut j = i;
+        while j < b.len() && b" \t\n".contains(&b[j]) {
+            j += 1;
+            out.insert(j);
+        }
+        out
+    };
+    fn term(b: &[u8], i: usize, ws: &dyn Fn(usize) -> BTreeSet<usize>) -> BTreeSet<usize> {
+        match b.get(i) {
+            Some(c) if c.is_ascii_lowercase() => {
+                let mut j = i + 1;
+                while j < b.len()
+                    && (b[j].is_ascii_lowercase() || b[j].is_ascii_digit() || b[j] == b'_')
+                {
+                    j += 1;
+                }
+                ws(j)
+            }
+            Some(c) if c.is_ascii_digit() => {
+                let mut j = i + 1;
+                while j < b.len() && b[j].is_ascii_digit() {
+                    j += 1;
+                }
+                ws(j)
+            }
+            Some(b'(') => {
+                let mut out = BTreeSet::new();
+                for w in ws(i + 1) {
+                    for e in expr(b, w, ws) {
+                        if b.get(e) == Some(&b')') {
+                            out.extend(ws(e + 1));
+                        }
+                    }
+                }
+                out
+            }
+            _ => BTreeSet::new(),
+        }
+    }
+    fn expr(b: &[u8], i: usize, ws: &dyn Fn(usize) -> BTreeSet<usize>) -> BTreeSet<usize> {
+        let mut all = BTreeSet::new();
+        let mut frontier = term(b, i, ws);
+        while !frontier.is_empty() {
+            all.extend(frontier.iter().copied());
+            let mut next = BTreeSet::new();
+            for &e in &frontier {
+                if b.get(e).is_some_and(|c| b"-+*/".contains(c)) {
+                    next.extend(term(b, e + 1, ws).into_iter().filter(|p| !all.contains(p)));
+                }
+            }
+            frontier = next;
+        }
+        all
+    }
+    let mut starts = BTreeSet::from([0]);
+    loop {
+        let mut next = BTreeSet::new();
+        for &p in &starts {
+            for e in expr(b, p, &ws) {
+                if b.get(e) != Some(&b'=') {
+                    continue;
+                }
+                for w in ws(e + 1) {
+                    for t in term(b, w, &ws) {
+                        if b.get(t) == Some(&b'\n') {
+                            next.insert(t + 1);
+                        }
+                    }
+                }
+            }
+        }
+        if next.is_empty() {
+            return false;
+        }
+        if next.contains(&b.len()) {
+            return true;
+        }
+        starts = next;
+    }
+}
+
+/// list.gbnf: lines `- ` and at least one character that breaks no line.
+fn list_ok(s: &str) -> bool {
+    let Some(body) = s.strip_suffix('\n') else {
+        return false;
+    };
+    body.split('\n').all(|line| {
+        line.strip_prefix("- ").is_some_and(|item| {
+            !item.is_empty()
+                && !item.chars().any(|c| {
+                    [
+                        '\r', '\n', '\u{b}', '\u{c}', '\u{85}', '\u{2028}', '\u{2029}',
+                    ]
+                    .contains(&c)
+                })
+        })
+    })
+}
+
+/// chess.gbnf: `1. m m` then numbered lines of two moves.
+fn chess_ok(s: &str) -> bool {
+    fn mv(m: &str) -> bool {
+        let m = m.strip_suffix(['+', '#']).unwrap_or(m);
+        let file = |c: u8| (b'a'..=b'h').contains(&c);
+        let rank = |c: u8| (b'1'..=b'8').contains(&c);
+        let piece = |c: u8| b"NBKQR".contains(&c);
+        let b = m.as_bytes();
+        let square = |b: &[u8]| b.len() == 2 && file(b[0]) && rank(b[1]);
+        if m == "O-O" || m == "O-O-O" {
+            return true;
+        }
+        // pawn: ([a-h] "x")? [a-h] [1-8] ("=" [NBKQR])?
+        let pawn = {
+            let b = if b.len() >= 2 && b[b.len() - 2] == b'=' && piece(b[b.len() - 1]) {
+                &b[..b.len() - 2]
+            } else {
+                b
+            };
+            square(b) || (b.len() == 4 && file(b[0]) && b[1] == b'x' && square(&b[2..]))
+        };
+        // nonpawn: [NBKQR] [a-h]? [1-8]? "x"? [a-h] [1-8]
+        let nonpawn = b.len() >= 3 && piece(b[0]) && square(&b[b.len() - 2..]) && {
+            let mut mid = &b[1..b.len() - 2];
+            if mid.first().is_some_and(|&c| file(c)) {
+                mid = &mid[1..];
+            }
+            if mid.first().is_some_and(|&c| rank(c)) {
+                mid = &mid[1..];
+            }
+            mid.is_empty() || mid == b"x"
+        };
+        pawn || nonpawn
+    }
+    let Some(body) = s.strip_suffix('\n') else {
+        return false;
+    };
+    let lines: Vec<&str> = body.split('\n').collect();
+    lines.len() >= 2
+        && lines.iter().enumerate().all(|(i, line)| {
+            let Some((n, moves)) = line.split_once(". ") else {
+                return false;
+            };
+            let number_ok = if i == 0 {
+                n == "1"
+            } else {
+                let d = n.as_bytes();
+                matches!(d.len(), 1 | 2)
+                    && (b'1'..=b'9').contains(&d[0])
+                    && d.iter().all(u8::is_ascii_digit)
+            };
+            let parts: Vec<&str> = moves.split(' ').collect();
+            number_ok && parts.len() == 2 && parts.iter().all(|m| mv(m))
+        })
+}
+
+#[test]
+fn llama_cpp_grammars_compile_and_random_walks_hold() {
+    let t = tokenizer();
+    let factory = GrammarFactory::new(&t).unwrap();
+    type Holds = fn(&str) -> bool;
+    // The least number of the 64 walks that end (uniform draws wander in
+    // arithmetic.gbnf's free whitespace and identifiers, and rarely end).
+    let cases: [(&str, Holds, usize); 5] = [
+        ("json.gbnf", |s| json_ok(s) && s.starts_with('{'), 20),
+        ("json_arr.gbnf", |s| json_ok(s) && s.starts_with('['), 20),
+        ("arithmetic.gbnf", arithmetic_ok, 1),
+        ("list.gbnf", list_ok, 8),
+        ("chess.gbnf", chess_ok, 32),
+    ];
+    for (file, holds, least) in cases {
+        let c = gbnf_fixture(file);
+        let mut ended = 0;
+        for seed in 0..64 {
+            let mut g = factory.compile(&c).unwrap();
+            let (text, done) = walk(&t, &mut g, seed, 400);
+            if done {
+                ended += 1;
+                assert!(holds(&text), "{file} seed {seed}: {text:?}");
+            }
+        }
+        assert!(ended >= least, "{file}: {ended} of 64 walks ended");
+    }
+}
+
+#[test]
+fn llama_cpp_grammars_accept_and_reject_texts() {
+    let t = tokenizer();
+    let factory = GrammarFactory::new(&t).unwrap();
+    let cases: [(&str, &[&str], &[&str]); 4] = [
+        (
+            "json.gbnf",
+            &[
+                "{}",
+                "{\"a\": [1, true, null, \"x\\u00e9\\n\"], \"b\": {\"c\": -0.5e3}}",
+                "{\n  \"k\": \"v\"}\n",
+            ],
+            &[
+                "[1]",
+                "{\"a\":}",
+                "{'a': 1}",
+                "{\"a\": 01}",
+                "{\"a\":  1}",
+                "{\"a\": 1",
+                "{\"a\": \"\u{1}\"}",
+            ],
+        ),
+        (
+            "arithmetic.gbnf",
+            &["x=1\n", "(a+b)*2 = c\n", "x1_ = y\nz=(1/3)\n"],
+            &["x=\n", "1+=2\n", "X=1\n", "x=1", "x==1\n"],
+        ),
+        (
+            "list.gbnf",
+            &["- a\n", "- a b\n- ü\n"],
+            &["- \n", "-a\n", "- a\u{2028}b\n", "- a", "- a\n\n"],
+        ),
+        (
+            "chess.gbnf",
+            &["1. e4 e5\n2. Nf3 Nc6\n", "1. d4 d5\n12. exd5 O-O-O+\n"],
+            &[
+                "1. e4 e5\n",
+                "2. e4 e5\n3. d4 d5\n",
+                "1. e9 e5\n2. d4 d5\n",
+                "1. e4  e5\n2. d4 d5\n",
+            ],
+        ),
+    ];
+    for (file, good, bad) in cases {
+        let c = gbnf_fixture(file);
+        for text in good {
+            assert!(accepts(&t, &factory, &c, text), "{file} refuses {text:?}");
+        }
+        for text in bad {
+            assert!(!accepts(&t, &factory, &c, text), "{file} accepts {text:?}");
+        }
+    }
+    // The checkers agree with the grammars on these texts too.
+    assert!(arithmetic_ok("(a+b)*2 = c\n") && !arithmetic_ok("x=1"));
+    assert!(list_ok("- a b\n- ü\n") && !list_ok("- a\u{2028}b\n"));
+    assert!(chess_ok("1. d4 d5\n12. exd5 O-O-O+\n") && !chess_ok("1. e9 e5\n2. d4 d5\n"));
+}
+
+/// GBNF matches code points, with no lexer: terminals that a greedy lexer
+/// would cut differently (`"ab"` against `[a-z] [a-z] [a-z]`) still take
+/// every text the GBNF takes.
+#[test]
+fn gbnf_grammars_match_character_by_character() {
+    let t = tokenizer();
+    let factory = GrammarFactory::new(&t).unwrap();
+    let cases: [(&str, &[&str], &[&str]); 9] = [
+        (
+            "root ::= \"\" | \"a\" root",
+            &["", "a", "aaa"],
+            &["b", "ab"],
+        ),
+        ("root ::= x\nx ::=", &[""], &["a"]),
+        (
+            "root ::= [a-z] [a-z] [a-z] | \"ab\"",
+            &["abc", "ab"],
+            &["a", "abcd", "aB"],
+        ),
+        (
+            "root ::= \"ab\" \"c\"? | \"abc\" \"d\"",
+            &["ab", "abc", "abcd"],
+            &["abd", "abcc"],
+        ),
+        ("root ::= [a-z]+ \"b\"", &["ab", "abb", "bb"], &["b", "ba"]),
+        ("root ::= \"a\"* \"a\" \"b\"", &["ab", "aaab"], &["b", "aa"]),
+        (
+            "root ::= [^a] \"é\" | \"éé\" \"x\"",
+            &["éé", "ééx", "bé"],
+            &["aé", "éx"],
+        ),
+        (
+            "root ::= . \"x\" | \"\\u00e9\"{2,3}",
+            &["\nx", "😀x", "éé", "ééé"],
+            &["x", "é", "éééé"],
+        ),
+        (
+            "root ::= ws \"a\" ws\nws ::= [ \\t\\n]*",
+            &["a", " \n\ta  "],
+            &["a b"],
+        ),
+    ];
+    for (gbnf, good, bad) in cases {
+        let c = OutputConstraint::Lark(gbnf.into());
+        for text in good {
+            assert!(accepts(&t, &factory, &c, text), "{gbnf:?} refuses {text:?}");
+        }
+        for text in bad {
+            assert!(
+                !accepts(&t, &factory, &c, text),
+                "{gbnf:?} accepts {text:?}"
+            );
+        }
+    }
+    // `::=` inside a Lark grammar's string is Lark's.
+    let c = OutputConstraint::Lark("start: \"a ::= b\"".into());
+    assert!(accepts(&t, &factory, &c, "a ::= b"));
+}
+
+#[test]
+fn gbnf_rule_names_differing_by_dash_underscore_or_case_stay_apart() {
+    let t = tokenizer();
+    let factory = GrammarFactory::new(&t).unwrap();
+    let c = OutputConstraint::Lark(
+        "root ::= a-b a_b A-B ab AB Ab\na-b ::= \"1\"\na_b ::= \"2\"\nA-B ::= \"3\"\n\
+         ab ::= \"4\"\nAB ::= \"5\"\nAb ::= \"6\"\n"
+            .into(),
+    );
+    for seed in 0..5 {
+        let mut g = factory.compile(&c).unwrap();
+        let (text, done) = walk(&t, &mut g, seed, 20);
+        assert!(done && text == "123456", "seed {seed}: {text:?}");
+    }
+    assert!(!accepts(&t, &factory, &c, "111111"));
+}
+
+/// GBNF expressions built from every construct the translation takes.
+fn gbnf_expr() -> impl Strategy<Value = String> {
+    let leaf = prop_oneof![
+        Just("\"ab\"".to_string()),
+        Just("\"\"".to_string()),
+        Just("\"\\n\\u00e9\"".to_string()),
+        Just("[a-c]".to_string()),
+        Just("[^b\\]]".to_string()),
+        Just(".".to_string()),
+        Just("a".to_string()),
+        Just("B-c".to_string()),
+    ];
+    leaf.prop_recursive(4, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 1..4).prop_map(|v| v.join(" ")),
+            prop::collection::vec(inner.clone(), 2..4).prop_map(|v| format!("({})", v.join(" | "))),
+            (
+                inner,
+                prop_oneof![
+                    Just("*"),
+                    Just("+"),
+                    Just("?"),
+                    Just("{0}"),
+                    Just("{2}"),
+                    Just("{1,}"),
+                    Just("{0,3}")
+                ]
+            )
+                .prop_map(|(e, op)| format!("({e}){op}")),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Every GBNF grammar built of these constructs translates, and
+    /// llguidance compiles the translation and can compute its first mask.
+    #[test]
+    fn translated_gbnf_compiles(root in gbnf_expr(), a in gbnf_expr()) {
+        let text = format!("root ::= {root}\na ::= \"x\" | {a}\nB-c ::= [b]\n");
+        let lark = gbnf::gbnf_to_lark(&text);
+        prop_assert!(lark.is_ok(), "{text:?}: {lark:?}");
+        let t = tokenizer();
+        let factory = GrammarFactory::new(&t).unwrap();
+        match factory.compile(&OutputConstraint::Lark(text.clone())) {
+            Ok(mut g) => prop_assert!(g.mask().is_ok(), "{text:?}"),
+            Err(e) => prop_assert!(false, "{text:?} -> {lark:?}: {e}"),
+        }
     }
 }
