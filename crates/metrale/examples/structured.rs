@@ -7,7 +7,8 @@
 //!     --tokenizer-gguf PATH/ggml-vocab-llama-bpe.gguf \
 //!     [--config benches/configs/granite-4.0-h-350m.json] [--threads 2] \
 //!     [--batch 1,16] [--rounds 3] [--steps 48] \
-//!     [--schema tests/fixtures/schemas/corpus.json] [--temperature 1]
+//!     [--schema tests/fixtures/schemas/corpus.json | --grammar FILE] \
+//!     [--temperature 1]
 //! ```
 //!
 //! The config's random-weight model (seed 0, bf16) is written under
@@ -58,6 +59,9 @@ struct Args {
     /// A schema file, or the corpus (its most complex entry).
     #[arg(long, default_value = "tests/fixtures/schemas/corpus.json")]
     schema: PathBuf,
+    /// A grammar file (Lark or GBNF) instead of the schema.
+    #[arg(long)]
+    grammar: Option<PathBuf>,
     #[arg(long, default_value_t = 2)]
     threads: usize,
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
@@ -84,7 +88,10 @@ fn main() -> Result<()> {
             root.join(p)
         }
     };
-    let schema = load_schema(&at_root(&args.schema))?;
+    let constraint = match &args.grammar {
+        Some(path) => OutputConstraint::Lark(std::fs::read_to_string(at_root(path))?),
+        None => OutputConstraint::JsonSchema(load_schema(&at_root(&args.schema))?),
+    };
     let tokenizer = {
         let file = metrale::weights::gguf::GgufFile::open(&args.tokenizer_gguf)
             .with_context(|| format!("opening {}", args.tokenizer_gguf.display()))?;
@@ -93,7 +100,6 @@ fn main() -> Result<()> {
     let began = Instant::now();
     let factory = GrammarFactory::new(&tokenizer)?;
     let setup = began.elapsed();
-    let constraint = OutputConstraint::JsonSchema(schema);
     let (p50, p99, walked) = mask_times(&factory, &tokenizer, &constraint)?;
     println!(
         "vocabulary {} ({}), compiler set up in {:.0} ms; one mask: median {:.1} us, p99 {:.1} us over {walked} tokens of a random walk",
