@@ -4,7 +4,8 @@
 //! back, to a function among the tools, with arguments of the function's
 //! `parameters` schema.
 //!
-//! - The JSON formats embed the call as a schema (`%json {...}`):
+//! - The JSON formats embed the call as a schema (`%json {...}`, on one
+//!   line with `", "` and `": "` as Python's `json.dumps` writes it):
 //!   `{"name": {"const": NAME}, "arguments": PARAMETERS}` with both
 //!   required and nothing else (`anyOf` over the tools for `required`;
 //!   Llama 3 spells `arguments` `parameters`), between the format's
@@ -27,6 +28,7 @@
 use serde_json::{Value, json};
 
 use crate::engine::chat::tools::ToolCallFormat;
+use crate::engine::sampling::grammar::compact;
 use crate::engine::tokenizer::Tokenizer;
 use crate::server::error::ApiError;
 use crate::server::tools::{ToolChoice, Tools};
@@ -149,10 +151,10 @@ fn call_schema(functions: &[(&str, Value)], args_key: &str) -> Value {
             })
         })
         .collect();
-    match <[Value; 1]>::try_from(alts) {
+    compact(match <[Value; 1]>::try_from(alts) {
         Ok([one]) => one,
         Err(alts) => json!({"anyOf": alts}),
-    }
+    })
 }
 
 fn list_schema(functions: &[(&str, Value)], parallel: bool) -> Value {
@@ -164,7 +166,7 @@ fn list_schema(functions: &[(&str, Value)], parallel: bool) -> Value {
     if !parallel {
         list["maxItems"] = json!(1);
     }
-    list
+    compact(list)
 }
 
 /// Rule `call_{i}` (and the rules of its parameters, pushed to `extra`,
@@ -226,7 +228,7 @@ fn xml_value(schema: &Value) -> String {
         // ends is never ambiguous.
         return format!("/[^<]{count}\\n<\\/parameter>\\n/");
     }
-    format!("%json {schema} {}", quote(CLOSE))
+    format!("%json {} {}", compact(schema.clone()), quote(CLOSE))
 }
 
 /// A Lark string literal.
@@ -306,7 +308,7 @@ mod tests {
             "{g}"
         );
         assert!(
-            g.contains(r#"%json {"type":"integer","minimum":1,"maximum":7}"#),
+            g.contains(r#"%json {"type":"integer","minimum":1,"maximum":7,"x-guidance":"#),
             "{g}"
         );
         assert!(g.contains(r"/[^<]{0,8}\n<\/parameter>\n/"), "{g}");

@@ -116,7 +116,9 @@ impl OutputConstraint {
 /// keys, as Python's `json.dumps` writes (what models saw most). Free
 /// whitespace would let a model pad its reply with blank lines until
 /// `max_tokens` cut it, a known failure of grammar engines that allow it.
-fn compact(mut schema: Value) -> Value {
+/// A schema embedded in a Lark grammar (`%json {...}`) takes it the same
+/// way.
+pub fn compact(mut schema: Value) -> Value {
     if let Value::Object(map) = &mut schema
         && !map.contains_key("x-guidance")
     {

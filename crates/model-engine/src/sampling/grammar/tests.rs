@@ -658,3 +658,27 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn schemas_embedded_in_lark_take_the_compact_layout() {
+    let t = tokenizer();
+    let factory = GrammarFactory::new(&t).unwrap();
+    let schema = compact(
+        json!({"type": "object", "properties": {"a": {"type": "integer",
+        "minimum": 0, "maximum": 9}, "b": {"type": "boolean"}}, "required": ["a", "b"],
+        "additionalProperties": false}),
+    );
+    let c = OutputConstraint::Lark(format!("start: \"<c>\" %json {schema}"));
+    for seed in 0..20 {
+        let mut g = factory.compile(&c).unwrap();
+        let (text, done) = walk(&t, &mut g, seed, 200);
+        assert!(done, "{text:?}");
+        let body = text.strip_prefix("<c>").unwrap();
+        let v: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            body,
+            format!("{{\"a\": {}, \"b\": {}}}", v["a"], v["b"]),
+            "{text:?}"
+        );
+    }
+}
