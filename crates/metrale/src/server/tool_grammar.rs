@@ -49,6 +49,111 @@ pub fn grammar(
     think: Think,
     tokenizer: &Tokenizer,
 ) -> Result<String, ApiError> {
+    let (calls, mut rules) = forced(format, tools, tokenizer)?;
+    rules.insert(0, format!("start: {}{calls}", think_prefix(think)));
+    Ok(finish(rules, think, tokenizer))
+}
+
+/// The grammar of a reply under `tool_choice: "auto"` with a `strict`
+/// tool: free text without the format's opening marker, or free text up
+/// to its first marker and then calls held as a forced call's are (every
+/// tool's schema holds, strict or not: the reply's calls always parse).
+/// `None` where a call has no opening marker to be told by (Llama 3's
+/// bare JSON) or the format has no grammar (pythonic).
+pub fn strict_auto(
+    format: ToolCallFormat,
+    tools: &Tools,
+    think: Think,
+    tokenizer: &Tokenizer,
+) -> Result<Option<String>, ApiError> {
+    let Some(marker) = format.start_marker() else {
+        return Ok(None);
+    };
+    if matches!(
+        format,
+        ToolCallFormat::Pythonic | ToolCallFormat::Llama3Json
+    ) {
+        return Ok(None);
+    }
+    let (calls, mut rules) = forced(format, tools, tokenizer)?;
+    // The first call's marker is the lead's end: the rest of it follows.
+    let atom = marker_atom(tokenizer, marker);
+    let strip = |body: &str| -> Option<String> {
+        let quoted = quote(marker);
+        let open = &quoted[..quoted.len() - 1];
+        body.strip_prefix(&format!("{atom} "))
+            .map(str::to_owned)
+            .or_else(|| body.strip_prefix(open).map(|rest| format!("\"{rest}")))
+    };
+    let mut firsts = Vec::new();
+    for rule in rules.clone() {
+        // A call's own line (a Qwen3Xml call's parameter rules follow it).
+        let line = rule.lines().next().unwrap_or_default();
+        let Some((name, body)) = line.split_once(": ") else {
+            continue;
+        };
+        if name == "call" || name.starts_with("call_") {
+            let first = name.replacen("call", "first", 1);
+            if let Some(rest) = strip(body) {
+                firsts.push(format!("{first}: {rest}"));
+            }
+        }
+    }
+    let after = match calls.strip_prefix("call") {
+        // One call or more: the first without its marker.
+        Some(more) => {
+            if !firsts.iter().any(|r| r.starts_with("first: ")) {
+                let alts: Vec<String> = firsts
+                    .iter()
+                    .filter_map(|r| r.split_once(':').map(|(n, _)| n.to_owned()))
+                    .collect();
+                firsts.push(format!("first: {}", alts.join(" | ")));
+            }
+            format!("first{more}")
+        }
+        // One list of calls after the marker.
+        None => strip(&calls).ok_or_else(|| {
+            ApiError::Internal(format!(
+                "a {format} call grammar does not open with {marker:?}"
+            ))
+        })?,
+    };
+    rules.extend(firsts);
+    let (plain, lead) = match special_id(tokenizer, marker) {
+        Some(id) => (format!("<[^{id}]>*"), format!("<[^{id}]>* <[{id}]>")),
+        None => {
+            let m = regex_escape(marker);
+            rules.push(format!("PLAIN: /(?s:.*)/ & ~/(?s:.*){m}(?s:.*)/"));
+            rules.push(format!("LEAD: /(?s:.*){m}/ & ~/(?s:.*){m}(?s:.+)/"));
+            ("PLAIN".to_owned(), "LEAD".to_owned())
+        }
+    };
+    rules.insert(
+        0,
+        format!("start: {}({plain} | {lead} {after})", think_prefix(think)),
+    );
+    Ok(Some(finish(rules, think, tokenizer)))
+}
+
+/// `text` as a regex that matches exactly it.
+fn regex_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 2);
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$#&-~/\"".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A forced call's start expression (without reasoning) and the rules
+/// it refers to.
+fn forced(
+    format: ToolCallFormat,
+    tools: &Tools,
+    tokenizer: &Tokenizer,
+) -> Result<(String, Vec<String>), ApiError> {
     let functions: Vec<(&str, Value)> = tools
         .functions()
         .filter(|f| match &tools.choice {
@@ -82,9 +187,7 @@ pub fn grammar(
                 _ => String::new(),
             };
             // One list holds every call.
-            let body = format!("{} %json {} {}", atom(start), list, end);
-            rules.push(format!("start: {}{body}", think_prefix(think)));
-            return Ok(finish(rules, think, tokenizer));
+            return Ok((format!("{} %json {} {}", atom(start), list, end), rules));
         }
         ToolCallFormat::Qwen3Xml => {
             let mut alts = Vec::new();
@@ -112,8 +215,7 @@ pub fn grammar(
     } else {
         "call".to_string()
     };
-    rules.insert(0, format!("start: {}{calls}", think_prefix(think)));
-    Ok(finish(rules, think, tokenizer))
+    Ok((calls, rules))
 }
 
 fn think_prefix(think: Think) -> &'static str {
@@ -314,5 +416,104 @@ mod tests {
         assert!(g.contains(r"/[^<]{0,8}\n<\/parameter>\n/"), "{g}");
         assert!(g.contains("p_0_0 p_0_1 p_0_2?"), "{g}");
         assert!(g.starts_with("start: call\n"), "{g}");
+    }
+}
+
+#[cfg(test)]
+mod strict_tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::engine::chat::tools::parse;
+    use crate::server::tools::read;
+
+    /// Random walks (uniform among the allowed ids) through the grammar
+    /// after `lead`'s tokens; each finished reply's text.
+    fn walks(tok: &Tokenizer, grammar: &str, lead: &str, n: u64) -> Vec<String> {
+        let factory = crate::engine::sampling::grammar::GrammarFactory::new(tok).unwrap();
+        let c = crate::OutputConstraint::Lark(grammar.to_owned());
+        let mut out = Vec::new();
+        for seed in 0..n {
+            let mut g = factory
+                .compile(&c)
+                .unwrap_or_else(|e| panic!("{e}\n{grammar}"));
+            let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut ids = tok.encode(lead, false).unwrap();
+            for &id in &ids {
+                g.accept(id).unwrap();
+            }
+            for _ in 0..300 {
+                let mask = g.mask().unwrap();
+                let allowed: Vec<u32> = (0..tok.vocab_size() as u32)
+                    .filter(|&i| mask.allows(i))
+                    .collect();
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let id = allowed[(state % allowed.len() as u64) as usize];
+                if tok.eos_ids().contains(&id) {
+                    out.push(tok.decode_with(&ids, false).unwrap());
+                    break;
+                }
+                ids.push(id);
+                if g.accept(id).unwrap() {
+                    out.push(tok.decode_with(&ids, false).unwrap());
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn strict_auto_replies_are_text_or_calls_that_hold() {
+        let tok = Tokenizer::from_dir(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/qwen3_5"
+        ))
+        .unwrap();
+        let list = json!([{"type": "function", "function": {"name": "pick", "strict": true,
+            "parameters": {"type": "object", "properties": {
+                "n": {"type": "integer", "minimum": 1, "maximum": 3}},
+            "required": ["n"], "additionalProperties": false}}}]);
+        let tools = read(Some(&list), Some(&json!("auto")), Some(&json!(false)))
+            .unwrap()
+            .unwrap();
+        for format in ToolCallFormat::ALL {
+            let Some(g) = strict_auto(format, &tools, Think::No, &tok).unwrap() else {
+                assert!(matches!(
+                    format,
+                    ToolCallFormat::Pythonic | ToolCallFormat::Llama3Json
+                ));
+                continue;
+            };
+            let marker = format.start_marker().unwrap();
+            let (mut texts, mut calls) = (0, 0);
+            // The marker is rare in a uniform walk: half the walks start with it.
+            let replies = walks(&tok, &g, "", 20).into_iter().chain(walks(
+                &tok,
+                &g,
+                &format!("ok {marker}"),
+                20,
+            ));
+            for reply in replies {
+                let parsed = parse(format, &reply, &tools.list);
+                if reply.contains(marker) {
+                    calls += 1;
+                    assert_eq!(parsed.calls.len(), 1, "{format}: {reply:?}\n{g}");
+                    let args: serde_json::Value =
+                        serde_json::from_str(&parsed.calls[0].arguments).unwrap();
+                    let n = args["n"].as_i64().unwrap();
+                    assert!((1..=3).contains(&n), "{format}: {reply:?}");
+                } else {
+                    texts += 1;
+                    assert!(parsed.calls.is_empty(), "{format}: {reply:?}");
+                }
+            }
+            assert!(
+                texts > 0 && calls > 10,
+                "{format}: {texts} texts, {calls} calls"
+            );
+        }
     }
 }

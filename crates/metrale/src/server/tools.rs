@@ -52,6 +52,15 @@ impl Tools {
         matches!(self.choice, ToolChoice::Required | ToolChoice::Named(_))
     }
 
+    /// Whether a call is held to its schema although the reply may be
+    /// text: `tool_choice: "auto"` with a tool marked `strict: true`.
+    pub fn strict_auto(&self) -> bool {
+        self.choice == ToolChoice::Auto
+            && self
+                .functions()
+                .any(|f| f.get("strict").and_then(Value::as_bool) == Some(true))
+    }
+
     /// Whether the reply is read for calls.
     pub fn parsed(&self) -> bool {
         self.choice != ToolChoice::None

@@ -242,6 +242,41 @@ fn bad_tools_are_refused_by_name() {
     post(server.addr, "/v1/chat/completions", &body).error(400);
 }
 
+/// A strict tool under `auto`: the reply is text or calls that hold (the
+/// grammar's walks are `tool_grammar`'s unit tests); here, that the route
+/// holds it, and refuses a second constraint beside it.
+#[test]
+fn a_strict_tool_under_auto_holds_the_reply() {
+    let server = agent_server();
+    let mut tool = weather_tool();
+    tool["function"]["strict"] = json!(true);
+    for seed in 0..4 {
+        let body = json!({"messages": ask(), "tools": [tool.clone()], "seed": seed,
+            "max_tokens": 200, "chat_template_kwargs": {"enable_thinking": false}});
+        let reply = chat(&server, body);
+        let choice = &reply["choices"][0];
+        match choice["message"]["tool_calls"].as_array() {
+            Some(calls) => {
+                assert_eq!(choice["finish_reason"], "tool_calls", "{reply}");
+                for call in calls {
+                    let args: Value =
+                        serde_json::from_str(call["function"]["arguments"].as_str().unwrap())
+                            .unwrap();
+                    assert!(["Paris", "Tokyo"].contains(&args["city"].as_str().unwrap()));
+                }
+            }
+            None => {
+                let text = choice["message"]["content"].as_str().unwrap_or_default();
+                assert!(!text.contains("<tool_call>"), "{reply}");
+            }
+        }
+    }
+    let body =
+        json!({"messages": ask(), "tools": [tool], "response_format": {"type": "json_object"}});
+    let e = post(server.addr, "/v1/chat/completions", &body).error(400);
+    assert_eq!(e["param"], "tools", "{e}");
+}
+
 /// The tool loop through the official client: `agent_client.py`.
 #[test]
 fn the_official_client_runs_a_tool_loop() {

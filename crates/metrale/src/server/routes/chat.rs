@@ -157,6 +157,24 @@ pub async fn handler(
         let think = if opens { Think::Open } else { Think::No };
         let grammar = tool_grammar::grammar(f, t, think, state.tokenizer())?;
         constraint = Some(OutputConstraint::Lark(grammar));
+    } else if let (Some(t), Some(f)) = (&tools, format)
+        && t.strict_auto()
+    {
+        if constraint.is_some() {
+            return Err(ApiError::bad_param(
+                "tools",
+                "a strict tool under tool_choice \"auto\" and response_format (or \
+                 structured_outputs) both constrain the reply; give one",
+            ));
+        }
+        let think = if opens { Think::Open } else { Think::No };
+        match tool_grammar::strict_auto(f, t, think, state.tokenizer())? {
+            Some(grammar) => constraint = Some(OutputConstraint::Lark(grammar)),
+            None => tracing::debug!(
+                "strict tools are not held under tool_choice auto in the {f} format \
+                 (a call has no opening marker)"
+            ),
+        }
     }
     let sampling = &request.sampling;
     let defaults = state.handle.defaults();
