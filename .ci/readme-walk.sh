@@ -27,6 +27,7 @@ model="$root/models/default"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 cd "$work"
 echo "Once upon a time" > prompt.txt
+echo '{"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}' > schema.json
 # The hub ids the README names, in a Hugging Face cache of this walk's own
 # (HF_HUB_CACHE), each a snapshot of the bundled model: the lookup runs as
 # it does on a user's machine, without the network.
