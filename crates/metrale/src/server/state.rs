@@ -206,6 +206,24 @@ impl AppState {
     /// until every choice has its first token or has ended. Dropping the
     /// [`Submitted`] cancels every request still running, freeing its KV
     /// blocks and SSM slot at the engine's next step.
+    /// [`submit`](Self::submit), on a blocking thread where the request
+    /// has a structured-output constraint: compiling a large schema, regex
+    /// or choice list can take a second, which must not hold an async
+    /// worker (every other connection's).
+    pub async fn submit_off(
+        self: &Arc<Self>,
+        prompts: Vec<Vec<u32>>,
+        params: SamplingParams,
+        n: usize,
+        prompt_bytes: PromptBytes,
+    ) -> Result<Submitted, ApiError> {
+        if params.constraint.is_none() {
+            return self.submit(prompts, &params, n, prompt_bytes);
+        }
+        let state = self.clone();
+        off_the_workers(move || state.submit(prompts, &params, n, prompt_bytes)).await
+    }
+
     pub fn submit(
         &self,
         prompts: Vec<Vec<u32>>,

@@ -207,7 +207,9 @@ pub async fn handler(
     }
     let prompts = vec![prompt];
     admit(&state, &prompts, n, &params)?;
-    let submitted = state.submit(prompts, &params, n, prompt_bytes)?;
+    let submitted = state
+        .submit_off(prompts, params.clone(), n, prompt_bytes)
+        .await?;
     let events = Events {
         submitted,
         choices: n,

@@ -123,7 +123,9 @@ pub async fn handler(
     }
     admit(&state, &prompts, n, &params)?;
     let choices = prompts.len() * n;
-    let submitted = state.submit(prompts, &params, n, prompt_bytes)?;
+    let submitted = state
+        .submit_off(prompts, params.clone(), n, prompt_bytes)
+        .await?;
     let events = Events {
         submitted,
         choices,
