@@ -296,6 +296,19 @@ def echo(client, spec):
           and all(abs(a - b) <= 1e-6 for a, b in
                   zip(lps[1:], whole.choices[0].logprobs.token_logprobs[1:])),
           "echo streamed: the logprobs join to the whole reply's")
+    # vLLM's prompt_logprobs: per token its id's logprob and rank, and the
+    # K most likely.
+    r = client.completions.create(model=m, prompt=ids, max_tokens=1, temperature=0,
+                                  extra_body={"prompt_logprobs": 2})
+    pl = (r.choices[0].model_extra or {}).get("prompt_logprobs")
+    check(isinstance(pl, list) and len(pl) == len(ids) and pl[0] is None,
+          f"prompt_logprobs: {pl!r}")
+    if isinstance(pl, list) and len(pl) == len(ids):
+        for i, (entry, w) in enumerate(zip(pl[1:], want)):
+            own = entry.get(str(ids[i + 1]), {})
+            check(abs(own.get("logprob", 1e9) - w) <= 1e-4 and own.get("rank", 0) >= 1
+                  and 1 <= len(entry) <= 3,
+                  f"prompt_logprobs token {i + 1}: {entry}, expected logprob {w}")
     # A text prompt is echoed as given; without logprobs there are none.
     r = client.completions.create(model=m, prompt="The quick", echo=True, max_tokens=2)
     check(r.choices[0].text.startswith("The quick") and r.choices[0].logprobs is None,

@@ -106,6 +106,7 @@ fn rule(route: Route, name: &str) -> Option<Rule> {
             is_true,
             "special tokens are decoded as the tokenizer joins them",
         ),
+        // Completions declare `prompt_logprobs`: only chat's reaches here.
         "prompt_logprobs" | "return_tokens_as_token_ids" | "truncate_prompt_tokens" => {
             refuse(never, "not supported by this server yet")
         }

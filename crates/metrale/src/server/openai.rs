@@ -218,6 +218,9 @@ pub struct CompletionRequest {
     pub echo: bool,
     pub suffix: Option<String>,
     pub best_of: Option<u64>,
+    /// vLLM's: each prompt token's log-probability, rank and this many
+    /// alternatives, in `choices[].prompt_logprobs`.
+    pub prompt_logprobs: Option<u64>,
     /// Every field not declared above ([`fields::check`](crate::server::fields::check)).
     #[serde(flatten)]
     pub extra: serde_json::Map<String, Value>,

@@ -29,6 +29,8 @@ pub struct TokenLogprob {
     /// a partial UTF-8 character.
     pub bytes: Vec<u8>,
     pub logprob: f32,
+    /// A prompt token's rank among the vocabulary (1: the most likely).
+    pub rank: Option<u32>,
     /// The most likely tokens, best first.
     pub top: Vec<TopLogprob>,
 }
@@ -36,6 +38,7 @@ pub struct TokenLogprob {
 /// One of the most likely tokens at a position.
 #[derive(Clone, Debug)]
 pub struct TopLogprob {
+    pub token: u32,
     pub text: String,
     pub bytes: Vec<u8>,
     pub logprob: f32,
@@ -98,11 +101,13 @@ pub fn token_logprob(
         bytes: token_bytes(tokenizer, token, &main),
         text: main,
         logprob,
+        rank: None,
         top: top
             .iter()
             .map(|&(id, logprob)| {
                 let text = text(id);
                 TopLogprob {
+                    token: id,
                     bytes: token_bytes(tokenizer, id, &text),
                     text,
                     logprob,
@@ -206,11 +211,14 @@ impl Events {
                 }
                 StreamEvent::PromptLogprobs { logprobs, .. } => {
                     let tokenizer = &self.tokenizer;
-                    choices[index].prompt_logprobs.extend(
-                        logprobs
-                            .iter()
-                            .map(|p| token_logprob(tokenizer, p.token, p.logprob, &p.top_logprobs)),
-                    );
+                    choices[index]
+                        .prompt_logprobs
+                        .extend(logprobs.iter().map(|p| {
+                            let mut lp =
+                                token_logprob(tokenizer, p.token, p.logprob, &p.top_logprobs);
+                            lp.rank = Some(p.rank);
+                            lp
+                        }));
                 }
                 StreamEvent::Finished {
                     reason, usage: u, ..

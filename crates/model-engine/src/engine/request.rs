@@ -78,6 +78,8 @@ pub enum Event {
 pub struct PromptLogprob {
     pub token: u32,
     pub logprob: f32,
+    /// 1 + how many ids are more likely (vLLM's `rank`).
+    pub rank: u32,
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
@@ -226,14 +228,15 @@ impl Request {
                 continue;
             }
             let token = self.tokens[target];
-            let (logprob, top_logprobs) = match self.decodable_row(row) {
+            let s = match self.decodable_row(row) {
                 Some(masked) => crate::sampling::score(&masked, token, top),
                 None => crate::sampling::score(row, token, top),
             };
             out.push(PromptLogprob {
                 token,
-                logprob,
-                top_logprobs,
+                logprob: s.logprob,
+                rank: s.rank,
+                top_logprobs: s.top,
             });
         }
         self.prompt_scored = first + out.len();

@@ -547,6 +547,11 @@ fn prompt_logprobs_are_the_models_log_softmax_in_any_chunking() {
                     assert_eq!(s.token, ids[i + 1]);
                     assert_eq!(s.top_logprobs.len(), 3);
                     assert!(s.top_logprobs[0].1 >= s.logprob);
+                    // Its rank is its place among the most likely.
+                    match s.top_logprobs.iter().position(|t| t.0 == s.token) {
+                        Some(at) => assert_eq!(s.rank as usize, at + 1, "{s:?}"),
+                        None => assert!(s.rank > 3, "{s:?}"),
+                    }
                 }
             }
             teardown(&cpu, e);

@@ -14,5 +14,5 @@ mod stop;
 pub use defaults::{GENERATION_CONFIG, GenerationDefaults, SamplingOverrides};
 pub use grammar::{Grammar, GrammarFactory, OutputConstraint, TokenMask};
 pub use params::{MAX_TOP_LOGPROBS, SamplingParams};
-pub use sampler::{Sampled, Sampler, score};
+pub use sampler::{Sampled, Sampler, Score, score};
 pub use stop::{Finish, StopChecker, StopOutput};

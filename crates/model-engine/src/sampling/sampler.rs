@@ -343,19 +343,34 @@ fn top_n(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     top
 }
 
-/// `token`'s log-probability under `logits` (log-softmax, as
-/// [`Sampled::logprob`]) and the `top` most likely ids with theirs (as
-/// [`Sampled::top_logprobs`]): what the prompt's tokens are scored with.
-pub fn score(logits: &[f32], token: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
+/// A token scored under some logits ([`score`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Score {
+    /// Its log-probability (log-softmax, as [`Sampled::logprob`]).
+    pub logprob: f32,
+    /// 1 + how many ids have a larger logit (vLLM's `rank`).
+    pub rank: u32,
+    /// The most likely ids with theirs (as [`Sampled::top_logprobs`]).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// `token` scored under `logits`, with the `top` most likely ids: what
+/// the prompt's tokens are scored with.
+pub fn score(logits: &[f32], token: u32, top: usize) -> Score {
     let raw = LogSoftmax::of(logits);
     let mut top = top_n(logits, top);
     for (_, value) in &mut top {
         *value = raw.at(*value);
     }
-    let logprob = logits
+    let own = logits
         .get(token as usize)
-        .map_or(f32::NEG_INFINITY, |&x| raw.at(x));
-    (logprob, top)
+        .map_or(f32::NEG_INFINITY, |&x| sanitize(x));
+    let above = logits.iter().filter(|&&x| sanitize(x) > own).count();
+    Score {
+        logprob: raw.at(own),
+        rank: u32::try_from(above + 1).unwrap_or(u32::MAX),
+        top,
+    }
 }
 
 /// A uniform number in [0, 1) from the top 53 bits of one `u64`.

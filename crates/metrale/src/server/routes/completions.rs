@@ -43,6 +43,23 @@ pub async fn handler(
     crate::server::fields::check(crate::server::fields::Route::Completions, &request.extra)?;
     let constraint = crate::server::structured::constraint(&request.extra)?;
     let echo = request.echo;
+    let prompt_top = match request.prompt_logprobs {
+        None => None,
+        Some(k) if k <= MAX_TOP_LOGPROBS as u64 => Some(k as usize),
+        Some(k) => {
+            return Err(ApiError::bad_param(
+                "prompt_logprobs",
+                format!("prompt_logprobs must be at most {MAX_TOP_LOGPROBS}, got {k}"),
+            ));
+        }
+    };
+    if prompt_top.is_some() && request.sampling.stream {
+        return Err(ApiError::bad_param(
+            "prompt_logprobs",
+            "prompt_logprobs is not streamed by this server; ask without stream (or use \
+             echo with logprobs, which is)",
+        ));
+    }
     let score_only = echo && request.sampling.max_tokens == Some(0);
     if request.suffix.is_some() {
         return Err(ApiError::bad_param(
@@ -121,6 +138,9 @@ pub async fn handler(
     if echo && (logprobs || score_only) {
         params.prompt_logprobs = Some(top);
     }
+    if let Some(k) = prompt_top {
+        params.prompt_logprobs = Some(params.prompt_logprobs.unwrap_or(0).max(k));
+    }
     admit(&state, &prompts, n, &params)?;
     let choices = prompts.len() * n;
     let submitted = state
@@ -140,6 +160,8 @@ pub async fn handler(
         echoed,
         n,
         logprobs,
+        top,
+        prompt_top,
     };
     if sampling.stream {
         Ok(events
@@ -210,8 +232,12 @@ struct Completions {
     echoed: Vec<Echoed>,
     /// Choices per prompt.
     n: usize,
-    /// Whether log-probabilities were asked for.
+    /// Whether log-probabilities were asked for, and how many
+    /// alternatives (`logprobs: N`).
     logprobs: bool,
+    top: usize,
+    /// vLLM's `prompt_logprobs: K`.
+    prompt_top: Option<usize>,
 }
 
 /// A prompt repeated before its choices (`echo`).
@@ -239,6 +265,27 @@ impl Completions {
 
 fn logprobs_json(lps: &[TokenLogprob], start: usize) -> Value {
     echo_logprobs_json(None, lps, start)
+}
+
+/// vLLM's `prompt_logprobs`: `null` for the first token, then per token a
+/// map of ids to `{logprob, rank, decoded_token}`: the token itself and
+/// its `k` most likely alternatives (ranked 1.. in order).
+fn vllm_prompt_logprobs(prompt: &[TokenLogprob], k: usize) -> Value {
+    let mut out = vec![Value::Null];
+    for p in prompt {
+        let mut map = serde_json::Map::new();
+        map.insert(
+            p.token.to_string(),
+            json!({"logprob": p.logprob, "rank": p.rank, "decoded_token": p.text}),
+        );
+        for (i, t) in p.top.iter().take(k).enumerate() {
+            map.entry(t.token.to_string()).or_insert_with(
+                || json!({"logprob": t.logprob, "rank": i + 1, "decoded_token": t.text}),
+            );
+        }
+        out.push(Value::Object(map));
+    }
+    Value::Array(out)
 }
 
 /// [`logprobs_json`] after `lead`, a token reported with a `null`
@@ -327,11 +374,17 @@ impl Format for Completions {
             .into_iter()
             .enumerate()
             .map(|(index, c)| {
+                let prompt_json = self
+                    .prompt_top
+                    .map(|k| vllm_prompt_logprobs(&c.prompt_logprobs, k));
                 let echoed = self.echoed.get(index / self.n.max(1));
                 let (text, lp) = match echoed {
                     Some(e) => {
-                        let lps: Vec<TokenLogprob> =
-                            c.prompt_logprobs.into_iter().chain(c.logprobs).collect();
+                        let prompt = c.prompt_logprobs.into_iter().map(|mut p| {
+                            p.top.truncate(self.top);
+                            p
+                        });
+                        let lps: Vec<TokenLogprob> = prompt.chain(c.logprobs).collect();
                         let lp = if self.logprobs {
                             echo_logprobs_json(e.first.as_ref(), &lps, 0)
                         } else {
@@ -345,12 +398,16 @@ impl Format for Completions {
                         (c.text, lp)
                     }
                 };
-                json!({
+                let mut choice = json!({
                     "index": index,
                     "text": text,
                     "logprobs": lp,
                     "finish_reason": c.finish.as_ref().map(finish_reason),
-                })
+                });
+                if let Some(p) = prompt_json {
+                    choice["prompt_logprobs"] = p;
+                }
+                choice
             })
             .collect();
         self.chunk(json!(choices), Some(usage))
