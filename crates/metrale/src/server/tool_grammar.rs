@@ -18,7 +18,10 @@
 //!   `enum` of strings is one of them; another string is any text without
 //!   `<` (so it cannot end the tag early); any other type is JSON held to
 //!   the parameter's schema (the parser reads it back as JSON).
-//! - Pythonic (LFM2) has no grammar here: forcing a call there is a 400.
+//! - Pythonic (LFM2) writes `[f(a=1, b="x")]` between its markers: each
+//!   parameter of the schema's `properties` in order (the `required` ones
+//!   always), its value JSON of its schema (the parser reads JSON's
+//!   literals beside Python's).
 //!
 //! `parallel_tool_calls: false` allows one call; true, one or more.
 //! Where the prompt left the model inside its reasoning (`<think>` opened
@@ -59,7 +62,7 @@ pub fn grammar(
 /// to its first marker and then calls held as a forced call's are (every
 /// tool's schema holds, strict or not: the reply's calls always parse).
 /// `None` where a call has no opening marker to be told by (Llama 3's
-/// bare JSON) or the format has no grammar (pythonic).
+/// bare JSON).
 pub fn strict_auto(
     format: ToolCallFormat,
     tools: &Tools,
@@ -69,10 +72,7 @@ pub fn strict_auto(
     let Some(marker) = format.start_marker() else {
         return Ok(None);
     };
-    if matches!(
-        format,
-        ToolCallFormat::Pythonic | ToolCallFormat::Llama3Json
-    ) {
+    if format == ToolCallFormat::Llama3Json {
         return Ok(None);
     }
     let (calls, mut rules) = forced(format, tools, tokenizer)?;
@@ -198,11 +198,20 @@ fn forced(
             alts.join(" | ")
         }
         ToolCallFormat::Pythonic => {
-            return Err(ApiError::bad_param(
-                "tool_choice",
-                "forcing a call (tool_choice \"required\" or a named function) is not \
-                 supported for the pythonic tool-call format; use \"auto\"",
-            ));
+            let mut alts = Vec::new();
+            for (i, (name, params)) in functions.iter().enumerate() {
+                rules.push(format!("call_{i}: {}", python_call(name, params)));
+                alts.push(format!("call_{i}"));
+            }
+            rules.push(format!("call: {}", alts.join(" | ")));
+            let calls = if tools.parallel {
+                "call (\", \" call)*"
+            } else {
+                "call"
+            };
+            let open = atom("<|tool_call_start|>");
+            let close = atom("<|tool_call_end|>");
+            return Ok((format!("{open} \"[\" {calls} \"]\" {close}"), rules));
         }
     };
     let sep = match format {
@@ -300,6 +309,53 @@ fn xml_call(i: usize, name: &str, params: &Value, extra: &mut Vec<String>) -> St
     out
 }
 
+/// A Pythonic call of `name`: `name(a=1, b="x")`, each parameter of the
+/// schema's `properties` in order (`required` ones always, the others
+/// optionally), `, ` between those written, each value JSON of its schema
+/// (a Python literal too: the parser takes JSON's `true`, `false` and
+/// `null` beside Python's).
+fn python_call(name: &str, params: &Value) -> String {
+    let props: Vec<(&String, &Value)> = params
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| p.iter().collect())
+        .unwrap_or_default();
+    let required: Vec<&str> = params
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let item = |j: usize| {
+        let (param, schema) = props[j];
+        format!(
+            "{} %json {}",
+            quote(&format!("{param}=")),
+            compact(schema.clone())
+        )
+    };
+    let is_required = |j: usize| required.contains(&props[j].0.as_str());
+    // After something was written: `, p` for each parameter left.
+    let mut tail = String::new();
+    // Before anything was written: the first parameter written, then the tail.
+    let mut head = String::new();
+    for j in (0..props.len()).rev() {
+        let next_tail = tail.clone();
+        tail = if is_required(j) {
+            format!("\", \" {} {next_tail}", item(j))
+        } else {
+            format!("(\", \" {})? {next_tail}", item(j))
+        };
+        head = if is_required(j) {
+            format!("{} {next_tail}", item(j))
+        } else if head.trim().is_empty() {
+            format!("({} {next_tail})?", item(j))
+        } else {
+            format!("({} {next_tail} | {head})", item(j))
+        };
+    }
+    format!("{} {head} \")\"", quote(&format!("{name}(")))
+}
+
 /// A parameter's value and its closing tag.
 fn xml_value(schema: &Value) -> String {
     const CLOSE: &str = "\n</parameter>\n";
@@ -394,7 +450,7 @@ mod tests {
                                 .compile(&c)
                                 .unwrap_or_else(|e| panic!("{format} {think:?}: {e}\n{g}"));
                         }
-                        Err(e) => assert_eq!(format, ToolCallFormat::Pythonic, "{e}"),
+                        Err(e) => panic!("{format}: {e}"),
                     }
                 }
             }
@@ -481,10 +537,7 @@ mod strict_tests {
             .unwrap();
         for format in ToolCallFormat::ALL {
             let Some(g) = strict_auto(format, &tools, Think::No, &tok).unwrap() else {
-                assert!(matches!(
-                    format,
-                    ToolCallFormat::Pythonic | ToolCallFormat::Llama3Json
-                ));
+                assert_eq!(format, ToolCallFormat::Llama3Json);
                 continue;
             };
             let marker = format.start_marker().unwrap();
@@ -514,6 +567,65 @@ mod strict_tests {
                 texts > 0 && calls > 10,
                 "{format}: {texts} texts, {calls} calls"
             );
+        }
+    }
+
+    /// Every format's forced grammar: every walk is one call or more that
+    /// the format's parser reads back, with arguments of the schema
+    /// (an enum, a bounded integer, an optional bounded string).
+    #[test]
+    fn forced_calls_parse_back_with_valid_arguments_in_every_format() {
+        let tok = Tokenizer::from_dir(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/qwen3_5"
+        ))
+        .unwrap();
+        let list = json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Tokyo"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "note": {"type": "string", "maxLength": 8}},
+            "required": ["city", "days"], "additionalProperties": false}}}]);
+        for parallel in [false, true] {
+            let tools = read(
+                Some(&list),
+                Some(&json!("required")),
+                Some(&json!(parallel)),
+            )
+            .unwrap()
+            .unwrap();
+            for format in ToolCallFormat::ALL {
+                let g = grammar(format, &tools, Think::No, &tok).unwrap();
+                let replies = walks(&tok, &g, "", 12);
+                assert!(
+                    replies.len() >= 6,
+                    "{format}: {} walks ended",
+                    replies.len()
+                );
+                for reply in replies {
+                    let parsed = parse(format, &reply, &tools.list);
+                    assert!(!parsed.calls.is_empty(), "{format}: {reply:?}\n{g}");
+                    assert!(parallel || parsed.calls.len() == 1, "{format}: {reply:?}");
+                    for call in &parsed.calls {
+                        assert_eq!(call.name, "get_weather");
+                        let a: serde_json::Value = serde_json::from_str(&call.arguments).unwrap();
+                        assert!(
+                            ["Paris", "Tokyo"].contains(&a["city"].as_str().unwrap()),
+                            "{format}: {reply:?}"
+                        );
+                        assert!(
+                            (1..=7).contains(&a["days"].as_i64().unwrap()),
+                            "{format}: {reply:?}"
+                        );
+                        if let Some(note) = a.get("note") {
+                            assert!(
+                                note.as_str().unwrap().chars().count() <= 8,
+                                "{format}: {reply:?}"
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 }
