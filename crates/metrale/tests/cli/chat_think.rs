@@ -13,8 +13,8 @@ fn fixtures() -> PathBuf {
 }
 
 /// The qwen3_5 fixture in a scratch folder, its chat template Qwen3.5's.
-fn qwen3_5_with_its_template() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("metrale-think-{}", std::process::id()));
+fn qwen3_5_with_its_template(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("metrale-think-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for f in [
         "config.json",
@@ -63,7 +63,7 @@ fn prompt(out: &Output) -> String {
 
 #[test]
 fn think_on_and_off_render_qwen3_5_s_template() {
-    let model = qwen3_5_with_its_template();
+    let model = qwen3_5_with_its_template("render");
     let turn = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n";
     let off = prompt(&chat(&model, &["--think", "off"]));
     assert_eq!(off, format!("{turn}<think>\n\n</think>\n\n"));
@@ -83,4 +83,54 @@ fn think_with_a_template_without_the_switch_warns() {
         stderr.contains("--think: this model's chat template has no thinking switch"),
         "{stderr}"
     );
+}
+
+/// The reply's reasoning is printed (dimmed only on a terminal) unless
+/// `--hide-reasoning`; a grammar holds the random model's reply to
+/// `<reasoning></think>\n\n<answer>` after the prompt's open `<think>`.
+#[test]
+fn hide_reasoning_leaves_the_reasoning_out() {
+    let model = qwen3_5_with_its_template("hide");
+    let grammar = model.join("reply.lark");
+    std::fs::write(
+        &grammar,
+        "start: \"pondering\" \"</think>\" \"\\n\\nfour\"\n",
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_metrale"))
+            .arg("chat")
+            .args(["-m", model.to_str().unwrap(), "-n", "64", "--think", "on"])
+            .args(["--grammar", grammar.to_str().unwrap()])
+            .args(extra)
+            .env_remove("METRALE_MODEL")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the metrale binary runs");
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"What is 2+2?\n").unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().expect("metrale finishes");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shown = run(&[]);
+    assert!(
+        shown.contains("pondering") && shown.contains("four"),
+        "{shown:?}"
+    );
+    assert!(
+        !shown.contains('\u{1b}'),
+        "no colour off a terminal: {shown:?}"
+    );
+    let hidden = run(&["--hide-reasoning"]);
+    assert!(
+        !hidden.contains("pondering") && hidden.contains("four"),
+        "{hidden:?}"
+    );
+    std::fs::remove_dir_all(&model).unwrap();
 }

@@ -295,3 +295,40 @@ fn the_official_client_runs_a_tool_loop() {
         SCRIPT_LIMIT,
     );
 }
+
+/// A model whose template and type show no call format (Bamba's fixture):
+/// tools are a 400 that says to name one; named with `--tool-call-parser`
+/// (the config's `tool_call_parser`), a forced call comes back parsed.
+#[test]
+fn tool_call_parser_names_a_format_the_model_does_not_show() {
+    let bamba = fixture().join("../bamba");
+    // Closed, so that a random model's call ends well inside max_tokens.
+    let mut tool = weather_tool();
+    tool["function"]["parameters"]["additionalProperties"] = json!(false);
+    let body = json!({"messages": ask(), "tools": [tool], "tool_choice": "required",
+        "parallel_tool_calls": false, "max_tokens": 200, "seed": 1});
+    let server = |config| start_app(&bamba, &load_options(), config, metrale_server::router);
+    let plain = server(ServerConfig::default());
+    let e = post(plain.addr, "/v1/chat/completions", &body).error(400);
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("--tool-call-parser"),
+        "{e}"
+    );
+    let hermes = server(ServerConfig {
+        tool_call_parser: Some(metrale::engine::chat::tools::ToolCallFormat::Hermes),
+        ..ServerConfig::default()
+    });
+    let reply = chat(&hermes, body);
+    let calls = reply["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{reply}"));
+    assert_eq!(calls.len(), 1, "{reply}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather", "{reply}");
+    assert_eq!(
+        reply["choices"][0]["finish_reason"], "tool_calls",
+        "{reply}"
+    );
+}
