@@ -49,6 +49,17 @@ const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}
 /// (`\p{M}`) kept with the letters they follow.
 const QWEN35_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// The pre-tokenizers llama.cpp reads as Llama 3's (its
+/// `LLAMA_VOCAB_PRE_TYPE_LLAMA3`): Llama 3's split, and a piece that is
+/// one token of the vocabulary taken whole before any merge (as their
+/// tokenizer.json files say with `ignore_merges`).
+fn llama3_like(pre: &str) -> bool {
+    matches!(
+        pre,
+        "llama-bpe" | "llama3" | "llama-v3" | "falcon3" | "falcon-h1" | "pixtral" | "lfm2"
+    )
+}
+
 /// The special tokens and the flags that say where they are added.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GgufSpecialTokens {
@@ -248,7 +259,8 @@ fn byte_level_bpe(file: &GgufFile, tokens: &[String]) -> Result<Value, WeightsEr
     };
     let pre_tokenizer = match pre {
         "default" | "gpt-2" | "gpt2" => byte_level(true),
-        "llama-bpe" | "llama3" | "dbrx" | "smaug-bpe" => split(LLAMA3_REGEX),
+        "dbrx" | "smaug-bpe" => split(LLAMA3_REGEX),
+        pre if llama3_like(pre) => split(LLAMA3_REGEX),
         "qwen2" | "stablelm2" => split(QWEN2_REGEX),
         "qwen35" => split(QWEN35_REGEX),
         other => {
@@ -256,7 +268,8 @@ fn byte_level_bpe(file: &GgufFile, tokens: &[String]) -> Result<Value, WeightsEr
                 file,
                 PRE_KEY,
                 format!(
-                    "pre-tokenizer {other:?} is not supported (default, gpt-2, llama-bpe, qwen2 and qwen35 are)"
+                    "pre-tokenizer {other:?} is not supported (default, gpt-2, the Llama 3 family's \
+                     (llama-bpe, lfm2, falcon-h1, ...), qwen2 and qwen35 are)"
                 ),
             ));
         }
@@ -278,7 +291,11 @@ fn byte_level_bpe(file: &GgufFile, tokens: &[String]) -> Result<Value, WeightsEr
             "end_of_word_suffix": null,
             "fuse_unk": false,
             "byte_fallback": false,
-            "ignore_merges": false,
+            // Llama 3's tokenizer.json takes a piece that is one token of
+            // the vocabulary whole, before any merge (llama.cpp does the
+            // same for these pre-tokenizers); merges alone can cut such a
+            // piece elsewhere (" Việt" in three).
+            "ignore_merges": llama3_like(pre),
             "vocab": vocab(tokens),
             "merges": merges,
         },
@@ -380,6 +397,22 @@ mod tests {
         assert_eq!(encode(&digits("gpt-2"), "3123"), vec![2, 4]);
         assert_eq!(encode(&digits("llama-bpe"), "3123"), vec![2, 3, 2]);
         assert_eq!(encode(&digits("qwen2"), "3123"), vec![2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn llama3_takes_a_piece_in_the_vocabulary_whole() {
+        // "abc" is a token, but the merges alone make "a" + "bc" of it.
+        let letters = |pre: &str| {
+            let mut w = GgufWriter::new();
+            w.add(MODEL_KEY, GgufValue::String("gpt2".into()))
+                .add(PRE_KEY, GgufValue::String(pre.into()))
+                .add(TOKENS_KEY, strings(&["a", "b", "c", "bc", "ab", "abc"]))
+                .add(MERGES_KEY, strings(&["b c", "a b"]));
+            w
+        };
+        assert_eq!(encode(&letters("llama-bpe"), "abc"), vec![5]);
+        assert_eq!(encode(&letters("lfm2"), "abc"), vec![5]);
+        assert_eq!(encode(&letters("qwen2"), "abc"), vec![0, 3]);
     }
 
     #[test]
