@@ -23,7 +23,10 @@ use serde_json::Value;
 use crate::config::json::read_json;
 use crate::error::{EngineError, Result};
 
+mod bytes;
 mod spans;
+
+pub use bytes::{byte_level_byte, fallback_byte};
 
 /// A loaded tokenizer with its special tokens. Cloning is cheap (the
 /// vocabulary is shared).

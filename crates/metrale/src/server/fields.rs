@@ -92,7 +92,6 @@ fn rule(route: Route, name: &str) -> Option<Rule> {
         "prediction" => Some(Label),
         // Output format and structure: `structured::constraint` reads them.
         _ if crate::server::structured::FIELDS.contains(&name) => Some(Read),
-        "guided_whitespace_pattern" => Some(Read),
         // Token-level control.
         "logit_bias" | "bad_words" | "allowed_token_ids" | "logits_processors" => {
             refuse(is_empty, TOKEN_SETS)

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use crate::engine::tokenizer::Tokenizer;
+use crate::engine::tokenizer::{Tokenizer, byte_level_byte, fallback_byte};
 use crate::{Finish, StreamEvent};
 use axum::response::sse::{Event, Sse};
 use futures_util::Stream;
@@ -57,33 +57,13 @@ pub fn token_bytes(tokenizer: &Tokenizer, id: u32, text: &str) -> Vec<u8> {
     let Some(raw) = tokenizer.id_to_token(id) else {
         return text.as_bytes().to_vec();
     };
-    if let Some(hex) = raw.strip_prefix("<0x").and_then(|r| r.strip_suffix('>'))
-        && hex.len() == 2
-        && let Ok(b) = u8::from_str_radix(hex, 16)
-    {
+    if let Some(b) = fallback_byte(&raw) {
         return vec![b];
     }
     raw.chars()
         .map(byte_level_byte)
         .collect::<Option<Vec<u8>>>()
         .unwrap_or_else(|| text.as_bytes().to_vec())
-}
-
-/// The byte a character of byte-level BPE's alphabet (GPT-2's
-/// `bytes_to_unicode`) stands for: printable Latin-1 bytes as themselves,
-/// the others as U+0100 on, in byte order.
-fn byte_level_byte(c: char) -> Option<u8> {
-    let printable =
-        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-    let c = c as u32;
-    if c < 256 {
-        return printable(c).then_some(c as u8);
-    }
-    let n = (c - 256) as usize;
-    (0u32..256)
-        .filter(|&b| !printable(b))
-        .nth(n)
-        .map(|b| b as u8)
 }
 
 /// `token`'s log-probability with its text and bytes, and its
@@ -370,17 +350,6 @@ fn add_usage(total: &mut UsageInfo, usage: &crate::Usage, index: usize, n: usize
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn byte_level_table() {
-        assert_eq!(byte_level_byte('A'), Some(b'A'));
-        assert_eq!(byte_level_byte('\u{120}'), Some(b' '), "Ġ");
-        assert_eq!(byte_level_byte('\u{10A}'), Some(b'\n'), "Ċ");
-        assert_eq!(byte_level_byte('\u{100}'), Some(0));
-        assert_eq!(byte_level_byte('\u{143}'), Some(0xAD), "the last one");
-        assert_eq!(byte_level_byte('\u{144}'), None);
-        assert_eq!(byte_level_byte(' '), None, "a space is not in the alphabet");
-    }
 
     /// On the llama fixture's byte-level tokenizer: a token that is part
     /// of a UTF-8 character has its own bytes, not U+FFFD's; any other has

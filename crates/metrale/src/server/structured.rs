@@ -13,7 +13,7 @@ use crate::OutputConstraint;
 use crate::server::error::ApiError;
 
 /// The fields read here (the field rules in `fields.rs` let them through).
-pub const FIELDS: [&str; 7] = [
+pub const FIELDS: [&str; 8] = [
     "response_format",
     "structured_outputs",
     "guided_json",
@@ -21,6 +21,7 @@ pub const FIELDS: [&str; 7] = [
     "guided_choice",
     "guided_grammar",
     "guided_decoding_backend",
+    "guided_whitespace_pattern",
 ];
 
 fn bad(param: &'static str, message: impl Into<String>) -> ApiError {

@@ -31,9 +31,8 @@
 use serde_json::{Value, json};
 
 use crate::engine::chat::tools::ToolCallFormat;
-use crate::engine::sampling::grammar::compact;
+use crate::engine::sampling::grammar::{compact, regex_escape};
 use crate::engine::tokenizer::Tokenizer;
-use crate::server::error::ApiError;
 use crate::server::tools::{ToolChoice, Tools};
 
 /// How the reply begins with respect to reasoning.
@@ -51,10 +50,12 @@ pub fn grammar(
     tools: &Tools,
     think: Think,
     tokenizer: &Tokenizer,
-) -> Result<String, ApiError> {
-    let (calls, mut rules) = forced(format, tools, tokenizer)?;
+) -> String {
+    let Forced {
+        calls, mut rules, ..
+    } = forced(format, tools, tokenizer);
     rules.insert(0, format!("start: {}{calls}", think_prefix(think)));
-    Ok(finish(rules, think, tokenizer))
+    finish(rules, think, tokenizer)
 }
 
 /// The grammar of a reply under `tool_choice: "auto"` with a `strict`
@@ -68,57 +69,12 @@ pub fn strict_auto(
     tools: &Tools,
     think: Think,
     tokenizer: &Tokenizer,
-) -> Result<Option<String>, ApiError> {
-    let Some(marker) = format.start_marker() else {
-        return Ok(None);
-    };
-    if format == ToolCallFormat::Llama3Json {
-        return Ok(None);
-    }
-    let (calls, mut rules) = forced(format, tools, tokenizer)?;
-    // The first call's marker is the lead's end: the rest of it follows.
-    let atom = marker_atom(tokenizer, marker);
-    let strip = |body: &str| -> Option<String> {
-        let quoted = quote(marker);
-        let open = &quoted[..quoted.len() - 1];
-        body.strip_prefix(&format!("{atom} "))
-            .map(str::to_owned)
-            .or_else(|| body.strip_prefix(open).map(|rest| format!("\"{rest}")))
-    };
-    let mut firsts = Vec::new();
-    for rule in rules.clone() {
-        // A call's own line (a Qwen3Xml call's parameter rules follow it).
-        let line = rule.lines().next().unwrap_or_default();
-        let Some((name, body)) = line.split_once(": ") else {
-            continue;
-        };
-        if name == "call" || name.starts_with("call_") {
-            let first = name.replacen("call", "first", 1);
-            if let Some(rest) = strip(body) {
-                firsts.push(format!("{first}: {rest}"));
-            }
-        }
-    }
-    let after = match calls.strip_prefix("call") {
-        // One call or more: the first without its marker.
-        Some(more) => {
-            if !firsts.iter().any(|r| r.starts_with("first: ")) {
-                let alts: Vec<String> = firsts
-                    .iter()
-                    .filter_map(|r| r.split_once(':').map(|(n, _)| n.to_owned()))
-                    .collect();
-                firsts.push(format!("first: {}", alts.join(" | ")));
-            }
-            format!("first{more}")
-        }
-        // One list of calls after the marker.
-        None => strip(&calls).ok_or_else(|| {
-            ApiError::Internal(format!(
-                "a {format} call grammar does not open with {marker:?}"
-            ))
-        })?,
-    };
-    rules.extend(firsts);
+) -> Option<String> {
+    let Forced {
+        after, mut rules, ..
+    } = forced(format, tools, tokenizer);
+    let (after, marker) = (after?, format.start_marker()?);
+    // The lead ends with the first marker; the rest of the calls follow.
     let (plain, lead) = match special_id(tokenizer, marker) {
         Some(id) => (format!("<[^{id}]>*"), format!("<[^{id}]>* <[{id}]>")),
         None => {
@@ -132,28 +88,22 @@ pub fn strict_auto(
         0,
         format!("start: {}({plain} | {lead} {after})", think_prefix(think)),
     );
-    Ok(Some(finish(rules, think, tokenizer)))
+    Some(finish(rules, think, tokenizer))
 }
 
-/// `text` as a regex that matches exactly it.
-fn regex_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() * 2);
-    for c in text.chars() {
-        if "\\.+*?()|[]{}^$#&-~/\"".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
+/// A forced call's grammar, without reasoning.
+struct Forced {
+    /// The expression of one call or more (or of the one list of calls).
+    calls: String,
+    /// What follows the format's opening marker in `calls`: the calls,
+    /// the first one's marker taken as written. `None` for a format whose
+    /// calls open with no marker (Llama 3's bare JSON).
+    after: Option<String>,
+    /// The rules both refer to.
+    rules: Vec<String>,
 }
 
-/// A forced call's start expression (without reasoning) and the rules
-/// it refers to.
-fn forced(
-    format: ToolCallFormat,
-    tools: &Tools,
-    tokenizer: &Tokenizer,
-) -> Result<(String, Vec<String>), ApiError> {
+fn forced(format: ToolCallFormat, tools: &Tools, tokenizer: &Tokenizer) -> Forced {
     let functions: Vec<(&str, Value)> = tools
         .functions()
         .filter(|f| match &tools.choice {
@@ -171,23 +121,34 @@ fn forced(
         .collect();
     let atom = |text: &str| marker_atom(tokenizer, text);
     let mut rules = Vec::new();
-    let call = match format {
-        ToolCallFormat::Hermes => format!(
-            "{} \"\\n\" %json {} \"\\n\" {}",
-            atom("<tool_call>"),
-            call_schema(&functions, "arguments"),
-            atom("</tool_call>")
+    // Formats that write one list of calls after their marker.
+    let list = |open: String, after: String, rules: Vec<String>| Forced {
+        calls: format!("{open} {after}"),
+        after: Some(after),
+        rules,
+    };
+    // Otherwise a call is `open call_body` (no `open` for Llama 3).
+    let (open, body) = match format {
+        ToolCallFormat::Hermes => (
+            Some(atom("<tool_call>")),
+            format!(
+                "\"\\n\" %json {} \"\\n\" {}",
+                call_schema(&functions, "arguments"),
+                atom("</tool_call>")
+            ),
         ),
-        ToolCallFormat::Llama3Json => format!("%json {}", call_schema(&functions, "parameters")),
+        ToolCallFormat::Llama3Json => (
+            None,
+            format!("%json {}", call_schema(&functions, "parameters")),
+        ),
         ToolCallFormat::Granite | ToolCallFormat::Mistral | ToolCallFormat::Nemotron => {
             let start = format.start_marker().unwrap_or_default();
-            let list = list_schema(&functions, tools.parallel);
             let end = match format {
                 ToolCallFormat::Nemotron => atom("</TOOLCALL>"),
                 _ => String::new(),
             };
-            // One list holds every call.
-            return Ok((format!("{} %json {} {}", atom(start), list, end), rules));
+            let calls = list_schema(&functions, tools.parallel);
+            return list(atom(start), format!("%json {calls} {end}"), rules);
         }
         ToolCallFormat::Qwen3Xml => {
             let mut alts = Vec::new();
@@ -195,7 +156,7 @@ fn forced(
                 rules.push(xml_call(i, name, params, &mut Vec::new()));
                 alts.push(format!("call_{i}"));
             }
-            alts.join(" | ")
+            (Some(quote("<tool_call>")), alts.join(" | "))
         }
         ToolCallFormat::Pythonic => {
             let mut alts = Vec::new();
@@ -209,22 +170,29 @@ fn forced(
             } else {
                 "call"
             };
-            let open = atom("<|tool_call_start|>");
-            let close = atom("<|tool_call_end|>");
-            return Ok((format!("{open} \"[\" {calls} \"]\" {close}"), rules));
+            let after = format!("\"[\" {calls} \"]\" {}", atom("<|tool_call_end|>"));
+            return list(atom("<|tool_call_start|>"), after, rules);
         }
     };
     let sep = match format {
         ToolCallFormat::Llama3Json => "\"; \"",
         _ => "\"\\n\"",
     };
-    rules.push(format!("call: {call}"));
-    let calls = if tools.parallel {
-        format!("call ({sep} call)*")
+    rules.push(format!("call_body: {body}"));
+    rules.push(match &open {
+        Some(open) => format!("call: {open} call_body"),
+        None => "call: call_body".to_owned(),
+    });
+    let more = if tools.parallel {
+        format!(" ({sep} call)*")
     } else {
-        "call".to_string()
+        String::new()
     };
-    Ok((calls, rules))
+    Forced {
+        calls: format!("call{more}"),
+        after: open.map(|_| format!("call_body{more}")),
+        rules,
+    }
 }
 
 fn think_prefix(think: Think) -> &'static str {
@@ -289,7 +257,8 @@ fn xml_call(i: usize, name: &str, params: &Value, extra: &mut Vec<String>) -> St
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    let mut body = vec![quote(&format!("<tool_call>\n<function={name}>\n"))];
+    // The opening `<tool_call>` is the caller's (`forced`).
+    let mut body = vec![quote(&format!("\n<function={name}>\n"))];
     for (j, (param, schema)) in props.into_iter().flatten().enumerate() {
         let rule = format!("p_{i}_{j}");
         let open = quote(&format!("<parameter={param}>\n"));
@@ -443,15 +412,11 @@ mod tests {
             for (choice, parallel) in [(json!("required"), true), (named.clone(), false)] {
                 for think in [Think::No, Think::Open] {
                     let tools = weather(choice.clone(), parallel);
-                    match grammar(format, &tools, think, &tok) {
-                        Ok(g) => {
-                            let c = crate::OutputConstraint::Lark(g.clone());
-                            factory
-                                .compile(&c)
-                                .unwrap_or_else(|e| panic!("{format} {think:?}: {e}\n{g}"));
-                        }
-                        Err(e) => panic!("{format}: {e}"),
-                    }
+                    let g = grammar(format, &tools, think, &tok);
+                    let c = crate::OutputConstraint::Lark(g.clone());
+                    factory
+                        .compile(&c)
+                        .unwrap_or_else(|e| panic!("{format} {think:?}: {e}\n{g}"));
                 }
             }
         }
@@ -460,7 +425,7 @@ mod tests {
     #[test]
     fn xml_parameters_follow_the_schema() {
         let tools = weather(json!("required"), false);
-        let g = grammar(ToolCallFormat::Qwen3Xml, &tools, Think::No, &tokenizer()).unwrap();
+        let g = grammar(ToolCallFormat::Qwen3Xml, &tools, Think::No, &tokenizer());
         assert!(
             g.contains(r#""Paris\n</parameter>\n" | "Tokyo\n</parameter>\n""#),
             "{g}"
@@ -536,7 +501,7 @@ mod strict_tests {
             .unwrap()
             .unwrap();
         for format in ToolCallFormat::ALL {
-            let Some(g) = strict_auto(format, &tools, Think::No, &tok).unwrap() else {
+            let Some(g) = strict_auto(format, &tools, Think::No, &tok) else {
                 assert_eq!(format, ToolCallFormat::Llama3Json);
                 continue;
             };
@@ -595,7 +560,7 @@ mod strict_tests {
             .unwrap()
             .unwrap();
             for format in ToolCallFormat::ALL {
-                let g = grammar(format, &tools, Think::No, &tok).unwrap();
+                let g = grammar(format, &tools, Think::No, &tok);
                 let replies = walks(&tok, &g, "", 12);
                 assert!(
                     replies.len() >= 6,

@@ -34,10 +34,16 @@ fn qwen3_5_with_its_template(tag: &str) -> PathBuf {
     dir
 }
 
+/// One turn of `metrale chat` on `model`, its rendered prompt shown.
 fn chat(model: &Path, args: &[&str]) -> Output {
+    run_chat(model, &[&["-n", "1", "--show-prompt"], args].concat())
+}
+
+/// `metrale chat -m model ARGS` answering "What is 2+2?".
+fn run_chat(model: &Path, args: &[&str]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_metrale"))
         .arg("chat")
-        .args(["-m", model.to_str().unwrap(), "-n", "1", "--show-prompt"])
+        .args(["-m", model.to_str().unwrap()])
         .args(args)
         .env_remove("METRALE_MODEL")
         .env("RUST_LOG", "warn")
@@ -98,22 +104,11 @@ fn hide_reasoning_leaves_the_reasoning_out() {
     )
     .unwrap();
     let run = |extra: &[&str]| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_metrale"))
-            .arg("chat")
-            .args(["-m", model.to_str().unwrap(), "-n", "64", "--think", "on"])
-            .args(["--grammar", grammar.to_str().unwrap()])
-            .args(extra)
-            .env_remove("METRALE_MODEL")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the metrale binary runs");
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(b"What is 2+2?\n").unwrap();
-        drop(stdin);
-        let out = child.wait_with_output().expect("metrale finishes");
+        let grammar = ["--grammar", grammar.to_str().unwrap()];
+        let out = run_chat(
+            &model,
+            &[&["-n", "64", "--think", "on"], &grammar[..], extra].concat(),
+        );
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "{stderr}");
         String::from_utf8_lossy(&out.stdout).into_owned()

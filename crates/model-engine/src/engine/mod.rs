@@ -437,15 +437,7 @@ impl Engine {
         let r = &mut self.running[i];
         if r.max_new == 0 {
             // Only the prompt's scores were asked for.
-            events.push(Event::Finished {
-                id,
-                reason: crate::sampling::Finish::Length,
-                usage: r.usage(),
-            });
-            if let Some(seq) = r.seq.as_mut() {
-                self.model.finish_prefix(seq, &r.tokens);
-            }
-            self.remove_running(i);
+            self.finish(i, crate::sampling::Finish::Length, events);
             return;
         }
         let accepted = r
@@ -462,19 +454,26 @@ impl Engine {
                     top_logprobs: sampled.top_logprobs,
                 });
                 if let Some(reason) = accepted.finish {
-                    events.push(Event::Finished {
-                        id,
-                        reason,
-                        usage: r.usage(),
-                    });
-                    if let Some(seq) = r.seq.as_mut() {
-                        self.model.finish_prefix(seq, &r.tokens);
-                    }
-                    self.remove_running(i);
+                    self.finish(i, reason, events);
                 }
             }
             Err(e) => self.fail(id, e.to_string(), events),
         }
+    }
+
+    /// Ends running request `index` for `reason`: reports it, caches its
+    /// prefix and frees its sequence.
+    fn finish(&mut self, index: usize, reason: crate::sampling::Finish, events: &mut Vec<Event>) {
+        let r = &mut self.running[index];
+        events.push(Event::Finished {
+            id: r.id,
+            reason,
+            usage: r.usage(),
+        });
+        if let Some(seq) = r.seq.as_mut() {
+            self.model.finish_prefix(seq, &r.tokens);
+        }
+        self.remove_running(index);
     }
 
     /// Removes a running request after a failure and reports it.

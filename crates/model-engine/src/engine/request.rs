@@ -1,5 +1,6 @@
 //! One request's state inside the engine, and the events a step reports.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -228,10 +229,7 @@ impl Request {
                 continue;
             }
             let token = self.tokens[target];
-            let s = match self.decodable_row(row) {
-                Some(masked) => crate::sampling::score(&masked, token, top),
-                None => crate::sampling::score(row, token, top),
-            };
+            let s = crate::sampling::score(&self.decodable(row), token, top);
             out.push(PromptLogprob {
                 token,
                 logprob: s.logprob,
@@ -243,20 +241,24 @@ impl Request {
         (first, out)
     }
 
-    /// `row` cut to the ids the tokenizer can decode, holes at -inf, when
-    /// that changes it.
-    fn decodable_row(&self, row: &[f32]) -> Option<Vec<f32>> {
-        let (count, holes) = self.decodable.as_ref()?;
-        if holes.is_empty() && *count >= row.len() {
-            return None;
+    /// `row` over the ids the tokenizer can decode: cut to their count
+    /// (a checkpoint's vocabulary is often padded beyond its tokenizer's),
+    /// the holes at -inf. Copied only where there are holes.
+    fn decodable<'a>(&self, row: &'a [f32]) -> Cow<'a, [f32]> {
+        let Some((count, holes)) = &self.decodable else {
+            return Cow::Borrowed(row);
+        };
+        let row = &row[..(*count).min(row.len())];
+        if holes.is_empty() {
+            return Cow::Borrowed(row);
         }
-        let mut masked = row[..(*count).min(row.len())].to_vec();
+        let mut masked = row.to_vec();
         for &id in holes.iter() {
             if let Some(v) = masked.get_mut(id as usize) {
                 *v = f32::NEG_INFINITY;
             }
         }
-        Some(masked)
+        Cow::Owned(masked)
     }
 
     /// Samples the next token from the logits of the last token fed, among
@@ -272,28 +274,16 @@ impl Request {
             )));
         }
         let mask = self.grammar_mask()?;
-        let Some((count, holes)) = &self.decodable else {
-            return self.sampler.sample(logits, &self.tokens);
-        };
-        let logits = &logits[..(*count).min(logits.len())];
-        if holes.is_empty() && mask.is_none() {
-            return self.sampler.sample(logits, &self.tokens);
-        }
-        let mut masked = logits.to_vec();
-        for &id in holes.iter() {
-            if let Some(v) = masked.get_mut(id as usize) {
-                *v = f32::NEG_INFINITY;
-            }
-        }
+        let mut row = self.decodable(logits);
         if let Some(mask) = mask {
-            mask.apply(&mut masked);
+            mask.apply(row.to_mut());
             if mask.count() == 0 {
                 return Err(EngineError::Sampling(
                     "structured output: the grammar allows no token here".into(),
                 ));
             }
         }
-        self.sampler.sample(&masked, &self.tokens)
+        self.sampler.sample(&row, &self.tokens)
     }
 
     /// The grammar's mask for this step: the one computed beside the

@@ -155,7 +155,7 @@ pub async fn handler(
             ));
         }
         let think = if opens { Think::Open } else { Think::No };
-        let grammar = tool_grammar::grammar(f, t, think, state.tokenizer())?;
+        let grammar = tool_grammar::grammar(f, t, think, state.tokenizer());
         constraint = Some(OutputConstraint::Lark(grammar));
     } else if let (Some(t), Some(f)) = (&tools, format)
         && t.strict_auto()
@@ -168,7 +168,7 @@ pub async fn handler(
             ));
         }
         let think = if opens { Think::Open } else { Think::No };
-        match tool_grammar::strict_auto(f, t, think, state.tokenizer())? {
+        match tool_grammar::strict_auto(f, t, think, state.tokenizer()) {
             Some(grammar) => constraint = Some(OutputConstraint::Lark(grammar)),
             None => tracing::debug!(
                 "strict tools are not held under tool_choice auto in the {f} format \

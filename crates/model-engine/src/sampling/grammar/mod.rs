@@ -90,7 +90,10 @@ impl OutputConstraint {
                 if choices.is_empty() {
                     return bad("the list of choices is empty".into());
                 }
-                let alternatives: Vec<String> = choices.iter().map(|c| escape_regex(c)).collect();
+                let alternatives: Vec<String> = choices
+                    .iter()
+                    .map(|c| format!("({})", regex_escape(c)))
+                    .collect();
                 TopLevelGrammar::from_regex(&alternatives.join("|"))
             }
             OutputConstraint::Lark(text) => {
@@ -145,17 +148,16 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
-/// `text` as a regex that matches exactly it.
-fn escape_regex(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('(');
+/// `text` as a regex that matches exactly it (every regex and Lark
+/// delimiter escaped).
+pub fn regex_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 2);
     for c in text.chars() {
         if "\\.+*?()|[]{}^$#&-~/\"".contains(c) {
             out.push('\\');
         }
         out.push(c);
     }
-    out.push(')');
     out
 }
 

@@ -14,13 +14,11 @@
 //! (0xFF, never in UTF-8 text) before their name, so no grammar matches
 //! them as text; the end-of-sequence ids are the grammar's EOS.
 
-use std::collections::HashMap;
-
 use serde_json::Value;
 use toktrie::{TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
 use crate::error::{EngineError, Result};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Tokenizer, byte_level_byte, fallback_byte};
 
 /// How a tokenizer's token names map to bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,31 +81,6 @@ fn single_char(s: &str) -> Option<char> {
     chars.next().is_none().then_some(c)
 }
 
-/// GPT-2's map from the printable characters byte-level BPE names tokens
-/// with back to the bytes they stand for.
-fn byte_level_map() -> HashMap<char, u8> {
-    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    let mut next = 0x100u32;
-    let mut map = HashMap::with_capacity(256);
-    for b in 0..=255u8 {
-        let c = if printable(b) {
-            char::from(b)
-        } else {
-            let c = char::from_u32(next).unwrap_or('\u{FFFD}');
-            next += 1;
-            c
-        };
-        map.insert(c, b);
-    }
-    map
-}
-
-/// `<0xAB>` as the byte 0xAB.
-fn fallback_byte(name: &str) -> Option<u8> {
-    let hex = name.strip_prefix("<0x")?.strip_suffix('>')?;
-    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok())?
-}
-
 fn marked(name: &str) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(name.len() + 1);
     bytes.push(TokTrie::SPECIAL_TOKEN_MARKER);
@@ -127,7 +100,6 @@ pub(super) fn token_bytes(tokenizer: &Tokenizer) -> Result<Vec<Vec<u8>>> {
             decoder.get("type").unwrap_or(&Value::Null)
         ))
     })?;
-    let byte_map = byte_level_map();
     let added = inner.get_added_tokens_decoder();
     let vocab_size = tokenizer.vocab_size();
     let mut bytes: Vec<Vec<u8>> = (0..vocab_size)
@@ -138,12 +110,10 @@ pub(super) fn token_bytes(tokenizer: &Tokenizer) -> Result<Vec<Vec<u8>>> {
             continue;
         };
         *slot = match decoding {
-            Decoding::ByteLevel => {
-                match name.chars().map(|c| byte_map.get(&c).copied()).collect() {
-                    Some(b) => b,
-                    None => marked(&name),
-                }
-            }
+            Decoding::ByteLevel => match name.chars().map(byte_level_byte).collect() {
+                Some(b) => b,
+                None => marked(&name),
+            },
             Decoding::ByteFallback { space } => match fallback_byte(&name) {
                 Some(b) => vec![b],
                 None => name.replace(space, " ").into_bytes(),
@@ -256,15 +226,6 @@ impl TokenizerEnv for VocabEnv {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn byte_level_map_is_gpt2s() {
-        let map = byte_level_map();
-        assert_eq!(map.len(), 256);
-        assert_eq!(map[&'Ġ'], b' ');
-        assert_eq!(map[&'Ċ'], b'\n');
-        assert_eq!(map[&'a'], b'a');
-    }
 
     #[test]
     fn decodings_are_read_from_the_decoder() {
